@@ -1,0 +1,61 @@
+"""The `gptcalc` command line. Analytic commands import neither torch nor matplotlib."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..config import ConfigError
+from .options import option_for
+
+
+# click 8.2+ signals "no arguments, show help" with an exception; older clicks print it directly
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class GptcalcGroup(click.Group):
+    """A group whose errors are one line on stderr and exit code 2, never a traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name or "gptcalc", complete_var,
+                              standalone_mode=False, **extra)
+        except ConfigError as e:
+            _fail(f"{option_for(e.field)}: {e.message}")
+        except _NO_ARGS_IS_HELP as e:  # click >= 8.2 raises this for a bare `gptcalc`
+            click.echo(e.ctx.get_help() if e.ctx else str(e))
+            sys.exit(0)
+        except click.ClickException as e:
+            _fail(e.format_message())
+        except click.exceptions.Abort:
+            _fail("aborted", code=1)
+        code = rv if isinstance(rv, int) else 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo("Error: " + " ".join(message.split()), err=True)
+    sys.exit(code)
+
+
+@click.group(cls=GptcalcGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gptcalc", prog_name="gptcalc")
+def cli() -> None:
+    """Exact parameter, FLOP and memory counts for GPT-style models, checked against PyTorch."""
+
+
+def _register() -> None:
+    from . import flops, params, presets
+
+    for module in (presets, params, flops):
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def main() -> None:
+    cli.main()

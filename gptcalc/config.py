@@ -1,0 +1,187 @@
+"""The architecture (`GPTConfig`), the workload (`Workload`) and the families of switches.
+
+Letters follow DESIGN.md: B batch, T block size, E embedding width, L blocks, H heads,
+F MLP expansion, V vocabulary. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+NORMS = ("layernorm", "layernorm_nobias", "rmsnorm")
+MLPS = ("relu", "gelu", "gelu_tanh", "swiglu")
+QKV_LAYOUTS = ("fused", "separate", "per_head")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; `field` names the offending field (or option)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """A decoder-only transformer's architecture. Everything that changes a count lives here.
+
+    The defaults are GPT-2 small (124M) with nanoGPT's module layout.
+    """
+
+    block_size: int = 1024  # T: context length; sizes a learned position table
+    vocab_size: int = 50257  # V
+    n_layer: int = 12  # L
+    n_head: int = 12  # H: query heads
+    n_embd: int = 768  # E: residual stream width, d_model
+    n_kv_head: int | None = None  # key/value heads (grouped-query); None: H
+    head_dim: int | None = None  # width of one head; None: E / H
+    ffn_mult: int = 4  # F: d_ff = F * E unless d_ff is given
+    d_ff: int | None = None  # explicit MLP hidden width (Llama's intermediate_size)
+    dropout: float = 0.0  # probability used by every dropout site
+    # --- switches; `ARCHS` bundles them into the families DESIGN.md describes ---
+    qkv_layout: str = "fused"  # one E x 3E matrix, three matrices, or per-head modules
+    qkv_bias: bool = True
+    attn_out_bias: bool = True  # bias of the attention output projection
+    mlp_bias: bool = True
+    lm_head_bias: bool = False
+    tie_embeddings: bool = True  # lm_head shares the token embedding's weight
+    pos_embedding: str = "learned"  # learned | sinusoidal | rotary | none
+    norm: str = "layernorm"  # layernorm | layernorm_nobias | rmsnorm
+    mlp: str = "gelu_tanh"  # relu | gelu | gelu_tanh | swiglu
+    final_norm: bool = True
+    embd_dropout: bool = True  # dropout after the embedding sum (nanoGPT, notes); not the tutorial
+
+    def __post_init__(self) -> None:
+        validate_config(self)
+
+    # Derived sizes are properties, never stored.
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or H for multi-head attention."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def head_size(self) -> int:
+        """Width of one head: head_dim, or E / H."""
+        return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        """MLP hidden width d_ff: d_ff, or F * E."""
+        return self.ffn_mult * self.n_embd if self.d_ff is None else self.d_ff
+
+    @property
+    def q_width(self) -> int:
+        """Concatenated query width H * head_dim (= E unless head_dim is set)."""
+        return self.n_head * self.head_size
+
+    @property
+    def kv_width(self) -> int:
+        """Concatenated key (or value) width n_kv_head * head_dim."""
+        return self.kv_heads * self.head_size
+
+    def replace(self, **changes: Any) -> "GPTConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the model is run on: B sequences of `seq_len` tokens (seq_len <= T)."""
+
+    batch_size: int = 1  # B
+    seq_len: int = 1024  # tokens per sequence; at most the block size T
+
+    def __post_init__(self) -> None:
+        _positive("batch_size", self.batch_size)
+        _positive("seq_len", self.seq_len)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+def _positive(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"{field} must be an integer, got {value!r}")
+    if value <= 0:
+        raise ConfigError(field, f"{field} must be positive, got {value}")
+
+
+def _choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(field, f"{field} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def validate_config(cfg: GPTConfig) -> None:
+    """Raise ConfigError naming the first invalid field of `cfg`."""
+    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "ffn_mult"):
+        _positive(name, getattr(cfg, name))
+    for name in ("n_kv_head", "head_dim", "d_ff"):
+        if getattr(cfg, name) is not None:
+            _positive(name, getattr(cfg, name))
+    if cfg.head_dim is None and cfg.n_embd % cfg.n_head:
+        raise ConfigError(
+            "n_head", f"n_head {cfg.n_head} does not divide n_embd {cfg.n_embd} (set head_dim)"
+        )
+    if cfg.n_head % cfg.kv_heads:
+        raise ConfigError(
+            "n_kv_head", f"n_kv_head {cfg.kv_heads} does not divide n_head {cfg.n_head}"
+        )
+    if cfg.pos_embedding == "rotary" and cfg.head_size % 2:
+        raise ConfigError("head_dim", f"rotary positions need an even head_dim, got {cfg.head_size}")
+    if cfg.qkv_layout == "per_head" and cfg.kv_heads != cfg.n_head:
+        raise ConfigError("n_kv_head", "per_head q/k/v modules need n_kv_head equal to n_head")
+    if not isinstance(cfg.dropout, (int, float)) or not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError("dropout", f"dropout must be in [0, 1), got {cfg.dropout!r}")
+    _choice("qkv_layout", cfg.qkv_layout, QKV_LAYOUTS)
+    _choice("pos_embedding", cfg.pos_embedding, POSITIONS)
+    _choice("norm", cfg.norm, NORMS)
+    _choice("mlp", cfg.mlp, MLPS)
+    for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "lm_head_bias", "tie_embeddings",
+                 "final_norm", "embd_dropout"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
+
+
+def validate_workload(cfg: GPTConfig, workload: Workload) -> None:
+    """A sequence cannot be longer than the context the model was built for."""
+    if workload.seq_len > cfg.block_size:
+        raise ConfigError(
+            "seq_len", f"seq_len {workload.seq_len} exceeds block_size {cfg.block_size}"
+        )
+
+
+# Families: named bundles of switches (DESIGN.md, "Architectures"). Sizes are not part of them.
+ARCHS: dict[str, dict[str, Any]] = {
+    # Seeds 000/001/004, Karpathy's "Let's build GPT": per-head k/q/v without bias, projection
+    # and MLP with bias, ReLU, LayerNorm with bias, untied lm_head with bias, no embedding dropout.
+    "tutorial": dict(
+        qkv_layout="per_head", qkv_bias=False, attn_out_bias=True, mlp_bias=True,
+        lm_head_bias=True, tie_embeddings=False, pos_embedding="learned", norm="layernorm",
+        mlp="relu", final_norm=True, embd_dropout=False,
+    ),
+    # Seed 002 / GPT-2 (nanoGPT model.py): fused c_attn, biases, GELU (tanh), tied head.
+    "gpt2": dict(
+        qkv_layout="fused", qkv_bias=True, attn_out_bias=True, mlp_bias=True,
+        lm_head_bias=False, tie_embeddings=True, pos_embedding="learned", norm="layernorm",
+        mlp="gelu_tanh", final_norm=True, embd_dropout=True,
+    ),
+    # Seed 003 (decoder-only notes): per-head Q/K/V with bias, O with bias, exact GELU,
+    # learnable position Parameter(1, K, D), embedding dropout, tied lm_head without bias.
+    "notes": dict(
+        qkv_layout="per_head", qkv_bias=True, attn_out_bias=True, mlp_bias=True,
+        lm_head_bias=False, tie_embeddings=True, pos_embedding="learned", norm="layernorm",
+        mlp="gelu", final_norm=True, embd_dropout=True,
+    ),
+    # Llama 2/3 (Touvron et al. 2023; Meta's model cards): no biases, RMSNorm, rotary, SwiGLU,
+    # separate q/k/v projections (grouped-query when n_kv_head < n_head), untied head.
+    "llama": dict(
+        qkv_layout="separate", qkv_bias=False, attn_out_bias=False, mlp_bias=False,
+        lm_head_bias=False, tie_embeddings=False, pos_embedding="rotary", norm="rmsnorm",
+        mlp="swiglu", final_norm=True, embd_dropout=False,
+    ),
+}
