@@ -62,8 +62,10 @@ def _load_text(path: Path) -> dict[str, Any]:
         except json.JSONDecodeError as e:
             raise _fail(path, f"not valid JSON: {e}") from None
     else:
-        import tomllib  # Python 3.11+
-
+        try:
+            import tomllib  # Python 3.11+
+        except ImportError:  # pyproject allows 3.10, which has no TOML reader in the stdlib
+            raise _fail(path, "reading TOML needs Python 3.11+; use a .json config") from None
         try:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
