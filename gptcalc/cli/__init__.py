@@ -48,9 +48,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, params, presets
+    from . import flops, params, presets, verify
 
-    for module in (presets, params, flops):
+    for module in (presets, params, flops, verify):
         cli.add_command(module.command)
 
 
