@@ -13,7 +13,7 @@ from reference_model import measure  # noqa: E402
 from reference_model.model import GPT, build_model  # noqa: E402
 from reference_model.verify import decode_plan, run_checks  # noqa: E402
 
-from _strategies import configs_and_workloads  # noqa: E402
+from ._strategies import configs_and_workloads  # noqa: E402
 
 torch.set_num_threads(1)
 ATTN = st.sampled_from(["manual", "sdpa"])
