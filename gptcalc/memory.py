@@ -1,0 +1,362 @@
+"""Memory of training and inference, per device, in bytes, exact.
+
+Four families of numbers, each a pure function of (config, workload, setup):
+
+- model states: weights, gradients and optimizer states (`state_bytes`), with data parallel
+  ZeRO stages 0-3, tensor parallel and pipeline parallel sharding;
+- activations: `activations_paper` (Korthikanti et al. 2022, Table 2, as published) beside the
+  implementation-exact `saved_activations` (reference_model/memory.py measures what PyTorch saves
+  for backward; `gptcalc/activations.py` writes it down one line per tensor);
+- logits and cross-entropy temporaries, and the KV cache of an inference run;
+- the peak of one training step (`step_peak`), naming the phase that holds it.
+
+Byte sizes of dtypes: fp32 4, bf16 / fp16 2, bool 1. Bytes use binary units when printed.
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import ConfigError, GPTConfig, Workload, validate_workload
+from .params import norm_params
+
+MODES = ("fp32", "amp", "mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+AUTOCAST_DTYPES = ("bf16", "fp16")
+RECOMPUTE = ("none", "selective", "full")
+ATTN_IMPLS = ("manual", "sdpa")
+DEVICES = ("cpu", "cuda")
+ZERO_STAGES = (0, 1, 2, 3)
+
+# Bytes per parameter of (weights, gradients) and of the optimizer's per-parameter state.
+# fp32: everything fp32. amp: torch.autocast keeps fp32 weights and gradients and computes in
+# 16 bit. mixed: the ZeRO paper's accounting (Rajbhandari et al. 2020, sec. 3.1): fp16 weights
+# and gradients (2 + 2) plus an fp32 master copy of the weights (4) and Adam's fp32 momentum and
+# variance (4 + 4) = 16 bytes/param, K = 12. bf16: weights, gradients and states all bf16.
+_WEIGHT_GRAD_BYTES = {"fp32": (4, 4), "amp": (4, 4), "mixed": (2, 2), "bf16": (2, 2)}
+_OPTIMIZER_BYTES = {
+    # adamw: exp_avg + exp_avg_sq; sgd-momentum: momentum_buffer; sgd: nothing
+    "fp32": {"adamw": 8, "sgd-momentum": 4, "sgd": 0},
+    "amp": {"adamw": 8, "sgd-momentum": 4, "sgd": 0},
+    # the fp32 master weights (4) belong to the optimizer in the ZeRO paper's K
+    "mixed": {"adamw": 12, "sgd-momentum": 8, "sgd": 4},
+    "bf16": {"adamw": 4, "sgd-momentum": 2, "sgd": 0},
+}
+# torch.optim.AdamW keeps state["step"] as a 0-d float32 tensor per parameter tensor
+STEP_COUNTER_BYTES = 4
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """How a model is trained: precision, optimizer, recomputation, attention, parallelism.
+
+    mode: fp32 | amp (fp32 weights and gradients, autocast compute in `autocast_dtype`) |
+    mixed (ZeRO accounting: 16-bit weights and gradients + fp32 master weights and states) |
+    bf16 (pure bf16 weights, gradients and states). Parallelism: `dp` data-parallel replicas
+    with ZeRO stage `zero`; `tp` tensor-parallel ranks (Megatron-LM); `pp` pipeline stages
+    (1F1B schedule); `sp` sequence parallel (Korthikanti et al. 2022) on top of tp.
+    `device` matters only for implementation details (CPU and CUDA kernels save different
+    dtypes for some ops; DESIGN.md).
+    """
+
+    mode: str = "fp32"
+    optimizer: str = "adamw"
+    autocast_dtype: str = "bf16"
+    recompute: str = "none"
+    attn_impl: str = "manual"
+    device: str = "cpu"
+    dp: int = 1
+    zero: int = 0
+    tp: int = 1
+    pp: int = 1
+    sp: bool = False
+
+    def __post_init__(self) -> None:
+        for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
+                              ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
+                              ("attn_impl", ATTN_IMPLS), ("device", DEVICES)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(name, f"{name} must be one of {', '.join(choices)}; "
+                                        f"got {getattr(self, name)!r}")
+        for name in ("dp", "tp", "pp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, f"{name} must be a positive integer, got {v!r}")
+        if self.zero not in ZERO_STAGES:
+            raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+
+    @property
+    def weight_bytes(self) -> int:
+        return _WEIGHT_GRAD_BYTES[self.mode][0]
+
+    @property
+    def grad_bytes(self) -> int:
+        return _WEIGHT_GRAD_BYTES[self.mode][1]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer state per parameter (the ZeRO paper's K in mixed mode)."""
+        return _OPTIMIZER_BYTES[self.mode][self.optimizer]
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes of one activation element: fp32, or the 16-bit compute dtype."""
+        return 4 if self.mode == "fp32" else 2
+
+    @property
+    def step_counters(self) -> bool:
+        return self.optimizer == "adamw"
+
+
+def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
+    """Parallel sizes must divide what they shard (Megatron-LM's and the 1F1B schedule's rules)."""
+    validate_workload(cfg, workload)
+    t, p, d = setup.tp, setup.pp, setup.dp
+    for what, size in (("n_head", cfg.n_head), ("n_kv_head", cfg.kv_heads),
+                       ("d_ff", cfg.hidden_size), ("n_embd", cfg.n_embd)):
+        if size % t:
+            raise ConfigError("tp", f"tp {t} does not divide {what} {size}")
+    if setup.sp and workload.seq_len % t:
+        raise ConfigError("sp", f"sequence parallel needs tp {t} to divide seq_len "
+                                f"{workload.seq_len}")
+    if cfg.n_layer % p:
+        raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
+    if workload.batch_size % d:
+        raise ConfigError("dp", f"dp {d} does not divide the global batch {workload.batch_size}")
+    if setup.zero and d == 1:
+        pass  # ZeRO over one replica shards nothing; allowed, it is the same as stage 0
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model states
+# ---------------------------------------------------------------------------------------------
+
+
+def zero_bytes_per_param(setup: TrainingSetup, n_params: int) -> dict[str, int]:
+    """Weights, gradients and optimizer bytes per device for `n_params` parameters under ZeRO.
+
+    Rajbhandari et al. 2020, sec. 5 / Fig. 1: stage 1 (P_os) shards the optimizer states across
+    the dp replicas, stage 2 (P_os+g) also the gradients, stage 3 (P_os+g+p) also the weights;
+    everything not sharded is replicated on every replica. A shard is ceil(n/dp) elements
+    (DeepSpeed pads its flat partitions to equal size).
+    """
+    d, z = setup.dp, setup.zero
+    shard = _ceil(n_params, d)
+    return {
+        "weights": setup.weight_bytes * (shard if z >= 3 else n_params),
+        "gradients": setup.grad_bytes * (shard if z >= 2 else n_params),
+        "optimizer": setup.optimizer_bytes * (shard if z >= 1 else n_params),
+    }
+
+
+def _layer_tensors(cfg: GPTConfig) -> int:
+    """nn.Parameter objects of one block: per_head q/k/v are one Linear per head and role."""
+    qkv_mats = {"fused": 1, "separate": 3, "per_head": 3 * cfg.n_head}[cfg.qkv_layout]
+    mlp_mats = 3 if cfg.mlp == "swiglu" else 2
+    return (qkv_mats * (2 if cfg.qkv_bias else 1) + (2 if cfg.attn_out_bias else 1)
+            + mlp_mats * (2 if cfg.mlp_bias else 1) + 2 * _norm_tensors(cfg))
+
+
+def _norm_tensors(cfg: GPTConfig) -> int:
+    return 2 if cfg.norm == "layernorm" else 1
+
+
+def _embedding_tensors(cfg: GPTConfig) -> int:
+    return 1 + (1 if cfg.pos_embedding == "learned" else 0)
+
+
+def _head_tensors(cfg: GPTConfig) -> int:
+    """Final norm and lm_head tensors (a tied head weight is the embedding's tensor)."""
+    return ((_norm_tensors(cfg) if cfg.final_norm else 0) + (0 if cfg.tie_embeddings else 1)
+            + (1 if cfg.lm_head_bias else 0))
+
+
+def param_tensors(cfg: GPTConfig) -> int:
+    """Parameter tensors of the reference model (AdamW keeps one step counter per tensor)."""
+    return _embedding_tensors(cfg) + cfg.n_layer * _layer_tensors(cfg) + _head_tensors(cfg)
+
+
+def stage_params(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, dict[str, int]]:
+    """Parameters held by one device of the first and of the last pipeline stage, by component.
+
+    Tensor parallel (Shoeybi et al. 2019, Megatron-LM): the q/k/v and MLP up (and gate)
+    matrices are column-parallel (weights and biases split by tp); the attention output and MLP
+    down matrices are row-parallel (weights split, biases replicated); the token embedding and
+    lm_head are vocabulary-parallel, ceil(V/tp) rows each (Megatron pads V); LayerNorm/RMSNorm
+    weights and the learned position table are replicated.
+    Pipeline parallel: each stage holds L/pp blocks; the first also the embeddings, the last the
+    final norm and the lm_head; with tied embeddings and pp > 1 the last stage keeps its own copy
+    of the token embedding for the head (Megatron's word-embedding copy on the last stage).
+    """
+    t, p = setup.tp, setup.pp
+    E, V, T = cfg.n_embd, cfg.vocab_size, cfg.block_size
+    Dq, Dkv, Dff = cfg.q_width, cfg.kv_width, cfg.hidden_size
+    qkv_out = Dq + 2 * Dkv
+    layers = cfg.n_layer // p
+    per_layer = {
+        "attention/qkv": (E * qkv_out + (qkv_out if cfg.qkv_bias else 0)) // t,
+        "attention/out": Dq * E // t + (E if cfg.attn_out_bias else 0),
+        "mlp/fc": (E * Dff + (Dff if cfg.mlp_bias else 0)) // t,
+        "mlp/gate": (E * Dff + (Dff if cfg.mlp_bias else 0)) // t if cfg.mlp == "swiglu" else 0,
+        "mlp/proj": Dff * E // t + (E if cfg.mlp_bias else 0),
+        "norm/attention": norm_params(cfg, E),
+        "norm/mlp": norm_params(cfg, E),
+    }
+    blocks = {k: layers * v for k, v in per_layer.items()}
+    v_shard = _ceil(V, t)
+    token = v_shard * E
+    first = {"embedding/token": token,
+             "embedding/position": T * E if cfg.pos_embedding == "learned" else 0, **blocks}
+    head = {"norm/final": norm_params(cfg, E) if cfg.final_norm else 0,
+            "lm_head": (0 if cfg.tie_embeddings else v_shard * E)
+            + (v_shard if cfg.lm_head_bias else 0)}
+    if p == 1:
+        return {"first": {**first, **head}, "last": {**first, **head}}
+    tied_copy = token if cfg.tie_embeddings else 0
+    last = {"embedding/token": tied_copy, "embedding/position": 0, **blocks, **head}
+    first.update({"norm/final": 0, "lm_head": 0})
+    return {"first": first, "last": last}
+
+
+def _stage_tensors(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
+    """Parameter tensors on one device of a stage (step counters are replicated, not sharded)."""
+    if setup.pp == 1:
+        return param_tensors(cfg)
+    blocks = cfg.n_layer // setup.pp * _layer_tensors(cfg)
+    if stage == "first":
+        return blocks + _embedding_tensors(cfg)
+    return blocks + _head_tensors(cfg) + (1 if cfg.tie_embeddings else 0)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Weights, gradients and optimizer states of one device, with what each line holds."""
+
+    stage: str  # "first" or "last" pipeline stage (the same stage when pp == 1)
+    params: int  # parameters held by the device before ZeRO sharding
+    weights: int
+    gradients: int
+    optimizer: int
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+
+def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> StateBytes:
+    """Weights, gradients and optimizer states on one device of `stage`, exact.
+
+    Sharding as `stage_params` (tp, pp) then `zero_bytes_per_param` (dp, ZeRO). AdamW adds a
+    4-byte step counter per parameter tensor (torch keeps `state["step"]` as a float32 scalar
+    tensor), not sharded by ZeRO in this accounting.
+    """
+    n = sum(stage_params(cfg, setup)[stage].values())
+    z = zero_bytes_per_param(setup, n)
+    steps = STEP_COUNTER_BYTES * _stage_tensors(cfg, setup, stage) if setup.step_counters else 0
+    breakdown = {"weights": z["weights"], "gradients": z["gradients"],
+                 "optimizer/states": z["optimizer"], "optimizer/step": steps}
+    return StateBytes(stage=stage, params=n, weights=z["weights"], gradients=z["gradients"],
+                      optimizer=z["optimizer"] + steps, breakdown=breakdown)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations as published (Korthikanti et al. 2022)
+# ---------------------------------------------------------------------------------------------
+
+
+def paper_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                      recompute: str = "none") -> int:
+    """Korthikanti et al. 2022, Table 2: activation bytes of one transformer layer.
+
+    16-bit activations and 1-byte dropout masks, F = 4, s sequence, b micro-batch, h hidden,
+    a heads, t tensor-parallel size:
+      no recomputation, tp:       sbh(10 + 24/t + 5as/(ht))
+      no recomputation, tp + sp:  sbh(34/t + 5as/(ht))
+      selective, tp:              sbh(10 + 24/t)
+      selective, tp + sp:         sbh(34/t)
+      full recomputation:         2sbh  (the layer input; with sp Megatron keeps its 1/t shard)
+    With t = 1 the first row is the paper's sbh(34 + 5as/h).
+    """
+    sbh = s * b * h
+    attention_core = 5 * a * s * s * b // t  # sbh * 5as/(ht): softmax 2, its dropout mask 1, output 2
+    if recompute == "full":
+        return 2 * sbh // (t if sp else 1)
+    if sp:
+        base = 34 * sbh // t
+    else:
+        base = 10 * sbh + 24 * sbh // t
+    return base + (attention_core if recompute == "none" else 0)
+
+
+def activations_paper(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict[str, int]:
+    """Korthikanti et al. 2022's activation memory of the most loaded device, term by term.
+
+    layers: L/pp layers x pp micro-batches in flight on the first stage of a 1F1B pipeline
+    (their sec. 4.2.3) = L x `paper_layer_bytes`, with h = E, a = H, s = seq_len and b the
+    micro-batch B/dp. embedding/dropout: the 1-byte dropout mask of the input embeddings for
+    the pp micro-batches, sbhp/t with sp (sbhp without). The output terms, counted where
+    pp = 1 (they live on the last stage): final LayerNorm input 2sbh/t, output-projection input
+    2sbh/t (each /t only with sp), and fp32 logits for the cross entropy 4sbv/t, i.e. the
+    paper's (4sbh/t)(1 + v/h). As published: 16-bit activations whatever the mode.
+    """
+    s, b, h, a = workload.seq_len, workload.batch_size // setup.dp, cfg.n_embd, cfg.n_head
+    t, p, v = setup.tp, setup.pp, cfg.vocab_size
+    ts = t if setup.sp else 1
+    out = {
+        "layers": cfg.n_layer * paper_layer_bytes(s, b, h, a, t, setup.sp, setup.recompute),
+        "embedding/dropout": s * b * h * p // ts,
+        "output/final_norm": 2 * s * b * h // ts if p == 1 else 0,
+        "output/lm_head_input": 2 * s * b * h // ts if p == 1 else 0,
+        "output/cross_entropy": 4 * s * b * v // t if p == 1 else 0,
+    }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits, KV cache
+# ---------------------------------------------------------------------------------------------
+
+
+def logits_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict[str, int]:
+    """The logits and the cross entropy's saved log-probabilities of one micro-batch.
+
+    logits: B*S*V in the compute dtype (the model returns them, so they stay alive through
+    backward). log_probs: F.cross_entropy's log_softmax output, saved for backward, fp32 under
+    autocast (log_softmax autocasts to fp32), else the logits' dtype. Vocab-parallel over tp.
+    """
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    n = b * S * _ceil(cfg.vocab_size, setup.tp)
+    logit_bytes = setup.act_bytes
+    lp_bytes = 4 if setup.mode in ("amp", "mixed") else logit_bytes
+    return {"logits": n * logit_bytes, "cross_entropy/log_probs": n * lp_bytes}
+
+
+def kv_cache_bytes(cfg: GPTConfig, batch_size: int, context: int, dtype_bytes: int,
+                   tp: int = 1, pp: int = 1) -> int:
+    """KV cache of an inference run: 2 (K and V) * L * B * context * n_kv_head * head_dim * bytes.
+
+    Grouped-query aware (only the n_kv_head key/value heads are cached); per device, tp shards
+    the KV heads and pp the layers.
+    """
+    return (2 * (cfg.n_layer // pp) * batch_size * context * (cfg.kv_heads // tp)
+            * cfg.head_size * dtype_bytes)
+
+
+def inference_bytes(cfg: GPTConfig, batch_size: int, context: int, setup: TrainingSetup) -> int:
+    """Weights in the activation dtype plus the KV cache (activations of one token ignored)."""
+    n = sum(stage_params(cfg, setup)["first"].values())
+    return n * setup.act_bytes + kv_cache_bytes(cfg, batch_size, context, setup.act_bytes,
+                                                setup.tp, setup.pp)
+
+
+def max_context(cfg: GPTConfig, batch_size: int, setup: TrainingSetup, budget: int) -> int:
+    """Largest context whose inference memory fits `budget` bytes (0 if the weights do not)."""
+    fixed = inference_bytes(cfg, batch_size, 0, setup)
+    per_token = kv_cache_bytes(cfg, batch_size, 1, setup.act_bytes, setup.tp, setup.pp)
+    return max(0, (budget - fixed) // per_token) if per_token else 0
