@@ -360,3 +360,117 @@ def max_context(cfg: GPTConfig, batch_size: int, setup: TrainingSetup, budget: i
     fixed = inference_bytes(cfg, batch_size, 0, setup)
     per_token = kv_cache_bytes(cfg, batch_size, 1, setup.act_bytes, setup.tp, setup.pp)
     return max(0, (budget - fixed) // per_token) if per_token else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations as the reference model saves them (implementation-exact)
+# ---------------------------------------------------------------------------------------------
+
+
+def _qkv_storages(cfg: GPTConfig, N: int, a: int) -> int:
+    """Bytes of the storages behind the q, k, v handed to the attention core.
+
+    Each is a view of the projection that made it unless something copied it: rotary (a new
+    tensor for q and k), grouped-query repeat_interleave (new k and v of H heads). Views of the
+    fused c_attn output keep all of it, N(Dq + 2Dkv), alive once.
+    """
+    Dq, Dkv = cfg.q_width, cfg.kv_width
+    gqa, rotary = cfg.kv_heads != cfg.n_head, cfg.pos_embedding == "rotary"
+    own = {"q": Dq if rotary else 0, "k": Dq if gqa else (Dkv if rotary else 0),
+           "v": Dq if gqa else 0}
+    total = sum(own.values())
+    views = [r for r in own if not own[r]]
+    if cfg.qkv_layout == "fused":
+        total += (Dq + 2 * Dkv) if views else 0
+    else:  # separate projections (per_head: concatenated per role) are storages of their own
+        total += sum(Dq if r == "q" else Dkv for r in views)
+    return N * total * a
+
+
+def _norm_lines(cfg: GPTConfig, N: int, a: int, stats: int) -> dict[str, int]:
+    E = cfg.n_embd
+    if cfg.norm == "rmsnorm":
+        # x * rsqrt(mean(x^2) + eps) * w: pow saves x, rsqrt its result, the last mul x * r
+        return {"input": N * E * a, "rsqrt": N * a, "normalized": N * E * a}
+    # native_layer_norm saves its input, mean and rstd
+    return {"input": N * E * a, "mean": N * stats, "rstd": N * stats}
+
+
+def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                      ) -> dict[str, int]:
+    """Bytes PyTorch saves for backward in one forward of the reference model, one line each.
+
+    Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for modes fp32 and
+    bf16, B >= 2, seq_len >= 2, H >= 2 (with B, S or H equal to 1 some copies made by matmul
+    become views of the projection's output). Per micro-batch b = B/dp on one device; with pp,
+    the first stage holds pp micro-batches of L/pp layers = L layers' worth (1F1B). Keys:
+    `embedding/...`, `layer/...` (summed over L layers), `final/...`, `cross_entropy/...`,
+    `input/...` (the batch's own index tensors, saved by the embedding and the loss).
+
+    What each line is (N = bS tokens, a activation bytes, H heads, S sequence):
+      norm input, mean and rstd (LayerNorm; 4-byte stats for fp32, `a` bytes for bf16 on CPU,
+      fp32 on CUDA); RMSNorm written out saves x, rsqrt (N) and x*rsqrt;
+      the q/k/v projections' shared input; manual attention: contiguous copies of q, k^T and v
+      made by matmul (N*Dq each), the bool S x S causal mask masked_fill saves, the softmax
+      output (bHS^2), with dropout its 1-byte mask and the dropped probabilities; SDPA (CPU flash
+      kernel) without dropout: q, k, v storages, the output (shared with c_proj's input) and an
+      fp32 logsumexp of bHS; SDPA with dropout (CPU falls back to the math path): copies of q,
+      k^T, v, the softmax output, a float dropout mask, the dropped probabilities, all fp32
+      (the math path upcasts 16-bit inputs on CPU);
+      c_proj's input; the 1-byte masks of the residual dropouts; the MLP up projection's input,
+      ReLU's output or GELU's input and output or SwiGLU's gate, SiLU output, up output and
+      product; the lm_head input; the log-probabilities of the cross entropy (V per token).
+    recompute full: each block's input only (torch.utils.checkpoint); selective: the attention
+    core (scores, softmax, dropout) is recomputed and only its q, k, v inputs are kept.
+    """
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, a = b * S, setup.act_bytes
+    E, H, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer
+    Dq, Dff = cfg.q_width, cfg.hidden_size
+    stats = 4 if (setup.mode == "fp32" or setup.device == "cuda") else a
+    drop = cfg.dropout > 0
+    att = b * H * S * S  # elements of one score matrix stack
+    out: dict[str, int] = {
+        "embedding/positions": 8 * S if cfg.pos_embedding == "learned" else 0,  # int64 arange
+        "embedding/dropout_mask": N * E if drop and cfg.embd_dropout else 0,
+    }
+    layer: dict[str, int] = {}
+    if setup.recompute == "full":
+        layer["block_input"] = N * E * a
+    else:
+        layer.update({f"ln_1/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+        layer["attn/qkv_input"] = N * E * a
+        sdpa_flash = setup.attn_impl == "sdpa" and not drop
+        if setup.recompute == "selective":
+            layer["attn/core_inputs"] = _qkv_storages(cfg, N, a)
+        elif sdpa_flash:
+            layer["attn/qkv"] = _qkv_storages(cfg, N, a)
+            layer["attn/logsumexp"] = b * H * S * 4
+        else:
+            # SDPA's CPU math path (taken with dropout) computes 16-bit inputs in fp32
+            m = a if setup.attn_impl == "manual" else 4
+            layer.update({"attn/q": N * Dq * m, "attn/k_t": N * Dq * m, "attn/v": N * Dq * m})
+            if setup.attn_impl == "manual":
+                layer["attn/causal_mask"] = S * S  # bool tril == 0, one per layer
+            layer["attn/softmax"] = att * m
+            if drop:
+                # native_dropout's bool mask; SDPA's math path multiplies by a float mask
+                layer["attn/dropout_mask"] = att * (1 if setup.attn_impl == "manual" else m)
+                layer["attn/dropped"] = att * m
+        layer["attn/out_input"] = N * Dq * a  # c_proj's input (SDPA flash: its output)
+        layer["attn/dropout_mask"] = layer.get("attn/dropout_mask", 0)
+        layer["attn/resid_dropout_mask"] = N * E if drop else 0
+        layer.update({f"ln_2/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+        layer["mlp/fc_input"] = N * E * a
+        hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
+        layer["mlp/hidden"] = hidden * N * Dff * a  # incl. c_proj's input
+        layer["mlp/dropout_mask"] = N * E if drop else 0
+    out.update({f"layer/{k}": L * v for k, v in layer.items()})
+    if cfg.final_norm:
+        out.update({f"final/ln_f/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+    out["final/lm_head_input"] = N * E * a
+    out["cross_entropy/log_probs"] = N * V * (4 if setup.mode in ("amp", "mixed") else a)
+    out["cross_entropy/total_weight"] = 4 if setup.mode in ("fp32", "amp") else a
+    out["input/idx"] = 8 * N
+    out["input/targets"] = 8 * N
+    return out
