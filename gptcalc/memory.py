@@ -474,3 +474,131 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     out["input/idx"] = 8 * N
     out["input/targets"] = 8 * N
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffers, the step peak, the summary
+# ---------------------------------------------------------------------------------------------
+
+
+def buffer_bytes(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Non-parameter buffers of the reference model: each block's T x T `tril` mask, rotary
+    cos/sin tables (T x head_dim each, per block), the sinusoidal table (T x E), in the weights'
+    dtype (the model is cast as a whole)."""
+    T, hd, L = cfg.block_size, cfg.head_size, cfg.n_layer // setup.pp
+    w = 2 if setup.mode in ("mixed", "bf16") else 4
+    per_block = T * T + (2 * T * hd if cfg.pos_embedding == "rotary" else 0)
+    return w * (L * per_block + (T * cfg.n_embd if cfg.pos_embedding == "sinusoidal" else 0))
+
+
+def largest_param_tensor(cfg: GPTConfig) -> int:
+    """Elements of the reference model's largest parameter tensor (sizes the CPU AdamW temps)."""
+    E, V, Dff, hd = cfg.n_embd, cfg.vocab_size, cfg.hidden_size, cfg.head_size
+    qkv = {"fused": E * (cfg.q_width + 2 * cfg.kv_width), "separate": E * cfg.q_width,
+           "per_head": E * hd}[cfg.qkv_layout]
+    return max(V * E, qkv, cfg.q_width * E, E * Dff,
+               cfg.block_size * E if cfg.pos_embedding == "learned" else 0)
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The peak of one steady-state training step (after the first, whose states exist)."""
+
+    bytes: int
+    phase: str  # "backward" or "optimizer"
+    why: str
+    phases: dict[str, int]
+
+
+def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
+    """Peak bytes of one device over zero_grad(set_to_none) -> forward -> backward -> step.
+
+    Two candidates (DESIGN.md, measured on CPU):
+      backward: at the start of backward the weights, buffers and optimizer states are held with
+        every saved activation, the logits the caller holds, and the cross entropy's backward
+        temporaries (the gradients of the log-probabilities and of the logits, N*V each);
+        gradients do not exist yet (set_to_none).
+      optimizer: inside optimizer.step() the weights, gradients and states are all alive, plus
+        the update's temporaries: on CPU torch.optim.AdamW takes its single-tensor path whose
+        `exp_avg_sq.sqrt() / bias_correction` makes two temporaries of the tensor being updated
+        (the largest tensor sets the peak); on CUDA the foreach path allocates sqrt(v) for every
+        parameter at once. SGD updates in place.
+    An estimate of the backward phase, not exact: backward frees activations while it allocates
+    gradients; measured error is reported by `gptcalc verify`.
+    """
+    first = state_bytes(cfg, setup, "first")
+    acts = saved_activations(cfg, workload, setup)
+    saved = sum(v for k, v in acts.items() if not k.startswith("input/"))
+    lg = logits_bytes(cfg, workload, setup)
+    fixed = first.weights + first.optimizer + buffer_bytes(cfg, setup)
+    backward = fixed + saved + lg["logits"] + 2 * lg["cross_entropy/log_probs"]
+    if setup.optimizer != "adamw":
+        temps = 0
+    elif setup.device == "cuda":
+        temps = _ceil(first.params, setup.dp if setup.zero else 1) * (
+            4 if setup.mode != "bf16" else 2)
+    else:
+        temps = 2 * largest_param_tensor(cfg) * (4 if setup.mode != "bf16" else 2)
+    optimizer = fixed + first.gradients + temps
+    phases = {"backward": backward, "optimizer": optimizer}
+    phase = max(phases, key=phases.get)
+    why = ("saved activations and logits outweigh the gradients and update temporaries"
+           if phase == "backward" else
+           "gradients plus the optimizer's temporaries outweigh the activations (small batch)")
+    return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Everything `gptcalc memory` prints; the byte fields are per device, exact integers."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    activations_paper: int
+    logits: int
+    kv_cache: int
+    peak: StepPeak
+    breakdown: dict[str, dict[str, int]]
+
+
+def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                  context: int | None = None) -> MemoryReport:
+    """weights / gradients / optimizer on the most loaded device, activations both ways, logits,
+    the KV cache of an inference run at `context` (default seq_len) and the step peak."""
+    validate_setup(cfg, workload, setup)
+    stages = [state_bytes(cfg, setup, s) for s in ("first", "last")]
+    st = max(stages, key=lambda x: x.total)
+    acts = saved_activations(cfg, workload, setup)
+    paper = activations_paper(cfg, workload, setup)
+    lg = logits_bytes(cfg, workload, setup)
+    ctx = context or workload.seq_len
+    if ctx <= 0:
+        raise ConfigError("context", f"context must be positive, got {ctx}")
+    kv = kv_cache_bytes(cfg, workload.batch_size // setup.dp, ctx, setup.act_bytes,
+                        setup.tp, setup.pp)
+    return MemoryReport(
+        weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
+        activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
+        activations_paper=sum(paper.values()), logits=sum(lg.values()), kv_cache=kv,
+        peak=step_peak(cfg, workload, setup),
+        breakdown={"state": st.breakdown, "activations": acts, "activations_paper": paper,
+                   "logits": lg},
+    )
+
+
+def max_batch(cfg: GPTConfig, seq_len: int, setup: TrainingSetup, budget: int,
+              limit: int = 1 << 20) -> int:
+    """Largest global batch (a multiple of dp) whose step peak fits `budget` bytes; 0 if none."""
+    def fits(b: int) -> bool:
+        return step_peak(cfg, Workload(b * setup.dp, seq_len), setup).bytes <= budget
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * setup.dp

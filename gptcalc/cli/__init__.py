@@ -48,9 +48,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, params, presets
+    from . import flops, memory, params, presets
 
-    for module in (presets, params, flops):
+    for module in (presets, params, flops, memory):
         cli.add_command(module.command)
 
 
