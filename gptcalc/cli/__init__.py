@@ -48,9 +48,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, params, presets, verify
+    from . import flops, memory, params, presets, verify
 
-    for module in (presets, params, flops, verify):
+    for module in (presets, params, flops, memory, verify):
         cli.add_command(module.command)
 
 
