@@ -387,6 +387,41 @@ def _qkv_storages(cfg: GPTConfig, N: int, a: int) -> int:
     return N * total * a
 
 
+def _matmul_operands(cfg: GPTConfig, b: int, N: int, a: int, m: int, math_path: bool
+                     ) -> dict[str, int]:
+    """Storages behind the q, k^T and v that the attention matmuls save, m bytes per element.
+
+    matmul folds (b, H, S, hd) operands to (b*H, S, hd). When b == 1 or H == 1 that reshape is
+    a view, so what is saved is the tensor q, k or v is a view of: the fused c_attn output
+    (N(Dq + 2Dkv), kept once however many roles share it), a separate projection's output, the
+    rotary or repeat_interleave result (N*Dq). Otherwise matmul saves a contiguous copy, N*Dq
+    each. (S == 1 can also fold as a view, but only where the source holds exactly N*Dq.)
+    SDPA's math path scales q and k first (fresh tensors either way) and, in 16-bit, upcasts v
+    to fp32, so only an fp32 v can be a view of its source.
+    """
+    Dq, Dkv, H = cfg.q_width, cfg.kv_width, cfg.n_head
+    gqa, rotary = cfg.kv_heads != H, cfg.pos_embedding == "rotary"
+    views = b == 1 or H == 1
+
+    def source(role: str) -> tuple[str, int]:
+        if (role == "q" and rotary) or (role == "k" and rotary and not gqa) or (
+                role in "kv" and gqa):
+            return role + "/own", N * Dq * a  # rotary / repeat_interleave made a new tensor
+        if cfg.qkv_layout == "fused":
+            return "c_attn", N * (Dq + 2 * Dkv) * a
+        return role + "/proj", N * (Dq if role == "q" else Dkv) * a
+
+    lines, seen = {}, set()
+    for role, key in (("q", "attn/q"), ("k", "attn/k_t"), ("v", "attn/v")):
+        if not views or (math_path and (role != "v" or a != 4)):
+            lines[key] = N * Dq * m  # a fresh contiguous copy
+            continue
+        name, nbytes = source(role)
+        lines[key] = 0 if name in seen else nbytes
+        seen.add(name)
+    return lines
+
+
 def _norm_lines(cfg: GPTConfig, N: int, a: int, stats: int) -> dict[str, int]:
     E = cfg.n_embd
     if cfg.norm == "rmsnorm":
@@ -401,8 +436,8 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     """Bytes PyTorch saves for backward in one forward of the reference model, one line each.
 
     Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for modes fp32 and
-    bf16, B >= 2, seq_len >= 2, H >= 2 (with B, S or H equal to 1 some copies made by matmul
-    become views of the projection's output). Per micro-batch b = B/dp on one device; with pp,
+    bf16, for every size (with b or H equal to 1, matmul saves views instead of copies:
+    `_matmul_operands`). Per micro-batch b = B/dp on one device; with pp,
     the first stage holds pp micro-batches of L/pp layers = L layers' worth (1F1B). Keys:
     `embedding/...`, `layer/...` (summed over L layers), `final/...`, `cross_entropy/...`,
     `input/...` (the batch's own index tensors, saved by the embedding and the loss).
@@ -449,7 +484,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         else:
             # SDPA's CPU math path (taken with dropout) computes 16-bit inputs in fp32
             m = a if setup.attn_impl == "manual" else 4
-            layer.update({"attn/q": N * Dq * m, "attn/k_t": N * Dq * m, "attn/v": N * Dq * m})
+            layer.update(_matmul_operands(cfg, b, N, a, m, math_path=setup.attn_impl == "sdpa"))
             if setup.attn_impl == "manual":
                 layer["attn/causal_mask"] = S * S  # bool tril == 0, one per layer
             layer["attn/softmax"] = att * m
