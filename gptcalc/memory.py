@@ -481,6 +481,12 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         elif sdpa_flash:
             layer["attn/qkv"] = _qkv_storages(cfg, N, a)
             layer["attn/logsumexp"] = b * H * S * 4
+            # the kernel lays its output out like q. Partial rotary (rotary_dims < head_dim)
+            # builds q with a cat in (b, H, S, hd) order, so the output is not already in
+            # (b, S, H, hd) order and y.transpose(1, 2).contiguous() copies it for c_proj: the
+            # output kept for backward is then a storage of its own.
+            partial = 0 < cfg.rotary_dims < cfg.head_size
+            layer["attn/sdpa_out"] = N * Dq * a if partial and H > 1 and S > 1 else 0
         else:
             # SDPA's CPU math path (taken with dropout) computes 16-bit inputs in fp32
             m = a if setup.attn_impl == "manual" else 4
@@ -495,7 +501,11 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         layer["attn/out_input"] = N * Dq * a  # c_proj's input (SDPA flash: its output)
         layer["attn/dropout_mask"] = layer.get("attn/dropout_mask", 0)
         layer["attn/resid_dropout_mask"] = N * E if drop else 0
-        layer.update({f"ln_2/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+        ln_2 = _norm_lines(cfg, N, a, stats)
+        if cfg.parallel_residual:
+            # GPT-NeoX: ln_2 reads the block input, the very tensor ln_1 saved already
+            ln_2["input"] = 0
+        layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
         layer["mlp/fc_input"] = N * E * a
         hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
         layer["mlp/hidden"] = hidden * N * Dff * a  # incl. c_proj's input
