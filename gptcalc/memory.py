@@ -746,8 +746,9 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     Exact on CPU against MemTracker (tests/test_memory_measured.py: the four families x manual /
     SDPA x dropout on / off x fp32 / bf16 x B, recompute none, no parallelism; measured worst
     error 0 bytes over 96 grid configurations (E=64, B 2/3/8), 200 random ones (E=32, B 2-8,
-    S 2-16, L 1-3, V 32/128) and the hypothesis sweep). SGD's step and everything outside that scope
-    (recompute, autocast modes, CUDA, tp / pp / dp) it is an estimate.
+    S 2-16, L 1-3, V 32/128) and the hypothesis sweep). An estimate outside that scope: SGD's
+    step (momentum measured 120 bytes above in one case), recompute, autocast modes, CUDA,
+    tp / pp / dp, and switch combinations other than the families' (GQA, mixed switches).
     """
     first = state_bytes(cfg, setup, "first")
     walk = backward_walk(cfg, workload, setup)
