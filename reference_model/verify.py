@@ -73,16 +73,14 @@ class Setup:
 
 
 # ---------------------------------------------------------------- planning
-def training_bytes_estimate(cfg: GPTConfig, workload: Workload) -> int:
-    """A rough upper estimate of an fp32 training step: weights, gradients and Adam's two
-    moments (16 bytes per parameter), plus saved activations (per block: about 16 E + 4 d_ff
-    floats per token for inputs of norms and linears, q, k, v, GELU/SwiGLU inputs, and three
-    H x S x S tensors: scores, probabilities, dropout mask), plus logits, their softmax and
-    gradient. Only used to decide whether a model fits; the memory issue makes it exact."""
-    B, S = workload.batch_size, workload.seq_len
-    E, H, L, V, Dff = cfg.n_embd, cfg.n_head, cfg.n_layer, cfg.vocab_size, cfg.hidden_size
-    per_block = 4 * B * S * (16 * E + 4 * Dff + 3 * H * S)
-    return 16 * count_params(cfg).total + L * per_block + 3 * 4 * B * S * V
+def training_bytes_estimate(cfg: GPTConfig, workload: Workload, device: str = "cpu",
+                            attn_impl: str = "manual") -> int:
+    """Peak bytes of one fp32 AdamW training step of the reference model, from gptcalc's own
+    memory model (`gptcalc.memory.step_peak`, checked against the tracker by verify itself)."""
+    from gptcalc.memory import TrainingSetup, step_peak
+
+    setup = TrainingSetup(attn_impl=attn_impl, device="cuda" if device == "cuda" else "cpu")
+    return step_peak(cfg, workload, setup).bytes
 
 
 def available_bytes(device: str) -> int:
@@ -122,7 +120,7 @@ def plan(cfg: GPTConfig, workload: Workload, device: str = "cpu", attn_impl: str
         setup.notes.append(f"REDUCED: verifying {max_layers} of {L} blocks (--max-layers); "
                            "widths unchanged, the analytic side uses the same reduced model")
     budget = (memory_bytes if memory_bytes is not None else available_bytes(device)) // 2
-    need = training_bytes_estimate(setup.config, workload)
+    need = training_bytes_estimate(setup.config, workload, device, attn_impl)
     fits = need <= budget
     why = "--tensors shape-only"
     if tensors == "auto":
@@ -138,7 +136,8 @@ def plan(cfg: GPTConfig, workload: Workload, device: str = "cpu", attn_impl: str
     setup.tensors = tensors
     if tensors == "real" and not fits:
         n = setup.config.n_layer
-        while n > 1 and training_bytes_estimate(setup.config.replace(n_layer=n), workload) > budget:
+        while n > 1 and training_bytes_estimate(setup.config.replace(n_layer=n), workload,
+                                                device, attn_impl) > budget:
             n -= 1
         setup.config = setup.config.replace(n_layer=n)
         setup.notes.append(
