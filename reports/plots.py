@@ -1,0 +1,280 @@
+"""Scaling plots: how parameters, FLOPs and memory grow with the sizes of a GPT.
+
+Every curve is drawn from gptcalc's exact formulas; `--measure` overlays points measured on the
+reference PyTorch model. Import this module only inside the commands that draw (it loads
+matplotlib with the Agg backend, no display needed).
+
+Each `plot_*` function writes one PNG into `out_dir` and returns a `Plot` naming it; the
+`*_series` functions return the numbers a plot draws, so tests can check them without pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
+from matplotlib.ticker import (EngFormatter, FuncFormatter, LogLocator,  # noqa: E402
+                               NullLocator)
+
+from gptcalc.config import GPTConfig  # noqa: E402
+from gptcalc.flops import forward_flops  # noqa: E402
+from gptcalc.params import count_params  # noqa: E402
+from gptcalc.presets import PRESETS, from_name  # noqa: E402
+from gptcalc.units import binary_bytes, si  # noqa: E402
+
+DPI = 110
+DENSE_KEYS = ("attention/qkv", "attention/out", "mlp/fc", "mlp/gate", "mlp/proj", "lm_head")
+ATTENTION_KEYS = ("attention/scores", "attention/values")
+GPT2_PRESETS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+GPT3_PRESETS = tuple(name for name in PRESETS if name.startswith("gpt3-"))
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One PNG written by a plot function."""
+
+    name: str  # file stem, stable (tests and the report refer to it)
+    path: Path
+    title: str
+    caption: str  # one sentence saying what to read off it
+    facts: dict = field(default_factory=dict)  # numbers the plot marks (for the report)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+def _count_axis(ax, axis: str = "y", unit: str = "") -> None:
+    """SI prefixes on a count axis: 100 M rather than 1e8."""
+    fmt = EngFormatter(unit=unit, places=0, sep=" ")
+    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(fmt)
+
+
+def _bytes_label(v: float) -> str:
+    return binary_bytes(v).replace(".00 ", " ") if v > 0 else "0"
+
+
+def _bytes_axis(ax, log: bool = True) -> None:
+    """Binary units on a bytes axis; on a log axis, ticks at powers of two (1 KiB, 8 KiB, ...)."""
+    if log:
+        ax.yaxis.set_major_locator(LogLocator(base=2, numticks=12))
+        ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _bytes_label(v)))
+
+
+def _int_axis(ax, axis: str = "x") -> None:
+    fmt = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(fmt)
+
+
+def _save(fig, out_dir: Path, name: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _geom(lo: float, hi: float, n: int = 60) -> list[int]:
+    """About n integers spaced evenly on a log axis from lo to hi, both included."""
+    pts = {round(lo * (hi / lo) ** (i / (n - 1))) for i in range(n)}
+    return sorted(p for p in pts if p >= 1)
+
+
+def model_label(cfg: GPTConfig, name: str | None = None) -> str:
+    head = f"{name}: " if name else ""
+    return f"{head}L={cfg.n_layer} E={cfg.n_embd} H={cfg.n_head} T={cfg.block_size} V={cfg.vocab_size}"
+
+
+# ---------------------------------------------------------------------------------------------
+# parameters vs E and vs L
+
+def _gpt_family(n_embd: int, n_layer: int) -> GPTConfig:
+    # the GPT-2/GPT-3 architecture (DESIGN.md: GPT-3 is GPT-2's with T=2048); heads of 64 wide
+    # where E allows, else one head (the count does not depend on H)
+    heads = n_embd // 64 if n_embd % 64 == 0 else 1
+    return from_name("gpt3-small", n_embd=n_embd, n_layer=n_layer, n_head=heads)
+
+
+def params_series(vary: str, values: Sequence[int], base: Callable[[int], GPTConfig]
+                  ) -> list[int]:
+    """Exact parameter totals of `base(v)` for each v (v is E or L, as `vary` says)."""
+    return [count_params(base(v)).total for v in values]
+
+
+def plot_params(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
+    """Parameters vs width E and vs depth L, GPT-2 and GPT-3 presets marked."""
+    fig, (ax_e, ax_l) = plt.subplots(1, 2, figsize=(12, 5))
+    widths = _geom(64, 16384, 40)
+    for L, colour in zip((12, 24, 48, 96), ("C0", "C1", "C2", "C3")):
+        ax_e.plot(widths, params_series("E", widths, lambda e, L=L: _gpt_family(e, L)),
+                  color=colour, lw=1.5, label=f"GPT-2/3 architecture, L={L}")
+    depths = list(range(1, 129))
+    for E, colour in zip((768, 1600, 4096, 12288), ("C0", "C1", "C2", "C3")):
+        ax_l.plot(depths, params_series("L", depths, lambda l, E=E: _gpt_family(E, l)),
+                  color=colour, lw=1.5, label=f"GPT-2/3 architecture, E={E:,}")
+    for names, marker, colour, family in ((GPT2_PRESETS, "o", "black", "GPT-2 presets"),
+                                          (GPT3_PRESETS, "s", "tab:purple", "GPT-3 presets")):
+        pts = [(from_name(n), n) for n in names]
+        for ax, attr in ((ax_e, "n_embd"), (ax_l, "n_layer")):
+            xs = [getattr(c, attr) for c, _ in pts]
+            ys = [count_params(c).total for c, _ in pts]
+            ax.scatter(xs, ys, marker=marker, s=42, zorder=5, facecolor="none",
+                       edgecolor=colour, linewidth=1.6, label=family)
+            for (c, n), x, y in zip(pts, xs, ys):
+                # vs E: GPT-2 names on the left, GPT-3 on the right, with the count; vs L many
+                # presets share a depth, so short names only, GPT-3 on the left
+                left = (names is GPT2_PRESETS) == (ax is ax_e) or x == max(xs) > 1000
+                text = f"{n} ({si(y)})" if ax is ax_e else n
+                ax.annotate(text, (x, y), xytext=(-7 if left else 7, 3 if left else -9),
+                            textcoords="offset points", fontsize=7, color=colour,
+                            ha="right" if left else "left")
+    here = count_params(cfg).total
+    ax_e.scatter([cfg.n_embd], [here], marker="*", s=160, color="red", zorder=6,
+                 label=f"this model ({si(here)})")
+    ax_l.scatter([cfg.n_layer], [here], marker="*", s=160, color="red", zorder=6,
+                 label=f"this model ({si(here)})")
+    ax_e.set(xscale="log", yscale="log", xlabel="embedding width E (d_model)",
+             ylabel="parameters (count, tied head counted once)",
+             title="Parameters vs width E (V=50257, T=2048)")
+    ax_l.set(xscale="log", yscale="log", xlabel="number of blocks L",
+             ylabel="parameters (count, tied head counted once)",
+             title="Parameters vs depth L (V=50257, T=2048)")
+    for ax in (ax_e, ax_l):
+        _count_axis(ax)
+        _int_axis(ax)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("Exact parameter counts: ~12·L·E² once E is large; the embedding V·E dominates "
+                 "small models", fontsize=11)
+    path = _save(fig, out_dir, "params_scaling")
+    return Plot("params_scaling", path, "Parameters vs E and vs L",
+                "Exact totals for the GPT-2/GPT-3 architecture; circles and squares are the "
+                "published GPT-2 and GPT-3 sizes, the red star is the analysed model "
+                f"({model_label(cfg, name)}).", {"params": here})
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs per token vs sequence length
+
+def flops_split_per_token(cfg: GPTConfig, seq_len: int, causal: bool = False) -> tuple[int, int]:
+    """(dense, attention) forward matmul FLOPs per token at `seq_len`.
+
+    Dense: the weight matmuls (q/k/v, output, MLP, lm_head), constant per token. Attention: the
+    score and value products, q @ k^T and att @ v, which grow linearly with the sequence length.
+    """
+    fwd = forward_flops(cfg.replace(block_size=max(cfg.block_size, seq_len)), seq_len, causal)
+    dense = sum(fwd[k] for k in DENSE_KEYS)
+    attn = sum(fwd[k] for k in ATTENTION_KEYS)
+    return dense // seq_len, attn // seq_len if attn % seq_len == 0 else attn / seq_len
+
+
+def attention_crossover(cfg: GPTConfig, causal: bool = False) -> int:
+    """The smallest sequence length at which attention's per-token FLOPs reach the rest's.
+
+    Attention per token rises with S, the dense part does not; found by bisection on the exact
+    counts (no closed form assumed).
+    """
+    lo, hi = 1, 2
+    while True:
+        dense, attn = flops_split_per_token(cfg, hi, causal)
+        if attn >= dense:
+            break
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        dense, attn = flops_split_per_token(cfg, mid, causal)
+        lo, hi = (lo, mid) if attn >= dense else (mid, hi)
+    dense, attn = flops_split_per_token(cfg, lo, causal)
+    return lo if attn >= dense else hi
+
+
+def plot_flops_vs_seq_len(out_dir: Path, cfg: GPTConfig, name: str | None = None,
+                          measured: Sequence[tuple[int, float]] = ()) -> Plot:
+    """Forward FLOPs per token vs S, dense and attention apart, the crossover marked."""
+    cross = attention_crossover(cfg)
+    s_max = max(4 * cfg.block_size, 4 * cross)
+    lengths = _geom(1, s_max, 80)
+    split = [flops_split_per_token(cfg, s) for s in lengths]
+    dense = [d for d, _ in split]
+    attn = [a for _, a in split]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot(lengths, [d + a for d, a in split], color="black", lw=2,
+            label="total (forward matmul FLOPs per token)")
+    ax.plot(lengths, dense, color="C0", lw=1.5, label="dense: q/k/v, out, MLP, lm_head weights")
+    ax.plot(lengths, attn, color="C3", lw=1.5, label="attention: q·kᵀ and att·v (full S×S)")
+    d_x, a_x = flops_split_per_token(cfg, cross)
+    ax.axvline(cross, color="C3", ls=":", lw=1)
+    ax.scatter([cross], [a_x], color="C3", zorder=5)
+    ax.annotate(f"attention overtakes the rest\nat S = {cross:,}", (cross, a_x),
+                xytext=(-10, 18), textcoords="offset points", ha="right", fontsize=9, color="C3")
+    ax.axvline(cfg.block_size, color="grey", ls="--", lw=1)
+    ax.text(cfg.block_size, 0.03, f" block size T = {cfg.block_size:,}", color="grey",
+            fontsize=8, rotation=90, va="bottom", ha="right", transform=ax.get_xaxis_transform())
+    if measured:
+        ax.scatter([s for s, _ in measured], [f for _, f in measured], marker="x", s=50,
+                   color="black", zorder=6, label="measured (FlopCounterMode, reference model)")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length S (tokens)",
+           ylabel="forward FLOPs per token (2 per multiply-add)",
+           title=f"FLOPs per token vs sequence length\n{model_label(cfg, name)}")
+    _count_axis(ax)
+    _int_axis(ax)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    path = _save(fig, out_dir, "flops_vs_seq_len")
+    return Plot("flops_vs_seq_len", path, "FLOPs per token vs sequence length",
+                "Per token, the weight matmuls cost the same at every length; attention grows "
+                f"linearly in S and overtakes them at S = {cross:,} "
+                f"(dense {si(d_x)}FLOPs, attention {si(a_x)}FLOPs per token there).",
+                {"crossover": cross})
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache vs context
+
+KV_PRESETS = ("gpt2", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama3-8b")
+
+
+def kv_cache_bytes(cfg: GPTConfig, context: int, batch_size: int = 1,
+                   bytes_per_element: int = 2) -> int:
+    """Keys and values of every layer for `context` tokens: 2 * L * c * kv_width * bytes * B.
+
+    Scope: the cache tensors alone (no allocator rounding); 2-byte (fp16/bf16) elements default.
+    """
+    try:
+        from gptcalc import memory  # the library function, once the memory module exists
+    except ImportError:
+        memory = None
+    fn = getattr(memory, "kv_cache_bytes", None)
+    if fn is not None:
+        return fn(cfg, context, batch_size=batch_size, bytes_per_element=bytes_per_element)
+    return 2 * cfg.n_layer * context * cfg.kv_width * bytes_per_element * batch_size
+
+
+def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
+                  presets: Iterable[str] = KV_PRESETS) -> Plot:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    items = [(n, from_name(n)) for n in presets] + [(name or "this model", cfg)]
+    for i, (n, c) in enumerate(items):
+        ctx = _geom(1, c.block_size, 50)
+        style = dict(color="red", lw=2.5) if i == len(items) - 1 else dict(lw=1.5)
+        label = f"{n} (L={c.n_layer}, kv width {c.kv_width:,}, up to T={c.block_size:,})"
+        ax.plot(ctx, [kv_cache_bytes(c, t) for t in ctx], label=label, **style)
+    ax.set(xscale="log", yscale="log", xlabel="context length (tokens)",
+           ylabel="KV cache per sequence (bf16 bytes)",
+           title="KV cache vs context: 2 · L · context · n_kv_head · head_dim · 2 bytes")
+    _bytes_axis(ax)
+    _int_axis(ax)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    path = _save(fig, out_dir, "kv_cache")
+    return Plot("kv_cache", path, "KV cache vs context",
+                "Keys and values kept for generation grow linearly with the context; grouped-query "
+                "attention (llama3-8b: 8 KV heads for 32 query heads) cuts them by the ratio.")
