@@ -151,9 +151,11 @@ def measure_costs(cfg: GPTConfig, block_sizes: Sequence[int], device: str = "cpu
         idx = torch.zeros((1, T), dtype=torch.long, device=device)
         with torch.no_grad():
             total, attention = _counted(lambda: model(idx))
-            cache = model.new_kv_cache()
-            if T > 1:
-                model(idx[:, : T - 1], kv_cache=cache)  # prefill T-1 tokens, not counted
+            # a cache already holding T-1 positions (zeros: FLOPs depend on shapes only), so
+            # the counted step is one new token against T keys, as in generation
+            shape = (1, c.kv_heads, T - 1, c.head_size)
+            cache = [[torch.zeros(shape, device=device), torch.zeros(shape, device=device)]
+                     for _ in range(c.n_layer)] if T > 1 else model.new_kv_cache()
             decode, _ = _counted(lambda: model(idx[:, T - 1:], kv_cache=cache))
         points.append(CostPoint(
             block_size=T, forward_flops=total, attention_flops=attention, decode_flops=decode,

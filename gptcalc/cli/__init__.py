@@ -48,9 +48,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, params, presets
+    from . import flops, params, plot, presets, report
 
-    for module in (presets, params, flops):
+    for module in (presets, params, flops, plot, report):
         cli.add_command(module.command)
 
 
