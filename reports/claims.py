@@ -98,13 +98,11 @@ def choose_device(cfg: GPTConfig, block_sizes: Sequence[int], device: str) -> st
 
 
 def _model(cfg: GPTConfig, device: str):
-    import torch
-
-    from reference_model.model import GPT, build_model
+    from reference_model.measure import meta_model
+    from reference_model.model import build_model
 
     if device == "meta":
-        with torch.device("meta"):
-            return GPT(cfg).eval()
+        return meta_model(cfg).eval()
     return build_model(cfg, device=device).eval()
 
 
@@ -126,16 +124,11 @@ def measure_sizes(cfg: GPTConfig, block_sizes: Sequence[int], device: str = "cpu
     return points
 
 
-def _counted(fn: Callable[[], object]) -> tuple[int, int]:
-    """(all FLOPs, attention FLOPs) FlopCounterMode counts while fn runs."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    ops = counter.get_flop_counts().get("Global", {})
-    attention = sum(v for op, v in ops.items()
-                    if any(str(op).split(".")[-1].startswith(a) for a in ATTENTION_OPS))
-    return counter.get_total_flops(), attention
+def _split(measurement) -> tuple[int, int]:
+    """(all FLOPs, attention FLOPs) of a `reference_model.measure.FlopMeasurement`."""
+    attention = sum(v for op, v in measurement.by_operator.items()
+                    if any(op.split(".")[-1].startswith(a) for a in ATTENTION_OPS))
+    return measurement.total, attention
 
 
 def measure_costs(cfg: GPTConfig, block_sizes: Sequence[int], device: str = "cpu",
@@ -144,19 +137,21 @@ def measure_costs(cfg: GPTConfig, block_sizes: Sequence[int], device: str = "cpu
     KV cache, measured with FlopCounterMode on the reference model built at each T."""
     import torch
 
+    from reference_model.measure import flopcounter_forward
+
     points = []
     for T in block_sizes:
         c = cfg.replace(block_size=T)
         model = _model(c, device)
         idx = torch.zeros((1, T), dtype=torch.long, device=device)
+        total, attention = _split(flopcounter_forward(model, idx))
         with torch.no_grad():
-            total, attention = _counted(lambda: model(idx))
             # a cache already holding T-1 positions (zeros: FLOPs depend on shapes only), so
             # the counted step is one new token against T keys, as in generation
             shape = (1, c.kv_heads, T - 1, c.head_size)
             cache = [[torch.zeros(shape, device=device), torch.zeros(shape, device=device)]
                      for _ in range(c.n_layer)] if T > 1 else model.new_kv_cache()
-            decode, _ = _counted(lambda: model(idx[:, T - 1:], kv_cache=cache))
+            decode, _ = _split(flopcounter_forward_cached(model, idx[:, T - 1:], cache))
         points.append(CostPoint(
             block_size=T, forward_flops=total, attention_flops=attention, decode_flops=decode,
             analytic_forward_flops=sum(forward_flops(c, T).values()),
@@ -165,6 +160,19 @@ def measure_costs(cfg: GPTConfig, block_sizes: Sequence[int], device: str = "cpu
         if on_point is not None:
             on_point(T)
     return points
+
+
+def flopcounter_forward_cached(model, idx, cache):
+    """FlopCounterMode FLOPs of one eval forward of idx against a filled KV cache."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from reference_model.measure import CPU_SDPA_FLOPS, FlopMeasurement
+
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS) as fc:
+        model(idx, kv_cache=cache)
+    ops = {str(op): int(n) for op, n in fc.get_flop_counts()["Global"].items()}
+    return FlopMeasurement(total=int(fc.get_total_flops()), by_operator=ops)
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,30 @@ def _int_axis(ax, axis: str = "x") -> None:
     (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(fmt)
 
 
+def describe_axes(fig) -> list[dict]:
+    """What each axes of a figure shows: labels, scales, how many lines and points, legend."""
+    out = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        out.append({
+            "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+            "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "lines": len(ax.lines),
+            "collections": len(ax.collections), "patches": len(ax.patches),
+            "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+        })
+    return out
+
+
+# the axes of every figure saved by this module, by file stem (for tests and for --measure)
+SAVED_AXES: dict[str, list[dict]] = {}
+
+
 def _save(fig, out_dir: Path, name: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
+    SAVED_AXES[name] = describe_axes(fig)
     plt.close(fig)
     return path
 
