@@ -48,9 +48,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, params, plot, presets, report
+    from . import flops, params, plot, presets, report, verify
 
-    for module in (presets, params, flops, plot, report):
+    for module in (presets, params, flops, verify, plot, report):
         cli.add_command(module.command)
 
 

@@ -1,0 +1,60 @@
+"""`gptcalc verify`: build the reference PyTorch model and check every analytic count against it."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..config import ConfigError, GPTConfig, Workload
+from .options import describe, model_options
+from .render import emit_json, model_json, print_line, print_table
+
+
+@click.command("verify")
+@model_options
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Where to build the model; auto = cuda when available.")
+@click.option("--attn", type=click.Choice(["manual", "sdpa"]), default="manual",
+              show_default=True, help="Attention: the seeds' tril/masked_fill/softmax, or SDPA.")
+@click.option("--tensors", type=click.Choice(["auto", "real", "shape-only"]), default="auto",
+              show_default=True,
+              help="Run on real tensors, or count on meta/fake tensors (shapes only); auto picks "
+                   "real when the model fits and runs in seconds.")
+@click.option("--max-layers", type=int, default=None,
+              help="Verify at most this many blocks (same widths); the output says so.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
+            max_layers: int | None, as_json: bool) -> int:
+    """Analytic params and FLOPs against a real PyTorch GPT (fvcore, FlopCounterMode); exit 1
+    if any check fails."""
+    import torch
+
+    from reference_model.verify import setup_json, verify
+
+    cfg, wl = model
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "CUDA is not available on this machine")
+    start = time.perf_counter()
+    setup, checks = verify(cfg, wl, device, attn, tensors, max_layers)
+    seconds = time.perf_counter() - start
+    ok = all(c.ok for c in checks)
+    if as_json:
+        emit_json({"device": device, "torch": torch.__version__, "ok": ok,
+                   **model_json(setup.config, wl), **setup_json(setup),
+                   "seconds": round(seconds, 3), "checks": [c.as_dict() for c in checks]})
+        return 0 if ok else 1
+    print_line(describe(setup.config, wl) + f"  device={device} attn={attn} "
+               f"tensors={setup.tensors} torch={torch.__version__}")
+    for note in setup.notes:
+        print_line(f"[bold yellow]{note}[/bold yellow]")
+    rows = [[c.name, f"{c.analytic:,}", f"{c.measured:,}", f"{c.difference:+,}",
+             "[green]ok[/green]" if c.ok else "[bold red]FAIL[/bold red]"] for c in checks]
+    failed = sum(not c.ok for c in checks)
+    print_table("Analytic vs measured", ["check", "analytic", "measured", "difference", "ok"], rows,
+                caption=f"{len(checks) - failed}/{len(checks)} checks exact in {seconds:.1f} s")
+    if failed:
+        print_line(f"[bold red]{failed} check(s) failed[/bold red]")
+    return 0 if ok else 1
