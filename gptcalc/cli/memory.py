@@ -1,0 +1,94 @@
+"""`gptcalc memory`: bytes per device of weights, gradients, optimizer, activations, the peak."""
+
+from __future__ import annotations
+
+import click
+
+from ..config import ConfigError, GPTConfig, Workload
+from ..memory import (ATTN_IMPLS, AUTOCAST_DTYPES, MODES, OPTIMIZERS, RECOMPUTE, MemoryReport,
+                      TrainingSetup, max_batch, max_context, memory_report)
+from ..units import binary_bytes, parse_bytes
+from .options import describe, model_options
+from .render import emit_json, model_json, print_line, print_table
+
+
+@click.command("memory")
+@model_options
+@click.option("--mode", type=click.Choice(MODES), default="fp32", show_default=True,
+              help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (ZeRO's 2+2+12), "
+                   "bf16 (pure).")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default="bf16",
+              show_default=True, help="16-bit dtype of amp and mixed.")
+@click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True)
+@click.option("--attn", type=click.Choice(ATTN_IMPLS), default="manual", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Kernels differ in what they save (LayerNorm stats dtype, AdamW path).")
+@click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3.")
+@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel replicas.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
+@click.option("--sp", is_flag=True, help="Sequence parallel (with tp).")
+@click.option("--gpu-memory", default=None, metavar="SIZE",
+              help="Budget per device, e.g. 80GiB: prints the largest batch and context that fit.")
+@click.option("--context", type=int, default=None, help="KV-cache context (default seq-len).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes).")
+def command(model: tuple[GPTConfig, Workload], mode, optimizer, autocast_dtype, recompute, attn,
+            device, zero, dp, tp, pp, sp, gpu_memory, context, as_json) -> None:
+    """Memory per device of one training step, exact where PyTorch is measured (DESIGN.md)."""
+    cfg, wl = model
+    setup = TrainingSetup(mode=mode, optimizer=optimizer, autocast_dtype=autocast_dtype,
+                          recompute=recompute, attn_impl=attn, device=device, dp=dp, zero=zero,
+                          tp=tp, pp=pp, sp=sp)
+    rep = memory_report(cfg, wl, setup, context)
+    fit = None
+    if gpu_memory is not None:
+        try:
+            budget = parse_bytes(gpu_memory)
+        except ValueError as e:
+            raise ConfigError("gpu_memory", str(e)) from None
+        fit = {"budget": budget, "max_batch": max_batch(cfg, wl.seq_len, setup, budget),
+               "max_context": max_context(cfg, wl.batch_size // dp, setup, budget)}
+    if as_json:
+        emit_json(_json(cfg, wl, setup, rep, fit))
+        return
+    _render(cfg, wl, setup, rep, fit)
+
+
+def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
+    import dataclasses
+
+    out = {**model_json(cfg, wl), "setup": dataclasses.asdict(setup),
+           "weights": rep.weights, "gradients": rep.gradients, "optimizer": rep.optimizer,
+           "activations": rep.activations, "activations_paper": rep.activations_paper,
+           "logits": rep.logits, "kv_cache": rep.kv_cache, "peak": rep.peak.bytes,
+           "peak_phase": rep.peak.phase, "peak_phases": rep.peak.phases,
+           "breakdown": rep.breakdown}
+    if fit:
+        out["fit"] = fit
+    return out
+
+
+def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
+    print_line(describe(cfg, wl) + f"  mode={setup.mode} optimizer={setup.optimizer} "
+               f"dp={setup.dp} zero={setup.zero} tp={setup.tp} pp={setup.pp} sp={setup.sp}")
+    rows = [[k, f"{v:,}", binary_bytes(v)] for k, v in [
+        ("weights", rep.weights), ("gradients", rep.gradients), ("optimizer", rep.optimizer),
+        ("activations (saved, this implementation)", rep.activations),
+        ("activations (Korthikanti et al. 2022)", rep.activations_paper),
+        ("logits + cross-entropy log-probs", rep.logits),
+        (f"KV cache (inference)", rep.kv_cache)]]
+    print_table("Memory per device", ["quantity", "bytes", "binary"], rows,
+                total_row=[f"step peak ({rep.peak.phase})", f"{rep.peak.bytes:,}",
+                           binary_bytes(rep.peak.bytes)],
+                caption=f"peak in {rep.peak.phase}: {rep.peak.why}")
+    acts = [[k, f"{v:,}", binary_bytes(v)] for k, v in rep.breakdown["activations"].items() if v]
+    print_table("Saved activations, one line per saved tensor kind", ["tensor", "bytes", "binary"],
+                acts)
+    paper = [[k, f"{v:,}", binary_bytes(v)]
+             for k, v in rep.breakdown["activations_paper"].items()]
+    print_table("Korthikanti et al. 2022 (16-bit activations, 1-byte masks)",
+                ["term", "bytes", "binary"], paper)
+    if fit:
+        print_line(f"budget {binary_bytes(fit['budget'])}: largest batch {fit['max_batch']}, "
+                   f"largest KV-cache context {fit['max_context']:,} tokens")

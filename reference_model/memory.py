@@ -1,0 +1,276 @@
+"""Measured memory of the reference model: saved activations, the step peak, CUDA counters.
+
+- `measure_saved`: every tensor autograd saves for backward during one forward, through
+  `torch.autograd.graph.saved_tensors_hooks`; deduplicated by storage (views share it), with
+  parameters, their views and buffers excluded; each entry names the autograd node that saved it
+  (found by walking the graph's `_saved_*` attributes) and the module that was running.
+- `measure_step_peak`: the peak of live tensor bytes through one training step (zero_grad,
+  forward, backward, optimizer.step) after a warm-up step, on CPU with PyTorch's own dispatch-mode
+  tracker (torch.distributed._tools.mem_tracker.MemTracker), on CUDA with
+  `max_memory_allocated` and `memory_stats()["requested_bytes.all.peak"]`.
+- `apply_recompute`: activation checkpointing on the reference model without editing it:
+  `full` wraps every block in torch.utils.checkpoint (non-reentrant), `selective` only the
+  attention core (Korthikanti et al. 2022, sec. 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from gptcalc import GPTConfig, Workload
+from gptcalc.memory import TrainingSetup
+
+from .model import GPT, build_model
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One storage kept alive for backward."""
+
+    nbytes: int  # the whole storage (a saved view keeps all of it)
+    dtype: str
+    shape: tuple[int, ...]
+    saved_by: str  # autograd node(s) that saved it, e.g. "NativeLayerNormBackward0"
+    module: str  # module running when it was saved, e.g. "transformer.h.0.attn"
+    category: str  # "activation" or "autocast/weight_copy"
+
+
+@dataclass
+class SavedReport:
+    tensors: list[SavedTensor] = field(default_factory=list)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors if t.category == "activation")
+
+    @property
+    def weight_copy_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors if t.category == "autocast/weight_copy")
+
+    def by_op(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.saved_by] = out.get(t.saved_by, 0) + t.nbytes
+        return out
+
+
+def apply_recompute(model: GPT, recompute: str) -> GPT:
+    """Checkpoint every block (`full`) or every attention core (`selective`), in place."""
+    if recompute == "none":
+        return model
+    for block in model.transformer.h:
+        if recompute == "full":
+            block.forward = _checkpointed(block.forward)
+        elif recompute == "selective":
+            attn = block.attn
+            attn.manual_attention = _checkpointed(attn.manual_attention)
+            attn.sdpa_attention = _checkpointed(attn.sdpa_attention)
+        else:
+            raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+    return model
+
+
+def _checkpointed(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return fn(*args, **kwargs)
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+    return run
+
+
+def autocast_context(setup: TrainingSetup, device: str):
+    if setup.mode in ("amp", "mixed"):
+        return torch.autocast(device_type=device, dtype=DTYPES[setup.autocast_dtype])
+    return contextlib.nullcontext()
+
+
+def model_dtype(setup: TrainingSetup) -> torch.dtype:
+    """Weights' dtype: fp32 for fp32 and amp, 16-bit for mixed (its 16-bit copy) and bf16."""
+    if setup.mode in ("fp32", "amp"):
+        return torch.float32
+    return torch.bfloat16 if setup.mode == "bf16" else DTYPES[setup.autocast_dtype]
+
+
+def _saving_nodes(root) -> dict[int, set[str]]:
+    """Storage pointer -> names of the autograd nodes holding it in a `_saved_*` attribute."""
+    out: dict[int, set[str]] = {}
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except Exception:  # noqa: BLE001 - freed or unreadable saved values
+                continue
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            for v in values:
+                if isinstance(v, torch.Tensor) and v.numel():
+                    out.setdefault(v.untyped_storage().data_ptr(), set()).add(node.name())
+        stack.extend(fn for fn, _ in node.next_functions)
+    return out
+
+
+def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
+                  setup: TrainingSetup | None = None) -> SavedReport:
+    """Every storage saved for backward by one training forward (logits and loss included)."""
+    setup = setup or TrainingSetup()
+    device = idx.device.type
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    excluded |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    seen: dict[int, dict] = {}
+    module_stack: list[str] = [""]
+    handles = []
+    for name, mod in model.named_modules():
+        handles.append(mod.register_forward_pre_hook(
+            lambda m, a, n=name: module_stack.append(n)))
+        handles.append(mod.register_forward_hook(lambda m, a, o: (module_stack.pop(), None)[1]))
+
+    def pack(t: torch.Tensor):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in excluded and ptr not in seen and st.nbytes():
+            weight_copy = (t.grad_fn is not None and t.grad_fn.name() == "ToCopyBackward0"
+                           and any(type(fn).__name__ == "AccumulateGrad" or
+                                   (fn is not None and fn.name() == "torch::autograd::AccumulateGrad")
+                                   for fn, _ in t.grad_fn.next_functions))
+            seen[ptr] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
+                             shape=tuple(t.shape), module=module_stack[-1],
+                             category="autocast/weight_copy" if weight_copy else "activation")
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with autocast_context(setup, device):
+                logits, loss = model(idx, targets)
+    finally:
+        for h in handles:
+            h.remove()
+    nodes = _saving_nodes(loss.grad_fn) if setup.recompute == "none" else {}
+    report = SavedReport([
+        SavedTensor(saved_by="+".join(sorted(nodes.get(ptr, {"?"}))), **info)
+        for ptr, info in seen.items()])
+    del logits, loss
+    return report
+
+
+def make_batch(cfg: GPTConfig, workload: Workload, device: str = "cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (workload.batch_size, workload.seq_len)
+    idx = torch.randint(0, cfg.vocab_size, shape, generator=g)
+    targets = torch.randint(0, cfg.vocab_size, shape, generator=g)
+    return idx.to(device), targets.to(device)
+
+
+def build_for(cfg: GPTConfig, setup: TrainingSetup, device: str = "cpu") -> GPT:
+    model = build_model(cfg, setup.attn_impl, device=device, dtype=model_dtype(setup))
+    model.train()
+    return apply_recompute(model, setup.recompute)
+
+
+def make_optimizer(model: GPT, setup: TrainingSetup) -> torch.optim.Optimizer:
+    """The optimizer of `setup` with PyTorch's defaults (foreach where available)."""
+    params = list(model.parameters())
+    if setup.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+    if setup.optimizer == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return torch.optim.SGD(params, lr=1e-3)
+
+
+def train_step(model: GPT, opt: torch.optim.Optimizer, idx, targets, setup: TrainingSetup
+               ) -> None:
+    """zero_grad(set_to_none) -> forward (autocast per mode) -> backward -> step. The caller's
+    references to logits and loss are dropped before the optimizer step."""
+    opt.zero_grad(set_to_none=True)
+    with autocast_context(setup, idx.device.type):
+        logits, loss = model(idx, targets)
+    loss.backward()
+    del logits, loss
+    opt.step()
+
+
+@dataclass(frozen=True)
+class PeakReport:
+    peak_bytes: int  # the tracker's peak of live tensor bytes in the measured step
+    by_category: dict[str, int]  # categories at the peak (parameters, gradients, ...)
+    requested_peak_bytes: int | None = None  # CUDA: unrounded requested bytes
+
+
+def measure_step_peak_cpu(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                          ) -> PeakReport:
+    """Peak live tensor bytes of one step after a warm-up step, on CPU (MemTracker)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model = build_for(cfg, setup)
+    opt = make_optimizer(model, setup)
+    idx, targets = make_batch(cfg, workload)
+    train_step(model, opt, idx, targets, setup)  # warm-up: creates the optimizer states
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        train_step(model, opt, idx, targets, setup)
+    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    cats = {getattr(k, "value", str(k)): v for k, v in snap.items() if k != "Total"}
+    return PeakReport(peak_bytes=snap["Total"], by_category=cats)
+
+
+def measure_step_peak_cuda(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                           device: str = "cuda") -> PeakReport:
+    """Peak allocated bytes of one step after a warm-up step on CUDA.
+
+    max_memory_allocated is rounded up to the allocator's 512-byte blocks; requested_bytes is
+    what the tensors asked for. Both exclude the CUDA context. The baseline (weights, optimizer
+    states, the cuBLAS workspace made by the warm-up) is inside the peak.
+    """
+    model = build_for(cfg, setup, device)
+    opt = make_optimizer(model, setup)
+    idx, targets = make_batch(cfg, workload, device)
+    train_step(model, opt, idx, targets, setup)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    train_step(model, opt, idx, targets, setup)
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    return PeakReport(peak_bytes=torch.cuda.max_memory_allocated(), by_category={},
+                      requested_peak_bytes=stats["requested_bytes.all.peak"])
+
+
+def try_step_peak_cuda(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                       predicted_bytes: int) -> PeakReport | str:
+    """measure_step_peak_cuda, or a one-line "predicted X GiB, does not fit in Y GiB" on OOM."""
+    from gptcalc.units import binary_bytes
+
+    try:
+        return measure_step_peak_cuda(cfg, workload, setup)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(0).total_memory
+        return (f"predicted {binary_bytes(predicted_bytes)}, does not fit in "
+                f"{binary_bytes(total)}")
+
+
+def saved_for(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+              device: str = "cpu") -> SavedReport:
+    """measure_saved on a freshly built model for (cfg, workload, setup)."""
+    model = build_for(cfg, setup, device)
+    idx, targets = make_batch(cfg, workload, device)
+    return measure_saved(model, idx, targets, setup)
+
+
+__all__ = ["PeakReport", "SavedReport", "SavedTensor", "apply_recompute", "build_for",
+           "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
+           "measure_step_peak_cuda", "saved_for", "train_step", "try_step_peak_cuda", "F"]
