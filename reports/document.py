@@ -60,6 +60,15 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]], caption: str
 # ---------------------------------------------------------------------------------------------
 # Markdown
 
+_NUMBER = re.compile(r"^[*]*[-+]?[\d,.]+(\s?[kMGTPE]?(i?B)?|%)?[*]*$")
+
+
+def _numeric_columns(b: Table) -> list[bool]:
+    """Right-align a column (not the first) when every cell in it is a number."""
+    rows = list(b.rows) + ([b.total] if b.total else [])
+    return [i > 0 and all(_NUMBER.match(r[i].strip()) for r in rows if r[i].strip())
+            for i in range(len(b.columns))]
+
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -74,7 +83,7 @@ def to_markdown(blocks: Sequence[Block]) -> str:
         elif isinstance(b, Bullets):
             out.append("\n".join(f"- {item}" for item in b.items))
         elif isinstance(b, Table):
-            aligns = ["---"] + ["---:"] * (len(b.columns) - 1)
+            aligns = ["---:" if right else "---" for right in _numeric_columns(b)]
             lines = ["| " + " | ".join(_md_cell(c) for c in b.columns) + " |",
                      "| " + " | ".join(aligns) + " |"]
             lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
@@ -104,7 +113,8 @@ h2 { border-bottom: 1px solid #ccc; padding-bottom: .2rem; margin-top: 2.2rem; }
 table { border-collapse: collapse; margin: .8rem 0; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid #ccc; padding: .25rem .6rem; }
 th { background: #f2f2f2; }
-td:not(:first-child), th:not(:first-child) { text-align: right; }
+th { text-align: left; }
+.num { text-align: right; }
 tr.total td { font-weight: bold; background: #fafafa; }
 caption, figcaption, .caption { caption-side: bottom; text-align: left; color: #555;
        font-size: .9rem; font-style: italic; padding-top: .3rem; }
@@ -133,12 +143,15 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
         elif isinstance(b, Bullets):
             body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b.items) + "</ul>")
         elif isinstance(b, Table):
-            rows = ["<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in b.columns) + "</tr>"]
-            rows += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>"
-                     for r in b.rows]
+            num = _numeric_columns(b)
+
+            def cells(row, tag="td"):
+                return "".join(f'<{tag}{" class=num" if n else ""}>{_inline(c)}</{tag}>'
+                               for c, n in zip(row, num))
+            rows = ["<tr>" + cells(b.columns, "th") + "</tr>"]
+            rows += ["<tr>" + cells(r) + "</tr>" for r in b.rows]
             if b.total is not None:
-                rows.append('<tr class="total">'
-                            + "".join(f"<td>{_inline(c)}</td>" for c in b.total) + "</tr>")
+                rows.append('<tr class="total">' + cells(b.total) + "</tr>")
             caption = f"<caption>{_inline(b.caption)}</caption>" if b.caption else ""
             body.append(f"<table>{caption}{''.join(rows)}</table>")
         elif isinstance(b, Image):

@@ -263,18 +263,10 @@ KV_PRESETS = ("gpt2", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama3-8b")
 
 def kv_cache_bytes(cfg: GPTConfig, context: int, batch_size: int = 1,
                    bytes_per_element: int = 2) -> int:
-    """Keys and values of every layer for `context` tokens: 2 * L * c * kv_width * bytes * B.
+    """gptcalc.memory.kv_cache_bytes: 2 (K and V) * L * B * context * n_kv_head * head_dim * bytes."""
+    from gptcalc.memory import kv_cache_bytes as kv
 
-    Scope: the cache tensors alone (no allocator rounding); 2-byte (fp16/bf16) elements default.
-    """
-    try:
-        from gptcalc import memory  # the library function, once the memory module exists
-    except ImportError:
-        memory = None
-    fn = getattr(memory, "kv_cache_bytes", None)
-    if fn is not None:
-        return fn(cfg, context, batch_size=batch_size, bytes_per_element=bytes_per_element)
-    return 2 * cfg.n_layer * context * cfg.kv_width * bytes_per_element * batch_size
+    return kv(cfg, batch_size, context, bytes_per_element)
 
 
 def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
@@ -362,18 +354,222 @@ def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: S
 
 
 def make_plots(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
-               measured_flops: Sequence[tuple[int, float]] = ()) -> list[Plot]:
-    """Every analytic scaling plot for this model (memory ones when gptcalc.memory exists)."""
+               measured_flops: Sequence[tuple[int, float]] = (), device: str = "cuda"
+               ) -> list[Plot]:
+    """Every analytic scaling plot of this model; `device` picks the kernels memory assumes."""
     made = [plot_params(out_dir, cfg, name),
             plot_flops_vs_seq_len(out_dir, cfg, name, measured=measured_flops)]
-    made += memory_plots(out_dir, cfg, workload, name)
+    made += memory_plots(out_dir, cfg, workload, name, device)
     made.append(plot_kv_cache(out_dir, cfg, name))
     return made
 
 
-def memory_plots(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None) -> list[Plot]:
-    try:
-        from gptcalc import memory  # noqa: F401
-    except ImportError:
-        return []
-    return []
+# ---------------------------------------------------------------------------------------------
+# training memory
+
+GPU_BYTES = 80 * 2**30  # an 80 GiB GPU: A100 80GB / H100 80GB (81,920 MiB)
+GPU_LABEL = "one 80 GiB GPU (A100 / H100 80GB)"
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "logits")
+CATEGORY_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+
+
+def memory_setup(device: str = "cuda"):
+    """The training set-up the memory plots assume: fp32 weights, AdamW, no parallelism."""
+    from gptcalc.memory import TrainingSetup
+
+    return TrainingSetup(mode="fp32", optimizer="adamw", device=device)
+
+
+def memory_categories(cfg: GPTConfig, workload, setup) -> dict[str, int]:
+    """Training memory of one device in the five categories the plots stack, exact bytes.
+
+    weights, gradients, optimizer: gptcalc.memory.state_bytes. activations: every tensor saved
+    for backward (gptcalc.memory.saved_activations) except the cross entropy's log-probabilities,
+    which are counted with the logits: logits = the logits and those log-probabilities
+    (gptcalc.memory.logits_bytes). The five never all peak together (gradients appear as
+    activations are freed); `gptcalc.memory.step_peak` is the modelled peak.
+    """
+    from gptcalc.memory import logits_bytes, saved_activations, state_bytes
+
+    st = state_bytes(cfg, setup)
+    acts = saved_activations(cfg, workload, setup)
+    lg = logits_bytes(cfg, workload, setup)
+    activations = sum(v for k, v in acts.items()
+                      if not k.startswith("input/") and k not in lg)
+    return {"weights": st.weights, "gradients": st.gradients, "optimizer": st.optimizer,
+            "activations": activations, "logits": sum(lg.values())}
+
+
+def _stack(ax, xs, series: list[dict[str, int]], peaks: Sequence[int]) -> None:
+    """Stacked categories and the modelled peak, in GiB on linear axes (memory is linear in B
+    and quadratic in S: linear axes show that shape as it is)."""
+    gib = 2**30
+    ys = [[d[c] / gib for d in series] for c in CATEGORIES]
+    ax.stackplot(xs, ys, labels=list(CATEGORIES), colors=CATEGORY_COLOURS, alpha=0.85)
+    ax.plot(xs, [p / gib for p in peaks], color="black", lw=1.8,
+            label="modelled step peak (step_peak)")
+    top = max(max(peaks), max(sum(d.values()) for d in series))
+    if top >= GPU_BYTES / 4:  # the GPU line only where it is in view
+        ax.axhline(GPU_BYTES / gib, color="red", ls="--", lw=1.2, label=GPU_LABEL)
+        ax.set_ylim(0, max(top, GPU_BYTES) / gib * 1.1)
+    else:
+        ax.set_ylim(0, top / gib * 1.1)
+        ax.text(0.98, 0.98, f"80 GiB GPU: off scale ({100 * top / GPU_BYTES:.1f}% used at most)",
+                transform=ax.transAxes, ha="right", va="top", fontsize=8, color="red")
+    ax.set_xlim(0, xs[-1])
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
+                         device: str = "cuda") -> Plot:
+    """Training memory stacked by category vs batch size and vs sequence length."""
+    from gptcalc.config import Workload
+    from gptcalc.memory import step_peak
+
+    setup = memory_setup(device)
+    fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(12, 5))
+    b_max = max(256, 4 * workload.batch_size)
+    batches = sorted({1, *range(b_max // 64, b_max + 1, b_max // 64)})
+    wls = [Workload(b, workload.seq_len) for b in batches]
+    _stack(ax_b, batches, [memory_categories(cfg, w, setup) for w in wls],
+           [step_peak(cfg, w, setup).bytes for w in wls])
+    ax_b.axvline(workload.batch_size, color="grey", ls=":", lw=1)
+    ax_b.text(workload.batch_size, 0.5, f" this workload, B = {workload.batch_size}",
+              transform=ax_b.get_xaxis_transform(), rotation=90, fontsize=8, color="grey",
+              va="center", ha="right")
+    ax_b.set(xlabel=f"batch size B (sequences of S = {workload.seq_len:,} tokens)",
+             ylabel="memory of one training step (GiB)",
+             title=f"Training memory vs batch size (S = {workload.seq_len:,})")
+    T = cfg.block_size
+    lengths = sorted({1, *range(max(1, T // 64), T + 1, max(1, T // 64)), T})
+    wls = [Workload(workload.batch_size, s) for s in lengths]
+    _stack(ax_s, lengths, [memory_categories(cfg, w, setup) for w in wls],
+           [step_peak(cfg, w, setup).bytes for w in wls])
+    ax_s.set(xlabel=f"sequence length S (tokens, up to T = {T:,})",
+             ylabel="memory of one training step (GiB)",
+             title=f"Training memory vs sequence length (B = {workload.batch_size})")
+    fig.suptitle(f"fp32 weights, AdamW, {device} kernels. Stacked: every category at once; "
+                 f"black: gptcalc's modelled peak of a step\n{model_label(cfg, name)}",
+                 fontsize=10)
+    path = _save(fig, out_dir, "training_memory")
+    return Plot("training_memory", path, "Training memory vs batch size and sequence length",
+                "Weights, gradients and AdamW's two moments are fixed; saved activations and "
+                "logits grow linearly with B and, through attention's S x S scores, "
+                "quadratically with S. The stack counts every category at once; the black line "
+                "is gptcalc's modelled peak of a step, which also holds buffers and update "
+                "temporaries but never all gradients and activations together. Red: an 80 GiB "
+                "GPU.")
+
+
+def plot_zero(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
+    """Model states per device vs data-parallel size, one line per ZeRO stage."""
+    from gptcalc.memory import TrainingSetup, state_bytes
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    dps = [2**i for i in range(0, 11)]
+    for z, colour in zip((0, 1, 2, 3), ("C0", "C1", "C2", "C3")):
+        ys = [state_bytes(cfg, TrainingSetup(mode="mixed", dp=d, zero=z)).total for d in dps]
+        what = {0: "replicated", 1: "optimizer states sharded", 2: "+ gradients sharded",
+                3: "+ weights sharded"}[z]
+        ax.plot(dps, ys, marker="o", ms=3, color=colour, label=f"ZeRO stage {z}: {what}")
+    ax.axhline(GPU_BYTES, color="red", ls="--", lw=1.2, label=GPU_LABEL)
+    ax.set(xscale="log", yscale="log", xlabel="data-parallel size (devices)",
+           ylabel="weights + gradients + optimizer per device",
+           title=f"Model states per device vs ZeRO stage (mixed precision AdamW, 16 B/param)\n"
+                 f"{model_label(cfg, name)}")
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
+    _int_axis(ax)
+    _bytes_axis(ax)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    path = _save(fig, out_dir, "zero_stages")
+    return Plot("zero_stages", path, "Memory per device vs ZeRO stage and data-parallel size",
+                "Rajbhandari et al. 2020's accounting: 2 + 2 + 12 bytes per parameter (fp16 "
+                "weights and gradients, fp32 master weights and Adam moments). Stage 1 shards "
+                "the 12, stage 2 also the gradients, stage 3 everything; activations (not shown) "
+                "are not sharded by ZeRO.")
+
+
+def memory_plots(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
+                 device: str = "cuda") -> list[Plot]:
+    return [plot_training_memory(out_dir, cfg, workload, name, device),
+            plot_zero(out_dir, cfg, name)]
+
+
+# ---------------------------------------------------------------------------------------------
+# --measure: points measured on the reference model over the analytic curves
+
+def measure_small(cfg: GPTConfig, widths: Sequence[int] = (16, 32, 64, 128),
+                  lengths: Sequence[int] = (4, 8, 16, 32, 64)) -> dict:
+    """Parameters at small E and forward FLOPs per token at small S, measured on CPU.
+
+    The model keeps this configuration's switches (architecture) with L=2 and V <= 128 so it
+    runs in a blink; heads are shrunk to fit each width.
+    """
+    import torch
+
+    from reference_model.measure import flopcounter_forward
+    from reference_model.model import build_model
+
+    from .claims import _split
+
+    def small(E: int, T: int) -> GPTConfig:
+        H = 2 if E % 2 == 0 else 1
+        return cfg.replace(n_embd=E, n_head=H, n_kv_head=None if cfg.n_kv_head is None else 1,
+                           head_dim=None, d_ff=None, n_layer=2, block_size=T,
+                           vocab_size=min(cfg.vocab_size, 128))
+    params = []
+    for E in widths:
+        c = small(E, 64)
+        params.append((E, sum(p.numel() for p in build_model(c).parameters()),
+                       count_params(c).total))
+    c = small(64, max(lengths))
+    model = build_model(c)
+    flops = []
+    for S in lengths:
+        total, attention = _split(flopcounter_forward(model, torch.zeros((1, S), dtype=torch.long)))
+        flops.append((S, total / S, sum(forward_flops(c, S).values()) / S, attention / S,
+                      flops_split_per_token(c, S)[1]))
+    return {"params": params, "flops": flops, "width_cfg": small, "flops_cfg": c}
+
+
+def plot_measured(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
+    data = measure_small(cfg)
+    fig, (ax_p, ax_f) = plt.subplots(1, 2, figsize=(12, 5))
+    widths = _geom(8, 256, 40)
+    ax_p.plot(widths, [count_params(data["width_cfg"](e, 64)).total for e in widths], color="C0",
+              lw=1.5, label="gptcalc: count_params")
+    ax_p.scatter([e for e, _, _ in data["params"]], [m for _, m, _ in data["params"]],
+                 marker="x", s=70, color="black", zorder=5,
+                 label="measured: reference model numel()")
+    ax_p.set(xscale="log", yscale="log", xlabel="embedding width E (L=2, T=64)",
+             ylabel="parameters (count)", title="Parameters: measured over the formula")
+    c = data["flops_cfg"]
+    lengths = list(range(1, c.block_size + 1))
+    split = [flops_split_per_token(c, s) for s in lengths]
+    ax_f.plot(lengths, [d + a for d, a in split], color="black", lw=1.5, label="gptcalc: total")
+    ax_f.plot(lengths, [d for d, _ in split], color="C0", lw=1, label="gptcalc: dense part")
+    ax_f.plot(lengths, [a for _, a in split], color="C3", lw=1, label="gptcalc: attention part")
+    ax_f.scatter([f[0] for f in data["flops"]], [f[1] for f in data["flops"]], marker="x",
+                 s=70, color="black", zorder=5, label="measured: FlopCounterMode forward")
+    ax_f.scatter([f[0] for f in data["flops"]], [f[3] for f in data["flops"]], marker="+",
+                 s=80, color="C3", zorder=5, label="measured: its attention ops (bmm)")
+    ax_f.set(xscale="log", yscale="log", xlabel=f"sequence length S (tokens; E={c.n_embd}, L=2)",
+             ylabel="forward FLOPs per token (2 per multiply-add)",
+             title="FLOPs per token: measured over the formula")
+    for ax, where in ((ax_p, "upper left"), (ax_f, "lower right")):
+        _count_axis(ax)
+        _int_axis(ax)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc=where)
+    fig.suptitle(f"Measured on CPU at small sizes with this model's architecture "
+                 f"({model_label(cfg, name)})", fontsize=10)
+    path = _save(fig, out_dir, "measured")
+    exact = all(m == a for _, m, a in data["params"]) and all(
+        f[1] == f[2] and f[3] == f[4] for f in data["flops"])
+    return Plot("measured", path, "Measured points over the analytic curves",
+                "Crosses: parameters (numel) and FlopCounterMode forward FLOPs of the reference "
+                "model at small sizes; lines: gptcalc's formulas. "
+                + ("Every cross equals the formula exactly." if exact
+                   else "Some crosses DIFFER from the formula."), {"exact": exact})

@@ -131,9 +131,9 @@ def _flops_blocks(cfg: GPTConfig, wl: Workload) -> list[Block]:
     exact = tok(fc.training_total)
     conventions = published_estimates(cfg, wl.seq_len)
     explain = {
-        "6N": "6 x all parameters: no attention, counts embeddings as matmuls",
-        "kaplan": "Kaplan et al. 2020: 6 N_non-embedding + 6 L S E (attention over a causal "
-                  "half, no lm_head)",
+        "6N": "6 x all parameters: no attention; the embedding tables count as if matmuls",
+        "kaplan": "Kaplan et al. 2020: 6 N_non-embedding + 6 L S E (attention at half the "
+                  "full S x S count; a tied lm_head's matmul not counted)",
         "palm": "PaLM / nanoGPT MFU: 6N + 12 L H head_dim S (full S x S attention)",
     }
     conv_rows = [("exact (this model, gptcalc)", f"{exact:,}", si(exact), "1.0000",
@@ -171,30 +171,88 @@ def _flops_blocks(cfg: GPTConfig, wl: Workload) -> list[Block]:
 
 
 def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Block]:
-    """Analytic vs measured, from `reference_model.verify.run_checks`."""
-    try:
-        from reference_model.verify import run_checks
-    except ImportError:
-        return [Heading(2, "Verification: analytic vs measured"),
-                Para("reference_model.verify is not available in this build.")]
-    checks = run_checks(cfg, verify_workload(cfg, wl), device=device)
-    rows = [(c.name, _num(c.analytic), _num(c.measured), "yes" if c.ok else "**NO**",
-             getattr(c, "note", "") or "") for c in checks]
+    """Analytic vs measured: `reference_model.verify` (params, fvcore and FlopCounterMode FLOPs)
+    plus the saved-activation bytes of `reference_model.memory` (exact on CPU)."""
+    from reference_model.verify import verify
+
+    small = verify_workload(cfg, wl)
+    setup, checks = verify(cfg, small, device=device)
+    if device == "cpu" and setup.tensors == "real" and not setup.reduced:
+        checks.append(_saved_activations_check(setup.config, small))
     ok = sum(1 for c in checks if c.ok)
+    rows = [(c.name, _num(c.analytic), _num(c.measured), f"{c.difference:+,}",
+             "yes" if c.ok else "**NO**", c.tool + (f"; {c.note}" if c.note else ""))
+            for c in checks]
+    notes = [Para(n) for n in setup.notes]
     return [
         Heading(2, "Verification: analytic vs measured"),
         Para(f"{ok} of {len(checks)} checks agree exactly. Measured on the reference model "
-             f"on `{device}` with a small workload "
-             f"(B = {verify_workload(cfg, wl).batch_size}, "
-             f"S = {verify_workload(cfg, wl).seq_len}) so the report stays quick; the formulas "
-             "take B and S as plain factors, and the test suite checks them over many sizes."),
-        table(["quantity", "analytic", "measured", "equal", "note"], rows),
+             f"({setup.tensors} tensors on `{device}`, {setup.attn_impl} attention) with a "
+             f"small workload, B = {small.batch_size} and S = {small.seq_len}, so the report "
+             "stays quick; B and S enter the formulas as plain sizes, and the test suite "
+             "checks them over many configurations."),
+        *notes,
+        table(["quantity", "analytic", "measured", "difference", "equal", "tool"], rows),
     ]
 
 
+def _saved_activations_check(cfg: GPTConfig, wl: Workload):
+    """gptcalc.memory.saved_activations against the bytes saved_tensors_hooks see (CPU)."""
+    from gptcalc.memory import saved_activations
+    from reference_model.memory import saved_for
+    from reference_model.verify import Check
+
+    setup = _memory_setup("cpu")
+    measured = sum(t.nbytes for t in saved_for(cfg, wl, setup).tensors)
+    return Check("memory: bytes saved for backward", sum(saved_activations(cfg, wl, setup).values()),
+                 measured, "saved_tensors_hooks", note="fp32, deduplicated by storage")
+
+
 def verify_workload(cfg: GPTConfig, wl: Workload) -> Workload:
-    """A small workload for the on-the-spot verification: B <= 2, S <= 64."""
-    return Workload(batch_size=min(wl.batch_size, 2), seq_len=min(wl.seq_len, 64))
+    """A small workload for the on-the-spot verification: B = 2, S <= 64 (saved_activations is
+    exact for B >= 2 and S >= 2, where matmul's copies are not views)."""
+    return Workload(batch_size=2, seq_len=max(2, min(wl.seq_len, 64)))
+
+
+def _memory_setup(device: str):
+    from gptcalc.memory import TrainingSetup
+
+    return TrainingSetup(mode="fp32", optimizer="adamw", device=device)
+
+
+def _memory_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Block]:
+    """`gptcalc.memory.memory_report` for fp32 AdamW training of this workload on `device`."""
+    from gptcalc.memory import memory_report
+
+    from .plots import memory_categories
+
+    setup = _memory_setup(device)
+    r = memory_report(cfg, wl, setup)
+    cats = memory_categories(cfg, wl, setup)
+    rows = [(k, f"{v:,}", binary_bytes(v)) for k, v in cats.items()]
+    acts = r.breakdown["activations"]
+    top = sorted(((k, v) for k, v in acts.items() if v), key=lambda kv: -kv[1])[:8]
+    peak = r.peak
+    return [
+        Heading(2, "Memory"),
+        Para(f"One training step of B = {wl.batch_size} sequences of S = {wl.seq_len} tokens "
+             f"on one `{device}` device: fp32 weights and gradients, AdamW (two fp32 moments and "
+             "a step counter per tensor), no recomputation, the seeds' manual attention."),
+        table(["category", "bytes", "binary"], rows,
+              total=("sum (all at once)", f"{sum(cats.values()):,}",
+                     binary_bytes(sum(cats.values()))),
+              caption="activations: every tensor saved for backward (gptcalc.memory."
+                      "saved_activations, exact on CPU) except the cross entropy's log-"
+                      "probabilities, which are counted under logits with the logits."),
+        Para(f"Modelled peak of a step: **{binary_bytes(peak.bytes)}** ({peak.bytes:,} bytes), "
+             f"in the {peak.phase} phase: {peak.why}. Korthikanti et al. 2022's published "
+             f"activation formula gives {binary_bytes(r.activations_paper)} (16-bit "
+             f"activations) against {binary_bytes(r.activations)} saved by this fp32 model. KV "
+             f"cache for inference at context {wl.seq_len}: {binary_bytes(r.kv_cache)} "
+             f"(B = {wl.batch_size}, fp32)."),
+        table(["largest saved tensors (all layers)", "bytes", "binary"],
+              [(k, f"{v:,}", binary_bytes(v)) for k, v in top]),
+    ]
 
 
 def _num(v: Any) -> str:
@@ -275,7 +333,8 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
                "dense / token", "one token with KV cache"], cost_rows,
               caption=("all measured counts equal gptcalc's forward_flops / matmul_flops"
                        if exact_flops else "measured and gptcalc DIFFER somewhere above")),
-        Para(f"Least-squares fits on log-log over T = {Ts[0]:,} .. {Ts[-1]:,}:"),
+        Para(f"Least-squares fits of log FLOPs on log T over T = {Ts[0]:,} .. {Ts[-1]:,} "
+             f"(powers of two up to 4 x this model's T = {cfg.block_size:,}):"),
         Bullets((
             f"forward FLOPs per token (training, prefill): exponent **{f.per_token.exponent:.3f}** "
             f"(local slope between the last two points {f.local_exponent:.3f});",
@@ -293,11 +352,15 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
              "constant (the weight matmuls, 2 FLOPs per parameter touched) plus a term linear "
              "in T (attention: 4 L E T, q @ k^T and att @ v).** The fitted power of the whole is "
              "below 1 because the constant dominates at these sizes (attention overtakes it "
-             f"only at T = {_crossover(cfg):,}); with more T it tends to 1, never beyond. A whole "
-             "sequence, or one token generated without a KV cache, costs T times that: "
-             "quadratic at most (T^2 from attention). The T^3 of the seed counts the T x T "
-             "score matrix as if each of its T^2 entries cost T; each costs head_dim "
-             "multiply-adds per head, E in all, independent of T."),
+             f"only at T = {_crossover(cfg):,}); with more T it tends to 1, never beyond. "
+             "Generating one token with a KV cache costs exactly the same as one token of a "
+             "T-token forward here (the new query meets T keys; full S x S counting). A whole "
+             "sequence, or one token generated without a KV cache (the seeds' generate), costs "
+             "T times the per-token figure: quadratic at most, T^2 from attention, and "
+             f"measured here at T^{f.per_sequence.exponent:.2f} because the T-linear weight "
+             "matmuls still dominate. No measured quantity grows like T^3: the largest "
+             "T-dependent work is the T x T score matrix, whose T^2 entries cost head_dim "
+             "multiply-adds per head (E in all), independent of T."),
     ]
     if plot_name:
         blocks.append(Image(plot_name, "Seed claims: parameters and FLOPs per token vs T",
@@ -329,8 +392,7 @@ def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "aut
         blocks += _config_blocks(cfg, wl, name, device)
         blocks += _params_blocks(cfg)
         blocks += _flops_blocks(cfg, wl)
-        with prog.step("memory breakdown"):
-            blocks += plots.memory_blocks(cfg, wl) if hasattr(plots, "memory_blocks") else []
+        blocks += _memory_blocks(cfg, wl, device)
         with prog.step("verification on the reference model"):
             blocks += _verification_blocks(cfg, wl, device)
         Ts = claims.sweep_block_sizes(cfg)
@@ -344,7 +406,9 @@ def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "aut
             made.append(claim_plot)
             blocks += _claims_blocks(cfg, sizes, costs, cost_device, claim_plot.path.name)
             measured = [(p.block_size, p.per_token) for p in costs]
-            made += plots.make_plots(out_dir, cfg, wl, name, measured_flops=measured)
+            made += plots.make_plots(out_dir, cfg, wl, name, measured_flops=measured,
+                                     device=device)
+            made.append(plots.plot_measured(out_dir, cfg, name))
     blocks.append(Heading(2, "Plots"))
     for p in made[1:]:
         blocks += [Heading(3, p.title), Image(p.path.name, p.title, p.caption)]
