@@ -152,9 +152,9 @@ def plot_params(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
                 # presets share a depth, so short names only, GPT-3 on the left
                 left = (names is GPT2_PRESETS) == (ax is ax_e) or x == max(xs) > 1000
                 text = f"{n} ({si(y)})" if ax is ax_e else n
-                ax.annotate(text, (x, y), xytext=(-7 if left else 7, 3 if left else -9),
+                ax.annotate(text, (x, y), xytext=(-7 if left else 7, 0),
                             textcoords="offset points", fontsize=7, color=colour,
-                            ha="right" if left else "left")
+                            ha="right" if left else "left", va="center")
     here = count_params(cfg).total
     ax_e.scatter([cfg.n_embd], [here], marker="*", s=160, color="red", zorder=6,
                  label=f"this model ({si(here)})")
@@ -416,7 +416,9 @@ def _stack(ax, xs, series: list[dict[str, int]], peaks: Sequence[int]) -> None:
         ax.set_ylim(0, top / gib * 1.1)
         ax.text(0.98, 0.98, f"80 GiB GPU: off scale ({100 * top / GPU_BYTES:.1f}% used at most)",
                 transform=ax.transAxes, ha="right", va="top", fontsize=8, color="red")
-    ax.set_xlim(0, xs[-1])
+    ax.set_xlim(xs[0], xs[-1])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if top > 10 * gib
+                                               else f"{v:,.2g}"))
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
 
@@ -429,15 +431,14 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
 
     setup = memory_setup(device)
     fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(12, 5))
-    b_max = max(256, 4 * workload.batch_size)
-    batches = sorted({1, *range(b_max // 64, b_max + 1, b_max // 64)})
+    b_max = max(16, 4 * workload.batch_size)  # around this workload's batch
+    batches = sorted({1, *range(max(1, b_max // 64), b_max + 1, max(1, b_max // 64))})
     wls = [Workload(b, workload.seq_len) for b in batches]
     _stack(ax_b, batches, [memory_categories(cfg, w, setup) for w in wls],
            [step_peak(cfg, w, setup).bytes for w in wls])
-    ax_b.axvline(workload.batch_size, color="grey", ls=":", lw=1)
-    ax_b.text(workload.batch_size, 0.5, f" this workload, B = {workload.batch_size}",
-              transform=ax_b.get_xaxis_transform(), rotation=90, fontsize=8, color="grey",
-              va="center", ha="right")
+    ax_b.axvline(workload.batch_size, color="grey", ls=":", lw=1.5,
+                 label=f"this workload, B = {workload.batch_size}")
+    ax_b.legend(fontsize=8, loc="upper left")
     ax_b.set(xlabel=f"batch size B (sequences of S = {workload.seq_len:,} tokens)",
              ylabel="memory of one training step (GiB)",
              title=f"Training memory vs batch size (S = {workload.seq_len:,})")
@@ -537,7 +538,7 @@ def measure_small(cfg: GPTConfig, widths: Sequence[int] = (16, 32, 64, 128),
 def plot_measured(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
     data = measure_small(cfg)
     fig, (ax_p, ax_f) = plt.subplots(1, 2, figsize=(12, 5))
-    widths = _geom(8, 256, 40)
+    widths = sorted({4 * round(w / 4) for w in _geom(8, 256, 40)})  # even head_dim for rotary
     ax_p.plot(widths, [count_params(data["width_cfg"](e, 64)).total for e in widths], color="C0",
               lw=1.5, label="gptcalc: count_params")
     ax_p.scatter([e for e, _, _ in data["params"]], [m for _, m, _ in data["params"]],

@@ -183,7 +183,8 @@ def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Bloc
     rows = [(c.name, _num(c.analytic), _num(c.measured), f"{c.difference:+,}",
              "yes" if c.ok else "**NO**", c.tool + (f"; {c.note}" if c.note else ""))
             for c in checks]
-    notes = [Para(n) for n in setup.notes]
+    # verify's notes name its own --tensors option, which the report does not have
+    notes = [Para(n.split("; pass --tensors")[0] + ".") for n in setup.notes]
     return [
         Heading(2, "Verification: analytic vs measured"),
         Para(f"{ok} of {len(checks)} checks agree exactly. Measured on the reference model "
