@@ -124,16 +124,17 @@ def plan(cfg: GPTConfig, workload: Workload, device: str = "cpu", attn_impl: str
     budget = (memory_bytes if memory_bytes is not None else available_bytes(device)) // 2
     need = training_bytes_estimate(setup.config, workload)
     fits = need <= budget
+    why = "--tensors shape-only"
     if tensors == "auto":
         cheap = real_work_flops(setup.config, workload) <= REAL_WORK_LIMIT_FLOPS[device]
         tensors = "real" if fits and cheap else "shape-only"
-        if tensors == "shape-only":
-            why = ("too large to run for real" if not fits
-                   else "too slow to run for real in a few seconds")
-            setup.notes.append(
-                f"SHAPE-ONLY: the model is {why}: parameters and fvcore counted on the meta "
-                "device, FlopCounterMode on FakeTensorMode tensors (same modules, same kernel "
-                "dispatch, no arithmetic); pass --tensors real to execute")
+        why = ("the model is too large to run for real" if not fits
+               else "the model is too slow to run for real in a few seconds")
+    if tensors == "shape-only":
+        setup.notes.append(
+            f"SHAPE-ONLY ({why}): parameters and fvcore counted on the meta device, "
+            "FlopCounterMode on FakeTensorMode tensors (same modules, same kernel dispatch, "
+            "no arithmetic); pass --tensors real to execute")
     setup.tensors = tensors
     if tensors == "real" and not fits:
         n = setup.config.n_layer

@@ -1,0 +1,39 @@
+"""Hypothesis strategies shared by the reference-model tests: tiny configs, every switch."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from gptcalc import GPTConfig, Workload
+from gptcalc.config import MLPS, NORMS, POSITIONS, QKV_LAYOUTS
+
+
+@st.composite
+def configs(draw, dropout=st.sampled_from([0.0, 0.1])) -> GPTConfig:
+    """A tiny GPTConfig with every switch drawn independently (E <= 32, L <= 2, T <= 12)."""
+    H = draw(st.integers(1, 4))
+    hd = draw(st.sampled_from([2, 4, 6]))  # even: rotary needs it
+    layout = draw(st.sampled_from(QKV_LAYOUTS))
+    kv = H if layout == "per_head" else draw(st.sampled_from([d for d in range(1, H + 1) if H % d == 0]))
+    explicit_head_dim = draw(st.booleans())
+    E = draw(st.sampled_from([8, 12, 16])) if explicit_head_dim else H * hd
+    return GPTConfig(
+        block_size=draw(st.integers(2, 12)), vocab_size=draw(st.integers(5, 40)),
+        n_layer=draw(st.integers(1, 2)), n_head=H, n_embd=E,
+        n_kv_head=None if kv == H and draw(st.booleans()) else kv,
+        head_dim=hd if explicit_head_dim else None,
+        ffn_mult=draw(st.integers(1, 4)), d_ff=draw(st.none() | st.integers(3, 20)),
+        dropout=draw(dropout), qkv_layout=layout,
+        qkv_bias=draw(st.booleans()), attn_out_bias=draw(st.booleans()),
+        mlp_bias=draw(st.booleans()), lm_head_bias=draw(st.booleans()),
+        tie_embeddings=draw(st.booleans()), pos_embedding=draw(st.sampled_from(POSITIONS)),
+        norm=draw(st.sampled_from(NORMS)), mlp=draw(st.sampled_from(MLPS)),
+        final_norm=draw(st.booleans()), embd_dropout=draw(st.booleans()),
+    )
+
+
+@st.composite
+def configs_and_workloads(draw, dropout=st.sampled_from([0.0, 0.1])):
+    cfg = draw(configs(dropout))
+    wl = Workload(batch_size=draw(st.integers(1, 2)), seq_len=draw(st.integers(1, cfg.block_size)))
+    return cfg, wl

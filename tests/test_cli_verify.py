@@ -1,0 +1,120 @@
+"""`gptcalc verify`: exit codes, JSON, loud notes, and every family passing on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("fvcore")
+from click.testing import CliRunner  # noqa: E402
+
+from gptcalc import Workload, from_name  # noqa: E402
+from gptcalc.cli import cli  # noqa: E402
+from reference_model.verify import plan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["-L", "2", "-E", "32", "-H", "4", "-T", "16", "-V", "64", "-B", "2"]
+
+
+def invoke(*args: str):
+    """In-process through click's CliRunner (fast: torch is imported once)."""
+    result = CliRunner().invoke(cli, ["verify", *args])
+    return result.exit_code, result.output
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gptcalc", "verify", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("arch, extra", [
+    ("tutorial", ["--dropout", "0.2"]),
+    ("gpt2", ["--attn", "sdpa"]),
+    ("notes", ["--dropout", "0.1", "--attn", "sdpa"]),
+    ("llama", ["--n-kv-head", "2"]),
+])
+def test_every_family_verifies_on_cpu(arch, extra):
+    code, output = invoke("--arch", arch, *TINY, *extra, "--device", "cpu", "--json")
+    assert code == 0, output
+    out = json.loads(output)
+    assert out["ok"] is True and out["device"] == "cpu" and out["tensors"] == "real"
+    assert out["torch"] == torch.__version__
+    assert out["checks"] and all(c["ok"] and c["difference"] == 0 for c in out["checks"])
+    names = {c["name"] for c in out["checks"]}
+    assert {"params total", "params attention/qkv", "fvcore forward matmul FLOPs",
+            "FlopCounterMode forward FLOPs", "FlopCounterMode training FLOPs",
+            "FlopCounterMode decode FLOPs (KV cache)", "FlopCounterMode decode FLOPs (no cache)"
+            } <= names
+    assert ("fvcore layer_norm FLOPs" in names) == (arch != "llama")
+
+
+def test_table_output_and_shape_only_note():
+    code, output = invoke("--preset", "shakespeare-char", "--device", "cpu",
+                          "--tensors", "shape-only")
+    assert code == 0, output
+    assert "params total" in output and "10,788,929" in output
+    assert "SHAPE-ONLY" in output and "17/17 checks exact" in output
+
+
+def test_max_layers_reduces_loudly():
+    result = CliRunner().invoke(cli, ["verify", "--preset", "debug", "-L", "3", "--max-layers",
+                                      "1", "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["reduced"] is True and out["verified_n_layer"] == 1
+    assert out["requested"]["n_layer"] == 3
+    assert any("REDUCED" in n and "1 of 3 blocks" in n for n in out["notes"])
+
+
+def test_plan_reduces_depth_when_real_tensors_do_not_fit():
+    cfg = from_name("debug", n_layer=6)
+    setup = plan(cfg, Workload(2, 16), "cpu", tensors="real", memory_bytes=2 * 600_000)
+    assert 1 <= setup.config.n_layer < 6 and setup.config.n_embd == cfg.n_embd
+    assert any(n.startswith("REDUCED") for n in setup.notes)
+    roomy = plan(cfg, Workload(2, 16), "cpu", tensors="real", memory_bytes=2**40)
+    assert roomy.config == cfg and roomy.notes == []
+
+
+def test_failed_check_exits_1(monkeypatch):
+    import reference_model.measure as measure
+
+    real = measure.params_by_key
+
+    def off_by_one(model):
+        counts = real(model)
+        counts["lm_head"] = counts.get("lm_head", 0) + 1
+        return counts
+
+    monkeypatch.setattr(measure, "params_by_key", off_by_one)
+    result = CliRunner().invoke(cli, ["verify", "--preset", "debug", "--device", "cpu"])
+    assert result.exit_code == 1
+    assert "FAIL" in result.output and "check(s) failed" in result.output
+
+
+def test_bad_input_is_one_line_exit_2():
+    proc = run("--preset", "debug", "--max-layers", "0")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "--max-layers" in proc.stderr and "Traceback" not in proc.stderr
+    if not torch.cuda.is_available():
+        proc = run("--preset", "debug", "--device", "cuda")
+        assert proc.returncode == 2 and "--device" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_import_gptcalc_cli_does_not_load_torch():
+    code = "import sys, gptcalc.cli; print('torch' in sys.modules, 'fvcore' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attn", ["manual", "sdpa"])
+def test_verify_on_cuda(attn):
+    proc = run("--arch", "gpt2", *TINY, "--attn", attn, "--device", "cuda", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["device"] == "cuda" and out["ok"] is True
