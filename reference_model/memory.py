@@ -274,3 +274,53 @@ def saved_for(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
 __all__ = ["PeakReport", "SavedReport", "SavedTensor", "apply_recompute", "build_for",
            "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
            "measure_step_peak_cuda", "saved_for", "train_step", "try_step_peak_cuda", "F"]
+
+
+PEAK_TOLERANCE = 0.05  # relative; measured CPU errors of the backward-phase estimate: 0.05-5%
+
+
+def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
+                  attn_impl: str = "manual"):
+    """Memory checks for `gptcalc verify`: saved activation bytes (exact; on CUDA only for the
+    manual attention, whose kernels save the same tensors), weight / gradient / optimizer-state
+    bytes (exact) after two steps, and the step peak (CPU MemTracker, CUDA max_memory_allocated)
+    within PEAK_TOLERANCE."""
+    from gptcalc.memory import saved_activations, state_bytes, step_peak
+
+    from .verify import Check
+
+    setup = TrainingSetup(attn_impl=attn_impl, device="cuda" if device != "cpu" else "cpu")
+    checks = []
+    if device == "cpu" or attn_impl == "manual":
+        saved = saved_for(cfg, workload, setup, device)
+        checks.append(Check("saved activation bytes", sum(saved_activations(
+            cfg, workload, setup).values()), sum(t.nbytes for t in saved.tensors),
+            "saved_tensors_hooks"))
+    model = build_for(cfg, setup, device)
+    opt = make_optimizer(model, setup)
+    idx, targets = make_batch(cfg, workload, device)
+    for _ in range(2):
+        train_step(model, opt, idx, targets, setup)
+    sb = state_bytes(cfg, setup)
+    tool = "tensor nbytes"
+    checks += [
+        Check("weight bytes", sb.weights, sum(p.nbytes for p in model.parameters()), tool),
+        Check("gradient bytes", sb.gradients,
+              sum(p.grad.nbytes for p in model.parameters() if p.grad is not None), tool),
+        Check("optimizer state bytes", sb.optimizer,
+              sum(v.nbytes for s in opt.state.values() for v in s.values()
+                  if isinstance(v, torch.Tensor)), tool)]
+    del model, opt
+    predicted = step_peak(cfg, workload, setup)
+    if device == "cpu":
+        measured, tool = measure_step_peak_cpu(cfg, workload, setup).peak_bytes, "MemTracker"
+    else:
+        rep = try_step_peak_cuda(cfg, workload, setup, predicted.bytes)
+        if isinstance(rep, str):
+            return checks + [Check("step peak bytes", predicted.bytes, -1, "CUDA", note=rep)]
+        measured, tool = rep.requested_peak_bytes, "cuda requested_bytes"
+    checks.append(Check("step peak bytes", predicted.bytes, measured, tool,
+                        note=f"phase {predicted.phase}; estimate, tolerance "
+                             f"{PEAK_TOLERANCE:.0%}",
+                        tolerance=int(PEAK_TOLERANCE * measured)))
+    return checks

@@ -168,6 +168,9 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         checks = _param_checks(cfg, model)
         checks += _fvcore_checks(cfg, workload, model, idx)
         checks += _flopcounter_checks(cfg, workload, model, idx, targets, decode_tokens)
+        from .memory import memory_checks  # issue 4: memory checks (bytes)
+
+        checks += memory_checks(cfg, workload, device, attn_impl)
         return checks
     meta = measure.meta_model(cfg, attn_impl)
     checks = _param_checks(cfg, meta)

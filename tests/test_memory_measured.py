@@ -95,3 +95,15 @@ def test_step_peak_cuda_runs():
     wl, setup = Workload(2, 16), TrainingSetup(device="cuda")
     rep = measure_step_peak_cuda(cfg, wl, setup)
     assert rep.peak_bytes >= rep.requested_peak_bytes > state_bytes(cfg, setup).weights
+
+
+def test_verify_memory_checks_pass_on_cpu():
+    from reference_model.memory import memory_checks
+
+    cfg = from_name("debug", arch="tutorial", dropout=0.1)
+    checks = memory_checks(cfg, Workload(2, 16))
+    names = [c.name for c in checks]
+    assert names == ["saved activation bytes", "weight bytes", "gradient bytes",
+                     "optimizer state bytes", "step peak bytes"]
+    assert all(c.ok for c in checks), [c.as_dict() for c in checks if not c.ok]
+    assert all(c.tolerance == 0 for c in checks[:4])
