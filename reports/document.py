@@ -114,7 +114,7 @@ table { border-collapse: collapse; margin: .8rem 0; font-variant-numeric: tabula
 th, td { border: 1px solid #ccc; padding: .25rem .6rem; }
 th { background: #f2f2f2; }
 th { text-align: left; }
-.num { text-align: right; }
+.num { text-align: right; white-space: nowrap; }
 tr.total td { font-weight: bold; background: #fafafa; }
 caption, figcaption, .caption { caption-side: bottom; text-align: left; color: #555;
        font-size: .9rem; font-style: italic; padding-top: .3rem; }
