@@ -92,8 +92,9 @@ def sweep_block_sizes(cfg: GPTConfig, smallest: int = 16) -> list[int]:
 def choose_device(cfg: GPTConfig, block_sizes: Sequence[int], device: str) -> str:
     """`device`, or "meta" when a real forward of the largest point would blow the time budget."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    biggest = sum(forward_flops(cfg.replace(block_size=max(block_sizes)), max(block_sizes)).values())
-    too_big_memory = count_params(cfg.replace(block_size=max(block_sizes))).total * 4 > 8 * 2**30
+    T = max(block_sizes)
+    biggest = sum(forward_flops(cfg.replace(block_size=T), T).values())
+    too_big_memory = count_params(cfg.replace(block_size=T)).total * 4 > 8 * 2**30
     return "meta" if biggest > REAL_RUN_BUDGET_FLOPS[kind] or too_big_memory else device
 
 

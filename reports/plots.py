@@ -10,7 +10,6 @@ Each `plot_*` function writes one PNG into `out_dir` and returns a `Plot` naming
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -109,7 +108,8 @@ def _geom(lo: float, hi: float, n: int = 60) -> list[int]:
 
 def model_label(cfg: GPTConfig, name: str | None = None) -> str:
     head = f"{name}: " if name else ""
-    return f"{head}L={cfg.n_layer} E={cfg.n_embd} H={cfg.n_head} T={cfg.block_size} V={cfg.vocab_size}"
+    return (f"{head}L={cfg.n_layer} E={cfg.n_embd} H={cfg.n_head} T={cfg.block_size} "
+            f"V={cfg.vocab_size}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ KV_PRESETS = ("gpt2", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama3-8b")
 
 def kv_cache_bytes(cfg: GPTConfig, context: int, batch_size: int = 1,
                    bytes_per_element: int = 2) -> int:
-    """gptcalc.memory.kv_cache_bytes: 2 (K and V) * L * B * context * n_kv_head * head_dim * bytes."""
+    """gptcalc.memory.kv_cache_bytes: 2 (K, V) * L * B * context * n_kv_head * head_dim * bytes."""
     from gptcalc.memory import kv_cache_bytes as kv
 
     return kv(cfg, batch_size, context, bytes_per_element)
@@ -335,7 +335,8 @@ def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: S
               label=f"least-squares fit: T^{f.per_token.exponent:.2f} (attention alone: "
                     f"T^{f.attention_per_token.exponent:.2f})")
     cubic = [tok[0] * (t / cT[0]) ** 3 for t in cT]
-    ax_f.plot(cT, cubic, color="C1", ls=":", lw=1.5, label="the seed's claim, T³ (from the first point)")
+    ax_f.plot(cT, cubic, color="C1", ls=":", lw=1.5,
+              label="the seed's claim, T³ (from the first point)")
     ax_f.set(xscale="log", yscale="log", xlabel="context length T (tokens)",
              ylabel="forward FLOPs per token (2 per multiply-add)",
              title="How does the cost of one token grow with T?\nconstant + linear, not T³")

@@ -22,7 +22,7 @@ from gptcalc.params import count_params
 from gptcalc.units import binary_bytes, si
 
 from . import claims
-from .document import Block, Bullets, Code, Heading, Image, Para, table, to_html, to_markdown
+from .document import Block, Bullets, Heading, Image, Para, table, to_html, to_markdown
 
 
 @dataclass
@@ -290,6 +290,9 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
                        "buffer, not a parameter.")
     a, b, resid = f.linear
     L, Dq = cfg.n_layer, cfg.q_width
+    # gptcalc's per-token forward at the first T, less its attention term 4 L Dq T
+    dense_per_token = costs[0].analytic_forward_flops // costs[0].block_size - 4 * L * Dq * \
+        costs[0].block_size
     Ts = [p.block_size for p in costs]
     exact_flops = all(p.forward_flops == p.analytic_forward_flops
                       and p.decode_flops == p.analytic_decode_flops for p in costs)
@@ -338,7 +341,7 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
         )),
         Para(f"A straight line fits the per-token cost exactly: per token = {a:,.0f} + "
              f"{b:,.1f} x T FLOPs (largest relative residual {resid:.1e}); gptcalc's formula is "
-             f"dense + 4 L H head_dim T = {costs[0].analytic_forward_flops // Ts[0] - 4 * L * Dq * Ts[0]:,} "
+             f"dense + 4 L H head_dim T = {dense_per_token:,} "
              f"+ {4 * L * Dq:,} x T. **So the cost of one token is not cubic in T: it is a "
              "constant (the weight matmuls, 2 FLOPs per parameter touched) plus a term linear "
              "in T (attention: 4 L E T, q @ k^T and att @ v).** The fitted power of the whole is "
