@@ -3,14 +3,17 @@
 Import-light by design: nothing here imports torch, fvcore or matplotlib.
 """
 
+from .api import Setup, Summary, load, resolve_setup, save_config, summarize, to_dict
 from .config import ARCHS, ConfigError, GPTConfig, Workload
 from .flops import FlopCount, InferenceFlops, count_flops, inference_flops, published_estimates
+from .hf import SUPPORTED_MODEL_TYPES, config_from_hf
 from .params import ParamCount, count_params
 from .presets import PRESETS, from_name
 
 __all__ = [
-    "ARCHS", "PRESETS", "ConfigError", "FlopCount", "GPTConfig", "InferenceFlops", "ParamCount",
-    "Workload", "count_flops", "count_params", "from_name", "inference_flops",
-    "published_estimates",
+    "ARCHS", "PRESETS", "SUPPORTED_MODEL_TYPES", "ConfigError", "FlopCount", "GPTConfig",
+    "InferenceFlops", "ParamCount", "Setup", "Summary", "Workload", "config_from_hf",
+    "count_flops", "count_params", "from_name", "inference_flops", "load", "published_estimates",
+    "resolve_setup", "save_config", "summarize", "to_dict",
 ]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ F MLP expansion, V vocabulary. This module never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,10 @@ class GPTConfig:
     mlp: str = "gelu_tanh"  # relu | gelu | gelu_tanh | swiglu
     final_norm: bool = True
     embd_dropout: bool = True  # dropout after the embedding sum (nanoGPT, notes); not the tutorial
+    # GPT-NeoX (Pythia): rotary on the first rotary_pct of each head's dims, and attention and
+    # MLP reading the same block input in parallel. Neither changes a parameter or matmul count.
+    rotary_pct: float = 1.0  # share of head_dim that rotary rotates (HF rotary_pct)
+    parallel_residual: bool = False  # x + attn(ln1(x)) + mlp(ln2(x)) (HF use_parallel_residual)
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -73,6 +78,12 @@ class GPTConfig:
     def hidden_size(self) -> int:
         """MLP hidden width d_ff: d_ff, or F * E."""
         return self.ffn_mult * self.n_embd if self.d_ff is None else self.d_ff
+
+    @property
+    def rotary_dims(self) -> int:
+        """Dims of each query/key head that rotary rotates: int(head_dim * rotary_pct) (HF's
+        GPT-NeoX rounding); 0 without rotary positions."""
+        return int(self.head_size * self.rotary_pct) if self.pos_embedding == "rotary" else 0
 
     @property
     def q_width(self) -> int:
@@ -131,18 +142,25 @@ def validate_config(cfg: GPTConfig) -> None:
         raise ConfigError(
             "n_kv_head", f"n_kv_head {cfg.kv_heads} does not divide n_head {cfg.n_head}"
         )
-    if cfg.pos_embedding == "rotary" and cfg.head_size % 2:
+    if (isinstance(cfg.rotary_pct, bool) or not isinstance(cfg.rotary_pct, (int, float))
+            or not 0.0 < cfg.rotary_pct <= 1.0):  # NaN fails the comparison too
+        raise ConfigError("rotary_pct", f"rotary_pct must be in (0, 1], got {cfg.rotary_pct!r}")
+    if cfg.pos_embedding == "rotary" and cfg.rotary_pct == 1.0 and cfg.head_size % 2:
         raise ConfigError("head_dim", f"rotary positions need an even head_dim, got {cfg.head_size}")
+    if cfg.pos_embedding == "rotary" and (cfg.rotary_dims % 2 or cfg.rotary_dims == 0):
+        raise ConfigError("rotary_pct", f"rotary_pct {cfg.rotary_pct} of head_dim {cfg.head_size}"
+                          f" gives {cfg.rotary_dims} rotary dims; it must be even and positive")
     if cfg.qkv_layout == "per_head" and cfg.kv_heads != cfg.n_head:
         raise ConfigError("n_kv_head", "per_head q/k/v modules need n_kv_head equal to n_head")
-    if not isinstance(cfg.dropout, (int, float)) or not 0.0 <= cfg.dropout < 1.0:
+    if (isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float))
+            or not math.isfinite(cfg.dropout) or not 0.0 <= cfg.dropout < 1.0):
         raise ConfigError("dropout", f"dropout must be in [0, 1), got {cfg.dropout!r}")
     _choice("qkv_layout", cfg.qkv_layout, QKV_LAYOUTS)
     _choice("pos_embedding", cfg.pos_embedding, POSITIONS)
     _choice("norm", cfg.norm, NORMS)
     _choice("mlp", cfg.mlp, MLPS)
     for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "lm_head_bias", "tie_embeddings",
-                 "final_norm", "embd_dropout"):
+                 "final_norm", "embd_dropout", "parallel_residual"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
 
@@ -185,3 +203,62 @@ ARCHS: dict[str, dict[str, Any]] = {
         mlp="swiglu", final_norm=True, embd_dropout=False,
     ),
 }
+
+
+# --- typed field values from text (--set) and from TOML/JSON files -------------------------------
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+_UNSET = ("none", "null", "auto")  # an optional size left to its rule (n_kv_head = H, ...)
+
+
+def field_kinds() -> dict[str, str]:
+    """Each GPTConfig field's kind: int, optional_int, float, bool or str."""
+    kinds = {}
+    for f in dataclasses.fields(GPTConfig):
+        t = str(f.type).replace(" ", "")
+        kinds[f.name] = {"int": "int", "int|None": "optional_int", "float": "float",
+                         "bool": "bool", "str": "str"}[t]
+    return kinds
+
+
+def coerce_field(name: str, value: Any) -> Any:
+    """`value` (text or a TOML/JSON scalar) as the type of GPTConfig field `name`.
+
+    Raises ConfigError(name) for a value of the wrong kind; ranges are left to validate_config.
+    """
+    kinds = field_kinds()
+    if name not in kinds:
+        raise ConfigError(name, f"unknown field {name!r}; fields: {', '.join(kinds)}")
+    kind = kinds[name]
+    text = value.strip().lower() if isinstance(value, str) else None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ConfigError(name, f"{name} must be true or false, got {value!r}")
+    if kind == "str":
+        if isinstance(value, str):
+            return value.strip()
+        raise ConfigError(name, f"{name} must be a name, got {value!r}")
+    if kind == "optional_int" and (value is None or text in _UNSET):
+        return None
+    if kind in ("int", "optional_int"):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if text is not None:
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        raise ConfigError(name, f"{name} must be an integer, got {value!r}")
+    # float
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if text is not None:
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    raise ConfigError(name, f"{name} must be a number, got {value!r}")

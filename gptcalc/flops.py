@@ -83,7 +83,9 @@ def nonmatmul_flops(cfg: GPTConfig, seq_len: int, causal: bool = False) -> dict[
         "norm": c[cfg.norm] * norms * S * E,
         "attention/scale": c["scale"] * scores,
         "attention/softmax": c["softmax"] * scores,
-        "attention/rotary": c["rotary"] * L * S * (Dq + Dkv) if cfg.pos_embedding == "rotary" else 0,
+        # rotary turns the first rotary_dims of every query and key head (all of it unless
+        # GPT-NeoX's rotary_pct < 1); rotary_dims is 0 without rotary positions
+        "attention/rotary": c["rotary"] * L * S * (H + cfg.kv_heads) * cfg.rotary_dims,
         "mlp/activation": c[cfg.mlp] * L * S * Dff,
         "residual": c["residual"] * 2 * L * S * E,
         "bias": c["bias"] * S * biased_outputs,

@@ -387,6 +387,41 @@ def _qkv_storages(cfg: GPTConfig, N: int, a: int) -> int:
     return N * total * a
 
 
+def _matmul_operands(cfg: GPTConfig, b: int, N: int, a: int, m: int, math_path: bool
+                     ) -> dict[str, int]:
+    """Storages behind the q, k^T and v that the attention matmuls save, m bytes per element.
+
+    matmul folds (b, H, S, hd) operands to (b*H, S, hd). When b == 1 or H == 1 that reshape is
+    a view, so what is saved is the tensor q, k or v is a view of: the fused c_attn output
+    (N(Dq + 2Dkv), kept once however many roles share it), a separate projection's output, the
+    rotary or repeat_interleave result (N*Dq). Otherwise matmul saves a contiguous copy, N*Dq
+    each. (S == 1 can also fold as a view, but only where the source holds exactly N*Dq.)
+    SDPA's math path scales q and k first (fresh tensors either way) and, in 16-bit, upcasts v
+    to fp32, so only an fp32 v can be a view of its source.
+    """
+    Dq, Dkv, H = cfg.q_width, cfg.kv_width, cfg.n_head
+    gqa, rotary = cfg.kv_heads != H, cfg.pos_embedding == "rotary"
+    views = b == 1 or H == 1
+
+    def source(role: str) -> tuple[str, int]:
+        if (role == "q" and rotary) or (role == "k" and rotary and not gqa) or (
+                role in "kv" and gqa):
+            return role + "/own", N * Dq * a  # rotary / repeat_interleave made a new tensor
+        if cfg.qkv_layout == "fused":
+            return "c_attn", N * (Dq + 2 * Dkv) * a
+        return role + "/proj", N * (Dq if role == "q" else Dkv) * a
+
+    lines, seen = {}, set()
+    for role, key in (("q", "attn/q"), ("k", "attn/k_t"), ("v", "attn/v")):
+        if not views or (math_path and (role != "v" or a != 4)):
+            lines[key] = N * Dq * m  # a fresh contiguous copy
+            continue
+        name, nbytes = source(role)
+        lines[key] = 0 if name in seen else nbytes
+        seen.add(name)
+    return lines
+
+
 def _norm_lines(cfg: GPTConfig, N: int, a: int, stats: int) -> dict[str, int]:
     E = cfg.n_embd
     if cfg.norm == "rmsnorm":
@@ -401,8 +436,8 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     """Bytes PyTorch saves for backward in one forward of the reference model, one line each.
 
     Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for modes fp32 and
-    bf16, B >= 2, seq_len >= 2, H >= 2 (with B, S or H equal to 1 some copies made by matmul
-    become views of the projection's output). Per micro-batch b = B/dp on one device; with pp,
+    bf16, for every size (with b or H equal to 1, matmul saves views instead of copies:
+    `_matmul_operands`). Per micro-batch b = B/dp on one device; with pp,
     the first stage holds pp micro-batches of L/pp layers = L layers' worth (1F1B). Keys:
     `embedding/...`, `layer/...` (summed over L layers), `final/...`, `cross_entropy/...`,
     `input/...` (the batch's own index tensors, saved by the embedding and the loss).
@@ -446,10 +481,16 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         elif sdpa_flash:
             layer["attn/qkv"] = _qkv_storages(cfg, N, a)
             layer["attn/logsumexp"] = b * H * S * 4
+            # the kernel lays its output out like q. Partial rotary (rotary_dims < head_dim)
+            # builds q with a cat in (b, H, S, hd) order, so the output is not already in
+            # (b, S, H, hd) order and y.transpose(1, 2).contiguous() copies it for c_proj: the
+            # output kept for backward is then a storage of its own.
+            partial = 0 < cfg.rotary_dims < cfg.head_size
+            layer["attn/sdpa_out"] = N * Dq * a if partial and H > 1 and S > 1 else 0
         else:
             # SDPA's CPU math path (taken with dropout) computes 16-bit inputs in fp32
             m = a if setup.attn_impl == "manual" else 4
-            layer.update({"attn/q": N * Dq * m, "attn/k_t": N * Dq * m, "attn/v": N * Dq * m})
+            layer.update(_matmul_operands(cfg, b, N, a, m, math_path=setup.attn_impl == "sdpa"))
             if setup.attn_impl == "manual":
                 layer["attn/causal_mask"] = S * S  # bool tril == 0, one per layer
             layer["attn/softmax"] = att * m
@@ -460,7 +501,11 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         layer["attn/out_input"] = N * Dq * a  # c_proj's input (SDPA flash: its output)
         layer["attn/dropout_mask"] = layer.get("attn/dropout_mask", 0)
         layer["attn/resid_dropout_mask"] = N * E if drop else 0
-        layer.update({f"ln_2/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+        ln_2 = _norm_lines(cfg, N, a, stats)
+        if cfg.parallel_residual:
+            # GPT-NeoX: ln_2 reads the block input, the very tensor ln_1 saved already
+            ln_2["input"] = 0
+        layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
         layer["mlp/fc_input"] = N * E * a
         hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
         layer["mlp/hidden"] = hidden * N * Dff * a  # incl. c_proj's input
@@ -500,6 +545,226 @@ def largest_param_tensor(cfg: GPTConfig) -> int:
                cfg.block_size * E if cfg.pos_embedding == "learned" else 0)
 
 
+def param_sizes(cfg: GPTConfig) -> list[int]:
+    """Elements of each parameter tensor of the reference model, in `model.parameters()` order
+    (wte, wpe, per block ln_1, attention, ln_2, MLP, then ln_f and lm_head; a tied head weight
+    is wte's tensor and is listed once)."""
+    E, V, T, hd, Dff = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.head_size, cfg.hidden_size
+    Dq, Dkv = cfg.q_width, cfg.kv_width
+
+    def linear(i: int, o: int, bias: bool) -> list[int]:
+        return [i * o] + ([o] if bias else [])
+
+    norm = [E] * _norm_tensors(cfg)
+    out = [V * E] + ([T * E] if cfg.pos_embedding == "learned" else [])
+    qkv = {"fused": linear(E, Dq + 2 * Dkv, cfg.qkv_bias),
+           "separate": linear(E, Dq, cfg.qkv_bias) + 2 * linear(E, Dkv, cfg.qkv_bias),
+           "per_head": cfg.n_head * linear(E, hd, cfg.qkv_bias) + cfg.kv_heads * 2
+           * linear(E, hd, cfg.qkv_bias)}[cfg.qkv_layout]
+    mlp = linear(E, Dff, cfg.mlp_bias) * (2 if cfg.mlp == "swiglu" else 1) + linear(
+        Dff, E, cfg.mlp_bias)
+    block = norm + qkv + linear(Dq, E, cfg.attn_out_bias) + norm + mlp
+    out += cfg.n_layer * block + (norm if cfg.final_norm else [])
+    out += ([] if cfg.tie_embeddings else [V * E]) + ([V] if cfg.lm_head_bias else [])
+    return out
+
+
+def adamw_cpu_temps(cfg: GPTConfig) -> int:
+    """Elements of the CPU single-tensor AdamW's temporaries at their largest.
+
+    torch.optim.adamw's `_single_tensor_adamw` computes `denom = (exp_avg_sq.sqrt() /
+    bias_correction2_sqrt).add_(eps)` per parameter: two tensors of the parameter's size, while
+    `denom` of the previous parameter is still bound (Python rebinds it only after the new one
+    exists). Peak: max over consecutive parameters of 2 * size_i + size_(i-1).
+    """
+    sizes = param_sizes(cfg)
+    return max(2 * n + (sizes[i - 1] if i else 0) for i, n in enumerate(sizes))
+
+
+class _Walk:
+    """Live bytes through backward, as named lines; remembers the lines at the largest total.
+
+    `alloc` is checked after each allocation (a dispatch-mode tracker measures after every op),
+    `free` lowers the total without a check (autograd frees a node's inputs and saved tensors
+    after the node returns)."""
+
+    def __init__(self, lines: dict[str, int]) -> None:
+        self.lines = dict(lines)
+        self.total = sum(lines.values())
+        self.peak, self.at, self.peak_lines = self.total, "backward start", dict(lines)
+
+    def alloc(self, where: str, **nbytes: int) -> None:
+        for k, v in nbytes.items():
+            self.lines[k] = self.lines.get(k, 0) + v
+            self.total += v
+            if self.total > self.peak:
+                self.peak, self.at, self.peak_lines = self.total, where, dict(self.lines)
+
+    def free(self, **nbytes: int) -> None:
+        for k, v in nbytes.items():
+            self.lines[k] -= v
+            self.total -= v
+
+
+def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
+    """The live bytes of one backward pass of the reference model on CPU, node by node.
+
+    Start: weights, optimizer states and buffers, every saved activation (less the batch's idx,
+    which no op returns), the logits the caller holds, the loss and its seed gradient. Each
+    autograd node then allocates its outputs (gradients of its inputs, parameter gradients that
+    AccumulateGrad keeps) and, after it returns, frees its incoming gradient and the saved tensors
+    no later node needs. Modelled node by node: the cross entropy, lm_head, final norm, the MLP,
+    the residual sum, the attention output projection and core (manual; SDPA's CPU math path with
+    dropout; SDPA flash's single backward kernel), the embeddings. The q/k/v input path (views,
+    rotary, per-head projections) is taken as one step to the block's exact end level (its
+    saved tensors freed, its parameter gradients allocated): it allocates less than the core
+    before it. Blocks repeat with the live level moving by (parameter gradients - saved
+    activations) of one block.
+    """
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, a, g = b * S, setup.act_bytes, setup.grad_bytes
+    E, V, H, L = cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer
+    Dq, Dkv, Dff, T = cfg.q_width, cfg.kv_width, cfg.hidden_size, cfg.block_size
+    drop = cfg.dropout > 0
+    acts = saved_activations(cfg, workload, setup)
+    first = state_bytes(cfg, setup, "first")
+    layer_saved = sum(v for k, v in acts.items() if k.startswith("layer/")) // L
+    sizes = param_sizes(cfg)
+    n_emb = _embedding_tensors(cfg)
+    n_layer_t = _layer_tensors(cfg)
+    layer_grads = g * sum(sizes[n_emb:n_emb + n_layer_t])
+    lp = acts["cross_entropy/log_probs"] // (N * V)
+    stats = acts.get("final/ln_f/mean", acts.get("layer/ln_1/mean", 0) // L) // N if (
+        cfg.norm != "rmsnorm") else 0
+    w = _Walk({"weights": first.weights, "optimizer": first.optimizer,
+               "buffers": buffer_bytes(cfg, setup),
+               "saved": sum(v for k, v in acts.items() if k != "input/idx"),
+               "logits": N * V * a, "loss": 2 * a, "gradients": 0, "grad_flow": 0})
+    w.free(loss=a)  # the seed gradient, moved into the engine and dropped
+    w.alloc("cross entropy", grad_flow=N * V * lp)
+    w.alloc("cross entropy", grad_flow=N * V * a)
+    w.free(grad_flow=N * V * lp, saved=N * V * lp)  # total_weight stays with the graph
+    w.alloc("lm_head", grad_flow=N * E * a, gradients=g * (V * E + (V if cfg.lm_head_bias else 0)))
+    w.free(grad_flow=N * V * a, saved=N * E * a)
+
+    def norm(where: str, residual: bool) -> None:
+        """Backward of a norm whose incoming gradient (N*E) is in grad_flow; leaves its input's
+        gradient there, summed with the residual stream's gradient when `residual`."""
+        if cfg.norm == "rmsnorm":
+            ne = N * E * a
+            # x * rsqrt(mean(x^2) + eps) * w, written out: grad * w and grad * x_hat (summed to
+            # the weight's gradient); then grad_x_hat * r, grad_x_hat * x and its row sum
+            w.alloc(where, grad_flow=2 * ne)
+            w.alloc(where, gradients=g * E)
+            w.free(grad_flow=2 * ne, saved=ne)  # grad * x_hat, the incoming gradient; x * r
+            w.alloc(where, grad_flow=2 * ne)
+            w.alloc(where, grad_flow=N * a)
+            w.free(grad_flow=2 * ne)
+            if residual:
+                w.alloc(where, grad_flow=ne)
+                w.free(grad_flow=2 * ne)
+            w.alloc(where, grad_flow=3 * N * a)  # rsqrt and mean backward, per row
+            w.free(grad_flow=3 * N * a, saved=N * a)  # ... and rsqrt's saved result
+            w.alloc(where, grad_flow=ne)  # mean's expand / E
+            w.free(grad_flow=N * a)
+            w.alloc(where, grad_flow=3 * ne)  # pow's backward: x^1, * 2, * grad
+            w.alloc(where, grad_flow=ne)  # summed into x's gradient
+            w.free(grad_flow=5 * ne, saved=ne)  # ... and x
+            return
+        w.alloc(where, grad_flow=N * E * a, gradients=g * E * _norm_tensors(cfg))
+        w.free(grad_flow=N * E * a, saved=N * E * a + 2 * N * stats)
+        if residual:
+            w.alloc(where, grad_flow=N * E * a)
+            w.free(grad_flow=2 * N * E * a)
+
+    if cfg.final_norm:
+        norm("final norm", False)
+
+    def input_sum(where: str) -> None:
+        """Two gradients of one tensor summed out of place, then both freed."""
+        w.alloc(where, grad_flow=N * E * a)
+        w.free(grad_flow=2 * N * E * a)
+
+    head_grads = w.lines["gradients"]
+
+    for layer in range(L):
+        where = "last block" if layer == 0 else ("first block" if layer == L - 1 else "block")
+        start = w.total
+        # --- MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it)
+        if drop:
+            w.alloc(f"{where} mlp dropout", grad_flow=N * E * a)
+            w.free(saved=N * E)
+        hid = N * Dff * a
+        mb = g * (E if cfg.mlp_bias else 0)
+        w.alloc(f"{where} mlp proj", grad_flow=hid, gradients=g * Dff * E + mb)
+        w.free(grad_flow=N * E * a if drop else 0, saved=0 if cfg.mlp == "relu" else hid)
+        fb = g * (Dff if cfg.mlp_bias else 0)
+        if cfg.mlp == "swiglu":
+            w.alloc(f"{where} mlp swiglu", grad_flow=2 * hid)
+            w.free(grad_flow=hid, saved=2 * hid)  # up output, silu output
+            w.alloc(f"{where} mlp up", grad_flow=N * E * a, gradients=g * E * Dff + fb)
+            w.free(grad_flow=hid)
+            w.alloc(f"{where} mlp silu", grad_flow=hid)
+            w.free(grad_flow=hid, saved=hid)  # the gate's output
+            w.alloc(f"{where} mlp gate", grad_flow=N * E * a, gradients=g * E * Dff + fb)
+            w.free(grad_flow=hid, saved=N * E * a)
+            input_sum(f"{where} mlp input sum")
+        else:
+            w.alloc(f"{where} mlp activation", grad_flow=hid)
+            w.free(grad_flow=hid, saved=hid * (2 if cfg.mlp in ("gelu", "gelu_tanh") else 1)
+                   - (hid if cfg.mlp != "relu" else 0))
+            w.alloc(f"{where} mlp fc", grad_flow=N * E * a, gradients=g * E * Dff + fb)
+            w.free(grad_flow=hid, saved=N * E * a)
+        norm(f"{where} ln_2", True)
+        # --- attention
+        if drop:
+            w.alloc(f"{where} attn dropout", grad_flow=N * E * a)
+            w.free(saved=N * E)
+        w.alloc(f"{where} attn proj", grad_flow=N * Dq * a,
+                gradients=g * (Dq * E + (E if cfg.attn_out_bias else 0)))
+        w.free(grad_flow=N * E * a if drop else 0, saved=N * Dq * a)
+        att = b * H * S * S
+        flash = setup.attn_impl == "sdpa" and not drop and setup.recompute == "none"
+        if not flash and setup.recompute == "none":
+            m = a if setup.attn_impl == "manual" else 4
+            w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
+            w.free(grad_flow=N * Dq * a)
+            w.alloc(f"{where} attn core", grad_flow=att * m + N * Dq * m)  # att @ v
+            w.free(grad_flow=N * Dq * a, saved=N * Dq * m + (att * m if drop else 0))
+            if drop:
+                w.alloc(f"{where} attn core", grad_flow=att * m)
+                w.free(grad_flow=att * m, saved=att * (1 if setup.attn_impl == "manual" else m))
+            w.alloc(f"{where} attn core", grad_flow=att * m)  # softmax
+            w.free(grad_flow=att * m, saved=att * m)
+            if setup.attn_impl == "manual":
+                w.alloc(f"{where} attn core", grad_flow=att * m)  # masked_fill
+                w.free(grad_flow=att * m)
+                w.alloc(f"{where} attn core", grad_flow=att * m)  # scale
+                w.free(grad_flow=att * m, saved=S * S)
+            w.alloc(f"{where} attn core", grad_flow=2 * N * Dq * m)  # q @ k^T
+        elif flash:
+            w.alloc(f"{where} attn core", grad_flow=3 * N * Dq * a)
+        # the q/k/v input path, ln_1 and the residual sum: to the block's exact end level
+        end = start - layer_saved + layer_grads
+        w.lines.update(gradients=head_grads + (layer + 1) * layer_grads, grad_flow=N * E * a)
+        w.lines["saved"] = end - sum(v for k, v in w.lines.items() if k != "saved")
+        w.total = end
+    # --- embeddings: the stream's gradient goes to wpe's node first (created later), then wte's
+    if drop and cfg.embd_dropout:
+        w.alloc("embedding dropout", grad_flow=N * E * a)
+        w.free(grad_flow=N * E * a, saved=N * E)
+    if cfg.pos_embedding == "learned":
+        w.alloc("position embedding", grad_flow=S * E * a)  # summed over the batch
+        w.alloc("position embedding", gradients=g * T * E)
+        w.free(grad_flow=S * E * a, saved=8 * S)
+    w.alloc("token embedding", gradients=g * V * E)
+    w.free(grad_flow=N * E * a)
+    if cfg.tie_embeddings:  # AccumulateGrad adds out of place into lm_head's gradient
+        w.alloc("token embedding", gradients=g * V * E)
+        w.free(gradients=2 * g * V * E)
+    return w
+
+
 @dataclass(frozen=True)
 class StepPeak:
     """The peak of one steady-state training step (after the first, whose states exist)."""
@@ -508,44 +773,51 @@ class StepPeak:
     phase: str  # "backward" or "optimizer"
     why: str
     phases: dict[str, int]
+    lines: dict[str, int] = field(default_factory=dict)  # what is alive at the peak
 
 
 def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
     """Peak bytes of one device over zero_grad(set_to_none) -> forward -> backward -> step.
 
-    Two candidates (DESIGN.md, measured on CPU):
-      backward: at the start of backward the weights, buffers and optimizer states are held with
-        every saved activation, the logits the caller holds, and the cross entropy's backward
-        temporaries (the gradients of the log-probabilities and of the logits, N*V each);
-        gradients do not exist yet (set_to_none).
-      optimizer: inside optimizer.step() the weights, gradients and states are all alive, plus
-        the update's temporaries: on CPU torch.optim.AdamW takes its single-tensor path whose
-        `exp_avg_sq.sqrt() / bias_correction` makes two temporaries of the tensor being updated
-        (the largest tensor sets the peak); on CUDA the foreach path allocates sqrt(v) for every
+    Two candidates (measured on CPU with MemTracker, which sums live tensor storages after every
+    op):
+      backward: `backward_walk`, node by node; the peak is at the cross entropy's gradients
+        (large V), in the last block's MLP or attention core (large activations), or near the
+        end of backward where the gradients outweigh the activations freed.
+      optimizer: inside optimizer.step() the weights, gradients and states are all alive, with
+        the targets the caller holds, plus the update's temporaries: on CPU the single-tensor
+        AdamW's `adamw_cpu_temps`; on CUDA the foreach path allocates sqrt(v) for every
         parameter at once. SGD updates in place.
-    An estimate of the backward phase, not exact: backward frees activations while it allocates
-    gradients; measured error is reported by `gptcalc verify`.
+    Exact on CPU against MemTracker (tests/test_memory_measured.py: the four families x manual /
+    SDPA x dropout on / off x fp32 / bf16 x B, recompute none, no parallelism; measured worst
+    error 0 bytes over 96 grid configurations (E=64, B 2/3/8), 200 random ones (E=32, B 2-8,
+    S 2-16, L 1-3, V 32/128) and the hypothesis sweep). An estimate outside that scope: SGD's
+    step (momentum measured 120 bytes above in one case), recompute, autocast modes, CUDA,
+    tp / pp / dp, and switch combinations other than the families' (GQA, mixed switches).
     """
     first = state_bytes(cfg, setup, "first")
-    acts = saved_activations(cfg, workload, setup)
-    saved = sum(v for k, v in acts.items() if not k.startswith("input/"))
-    lg = logits_bytes(cfg, workload, setup)
-    fixed = first.weights + first.optimizer + buffer_bytes(cfg, setup)
-    backward = fixed + saved + lg["logits"] + 2 * lg["cross_entropy/log_probs"]
+    walk = backward_walk(cfg, workload, setup)
+    backward = walk.peak
+    wb = 4 if setup.mode in ("fp32", "amp") else 2
     if setup.optimizer != "adamw":
         temps = 0
     elif setup.device == "cuda":
-        temps = _ceil(first.params, setup.dp if setup.zero else 1) * (
-            4 if setup.mode != "bf16" else 2)
+        temps = _ceil(first.params, setup.dp if setup.zero else 1) * wb
     else:
-        temps = 2 * largest_param_tensor(cfg) * (4 if setup.mode != "bf16" else 2)
-    optimizer = fixed + first.gradients + temps
+        temps = adamw_cpu_temps(cfg) * wb
+    targets = 8 * (workload.batch_size // setup.dp) * workload.seq_len
+    opt_lines = {"weights": first.weights, "optimizer": first.optimizer,
+                 "buffers": buffer_bytes(cfg, setup), "gradients": first.gradients,
+                 "targets": targets, "optimizer/temporaries": temps}
+    optimizer = sum(opt_lines.values())
     phases = {"backward": backward, "optimizer": optimizer}
     phase = max(phases, key=phases.get)
-    why = ("saved activations and logits outweigh the gradients and update temporaries"
+    why = (f"backward at the {walk.at}: saved activations, logits and gradients in flight "
+           "outweigh the gradients and update temporaries"
            if phase == "backward" else
            "gradients plus the optimizer's temporaries outweigh the activations (small batch)")
-    return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases)
+    lines = walk.peak_lines if phase == "backward" else opt_lines
+    return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases, lines=lines)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ _BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 def si(value: float, unit: str = "") -> str:
     """`si(124439808)` -> '124.44 M'; counts and FLOPs use powers of 1000."""
+    if isinstance(value, int) and abs(value) >= 1000 ** len(_SI):
+        # beyond zetta (and past what a float holds, ~1.8e308): scientific notation, exact digits
+        digits = str(abs(value))
+        sign = "-" if value < 0 else ""
+        return f"{sign}{digits[0]}.{digits[1:3]}e{len(digits) - 1}{' ' + unit if unit else ''}"
     magnitude, v = 0, float(value)
     while abs(v) >= 1000 and magnitude < len(_SI) - 1:
         v /= 1000

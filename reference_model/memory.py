@@ -276,7 +276,11 @@ __all__ = ["PeakReport", "SavedReport", "SavedTensor", "apply_recompute", "build
            "measure_step_peak_cuda", "saved_for", "train_step", "try_step_peak_cuda", "F"]
 
 
-PEAK_TOLERANCE = 0.05  # relative; measured CPU errors of the backward-phase estimate: 0.05-5%
+# Step peak: exact on CPU against MemTracker (gptcalc.memory.step_peak walks the backward node
+# by node; tests/test_memory_measured.py sweeps families x attention x dropout x dtype x B, worst
+# error 0 bytes). On CUDA the allocator's caching and kernel workspaces are not modelled: 5%,
+# not yet measured on a GPU.
+PEAK_TOLERANCE_CUDA = 0.05
 
 
 def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
@@ -284,7 +288,7 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
     """Memory checks for `gptcalc verify`: saved activation bytes (exact; on CUDA only for the
     manual attention, whose kernels save the same tensors), weight / gradient / optimizer-state
     bytes (exact) after two steps, and the step peak (CPU MemTracker, CUDA max_memory_allocated)
-    within PEAK_TOLERANCE."""
+    exactly on CPU, within PEAK_TOLERANCE_CUDA on CUDA."""
     from gptcalc.memory import saved_activations, state_bytes, step_peak
 
     from .verify import Check
@@ -319,8 +323,10 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         if isinstance(rep, str):
             return checks + [Check("step peak bytes", predicted.bytes, -1, "CUDA", note=rep)]
         measured, tool = rep.requested_peak_bytes, "cuda requested_bytes"
+    tol = 0 if device == "cpu" else int(PEAK_TOLERANCE_CUDA * measured)
     checks.append(Check("step peak bytes", predicted.bytes, measured, tool,
-                        note=f"phase {predicted.phase}; estimate, tolerance "
-                             f"{PEAK_TOLERANCE:.0%}",
-                        tolerance=int(PEAK_TOLERANCE * measured)))
+                        note=f"phase {predicted.phase}; " + (
+                            "exact" if device == "cpu" else
+                            f"estimate, tolerance {PEAK_TOLERANCE_CUDA:.0%}"),
+                        tolerance=tol))
     return checks

@@ -13,7 +13,8 @@ real module choice here, so the analytic counts can be checked against this mode
 - norm: LayerNorm with or without bias, RMSNorm (Zhang & Sennrich 2019, written out by hand);
 - mlp: relu, gelu (exact erf), gelu_tanh, swiglu (Shazeer 2020: proj(silu(gate(x)) * fc(x)));
 - grouped-query attention (Ainslie et al. 2023): k and v heads repeated to H before the matmuls;
-- tied or untied lm_head with an optional bias; optional final norm; embedding dropout.
+- tied or untied lm_head with an optional bias; optional final norm; embedding dropout;
+- GPT-NeoX's partial rotary (rotary_pct) and parallel residual (attention and MLP both read x).
 
 Attention is `manual` (as the seeds write it: a `tril` buffer, masked_fill(-inf), softmax, dropout
 on the probabilities, att @ v) or `sdpa` (F.scaled_dot_product_attention). Every dropout goes
@@ -111,7 +112,8 @@ class CausalSelfAttention(nn.Module):
         # the seeds' causal mask: ones below the diagonal, compared with 0 at use
         self.register_buffer("tril", torch.tril(torch.ones(T, T)), persistent=False)
         if self.rotary:
-            cos, sin = rotary_tables(T, hd)
+            self.rotary_dims = cfg.rotary_dims  # GPT-NeoX rotates only the first rotary_pct
+            cos, sin = rotary_tables(T, cfg.rotary_dims)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -137,7 +139,7 @@ class CausalSelfAttention(nn.Module):
         past = 0 if cache is None or cache[0] is None else cache[0].shape[2]
         if self.rotary:
             cos, sin = self.rope_cos[past:past + S], self.rope_sin[past:past + S]
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         if cache is not None:
             if past:
                 k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
@@ -151,6 +153,13 @@ class CausalSelfAttention(nn.Module):
             y = self.sdpa_attention(q, k, v, past)
         y = y.transpose(1, 2).contiguous().view(B, S, H * hd)
         return dropout(self.c_proj(y), self.p, self.training)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = self.rotary_dims
+        if r == x.shape[-1]:
+            return apply_rotary(x, cos, sin)
+        # partial rotary (GPT-NeoX's rotary_pct): the remaining dims pass through unchanged
+        return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
     def manual_attention(self, q, k, v, past: int) -> torch.Tensor:
         S, total = q.shape[2], k.shape[2]
@@ -201,8 +210,11 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg, attn_impl)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
+        self.parallel = cfg.parallel_residual
 
     def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        if self.parallel:  # GPT-NeoX / GPT-J: both branches read the block's input
+            return x + self.attn(self.ln_1(x), cache) + self.mlp(self.ln_2(x))
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 

@@ -29,6 +29,10 @@ def configs(draw, dropout=st.sampled_from([0.0, 0.1])) -> GPTConfig:
         tie_embeddings=draw(st.booleans()), pos_embedding=draw(st.sampled_from(POSITIONS)),
         norm=draw(st.sampled_from(NORMS)), mlp=draw(st.sampled_from(MLPS)),
         final_norm=draw(st.booleans()), embd_dropout=draw(st.booleans()),
+        # GPT-NeoX's switches: rotary on half of each head (even dims need hd == 4), and
+        # attention and MLP reading the same block input
+        rotary_pct=draw(st.sampled_from([1.0, 0.5])) if hd == 4 else 1.0,
+        parallel_residual=draw(st.booleans()),
     )
 
 

@@ -69,24 +69,46 @@ def test_state_bytes_exact(mode, optimizer):
     assert (sb.weights, sb.gradients, sb.optimizer) == (weights, grads, states)
 
 
-# Measured on CPU (MemTracker) when written: errors -0.05% (B=32), -0.06% (B=1, optimizer phase),
-# -0.87%, -2.5%, -5.0% (B=8): the backward phase is an estimate (module backward temporaries and
-# the order in which backward frees activations are not modelled); the tolerance says so.
-@pytest.mark.parametrize("B, arch, mode, attn, dropout, tol", [
-    (1, "gpt2", "fp32", "manual", 0.0, 0.01),
-    (32, "gpt2", "fp32", "manual", 0.1, 0.01),
-    (8, "gpt2", "fp32", "manual", 0.1, 0.01),
-    (8, "llama", "bf16", "sdpa", 0.0, 0.03),
-    (8, "tutorial", "fp32", "sdpa", 0.0, 0.06),
+# The step peak is exact on CPU: MemTracker sums live tensor storages after every op, and
+# step_peak walks the backward node by node (gptcalc.memory.backward_walk) and takes the CPU
+# AdamW's temporaries (adamw_cpu_temps). Before this model (a single "saved + logits + 2 N*V"
+# estimate) the errors were up to -5.0% (tutorial fp32 SDPA B=8: measured 2,665,040 vs
+# 2,532,684 predicted).
+@pytest.mark.parametrize("B, arch, mode, attn, dropout, phase, measured_when_written", [
+    (2, "gpt2", "fp32", "manual", 0.0, "optimizer", 1883504),
+    (8, "gpt2", "fp32", "manual", 0.1, "backward", 2909688),
+    (8, "llama", "bf16", "sdpa", 0.0, "backward", 1977432),
+    (8, "tutorial", "fp32", "sdpa", 0.0, "backward", 2665040),
 ])
-def test_step_peak_cpu(B, arch, mode, attn, dropout, tol):
+def test_step_peak_cpu(B, arch, mode, attn, dropout, phase, measured_when_written):
     cfg = from_name("debug", arch=arch, dropout=dropout, n_layer=2, vocab_size=128, n_embd=64,
                     n_head=4, block_size=16)
     wl, setup = Workload(B, 16), TrainingSetup(mode=mode, attn_impl=attn)
     measured = measure_step_peak_cpu(cfg, wl, setup).peak_bytes
     predicted = step_peak(cfg, wl, setup)
-    assert predicted.phase == ("optimizer" if B == 1 else "backward")
-    assert abs(predicted.bytes / measured - 1) <= tol
+    assert measured == measured_when_written  # the tracker itself has not moved
+    assert predicted.phase == phase
+    assert predicted.bytes == measured
+    assert sum(predicted.lines.values()) == predicted.bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.fixed_dictionaries({
+    "arch": st.sampled_from(["tutorial", "gpt2", "notes", "llama"]),
+    "attn": st.sampled_from(["manual", "sdpa"]), "dropout": st.sampled_from([0.0, 0.1]),
+    "mode": st.sampled_from(["fp32", "bf16"]), "B": st.integers(2, 8),
+    "S": st.integers(2, 16), "n_layer": st.integers(1, 3), "V": st.sampled_from([32, 128]),
+    "optimizer": st.just("adamw")}))
+def test_step_peak_exact_cpu(d):
+    """Families x manual/SDPA x dropout x fp32/bf16 x B x S x L: the predicted peak equals
+    MemTracker's to the byte (both phases). AdamW only: SGD with momentum measured 120-2,700 bytes
+    above the prediction in its step (not yet modelled)."""
+    cfg = from_name("debug", arch=d["arch"], dropout=d["dropout"], n_layer=d["n_layer"],
+                    vocab_size=d["V"], n_embd=32, n_head=2, block_size=16)
+    wl = Workload(d["B"], d["S"])
+    setup = TrainingSetup(mode=d["mode"], attn_impl=d["attn"], optimizer=d["optimizer"])
+    measured = measure_step_peak_cpu(cfg, wl, setup).peak_bytes
+    assert step_peak(cfg, wl, setup).bytes == measured
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

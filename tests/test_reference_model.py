@@ -13,7 +13,7 @@ from gptcalc import count_params, from_name  # noqa: E402
 from reference_model.measure import params_by_key  # noqa: E402
 from reference_model.model import GPT, build_model, param_key  # noqa: E402
 
-from _strategies import configs  # noqa: E402
+from ._strategies import configs  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -29,7 +29,9 @@ def command(model: tuple[GPTConfig, Workload], causal: bool, recompute: str,
     """Matmul FLOPs (2 per multiply-accumulate) of training and inference, exact."""
     cfg, wl = model
     fc = count_flops(cfg, wl, causal=causal, recompute=recompute)
-    inf = inference_flops(cfg, prompt_len or wl.seq_len, context or wl.seq_len)
+    # `is None`, not `or`: an explicit --prompt-len 0 is an error, not the default
+    inf = inference_flops(cfg, wl.seq_len if prompt_len is None else prompt_len,
+                          wl.seq_len if context is None else context)
     conventions = published_estimates(cfg, wl.seq_len)
     if as_json:
         emit_json(_json(cfg, wl, fc, inf, conventions, causal, recompute))

@@ -8,8 +8,13 @@ from typing import Any, Callable
 
 import click
 
-from ..config import ARCHS, ConfigError, GPTConfig, Workload, validate_workload
-from ..presets import DEFAULT_PRESET, PRESETS, from_name, preset as get_preset
+from .. import api
+from ..api import Setup
+from ..config import ARCHS, ConfigError, GPTConfig, Workload, coerce_field, field_kinds
+from ..configfile import FORMATS, write_config_file
+from ..presets import DEFAULT_PRESET, PRESETS
+
+_SECTIONS_KEY = "gptcalc.config_sections"
 
 # config field -> the option a user typed; errors name the option, not the field
 _OPTIONS = {
@@ -17,7 +22,8 @@ _OPTIONS = {
     "block_size": "--block-size", "seq_len": "--seq-len", "n_embd": "--n-embd",
     "n_layer": "--n-layer", "n_head": "--n-head", "ffn_mult": "--ffn-mult", "d_ff": "--d-ff",
     "n_kv_head": "--n-kv-head", "head_dim": "--head-dim", "vocab_size": "--vocab-size",
-    "dropout": "--dropout",
+    "dropout": "--dropout", "hf_config": "--hf-config", "config": "--config",
+    "save_config": "--save-config", "set": "--set",
 }
 
 
@@ -53,6 +59,13 @@ _MODEL_OPTIONS = [
     click.option("--dropout", type=float, default=None, help="Dropout probability."),
     click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
                  help="Set any architecture switch, e.g. --set qkv_bias=false --set norm=rmsnorm."),
+    click.option("--hf-config", default=None, metavar="PATH",
+                 help="A Hugging Face config.json (or its directory): gpt2, gpt_neox, llama, "
+                      "mistral, qwen2. Read offline."),
+    click.option("--config", default=None, metavar="FILE",
+                 help="A gptcalc config file (TOML or .json): [model], [workload], [training]."),
+    click.option("--save-config", default=None, metavar="FILE",
+                 help="Write the effective configuration to FILE (.toml or .json) for --config."),
 ]
 
 
@@ -62,7 +75,16 @@ def model_options(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
         picked = {k: kwargs.pop(k) for k in MODEL_KEYS}
-        return command(model=resolve(**picked), **kwargs)
+        save_to = picked.pop("save_config")
+        if save_to is not None and not str(save_to).lower().endswith(FORMATS):
+            raise ConfigError("save_config", f"{save_to}: the file name must end in .toml or .json")
+        setup = resolve_setup(**picked)
+        ctx = click.get_current_context()
+        ctx.meta[_SECTIONS_KEY] = dict(setup.sections)
+        result = command(model=(setup.config, setup.workload), **kwargs)
+        if save_to is not None:  # after the command, so it can record its own sections
+            write_config_file(save_to, setup.config, setup.workload, ctx.meta[_SECTIONS_KEY])
+        return result
 
     for option in reversed(_MODEL_OPTIONS):
         wrapper = option(wrapper)
@@ -72,52 +94,61 @@ def model_options(command: Callable) -> Callable:
 # the keyword each of _MODEL_OPTIONS passes to the command
 MODEL_KEYS = ("preset", "arch", "batch_size", "block_size", "seq_len", "n_embd", "n_layer",
               "n_head", "ffn_mult", "d_ff", "n_kv_head", "head_dim", "vocab_size", "dropout",
-              "sets")
-
-
-def _parse_value(text: str) -> Any:
-    low = text.strip().lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+              "sets", "hf_config", "config", "save_config")
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict[str, Any]:
-    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    """`--set FIELD=VALUE` items as typed GPTConfig fields (later items win)."""
     out: dict[str, Any] = {}
     for item in sets:
         key, eq, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not eq:
+        if not eq or not key:
             raise ConfigError("set", f"expected FIELD=VALUE, got {item!r}")
-        if key not in fields:
-            raise ConfigError("set", f"unknown field {key!r}; fields: {', '.join(fields)}")
-        out[key] = _parse_value(value)
+        if key not in field_kinds():
+            raise ConfigError("set", f"unknown field {key!r}; fields: {', '.join(field_kinds())}")
+        try:
+            out[key] = coerce_field(key, value)
+        except ConfigError as e:
+            raise ConfigError("set", e.message) from None
     return out
+
+
+def resolve_setup(preset: str | None = None, arch: str | None = None,
+                  batch_size: int | None = None, seq_len: int | None = None,
+                  sets: tuple[str, ...] = (), hf_config: str | None = None,
+                  config: str | None = None, **sizes: Any) -> Setup:
+    """The command line's model: preset < --hf-config < --config < explicit options and --set."""
+    overrides = {k: v for k, v in sizes.items() if v is not None}
+    overrides.update(parse_sets(sets))
+    return api.resolve_setup(preset=preset, hf_config=hf_config, config=config, arch=arch,
+                             batch_size=batch_size, seq_len=seq_len, overrides=overrides)
 
 
 def resolve(preset: str | None = None, arch: str | None = None, batch_size: int | None = None,
             seq_len: int | None = None, sets: tuple[str, ...] = (), **sizes: Any
             ) -> tuple[GPTConfig, Workload]:
-    """Preset, then family, then explicit sizes and --set switches; explicit options win."""
-    name = preset or DEFAULT_PRESET
-    base = get_preset(name)
-    overrides = {k: v for k, v in sizes.items() if v is not None}
-    overrides.update(parse_sets(sets))
-    cfg = from_name(name, arch=arch, **overrides)
-    workload = Workload(batch_size=batch_size if batch_size is not None else base.batch_size,
-                        seq_len=seq_len if seq_len is not None else cfg.block_size)
-    validate_workload(cfg, workload)
-    return cfg, workload
+    """(cfg, workload) of the options; see `resolve_setup`."""
+    s = resolve_setup(preset=preset, arch=arch, batch_size=batch_size, seq_len=seq_len,
+                      sets=sets, **sizes)
+    return s.config, s.workload
+
+
+def config_section(name: str) -> dict[str, Any]:
+    """A section of the running command's --config file (e.g. "training"), or {} if none.
+
+    Commands that add their own settings (training, parallelism) read their defaults here and
+    call `record_section` with their effective values so --save-config writes them."""
+    ctx = click.get_current_context(silent=True)
+    sections = ctx.meta.get(_SECTIONS_KEY, {}) if ctx else {}
+    return dict(sections.get(name, {}))
+
+
+def record_section(name: str, values: dict[str, Any]) -> None:
+    """Make `values` the section `name` that --save-config writes for the running command."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta.setdefault(_SECTIONS_KEY, {})[name] = dict(values)
 
 
 def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
@@ -131,4 +162,5 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
     return " ".join(parts)
 
 
-__all__ = ["PRESETS", "describe", "model_options", "option_for", "resolve"]
+__all__ = ["PRESETS", "config_section", "describe", "model_options", "option_for",
+           "record_section", "resolve", "resolve_setup"]

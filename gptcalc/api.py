@@ -1,0 +1,166 @@
+"""The Python API: build a model from a preset, a Hugging Face config.json or a config file, with
+overrides, and get its counts as plain dataclasses. The CLI resolves its options through the same
+`resolve_setup`, so a script and a command given the same inputs see the same model.
+
+    import gptcalc
+    cfg, wl = gptcalc.load(hf_config="path/to/config.json", batch_size=8, seq_len=2048)
+    s = gptcalc.summarize(cfg, wl)
+    s.params.total, s.flops.training_total, dataclasses.asdict(s)
+
+Precedence, lowest first: preset < hf_config < config file < explicit arguments (`arch`, sizes,
+switches). See docs/python-api.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .config import ConfigError, GPTConfig, Workload, coerce_field, validate_workload
+from .configfile import ConfigFile, read_config_file, write_config_file
+from .flops import FlopCount, InferenceFlops, count_flops, inference_flops
+from .params import ParamCount, count_params
+from .presets import DEFAULT_PRESET, arch_switches, preset as get_preset
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A resolved model, its workload, and the config-file sections later commands read
+    (e.g. `sections["training"]`), kept as the file wrote them."""
+
+    config: GPTConfig
+    workload: Workload
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | None = None,
+                  config: str | Path | ConfigFile | None = None, arch: str | None = None,
+                  batch_size: int | None = None, seq_len: int | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> Setup:
+    """Layer the sources, lowest first: preset (its family's switches and its sizes), hf_config,
+    the config file's [model] (its own arch switches, then its fields), then the explicit `arch`
+    and `overrides`. A preset or hf_config named in the file counts as the file's; an explicit
+    one wins over it. Without a preset or hf_config, the default preset is the base.
+
+    Errors are ConfigError naming where the bad value came from: "config" or "hf_config" for a
+    file, else the field (which the CLI maps to its option).
+    """
+    from .hf import hf_fields, read_hf_json
+
+    cf = config if isinstance(config, ConfigFile) else (
+        read_config_file(config) if config is not None else ConfigFile())
+    file_model = dict(cf.model)
+    preset_name = preset or file_model.pop("preset", None)
+    file_model.pop("preset", None)
+    hf = hf_config if hf_config is not None else file_model.pop("hf_config", None)
+    file_model.pop("hf_config", None)
+    file_arch = file_model.pop("arch", None)
+
+    fields: dict[str, Any] = {}
+    origin: dict[str, str] = {}  # field -> where its value came from
+
+    def layer(values: Mapping[str, Any], source: str) -> None:
+        for k, v in values.items():
+            fields[k] = v
+            origin[k] = source
+
+    if preset_name is not None or hf is None:
+        p = get_preset(preset_name or DEFAULT_PRESET)
+        layer(arch_switches(p.arch), "preset")
+        layer(p.sizes, "preset")
+    if hf is not None:
+        raw = hf if isinstance(hf, Mapping) else read_hf_json(hf)
+        layer(hf_fields(raw), "hf_config")
+    if file_arch is not None:
+        try:
+            layer(arch_switches(file_arch), "config")
+        except ConfigError as e:
+            raise ConfigError("config", f"{cf.path}: {e.message}") from None
+    layer(file_model, "config")
+    if arch is not None:
+        layer(arch_switches(arch), "arch")
+    layer({k: coerce_field(k, v) for k, v in (overrides or {}).items()}, "explicit")
+
+    try:
+        cfg = GPTConfig(**fields)
+    except ConfigError as e:
+        source = origin.get(e.field)
+        if source == "config":
+            raise ConfigError("config", f"{cf.path}: {e.message}") from None
+        if source == "hf_config":
+            raise ConfigError("hf_config", e.message) from None
+        raise
+
+    if batch_size is None:
+        batch_size = cf.workload.get("batch_size")
+    if batch_size is None:  # the preset's batch, where it names one; a config.json names none
+        batch_size = get_preset(preset_name).batch_size if preset_name else (
+            1 if hf is not None else get_preset(DEFAULT_PRESET).batch_size)
+    explicit_seq = seq_len is not None
+    if seq_len is None:
+        seq_len = cf.workload.get("seq_len", cfg.block_size)
+    workload = Workload(batch_size=batch_size, seq_len=seq_len)
+    try:
+        validate_workload(cfg, workload)
+    except ConfigError as e:
+        if not explicit_seq and "seq_len" in cf.workload:
+            raise ConfigError("config", f"{cf.path}: {e.message} (set --seq-len)") from None
+        raise
+    return Setup(config=cfg, workload=workload, sections=dict(cf.sections))
+
+
+def load(preset: str | None = None, hf_config: str | Path | Mapping | None = None,
+         config: str | Path | None = None, arch: str | None = None,
+         batch_size: int | None = None, seq_len: int | None = None,
+         **overrides: Any) -> tuple[GPTConfig, Workload]:
+    """(GPTConfig, Workload) from a preset, a Hugging Face config.json (path, directory or
+    dict) and/or a gptcalc config file, then `arch` and any GPTConfig field as a keyword."""
+    s = resolve_setup(preset=preset, hf_config=hf_config, config=config, arch=arch,
+                      batch_size=batch_size, seq_len=seq_len, overrides=overrides)
+    return s.config, s.workload
+
+
+def save_config(path: str | Path, cfg: GPTConfig, workload: Workload,
+                sections: Mapping[str, Any] | None = None) -> Path:
+    """Write a config file (.toml or .json) that `load(config=path)` reads back to the same model."""
+    return write_config_file(path, cfg, workload, sections)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Everything gptcalc computes for one model and workload, as plain dataclasses.
+
+    `dataclasses.asdict(summary)` gives nested dicts of exact ints (floats only for per-token
+    values that do not divide evenly)."""
+
+    config: GPTConfig
+    workload: Workload
+    params: ParamCount
+    flops: FlopCount  # per sequence; see FlopCount's properties for totals
+    inference: InferenceFlops
+    # Memory (weights, optimizer, activations, KV cache) comes with gptcalc.memory (issue 4);
+    # until then this stays None. Its function will take the same (cfg, workload).
+    memory: Any = None
+
+
+def summarize(cfg: GPTConfig, workload: Workload, causal: bool = False, recompute: str = "none",
+              prompt_len: int | None = None, context: int | None = None) -> Summary:
+    """Params, training FLOPs and inference FLOPs of `cfg` on `workload`."""
+    return Summary(
+        config=cfg,
+        workload=workload,
+        params=count_params(cfg),
+        flops=count_flops(cfg, workload, causal=causal, recompute=recompute),
+        inference=inference_flops(cfg, prompt_len if prompt_len is not None else workload.seq_len,
+                                  context if context is not None else workload.seq_len),
+    )
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass (Summary, ParamCount, ...) as plain dicts, for JSON or pandas."""
+    return dataclasses.asdict(obj)
+
+
+__all__ = ["Setup", "Summary", "load", "resolve_setup", "save_config", "summarize", "to_dict"]

@@ -1,0 +1,248 @@
+"""--config / --save-config and the Python API: round trips, precedence, stored sections, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+import gptcalc
+from gptcalc import ConfigError, GPTConfig, Workload
+from gptcalc.cli import cli
+from gptcalc.configfile import parse_config, read_config_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def ok(*args: str) -> str:
+    r = invoke(*args)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout
+
+
+def fails(*args: str) -> str:
+    r = invoke(*args)
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.output
+    return r.stderr
+
+
+# --- round trip: what --save-config writes, --config reads back to byte-identical output ---------
+
+# (command, model options, command-only options that are not part of the saved model)
+ROUND_TRIPS = [
+    ("params", (), ()),
+    ("params", ("--preset", "gpt2"), ()),
+    ("params", ("--preset", "llama3-8b", "--set", "tie_embeddings=true", "--d-ff", "1000"), ()),
+    ("flops", ("--preset", "debug", "--arch", "llama", "-B", "3", "--seq-len", "8"), ()),
+    ("flops", ("--preset", "shakespeare-char", "--arch", "notes", "--set", "qkv_layout=separate",
+               "--set", "head_dim=32", "--n-kv-head", "2",
+               "--dropout", "0.1"), ("--causal",)),
+    ("flops", ("--preset", "gpt3-xl", "--set", "rotary_pct=0.5", "--set", "pos_embedding=rotary",
+               "--set", "parallel_residual=on"), ("--recompute", "selective")),
+]
+
+
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+@pytest.mark.parametrize("command,model,extra", ROUND_TRIPS,
+                         ids=[" ".join((c, *m, *e)) for c, m, e in ROUND_TRIPS])
+def test_save_then_load_gives_identical_output(command, model, extra, fmt, tmp_path):
+    saved = tmp_path / f"effective.{fmt}"
+    first = ok(command, *model, *extra, "--json", "--save-config", str(saved))
+    assert ok(command, "--config", str(saved), *extra, "--json") == first
+
+
+def test_saved_file_is_complete_over_any_preset(tmp_path):
+    saved = tmp_path / "s.toml"
+    first = ok("params", "--preset", "llama3-8b", "--json", "--save-config", str(saved))
+    # a different preset underneath: the file sets every field, so nothing of gpt2 leaks through
+    assert ok("params", "--preset", "gpt2", "--config", str(saved), "--json") == first
+
+
+@st.composite
+def configs(draw):
+    H = draw(st.integers(1, 4))
+    hd = draw(st.sampled_from([2, 4, 8]))
+    fields = dict(
+        n_head=H, n_embd=H * hd, n_layer=draw(st.integers(1, 3)),
+        vocab_size=draw(st.integers(1, 128)), block_size=draw(st.integers(1, 16)),
+        n_kv_head=draw(st.none() | st.sampled_from([k for k in range(1, H + 1) if H % k == 0])),
+        head_dim=draw(st.none() | st.sampled_from([2, 4])),
+        d_ff=draw(st.none() | st.integers(1, 64)), ffn_mult=draw(st.integers(1, 4)),
+        dropout=draw(st.sampled_from([0.0, 0.1, 0.25, 1 / 3])),
+        qkv_layout=draw(st.sampled_from(["fused", "separate"])),
+        pos_embedding=draw(st.sampled_from(["learned", "sinusoidal", "rotary", "none"])),
+        norm=draw(st.sampled_from(["layernorm", "layernorm_nobias", "rmsnorm"])),
+        mlp=draw(st.sampled_from(["relu", "gelu", "gelu_tanh", "swiglu"])),
+        rotary_pct=draw(st.sampled_from([1.0, 0.5])),
+    )
+    for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "lm_head_bias", "tie_embeddings",
+                 "final_norm", "embd_dropout", "parallel_residual"):
+        fields[name] = draw(st.booleans())
+    try:
+        cfg = GPTConfig(**fields)
+    except ConfigError:
+        cfg = GPTConfig(**{**fields, "pos_embedding": "learned"})
+    return cfg
+
+
+@settings(max_examples=60, deadline=None)
+@given(cfg=configs(), batch=st.integers(1, 64), fmt=st.sampled_from(["toml", "json"]),
+       data=st.data())
+def test_api_round_trip_any_config(cfg, batch, fmt, data, tmp_path_factory):
+    wl = Workload(batch, data.draw(st.integers(1, cfg.block_size)))
+    path = tmp_path_factory.mktemp("rt") / f"c.{fmt}"
+    sections = {"training": {"dtype": "bf16", "zero_stage": 2, "lr": 3e-4,
+                             "optimizer": {"name": "adamw", "betas": [0.9, 0.95]}}}
+    gptcalc.save_config(path, cfg, wl, sections)
+    setup = gptcalc.resolve_setup(config=path)
+    assert (setup.config, setup.workload) == (cfg, wl)
+    assert setup.sections == sections
+
+
+# --- precedence: preset < hf-config < config file < explicit options ---------------------------
+
+
+def test_precedence(tmp_path):
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
+                              "num_attention_heads": 4, "intermediate_size": 128,
+                              "vocab_size": 100, "max_position_embeddings": 32}))
+    conf = tmp_path / "c.toml"
+    conf.write_text("[model]\nn_layer = 3\nvocab_size = 90\n[workload]\nbatch_size = 5\n")
+    # hf over preset: hf sizes, hf switches
+    cfg, wl = gptcalc.load(preset="gpt2", hf_config=hf)
+    assert (cfg.n_embd, cfg.n_layer, cfg.norm, wl.batch_size) == (64, 4, "rmsnorm", 1)
+    # config file over hf
+    cfg, wl = gptcalc.load(hf_config=hf, config=conf)
+    assert (cfg.n_layer, cfg.vocab_size, cfg.n_embd, wl.batch_size) == (3, 90, 64, 5)
+    # explicit over config file
+    cfg, wl = gptcalc.load(hf_config=hf, config=conf, n_layer=2, batch_size=7)
+    assert (cfg.n_layer, cfg.vocab_size, wl.batch_size) == (2, 90, 7)
+    # and the same through the CLI
+    out = json.loads(ok("params", "--hf-config", str(hf), "--config", str(conf), "-L", "2",
+                        "--json"))
+    assert (out["config"]["n_layer"], out["config"]["vocab_size"]) == (2, 90)
+
+
+def test_config_file_names_preset_arch_and_relative_hf_config(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 2, "vocab_size": 97,
+         "n_positions": 16}))
+    conf = tmp_path / "c.toml"
+    conf.write_text('hf_config = "m"\nbatch_size = 2\n')
+    cfg, wl = gptcalc.load(config=conf)
+    assert (cfg.n_embd, cfg.block_size, wl.batch_size) == (32, 16, 2)
+    conf.write_text('[model]\npreset = "gpt2"\narch = "llama"\n')
+    cfg, _ = gptcalc.load(config=conf)
+    assert (cfg.n_embd, cfg.norm) == (768, "rmsnorm")
+    # an explicit preset wins over the file's
+    cfg, _ = gptcalc.load(config=conf, preset="debug")
+    assert (cfg.n_embd, cfg.norm) == (32, "rmsnorm")
+
+
+def test_training_section_is_stored_and_written_back(tmp_path):
+    conf = tmp_path / "c.toml"
+    conf.write_text('[model]\nn_layer = 2\n[training]\ndtype = "bf16"\nzero_stage = 3\n'
+                    '[training.optimizer]\nname = "adamw"\n[parallel]\ntp = 2\n')
+    setup = gptcalc.resolve_setup(config=conf)
+    assert setup.sections == {"training": {"dtype": "bf16", "zero_stage": 3,
+                                           "optimizer": {"name": "adamw"}},
+                              "parallel": {"tp": 2}}
+    out = tmp_path / "out.toml"
+    ok("params", "--config", str(conf), "--save-config", str(out))
+    assert read_config_file(out).sections == setup.sections
+
+
+# --- file errors: one line, naming --config ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("a.toml", "n_layer = = 3", "not valid TOML"),
+    ("a.json", "{", "not valid JSON"),
+    ("a.json", "[]", "must hold a table"),
+    ("a.toml", "[model]\nn_layers = 3", "unknown key [model] 'n_layers'"),
+    ("a.toml", "n_layer = 'x'", "n_layer must be an integer"),
+    ("a.toml", "n_layer = 0", "n_layer must be positive"),
+    ("a.toml", "qkv_bias = 'maybe'", "qkv_bias must be true or false"),
+    ("a.toml", "dropout = nan", "dropout must be in [0, 1)"),
+    ("a.toml", "[workload]\nbatch_size = -1", "batch_size must be a positive integer"),
+    ("a.toml", "[workload]\nbs = 1", "unknown key [workload] 'bs'"),
+    ("a.toml", "[optimiser]\nlr = 1", "unknown section [optimiser]"),
+    ("a.toml", "training = 3", "training must be a table"),
+    ("a.toml", "n_layer = 2\n[model]\nn_layer = 3", "n_layer is set twice"),
+    ("a.toml", "[model]\narch = 'bert'", "unknown arch 'bert'"),
+    ("a.toml", "[model]\nn_head = 5", "does not divide"),
+    ("a.toml", "[workload]\nseq_len = 100000", "exceeds block_size"),
+])
+def test_bad_config_files(name, text, needle, tmp_path):
+    path = tmp_path / name
+    path.write_text(text)
+    err = fails("params", "--config", str(path))
+    assert err.startswith("Error: --config:"), err
+    assert needle in err, err
+
+
+def test_unreadable_and_missing_config(tmp_path):
+    assert "no such file" in fails("flops", "--config", str(tmp_path / "nope.toml"))
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\xfa")
+    assert "cannot read" in fails("flops", "--config", str(tmp_path / "bin.toml"))
+    assert "cannot read" in fails("flops", "--config", str(tmp_path))  # a directory
+
+
+def test_save_config_errors(tmp_path):
+    assert fails("params", "--save-config", str(tmp_path / "x.yaml")).startswith(
+        "Error: --save-config:")
+    assert "cannot write" in fails("params", "--save-config", str(tmp_path / "no" / "x.toml"))
+
+
+# --- the Python API ----------------------------------------------------------------------------
+
+
+def test_api_load_and_summarize_are_plain_dataclasses():
+    cfg, wl = gptcalc.load(preset="gpt2", batch_size=8, seq_len=512, n_layer=6)
+    assert (cfg.n_layer, wl.batch_size, wl.seq_len) == (6, 8, 512)
+    s = gptcalc.summarize(cfg, wl)
+    assert s.params == gptcalc.count_params(cfg)
+    assert s.flops == gptcalc.count_flops(cfg, wl)
+    assert s.memory is None  # filled by gptcalc.memory (issue 4)
+    d = gptcalc.to_dict(s)
+    assert d["params"]["total"] == s.params.total
+    json.dumps(d)  # plain data all the way down
+
+
+def test_api_errors_are_config_errors():
+    with pytest.raises(ConfigError) as e:
+        gptcalc.load(preset="gpt2", n_embd=0)
+    assert e.value.field == "n_embd"
+    with pytest.raises(ConfigError) as e:
+        gptcalc.load(no_such_field=1)
+    assert e.value.field == "no_such_field"
+    with pytest.raises(ConfigError):
+        gptcalc.load(preset="nope")
+
+
+def test_import_gptcalc_stays_light():
+    code = ("import sys, gptcalc, gptcalc.cli; "
+            "print(sorted(m for m in ('torch', 'fvcore', 'matplotlib', 'transformers') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_parse_config_accepts_auto_and_null():
+    for doc in ({"model": {"n_kv_head": "auto"}}, {"n_kv_head": None}):
+        assert parse_config(doc).model == {"n_kv_head": None}
+    assert dataclasses.asdict(gptcalc.load(n_kv_head="auto", preset="gpt2")[0])["n_kv_head"] is None

@@ -1,0 +1,38 @@
+"""Saved activations stay exact where layouts change: batch, heads or length of 1 (matmul saves
+views, not copies), GPT-NeoX's partial rotary and parallel residual, grouped-query attention."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gptcalc import Workload, from_name
+from gptcalc.memory import TrainingSetup, saved_activations
+from reference_model.memory import saved_for
+
+torch.set_num_threads(1)
+
+edges = st.fixed_dictionaries({
+    "arch": st.sampled_from(["tutorial", "gpt2", "notes", "llama"]),
+    "qkv_layout": st.sampled_from(["fused", "separate", "per_head"]),
+    "pos": st.sampled_from(["learned", "rotary", "none"]),
+    "rotary_pct": st.sampled_from([1.0, 0.5, 0.25]),
+    "parallel": st.booleans(), "gqa": st.booleans(),
+    "B": st.integers(1, 3), "S": st.integers(1, 4), "H": st.integers(1, 2),
+    "dropout": st.sampled_from([0.0, 0.1]), "mode": st.sampled_from(["fp32", "bf16"]),
+    "attn": st.sampled_from(["manual", "sdpa"]),
+})
+
+
+@settings(max_examples=80, deadline=None)
+@given(edges)
+def test_saved_activation_bytes_exact_at_layout_edges(d):
+    gqa = d["gqa"] and d["qkv_layout"] != "per_head" and d["H"] > 1
+    cfg = from_name("debug", arch=d["arch"], qkv_layout=d["qkv_layout"], pos_embedding=d["pos"],
+                    rotary_pct=d["rotary_pct"], parallel_residual=d["parallel"],
+                    n_kv_head=1 if gqa else None, n_head=d["H"], n_embd=16 * d["H"], n_layer=1,
+                    block_size=4, vocab_size=11, dropout=d["dropout"])
+    wl, setup = Workload(d["B"], d["S"]), TrainingSetup(attn_impl=d["attn"], mode=d["mode"])
+    measured = sum(t.nbytes for t in saved_for(cfg, wl, setup).tensors)
+    assert measured == sum(saved_activations(cfg, wl, setup).values())
