@@ -343,7 +343,7 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
              f"{b:,.1f} x T FLOPs (largest relative residual {resid:.1e}); gptcalc's formula is "
              f"dense + 4 L H head_dim T = {dense_per_token:,} "
              f"+ {4 * L * Dq:,} x T. **So the cost of one token is not cubic in T: it is a "
-             "constant (the weight matmuls, 2 FLOPs per parameter touched) plus a term linear "
+             "constant (the weight matmuls, 2 FLOPs per matrix weight) plus a term linear "
              "in T (attention: 4 L E T, q @ k^T and att @ v).** The fitted power of the whole is "
              "below 1 because the constant dominates at these sizes (attention overtakes it "
              f"only at T = {_crossover(cfg):,}); with more T it tends to 1, never beyond. "
