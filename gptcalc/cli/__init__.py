@@ -48,9 +48,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, memory, params, presets, verify
+    from . import flops, memory, params, plot, presets, report, verify
 
-    for module in (presets, params, flops, memory, verify):
+    for module in (presets, params, flops, memory, verify, plot, report):
         cli.add_command(module.command)
 
 

@@ -1,0 +1,33 @@
+"""`gptcalc plot`: the scaling plots of a model as PNG files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..config import GPTConfig, Workload
+from .options import model_options
+from .render import print_line
+from .report import model_name
+
+
+@click.command("plot")
+@model_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("gptcalc-plots"), show_default=True, help="Directory for the PNGs.")
+@click.option("--measure", is_flag=True,
+              help="Overlay points measured on the reference model (small sizes, CPU).")
+@click.pass_context
+def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path,
+            measure: bool) -> None:
+    """Parameters, FLOPs per token, training memory and KV cache vs the sizes that drive them."""
+    from reports import plots  # matplotlib loads only here
+
+    cfg, wl = model
+    name = model_name(ctx)
+    made = plots.make_plots(out_dir, cfg, wl, name)
+    if measure:
+        made.append(plots.plot_measured(out_dir, cfg, name))
+    for p in made:
+        print_line(f"{p.path}  {p.title}")

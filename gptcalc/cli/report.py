@@ -1,0 +1,51 @@
+"""`gptcalc report`: the whole analysis of a model in one directory (Markdown, HTML, plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..config import GPTConfig, Workload
+from ..units import si
+from .options import model_options
+from .render import print_line
+
+
+@click.command("report")
+@model_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("gptcalc-report"), show_default=True,
+              help="Directory for report.md, report.html and the PNG plots.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Where the reference model is measured (auto: CUDA if any).")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@click.pass_context
+def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path, device: str,
+            quiet: bool) -> None:
+    """Analyse a model: counts, conventions, memory, verification, seed claims and plots."""
+    from reports.report import build_report  # torch and matplotlib load only here
+
+    cfg, wl = model
+    name = model_name(ctx)
+    r = build_report(cfg, wl, out_dir, device=device, name=name, progress=not quiet)
+    f = r.facts
+    print_line(f"{name}: {r.facts['params']:,} parameters ({si(f['params'])}); measured on "
+               f"{f['device']}; FLOPs per token ~ T^{f['exponent_per_token']:.2f} over the "
+               f"sweep, attention part T^{f['exponent_attention']:.2f}, one token without a KV "
+               f"cache T^{f['exponent_no_cache']:.2f}")
+    print_line(f"wrote {r.markdown}, {r.html} and {len(r.plots)} plots: "
+               + ", ".join(p.path.name for p in r.plots))
+
+
+def model_name(ctx: click.Context) -> str:
+    """The preset's name, with the options that changed it: `gpt2 (n_layer=6)`."""
+    from ..presets import DEFAULT_PRESET
+    from .options import MODEL_KEYS
+
+    params = ctx.params
+    changed = [f"{k}={params[k]}" for k in MODEL_KEYS
+               if k not in ("preset", "sets") and params.get(k) is not None]
+    changed += list(params.get("sets") or ())
+    name = params.get("preset") or DEFAULT_PRESET
+    return f"{name} ({', '.join(changed)})" if changed else name

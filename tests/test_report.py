@@ -1,0 +1,244 @@
+"""`gptcalc report`: the tables hold the library's numbers, the HTML is self-contained and every
+image in it loads in a real headless browser (Debian's chromium)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptcalc import Workload, count_flops, count_params, from_name
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = from_name("debug")
+WL = Workload(2, 16)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)
+    from reports.report import build_report
+
+    return build_report(CFG, WL, tmp_path_factory.mktemp("report"), device="cpu", name="debug",
+                        progress=False)
+
+
+@pytest.fixture(scope="module")
+def md(report) -> str:
+    return report.markdown.read_text()
+
+
+def section(md: str, heading: str) -> str:
+    """The text under a heading, up to the next heading of the same or a higher level."""
+    m = re.search(rf"^(#+) {re.escape(heading)}\n", md, re.M)
+    assert m, heading
+    level = len(m.group(1))
+    rest = md[m.end():]
+    end = re.search(rf"^#{{1,{level}}} ", rest, re.M)
+    return rest[: end.start()] if end else rest
+
+
+def rows(text: str) -> list[list[str]]:
+    """Cells of every Markdown table row in text (header and separator lines dropped)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("|") and not re.match(r"^\|\s*-", line):
+            out.append([c.strip().strip("*") for c in line.strip("|").split("|")])
+    return [r for r in out if r]
+
+
+def num(cell: str) -> int:
+    return int(cell.replace(",", "").replace("+", ""))
+
+
+def test_parameter_table_holds_count_params(md):
+    p = count_params(CFG)
+    table = {r[0]: r for r in rows(section(md, "Parameters by component"))[1:]}
+    assert num(table["total"][1]) == p.total
+    for key, value in p.components.items():
+        if value:
+            assert num(table[key][1]) == value, key
+    # and the parts in the table sum to the total row
+    assert sum(num(r[1]) for k, r in table.items() if k != "total") == p.total
+
+
+def test_flops_table_holds_count_flops(md):
+    fc = count_flops(CFG, WL)
+    table = {r[0]: r for r in rows(section(md, "FLOPs by component"))[1:]}
+    assert num(table["total"][1]) == fc.forward_total // WL.seq_len
+    assert num(table["total"][2]) == fc.backward_total // WL.seq_len
+    for key, value in fc.forward.items():
+        if value:
+            assert num(table[key][1]) == value // WL.seq_len, key
+
+
+def test_conventions_table(md):
+    table = {r[0]: r for r in rows(section(md, "Published conventions compared"))[1:]}
+    # 6N from the parameter count directly
+    assert num(table["6N"][1]) == 6 * count_params(CFG).total
+    assert set(table) >= {"6N", "kaplan", "palm"}
+
+
+def test_verification_table_all_equal(md):
+    body = rows(section(md, "Verification: analytic vs measured"))
+    header, data = body[0], body[1:]
+    assert header[:5] == ["quantity", "analytic", "measured", "difference", "agrees"]
+    assert len(data) >= 10
+    assert all(r[4].startswith("yes") for r in data), [r for r in data if r[4] != "yes"]
+    by_name = {r[0]: r for r in data}
+    assert num(by_name["params total"][2]) == count_params(CFG).total
+    # the memory checks run_checks appends: saved activations and model states, exact
+    for name in ("saved activation bytes", "weight bytes", "optimizer state bytes"):
+        assert by_name[name][3] == "+0", by_name[name]
+    assert num(by_name["weight bytes"][2]) == 4 * count_params(CFG).total  # fp32
+
+
+def test_memory_section_sums(md):
+    table = {r[0]: r for r in rows(section(md, "Memory"))[1:6 + 1]}
+    parts = ["weights", "gradients", "optimizer", "activations", "logits"]
+    assert sum(num(table[k][1]) for k in parts) == num(table["sum (all at once)"][1])
+    # fp32 weights: 4 bytes per parameter
+    assert num(table["weights"][1]) == 4 * count_params(CFG).total
+
+
+def test_size_claim_measured(md):
+    text = section(md, "Is model size independent of the context length?")
+    data = rows(text)[1:]
+    E = CFG.n_embd
+    T0, P0 = num(data[0][0]), num(data[0][1])
+    for r in data:
+        T, measured, analytic = num(r[0]), num(r[1]), num(r[2])
+        assert measured == analytic
+        assert measured - P0 == (T - T0) * E  # only the T x E position table grows
+        assert num(r[5]) == CFG.n_layer * T * T  # one T x T tril buffer per block
+    assert "No, not exactly" in text
+
+
+def test_cost_claim_measured(md):
+    text = section(md, "How does the cost of one token grow with T?")
+    data = rows(text)[1:]
+    L, E = CFG.n_layer, CFG.n_embd
+    for r in data:
+        T = num(r[0])
+        # q @ k^T and att @ v over the full T x T: 2 * 2 * L * T * T * E per sequence
+        assert num(r[3]) == 4 * L * E * T
+    fits = re.findall(r"exponent \*\*([0-9.]+)\*\*", text)
+    assert len(fits) == 4
+    per_token, attention, no_cache, cached = map(float, fits)
+    assert attention == pytest.approx(1.0, abs=1e-3)
+    assert 0 < per_token < 1 and 1 < no_cache < 2
+    assert "not cubic" in text
+
+
+def test_html_has_the_same_numbers(report, md):
+    page = html.unescape(report.html.read_text())
+    numbers = set(re.findall(r"\d[\d,]*\.?\d*", md))
+    missing = [n for n in numbers if n not in page]
+    assert not missing, missing[:10]
+
+
+def test_html_is_self_contained(report):
+    page = report.html.read_text()
+    assert "<script" not in page and "<link" not in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    srcs = re.findall(r'<img src="([^"]+)"', page)
+    assert len(srcs) == len(report.plots) >= 7
+    for src in srcs:
+        f = report.out_dir / src
+        assert f.parent == report.out_dir and f.read_bytes()[:4] == b"\x89PNG"
+    assert srcs == re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.markdown.read_text())
+
+
+# ---------------------------------------------------------------- a real browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+_PROBE = """<script>
+window.addEventListener('load', function () {
+  var out = [];
+  for (var i = 0; i < document.images.length; i++) {
+    var im = document.images[i];
+    out.push({src: im.getAttribute('src'), loaded: im.complete && im.naturalWidth > 0});
+  }
+  var pre = document.createElement('pre');
+  pre.id = 'image-probe';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def browser_image_status(page: Path, tmp: Path) -> list[dict]:
+    """Open `page` (a copy beside it, with a probe script) in headless chromium; for every
+    <img>, whether the browser decoded it (naturalWidth > 0)."""
+    probe = page.with_name("probe-" + page.name)
+    probe.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", f"--user-data-dir={tmp / 'chromium-profile'}",
+           "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    m = re.search(r'<pre id="image-probe">(.*?)</pre>', r.stdout, re.S)
+    assert m, f"no probe output; chromium said: {r.stderr[-2000:]}"
+    return json.loads(html.unescape(m.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_every_image_loads_in_chromium(report, tmp_path):
+    status = browser_image_status(report.html, tmp_path)
+    assert [s["src"] for s in status] == [p.path.name for p in report.plots]
+    assert all(s["loaded"] for s in status), status
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_the_browser_probe_sees_a_broken_image(tmp_path):
+    # the probe can fail: a page whose image is missing reports it as not loaded
+    page = tmp_path / "broken.html"
+    page.write_text('<!DOCTYPE html><html><body><img src="missing.png"></body></html>')
+    assert browser_image_status(page, tmp_path) == [{"src": "missing.png", "loaded": False}]
+
+
+# ---------------------------------------------------------------- the command
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gptcalc", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_report_command(tmp_path):
+    r = _cli("report", "--preset", "debug", "--out", str(tmp_path), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
+    assert "seed claims" in r.stderr  # the progress lines go to stderr
+    assert "wrote" in r.stdout and "29,088 parameters" in r.stdout
+    # golden: debug = gpt2 arch, L=2 E=32 T=16 V=97: wte 97*32 + wpe 16*32 + 2 blocks of
+    # 12*32^2 + 13*32 (weights and biases of c_attn, c_proj, c_fc, mlp c_proj, two LayerNorms)
+    # + ln_f 2*32 = 3104 + 512 + 2*(12288 + 416) + 64 = 29088 (nanoGPT's layout)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CUDA present")
+def test_report_cuda_without_cuda_is_an_error(tmp_path):
+    r = _cli("report", "--preset", "debug", "--out", str(tmp_path), "--device", "cuda")
+    assert r.returncode == 2
+    assert "--device" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_report_on_cuda(tmp_path):
+    from reports.report import build_report
+
+    r = build_report(CFG, WL, tmp_path, device="cuda", name="debug", progress=False)
+    assert r.facts["device"] == "cuda"
+    body = rows(section(r.markdown.read_text(), "Verification: analytic vs measured"))[1:]
+    assert all(row[4].startswith("yes") for row in body)
