@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from gptcalc import GPTConfig, Workload
@@ -124,6 +125,30 @@ def _saving_nodes(root) -> dict[int, set[str]]:
     return out
 
 
+class _WeightCasts(TorchDispatchMode):
+    """Records the storages of dtype casts (aten._to_copy) made from parameter storages.
+
+    Under torch.autocast a Linear's weight reaches the matmul as a 16-bit copy (autocast caches
+    one per parameter per autocast region); autograd then saves that copy, or a transposed view
+    of it, for the input gradient. The saved tensor's own grad_fn is then a view
+    node (TBackward0), so this is found below autograd: any `_to_copy` whose input shares a
+    parameter's storage. The outputs are held here, so their addresses cannot be reused while
+    the meter runs.
+    """
+
+    def __init__(self, params: set[int]) -> None:
+        super().__init__()
+        self.params, self.copies, self._keep = params, set(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
+                and args[0].untyped_storage().data_ptr() in self.params):
+            self.copies.add(out.untyped_storage().data_ptr())
+            self._keep.append(out)
+        return out
+
+
 def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
                   setup: TrainingSetup | None = None) -> SavedReport:
     """Every storage saved for backward by one training forward (logits and loss included)."""
@@ -139,22 +164,21 @@ def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
             lambda m, a, n=name: module_stack.append(n)))
         handles.append(mod.register_forward_hook(lambda m, a, o: (module_stack.pop(), None)[1]))
 
+    casts = _WeightCasts({p.untyped_storage().data_ptr() for p in model.parameters()})
+
     def pack(t: torch.Tensor):
         st = t.untyped_storage()
         ptr = st.data_ptr()
         if ptr not in excluded and ptr not in seen and st.nbytes():
-            weight_copy = (t.grad_fn is not None and t.grad_fn.name() == "ToCopyBackward0"
-                           and any(type(fn).__name__ == "AccumulateGrad" or
-                                   (fn is not None and fn.name() == "torch::autograd::AccumulateGrad")
-                                   for fn, _ in t.grad_fn.next_functions))
             seen[ptr] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
                              shape=tuple(t.shape), module=module_stack[-1],
-                             category="autocast/weight_copy" if weight_copy else "activation")
+                             category="autocast/weight_copy" if ptr in casts.copies
+                             else "activation")
         return t
 
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with autocast_context(setup, device):
+            with autocast_context(setup, device), casts:
                 logits, loss = model(idx, targets)
     finally:
         for h in handles:
