@@ -367,24 +367,27 @@ def max_context(cfg: GPTConfig, batch_size: int, setup: TrainingSetup, budget: i
 # ---------------------------------------------------------------------------------------------
 
 
-def _qkv_storages(cfg: GPTConfig, N: int, a: int) -> int:
+def _qkv_storages(cfg: GPTConfig, N: int, a: int, rot: int | None = None) -> int:
     """Bytes of the storages behind the q, k, v handed to the attention core.
 
     Each is a view of the projection that made it unless something copied it: rotary (a new
-    tensor for q and k), grouped-query repeat_interleave (new k and v of H heads). Views of the
-    fused c_attn output keep all of it, N(Dq + 2Dkv), alive once.
+    tensor for q and k, `rot` bytes per element: fp32 under amp, where the fp32 cos/sin tables
+    promote the 16-bit q and k), grouped-query repeat_interleave (new k and v of H heads).
+    Views of the fused c_attn output keep all of it, N(Dq + 2Dkv), alive once.
     """
     Dq, Dkv = cfg.q_width, cfg.kv_width
+    rot = a if rot is None else rot
     gqa, rotary = cfg.kv_heads != cfg.n_head, cfg.pos_embedding == "rotary"
-    own = {"q": Dq if rotary else 0, "k": Dq if gqa else (Dkv if rotary else 0),
-           "v": Dq if gqa else 0}
+    own = {"q": Dq * rot if rotary else 0,
+           "k": Dq * (rot if rotary else a) if gqa else (Dkv * rot if rotary else 0),
+           "v": Dq * a if gqa else 0}
     total = sum(own.values())
     views = [r for r in own if not own[r]]
     if cfg.qkv_layout == "fused":
-        total += (Dq + 2 * Dkv) if views else 0
+        total += (Dq + 2 * Dkv) * a if views else 0
     else:  # separate projections (per_head: concatenated per role) are storages of their own
-        total += sum(Dq if r == "q" else Dkv for r in views)
-    return N * total * a
+        total += sum(Dq if r == "q" else Dkv for r in views) * a
+    return N * total
 
 
 def _matmul_operands(cfg: GPTConfig, b: int, N: int, a: int, m: int, math_path: bool
@@ -462,7 +465,16 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     N, a = b * S, setup.act_bytes
     E, H, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer
     Dq, Dff = cfg.q_width, cfg.hidden_size
-    stats = 4 if (setup.mode == "fp32" or setup.device == "cuda") else a
+    amp = setup.mode == "amp"
+    # r: the residual stream's bytes, the weights' dtype: fp32 weights and embeddings keep it
+    # fp32 under amp (a 16-bit branch output added to it promotes to fp32)
+    r = 4 if setup.mode in ("fp32", "amp") else a
+    stats = 4 if (r == 4 or setup.device == "cuda") else a
+    # under amp every Linear reading the fp32 stream casts its own 16-bit copy of the input
+    # (autocast caches casts of parameters only): separate q/k/v projections make 3 copies,
+    # per-head ones 3H, SwiGLU's gate and up projections 2
+    qkv_linears = {"fused": 1, "separate": 3, "per_head": 3 * H}[cfg.qkv_layout] if amp else 1
+    up_linears = 2 if amp and cfg.mlp == "swiglu" else 1
     drop = cfg.dropout > 0
     att = b * H * S * S  # elements of one score matrix stack
     out: dict[str, int] = {
@@ -471,13 +483,13 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     }
     layer: dict[str, int] = {}
     if setup.recompute == "full":
-        layer["block_input"] = N * E * a
+        layer["block_input"] = N * E * r
     else:
-        layer.update({f"ln_1/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
-        layer["attn/qkv_input"] = N * E * a
+        layer.update({f"ln_1/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
+        layer["attn/qkv_input"] = qkv_linears * N * E * a
         sdpa_flash = setup.attn_impl == "sdpa" and not drop
         if setup.recompute == "selective":
-            layer["attn/core_inputs"] = _qkv_storages(cfg, N, a)
+            layer["attn/core_inputs"] = _qkv_storages(cfg, N, a, r)
         elif sdpa_flash:
             layer["attn/qkv"] = _qkv_storages(cfg, N, a)
             layer["attn/logsumexp"] = b * H * S * 4
@@ -501,23 +513,54 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         layer["attn/out_input"] = N * Dq * a  # c_proj's input (SDPA flash: its output)
         layer["attn/dropout_mask"] = layer.get("attn/dropout_mask", 0)
         layer["attn/resid_dropout_mask"] = N * E if drop else 0
-        ln_2 = _norm_lines(cfg, N, a, stats)
+        ln_2 = _norm_lines(cfg, N, r, stats)
         if cfg.parallel_residual:
             # GPT-NeoX: ln_2 reads the block input, the very tensor ln_1 saved already
             ln_2["input"] = 0
         layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
-        layer["mlp/fc_input"] = N * E * a
+        layer["mlp/fc_input"] = up_linears * N * E * a
         hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
         layer["mlp/hidden"] = hidden * N * Dff * a  # incl. c_proj's input
         layer["mlp/dropout_mask"] = N * E if drop else 0
     out.update({f"layer/{k}": L * v for k, v in layer.items()})
     if cfg.final_norm:
-        out.update({f"final/ln_f/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+        out.update({f"final/ln_f/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
     out["final/lm_head_input"] = N * E * a
-    out["cross_entropy/log_probs"] = N * V * (4 if setup.mode in ("amp", "mixed") else a)
-    out["cross_entropy/total_weight"] = 4 if setup.mode in ("fp32", "amp") else a
+    # cross entropy autocasts to fp32: its log-probabilities and total weight are fp32
+    autocast = setup.mode in ("amp", "mixed")
+    out["cross_entropy/log_probs"] = N * V * (4 if autocast else a)
+    out["cross_entropy/total_weight"] = 4 if autocast or setup.mode == "fp32" else a
     out["input/idx"] = 8 * N
     out["input/targets"] = 8 * N
+    out.update(autocast_weight_copies(cfg, setup))
+    return out
+
+
+def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+    """16-bit copies of fp32 weights that torch.autocast makes and autograd saves (mode amp).
+
+    Under autocast a Linear casts its fp32 weight to the autocast dtype (2 bytes per element;
+    autocast caches one copy per parameter per autocast region) and the matmul saves that copy
+    for the input's gradient. Biases are cast too but not saved; embeddings and norms are not
+    autocast. Every weight matrix is saved once: q/k/v, the attention output, the MLP matrices
+    and the lm_head (its tied or own V x E weight). Measured on CPU (reference_model/memory.py
+    finds them as `_to_copy` outputs of parameter storages). With full recomputation the blocks'
+    copies are made inside the checkpoint and not kept; only the lm_head's is saved. Modes fp32
+    and bf16 run no autocast; mixed runs it on 16-bit weights, which are not copied: 0.
+    Tensor parallel shards each matrix (lm_head vocabulary-parallel, ceil(V/tp) rows).
+    """
+    if setup.mode != "amp":
+        return {}
+    t, E, Dff, Dq = setup.tp, cfg.n_embd, cfg.hidden_size, cfg.q_width
+    w, L = 2, 0 if setup.recompute == "full" else cfg.n_layer
+    out = {
+        "weight_copy/attention/qkv": w * L * E * (Dq + 2 * cfg.kv_width) // t,
+        "weight_copy/attention/out": w * L * Dq * E // t,
+        "weight_copy/mlp/fc": w * L * E * Dff // t,
+        "weight_copy/mlp/gate": w * L * E * Dff // t if cfg.mlp == "swiglu" else 0,
+        "weight_copy/mlp/proj": w * L * Dff * E // t,
+        "weight_copy/lm_head": w * _ceil(cfg.vocab_size, t) * E,
+    }
     return out
 
 
