@@ -871,6 +871,7 @@ class MemoryReport:
     gradients: int
     optimizer: int
     activations: int
+    weight_copies: int  # autocast's 16-bit copies of fp32 weights saved for backward (amp)
     activations_paper: int
     logits: int
     kv_cache: int
@@ -881,7 +882,9 @@ class MemoryReport:
 def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                   context: int | None = None) -> MemoryReport:
     """weights / gradients / optimizer on the most loaded device, activations both ways, logits,
-    the KV cache of an inference run at `context` (default seq_len) and the step peak."""
+    the KV cache of an inference run at `context` (default seq_len) and the step peak.
+    `activations` excludes the batch's own index tensors (`input/...`) and autocast's weight
+    copies, which are `weight_copies` (breakdown["weight_copies"], mode amp only)."""
     validate_setup(cfg, workload, setup)
     stages = [state_bytes(cfg, setup, s) for s in ("first", "last")]
     st = max(stages, key=lambda x: x.total)
@@ -893,13 +896,16 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         raise ConfigError("context", f"context must be positive, got {ctx}")
     kv = kv_cache_bytes(cfg, workload.batch_size // setup.dp, ctx, setup.act_bytes,
                         setup.tp, setup.pp)
+    copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
+    acts = {k: v for k, v in acts.items() if k not in copies}
     return MemoryReport(
         weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
         activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
+        weight_copies=sum(copies.values()),
         activations_paper=sum(paper.values()), logits=sum(lg.values()), kv_cache=kv,
         peak=step_peak(cfg, workload, setup),
-        breakdown={"state": st.breakdown, "activations": acts, "activations_paper": paper,
-                   "logits": lg},
+        breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
+                   "activations_paper": paper, "logits": lg},
     )
 
 
