@@ -205,9 +205,15 @@ def build_for(cfg: GPTConfig, setup: TrainingSetup, device: str = "cpu") -> GPT:
     return apply_recompute(model, setup.recompute)
 
 
-def make_optimizer(model: GPT, setup: TrainingSetup) -> torch.optim.Optimizer:
-    """The optimizer of `setup` with PyTorch's defaults (foreach where available)."""
-    params = list(model.parameters())
+def make_optimizer(model: GPT, setup: TrainingSetup):
+    """The optimizer of `setup` with PyTorch's defaults (foreach where available); in mode mixed
+    wrapped in `MasterWeights` (fp32 master weights and states for the 16-bit model)."""
+    if setup.mode == "mixed":
+        return MasterWeights(model.parameters(), lambda ps: _torch_optimizer(ps, setup))
+    return _torch_optimizer(list(model.parameters()), setup)
+
+
+def _torch_optimizer(params, setup: TrainingSetup) -> torch.optim.Optimizer:
     if setup.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
     if setup.optimizer == "sgd-momentum":
@@ -215,7 +221,42 @@ def make_optimizer(model: GPT, setup: TrainingSetup) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=1e-3)
 
 
-def train_step(model: GPT, opt: torch.optim.Optimizer, idx, targets, setup: TrainingSetup
+class MasterWeights:
+    """Mode `mixed` as the ZeRO paper counts it (Rajbhandari et al. 2020, sec. 3.1; Micikevicius
+    et al. 2018): the model holds 16-bit weights and gets 16-bit gradients (it runs under
+    autocast, which casts nothing but the fp32 ops' inputs); the optimizer keeps an fp32 master
+    copy of every weight and its own fp32 states (AdamW: exp_avg, exp_avg_sq, a step counter per
+    tensor), i.e. 2 + 2 + (4 + 8) bytes per parameter, K = 12. `step()` upcasts the gradients
+    into the masters' `.grad` (freed after the step), steps the masters and copies them back
+    into the 16-bit weights. No loss scaling (a GradScaler would add two 4-byte scalars).
+    `state` maps each 16-bit parameter to {"master": ..., **the inner optimizer's state}.
+    """
+
+    def __init__(self, params, make) -> None:
+        self.params = list(params)
+        self.masters = [p.detach().float().requires_grad_(True) for p in self.params]
+        self.inner = make(self.masters)
+
+    @property
+    def state(self) -> dict:
+        return {p: {"master": m, **self.inner.state.get(m, {})}
+                for p, m in zip(self.params, self.masters)}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, m in zip(self.params, self.masters):
+            m.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for p, m in zip(self.params, self.masters):
+            p.copy_(m)
+            m.grad = None
+
+
+def train_step(model: GPT, opt, idx, targets, setup: TrainingSetup
                ) -> None:
     """zero_grad(set_to_none) -> forward (autocast per mode) -> backward -> step. The caller's
     references to logits and loss are dropped before the optimizer step."""
@@ -244,7 +285,7 @@ def measure_step_peak_cpu(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     idx, targets = make_batch(cfg, workload)
     train_step(model, opt, idx, targets, setup)  # warm-up: creates the optimizer states
     tracker = MemTracker()
-    tracker.track_external(model, opt)
+    tracker.track_external(model, getattr(opt, "inner", opt))  # MasterWeights: its fp32 side
     with tracker:
         train_step(model, opt, idx, targets, setup)
     snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
@@ -295,7 +336,7 @@ def saved_for(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     return measure_saved(model, idx, targets, setup)
 
 
-__all__ = ["PeakReport", "SavedReport", "SavedTensor", "apply_recompute", "build_for",
+__all__ = ["MasterWeights", "PeakReport", "SavedReport", "SavedTensor", "apply_recompute", "build_for",
            "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
            "measure_step_peak_cuda", "saved_for", "train_step", "try_step_peak_cuda", "F"]
 

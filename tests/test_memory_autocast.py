@@ -89,3 +89,25 @@ def test_no_weight_copies_without_fp32_weights_under_autocast(mode):
     setup = TrainingSetup(mode=mode)
     assert saved_for(cfg, Workload(2, 4), setup).weight_copy_bytes == 0
     assert _split(saved_activations(cfg, Workload(2, 4), setup))[1] == 0
+
+
+@pytest.mark.parametrize("mode, autocast_dtype", [("amp", "bf16"), ("amp", "fp16"),
+                                                  ("mixed", "bf16"), ("fp32", "bf16")])
+def test_logits_bytes_exact_cpu(mode, autocast_dtype):
+    """The logits the model returns are the lm_head's output: 16-bit under autocast (the Linear
+    runs in the autocast dtype), fp32 in fp32; the cross entropy's log-probabilities are fp32
+    under autocast (measured: LogSoftmaxBackward0's saved result)."""
+    from gptcalc.memory import logits_bytes
+    from reference_model.memory import autocast_context, build_for, make_batch
+
+    cfg = from_name("debug", arch="gpt2", n_layer=1, n_head=2, n_embd=16, block_size=8,
+                    vocab_size=32)
+    wl, setup = Workload(2, 8), TrainingSetup(mode=mode, autocast_dtype=autocast_dtype)
+    model = build_for(cfg, setup)
+    idx, targets = make_batch(cfg, wl)
+    with autocast_context(setup, "cpu"):
+        logits, _ = model(idx, targets)
+    saved = saved_for(cfg, wl, setup)
+    log_probs = sum(t.nbytes for t in saved.tensors if "LogSoftmaxBackward0" in t.saved_by)
+    assert logits_bytes(cfg, wl, setup) == {"logits": logits.nbytes,
+                                            "cross_entropy/log_probs": log_probs}
