@@ -33,7 +33,9 @@ ZERO_STAGES = (0, 1, 2, 3)
 # fp32: everything fp32. amp: torch.autocast keeps fp32 weights and gradients and computes in
 # 16 bit. mixed: the ZeRO paper's accounting (Rajbhandari et al. 2020, sec. 3.1): fp16 weights
 # and gradients (2 + 2) plus an fp32 master copy of the weights (4) and Adam's fp32 momentum and
-# variance (4 + 4) = 16 bytes/param, K = 12. bf16: weights, gradients and states all bf16.
+# variance (4 + 4) = 16 bytes/param, K = 12; the reference model runs it as
+# reference_model.memory.MasterWeights (a 16-bit model under autocast, fp32 masters and states
+# in the optimizer). bf16: weights, gradients and states all bf16.
 _WEIGHT_GRAD_BYTES = {"fp32": (4, 4), "amp": (4, 4), "mixed": (2, 2), "bf16": (2, 2)}
 _OPTIMIZER_BYTES = {
     # adamw: exp_avg + exp_avg_sq; sgd-momentum: momentum_buffer; sgd: nothing
@@ -438,12 +440,23 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
                       ) -> dict[str, int]:
     """Bytes PyTorch saves for backward in one forward of the reference model, one line each.
 
-    Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for modes fp32 and
-    bf16, for every size (with b or H equal to 1, matmul saves views instead of copies:
-    `_matmul_operands`). Per micro-batch b = B/dp on one device; with pp,
-    the first stage holds pp micro-batches of L/pp layers = L layers' worth (1F1B). Keys:
-    `embedding/...`, `layer/...` (summed over L layers), `final/...`, `cross_entropy/...`,
-    `input/...` (the batch's own index tensors, saved by the embedding and the loss).
+    Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for every mode
+    (fp32, bf16, and under torch.autocast amp and mixed, bf16 or fp16), for every size (with b
+    or H equal to 1, matmul saves views instead of copies: `_matmul_operands`). Per micro-batch
+    b = B/dp on one device; with pp, the first stage holds pp micro-batches of L/pp layers = L
+    layers' worth (1F1B). Keys: `embedding/...`, `layer/...` (summed over L layers),
+    `final/...`, `cross_entropy/...`, `input/...` (the batch's own index tensors, saved by the
+    embedding and the loss), `weight_copy/...` (amp: `autocast_weight_copies`).
+
+    CPU autocast (measured, torch 2.13): Linear and matmul / bmm / SDPA run in the 16-bit dtype;
+    layer_norm, softmax, GELU, SiLU, ReLU and the RMSNorm's pow / mean / rsqrt are not autocast
+    (they run in their input's dtype; softmax stays 16-bit, unlike CUDA autocast); cross
+    entropy runs in fp32. Under amp the weights, embeddings and buffers are fp32, so the
+    residual stream, every norm (input, statistics; RMSNorm's rsqrt and x * rsqrt) and rotary's
+    q and k (16-bit q, k times fp32 cos / sin) are fp32, while the Linear inputs are 16-bit
+    casts, one per Linear (autocast caches casts of parameters only). Under mixed the model is
+    16-bit throughout, as in bf16, except the cross entropy's fp32 log-probabilities and total
+    weight.
 
     What each line is (N = bS tokens, a activation bytes, H heads, S sequence):
       norm input, mean and rstd (LayerNorm; 4-byte stats for fp32, `a` bytes for bf16 on CPU,

@@ -95,7 +95,8 @@ def autocast_context(setup: TrainingSetup, device: str):
 
 
 def model_dtype(setup: TrainingSetup) -> torch.dtype:
-    """Weights' dtype: fp32 for fp32 and amp, 16-bit for mixed (its 16-bit copy) and bf16."""
+    """Weights' dtype: fp32 for fp32 and amp, 16-bit for mixed (the working copy of the fp32
+    masters that `MasterWeights` keeps) and bf16."""
     if setup.mode in ("fp32", "amp"):
         return torch.float32
     return torch.bfloat16 if setup.mode == "bf16" else DTYPES[setup.autocast_dtype]
@@ -336,8 +337,8 @@ def saved_for(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     return measure_saved(model, idx, targets, setup)
 
 
-__all__ = ["MasterWeights", "PeakReport", "SavedReport", "SavedTensor", "apply_recompute", "build_for",
-           "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
+__all__ = ["MasterWeights", "PeakReport", "SavedReport", "SavedTensor", "apply_recompute",
+           "build_for", "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
            "measure_step_peak_cuda", "saved_for", "train_step", "try_step_peak_cuda", "F"]
 
 
