@@ -33,7 +33,9 @@ ZERO_STAGES = (0, 1, 2, 3)
 # fp32: everything fp32. amp: torch.autocast keeps fp32 weights and gradients and computes in
 # 16 bit. mixed: the ZeRO paper's accounting (Rajbhandari et al. 2020, sec. 3.1): fp16 weights
 # and gradients (2 + 2) plus an fp32 master copy of the weights (4) and Adam's fp32 momentum and
-# variance (4 + 4) = 16 bytes/param, K = 12. bf16: weights, gradients and states all bf16.
+# variance (4 + 4) = 16 bytes/param, K = 12; the reference model runs it as
+# reference_model.memory.MasterWeights (a 16-bit model under autocast, fp32 masters and states
+# in the optimizer). bf16: weights, gradients and states all bf16.
 _WEIGHT_GRAD_BYTES = {"fp32": (4, 4), "amp": (4, 4), "mixed": (2, 2), "bf16": (2, 2)}
 _OPTIMIZER_BYTES = {
     # adamw: exp_avg + exp_avg_sq; sgd-momentum: momentum_buffer; sgd: nothing
@@ -367,24 +369,27 @@ def max_context(cfg: GPTConfig, batch_size: int, setup: TrainingSetup, budget: i
 # ---------------------------------------------------------------------------------------------
 
 
-def _qkv_storages(cfg: GPTConfig, N: int, a: int) -> int:
+def _qkv_storages(cfg: GPTConfig, N: int, a: int, rot: int | None = None) -> int:
     """Bytes of the storages behind the q, k, v handed to the attention core.
 
     Each is a view of the projection that made it unless something copied it: rotary (a new
-    tensor for q and k), grouped-query repeat_interleave (new k and v of H heads). Views of the
-    fused c_attn output keep all of it, N(Dq + 2Dkv), alive once.
+    tensor for q and k, `rot` bytes per element: fp32 under amp, where the fp32 cos/sin tables
+    promote the 16-bit q and k), grouped-query repeat_interleave (new k and v of H heads).
+    Views of the fused c_attn output keep all of it, N(Dq + 2Dkv), alive once.
     """
     Dq, Dkv = cfg.q_width, cfg.kv_width
+    rot = a if rot is None else rot
     gqa, rotary = cfg.kv_heads != cfg.n_head, cfg.pos_embedding == "rotary"
-    own = {"q": Dq if rotary else 0, "k": Dq if gqa else (Dkv if rotary else 0),
-           "v": Dq if gqa else 0}
+    own = {"q": Dq * rot if rotary else 0,
+           "k": Dq * (rot if rotary else a) if gqa else (Dkv * rot if rotary else 0),
+           "v": Dq * a if gqa else 0}
     total = sum(own.values())
     views = [r for r in own if not own[r]]
     if cfg.qkv_layout == "fused":
-        total += (Dq + 2 * Dkv) if views else 0
+        total += (Dq + 2 * Dkv) * a if views else 0
     else:  # separate projections (per_head: concatenated per role) are storages of their own
-        total += sum(Dq if r == "q" else Dkv for r in views)
-    return N * total * a
+        total += sum(Dq if r == "q" else Dkv for r in views) * a
+    return N * total
 
 
 def _matmul_operands(cfg: GPTConfig, b: int, N: int, a: int, m: int, math_path: bool
@@ -435,12 +440,23 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
                       ) -> dict[str, int]:
     """Bytes PyTorch saves for backward in one forward of the reference model, one line each.
 
-    Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for modes fp32 and
-    bf16, for every size (with b or H equal to 1, matmul saves views instead of copies:
-    `_matmul_operands`). Per micro-batch b = B/dp on one device; with pp,
-    the first stage holds pp micro-batches of L/pp layers = L layers' worth (1F1B). Keys:
-    `embedding/...`, `layer/...` (summed over L layers), `final/...`, `cross_entropy/...`,
-    `input/...` (the batch's own index tensors, saved by the embedding and the loss).
+    Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for every mode
+    (fp32, bf16, and under torch.autocast amp and mixed, bf16 or fp16), for every size (with b
+    or H equal to 1, matmul saves views instead of copies: `_matmul_operands`). Per micro-batch
+    b = B/dp on one device; with pp, the first stage holds pp micro-batches of L/pp layers = L
+    layers' worth (1F1B). Keys: `embedding/...`, `layer/...` (summed over L layers),
+    `final/...`, `cross_entropy/...`, `input/...` (the batch's own index tensors, saved by the
+    embedding and the loss), `weight_copy/...` (amp: `autocast_weight_copies`).
+
+    CPU autocast (measured, torch 2.13): Linear and matmul / bmm / SDPA run in the 16-bit dtype;
+    layer_norm, softmax, GELU, SiLU, ReLU and the RMSNorm's pow / mean / rsqrt are not autocast
+    (they run in their input's dtype; softmax stays 16-bit, unlike CUDA autocast); cross
+    entropy runs in fp32. Under amp the weights, embeddings and buffers are fp32, so the
+    residual stream, every norm (input, statistics; RMSNorm's rsqrt and x * rsqrt) and rotary's
+    q and k (16-bit q, k times fp32 cos / sin) are fp32, while the Linear inputs are 16-bit
+    casts, one per Linear (autocast caches casts of parameters only). Under mixed the model is
+    16-bit throughout, as in bf16, except the cross entropy's fp32 log-probabilities and total
+    weight.
 
     What each line is (N = bS tokens, a activation bytes, H heads, S sequence):
       norm input, mean and rstd (LayerNorm; 4-byte stats for fp32, `a` bytes for bf16 on CPU,
@@ -462,7 +478,16 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     N, a = b * S, setup.act_bytes
     E, H, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer
     Dq, Dff = cfg.q_width, cfg.hidden_size
-    stats = 4 if (setup.mode == "fp32" or setup.device == "cuda") else a
+    amp = setup.mode == "amp"
+    # r: the residual stream's bytes, the weights' dtype: fp32 weights and embeddings keep it
+    # fp32 under amp (a 16-bit branch output added to it promotes to fp32)
+    r = 4 if setup.mode in ("fp32", "amp") else a
+    stats = 4 if (r == 4 or setup.device == "cuda") else a
+    # under amp every Linear reading the fp32 stream casts its own 16-bit copy of the input
+    # (autocast caches casts of parameters only): separate q/k/v projections make 3 copies,
+    # per-head ones 3H, SwiGLU's gate and up projections 2
+    qkv_linears = {"fused": 1, "separate": 3, "per_head": 3 * H}[cfg.qkv_layout] if amp else 1
+    up_linears = 2 if amp and cfg.mlp == "swiglu" else 1
     drop = cfg.dropout > 0
     att = b * H * S * S  # elements of one score matrix stack
     out: dict[str, int] = {
@@ -471,13 +496,13 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     }
     layer: dict[str, int] = {}
     if setup.recompute == "full":
-        layer["block_input"] = N * E * a
+        layer["block_input"] = N * E * r
     else:
-        layer.update({f"ln_1/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
-        layer["attn/qkv_input"] = N * E * a
+        layer.update({f"ln_1/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
+        layer["attn/qkv_input"] = qkv_linears * N * E * a
         sdpa_flash = setup.attn_impl == "sdpa" and not drop
         if setup.recompute == "selective":
-            layer["attn/core_inputs"] = _qkv_storages(cfg, N, a)
+            layer["attn/core_inputs"] = _qkv_storages(cfg, N, a, r)
         elif sdpa_flash:
             layer["attn/qkv"] = _qkv_storages(cfg, N, a)
             layer["attn/logsumexp"] = b * H * S * 4
@@ -501,23 +526,54 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         layer["attn/out_input"] = N * Dq * a  # c_proj's input (SDPA flash: its output)
         layer["attn/dropout_mask"] = layer.get("attn/dropout_mask", 0)
         layer["attn/resid_dropout_mask"] = N * E if drop else 0
-        ln_2 = _norm_lines(cfg, N, a, stats)
+        ln_2 = _norm_lines(cfg, N, r, stats)
         if cfg.parallel_residual:
             # GPT-NeoX: ln_2 reads the block input, the very tensor ln_1 saved already
             ln_2["input"] = 0
         layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
-        layer["mlp/fc_input"] = N * E * a
+        layer["mlp/fc_input"] = up_linears * N * E * a
         hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
         layer["mlp/hidden"] = hidden * N * Dff * a  # incl. c_proj's input
         layer["mlp/dropout_mask"] = N * E if drop else 0
     out.update({f"layer/{k}": L * v for k, v in layer.items()})
     if cfg.final_norm:
-        out.update({f"final/ln_f/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+        out.update({f"final/ln_f/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
     out["final/lm_head_input"] = N * E * a
-    out["cross_entropy/log_probs"] = N * V * (4 if setup.mode in ("amp", "mixed") else a)
-    out["cross_entropy/total_weight"] = 4 if setup.mode in ("fp32", "amp") else a
+    # cross entropy autocasts to fp32: its log-probabilities and total weight are fp32
+    autocast = setup.mode in ("amp", "mixed")
+    out["cross_entropy/log_probs"] = N * V * (4 if autocast else a)
+    out["cross_entropy/total_weight"] = 4 if autocast or setup.mode == "fp32" else a
     out["input/idx"] = 8 * N
     out["input/targets"] = 8 * N
+    out.update(autocast_weight_copies(cfg, setup))
+    return out
+
+
+def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+    """16-bit copies of fp32 weights that torch.autocast makes and autograd saves (mode amp).
+
+    Under autocast a Linear casts its fp32 weight to the autocast dtype (2 bytes per element;
+    autocast caches one copy per parameter per autocast region) and the matmul saves that copy
+    for the input's gradient. Biases are cast too but not saved; embeddings and norms are not
+    autocast. Every weight matrix is saved once: q/k/v, the attention output, the MLP matrices
+    and the lm_head (its tied or own V x E weight). Measured on CPU (reference_model/memory.py
+    finds them as `_to_copy` outputs of parameter storages). With full recomputation the blocks'
+    copies are made inside the checkpoint and not kept; only the lm_head's is saved. Modes fp32
+    and bf16 run no autocast; mixed runs it on 16-bit weights, which are not copied: 0.
+    Tensor parallel shards each matrix (lm_head vocabulary-parallel, ceil(V/tp) rows).
+    """
+    if setup.mode != "amp":
+        return {}
+    t, E, Dff, Dq = setup.tp, cfg.n_embd, cfg.hidden_size, cfg.q_width
+    w, L = 2, 0 if setup.recompute == "full" else cfg.n_layer
+    out = {
+        "weight_copy/attention/qkv": w * L * E * (Dq + 2 * cfg.kv_width) // t,
+        "weight_copy/attention/out": w * L * Dq * E // t,
+        "weight_copy/mlp/fc": w * L * E * Dff // t,
+        "weight_copy/mlp/gate": w * L * E * Dff // t if cfg.mlp == "swiglu" else 0,
+        "weight_copy/mlp/proj": w * L * Dff * E // t,
+        "weight_copy/lm_head": w * _ceil(cfg.vocab_size, t) * E,
+    }
     return out
 
 
@@ -828,6 +884,7 @@ class MemoryReport:
     gradients: int
     optimizer: int
     activations: int
+    weight_copies: int  # autocast's 16-bit copies of fp32 weights saved for backward (amp)
     activations_paper: int
     logits: int
     kv_cache: int
@@ -838,7 +895,9 @@ class MemoryReport:
 def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                   context: int | None = None) -> MemoryReport:
     """weights / gradients / optimizer on the most loaded device, activations both ways, logits,
-    the KV cache of an inference run at `context` (default seq_len) and the step peak."""
+    the KV cache of an inference run at `context` (default seq_len) and the step peak.
+    `activations` excludes the batch's own index tensors (`input/...`) and autocast's weight
+    copies, which are `weight_copies` (breakdown["weight_copies"], mode amp only)."""
     validate_setup(cfg, workload, setup)
     stages = [state_bytes(cfg, setup, s) for s in ("first", "last")]
     st = max(stages, key=lambda x: x.total)
@@ -850,13 +909,16 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         raise ConfigError("context", f"context must be positive, got {ctx}")
     kv = kv_cache_bytes(cfg, workload.batch_size // setup.dp, ctx, setup.act_bytes,
                         setup.tp, setup.pp)
+    copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
+    acts = {k: v for k, v in acts.items() if k not in copies}
     return MemoryReport(
         weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
         activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
+        weight_copies=sum(copies.values()),
         activations_paper=sum(paper.values()), logits=sum(lg.values()), kv_cache=kv,
         peak=step_peak(cfg, workload, setup),
-        breakdown={"state": st.breakdown, "activations": acts, "activations_paper": paper,
-                   "logits": lg},
+        breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
+                   "activations_paper": paper, "logits": lg},
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from gptcalc import GPTConfig, Workload
@@ -94,7 +95,8 @@ def autocast_context(setup: TrainingSetup, device: str):
 
 
 def model_dtype(setup: TrainingSetup) -> torch.dtype:
-    """Weights' dtype: fp32 for fp32 and amp, 16-bit for mixed (its 16-bit copy) and bf16."""
+    """Weights' dtype: fp32 for fp32 and amp, 16-bit for mixed (the working copy of the fp32
+    masters that `MasterWeights` keeps) and bf16."""
     if setup.mode in ("fp32", "amp"):
         return torch.float32
     return torch.bfloat16 if setup.mode == "bf16" else DTYPES[setup.autocast_dtype]
@@ -124,6 +126,30 @@ def _saving_nodes(root) -> dict[int, set[str]]:
     return out
 
 
+class _WeightCasts(TorchDispatchMode):
+    """Records the storages of dtype casts (aten._to_copy) made from parameter storages.
+
+    Under torch.autocast a Linear's weight reaches the matmul as a 16-bit copy (autocast caches
+    one per parameter per autocast region); autograd then saves that copy, or a transposed view
+    of it, for the input gradient. The saved tensor's own grad_fn is then a view
+    node (TBackward0), so this is found below autograd: any `_to_copy` whose input shares a
+    parameter's storage. The outputs are held here, so their addresses cannot be reused while
+    the meter runs.
+    """
+
+    def __init__(self, params: set[int]) -> None:
+        super().__init__()
+        self.params, self.copies, self._keep = params, set(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
+                and args[0].untyped_storage().data_ptr() in self.params):
+            self.copies.add(out.untyped_storage().data_ptr())
+            self._keep.append(out)
+        return out
+
+
 def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
                   setup: TrainingSetup | None = None) -> SavedReport:
     """Every storage saved for backward by one training forward (logits and loss included)."""
@@ -139,22 +165,21 @@ def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
             lambda m, a, n=name: module_stack.append(n)))
         handles.append(mod.register_forward_hook(lambda m, a, o: (module_stack.pop(), None)[1]))
 
+    casts = _WeightCasts({p.untyped_storage().data_ptr() for p in model.parameters()})
+
     def pack(t: torch.Tensor):
         st = t.untyped_storage()
         ptr = st.data_ptr()
         if ptr not in excluded and ptr not in seen and st.nbytes():
-            weight_copy = (t.grad_fn is not None and t.grad_fn.name() == "ToCopyBackward0"
-                           and any(type(fn).__name__ == "AccumulateGrad" or
-                                   (fn is not None and fn.name() == "torch::autograd::AccumulateGrad")
-                                   for fn, _ in t.grad_fn.next_functions))
             seen[ptr] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
                              shape=tuple(t.shape), module=module_stack[-1],
-                             category="autocast/weight_copy" if weight_copy else "activation")
+                             category="autocast/weight_copy" if ptr in casts.copies
+                             else "activation")
         return t
 
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with autocast_context(setup, device):
+            with autocast_context(setup, device), casts:
                 logits, loss = model(idx, targets)
     finally:
         for h in handles:
@@ -181,9 +206,15 @@ def build_for(cfg: GPTConfig, setup: TrainingSetup, device: str = "cpu") -> GPT:
     return apply_recompute(model, setup.recompute)
 
 
-def make_optimizer(model: GPT, setup: TrainingSetup) -> torch.optim.Optimizer:
-    """The optimizer of `setup` with PyTorch's defaults (foreach where available)."""
-    params = list(model.parameters())
+def make_optimizer(model: GPT, setup: TrainingSetup):
+    """The optimizer of `setup` with PyTorch's defaults (foreach where available); in mode mixed
+    wrapped in `MasterWeights` (fp32 master weights and states for the 16-bit model)."""
+    if setup.mode == "mixed":
+        return MasterWeights(model.parameters(), lambda ps: _torch_optimizer(ps, setup))
+    return _torch_optimizer(list(model.parameters()), setup)
+
+
+def _torch_optimizer(params, setup: TrainingSetup) -> torch.optim.Optimizer:
     if setup.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
     if setup.optimizer == "sgd-momentum":
@@ -191,7 +222,42 @@ def make_optimizer(model: GPT, setup: TrainingSetup) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=1e-3)
 
 
-def train_step(model: GPT, opt: torch.optim.Optimizer, idx, targets, setup: TrainingSetup
+class MasterWeights:
+    """Mode `mixed` as the ZeRO paper counts it (Rajbhandari et al. 2020, sec. 3.1; Micikevicius
+    et al. 2018): the model holds 16-bit weights and gets 16-bit gradients (it runs under
+    autocast, which casts nothing but the fp32 ops' inputs); the optimizer keeps an fp32 master
+    copy of every weight and its own fp32 states (AdamW: exp_avg, exp_avg_sq, a step counter per
+    tensor), i.e. 2 + 2 + (4 + 8) bytes per parameter, K = 12. `step()` upcasts the gradients
+    into the masters' `.grad` (freed after the step), steps the masters and copies them back
+    into the 16-bit weights. No loss scaling (a GradScaler would add two 4-byte scalars).
+    `state` maps each 16-bit parameter to {"master": ..., **the inner optimizer's state}.
+    """
+
+    def __init__(self, params, make) -> None:
+        self.params = list(params)
+        self.masters = [p.detach().float().requires_grad_(True) for p in self.params]
+        self.inner = make(self.masters)
+
+    @property
+    def state(self) -> dict:
+        return {p: {"master": m, **self.inner.state.get(m, {})}
+                for p, m in zip(self.params, self.masters)}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, m in zip(self.params, self.masters):
+            m.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for p, m in zip(self.params, self.masters):
+            p.copy_(m)
+            m.grad = None
+
+
+def train_step(model: GPT, opt, idx, targets, setup: TrainingSetup
                ) -> None:
     """zero_grad(set_to_none) -> forward (autocast per mode) -> backward -> step. The caller's
     references to logits and loss are dropped before the optimizer step."""
@@ -220,7 +286,7 @@ def measure_step_peak_cpu(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     idx, targets = make_batch(cfg, workload)
     train_step(model, opt, idx, targets, setup)  # warm-up: creates the optimizer states
     tracker = MemTracker()
-    tracker.track_external(model, opt)
+    tracker.track_external(model, getattr(opt, "inner", opt))  # MasterWeights: its fp32 side
     with tracker:
         train_step(model, opt, idx, targets, setup)
     snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
@@ -271,8 +337,8 @@ def saved_for(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     return measure_saved(model, idx, targets, setup)
 
 
-__all__ = ["PeakReport", "SavedReport", "SavedTensor", "apply_recompute", "build_for",
-           "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
+__all__ = ["MasterWeights", "PeakReport", "SavedReport", "SavedTensor", "apply_recompute",
+           "build_for", "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
            "measure_step_peak_cuda", "saved_for", "train_step", "try_step_peak_cuda", "F"]
 
 

@@ -105,6 +105,8 @@ def test_breakdowns_sum(d):
     assert rep.logits == sum(b["logits"].values())
     assert rep.activations == sum(v for k, v in b["activations"].items()
                                   if not k.startswith("input/"))
+    assert rep.weight_copies == sum(b["weight_copies"].values())
+    assert (rep.weight_copies > 0) == (setup.mode == "amp")
     assert rep.peak.bytes == max(rep.peak.phases.values())
 
 
@@ -162,6 +164,24 @@ def test_cli_json_keys_and_fit():
         assert key in d
     assert d["weights"] == 2 * 124_439_808  # 16-bit weights of GPT-2 small (tied)
     assert d["fit"]["max_batch"] >= 1
+
+
+def test_cli_amp_reports_weight_copies_apart():
+    """GPT-2 small under amp: every weight matrix is saved once as a 2-byte autocast copy.
+    Matrices from GPT-2's shapes (E=768, 12 layers, V=50257, tied): 12 * (768*2304 + 768*768 +
+    2*768*3072) + 50257*768 = 123,532,032 elements (= 124,439,808 parameters less wpe 786,432,
+    biases 82,944 and LayerNorms 38,400)."""
+    r = subprocess.run([sys.executable, "-m", "gptcalc", "memory", "--preset", "gpt2",
+                        "--mode", "amp", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, check=True)
+    d = json.loads(r.stdout)
+    assert d["weight_copies"] == 2 * 123_532_032
+    assert sum(d["breakdown"]["weight_copies"].values()) == d["weight_copies"]
+    assert not any(k.startswith("weight_copy/") for k in d["breakdown"]["activations"])
+    text = subprocess.run([sys.executable, "-m", "gptcalc", "memory", "--preset", "gpt2",
+                           "--mode", "amp"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    assert "weight copies" in text and "weight_copy/lm_head" in text
 
 
 def test_bad_setup_values():

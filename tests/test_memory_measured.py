@@ -50,8 +50,11 @@ def test_saved_activation_bytes_exact_cpu(d):
         saved_activations(cfg, wl, setup).values())
 
 
-@pytest.mark.parametrize("mode, optimizer", [("fp32", "adamw"), ("bf16", "adamw"),
-                                             ("fp32", "sgd-momentum"), ("bf16", "sgd")])
+@pytest.mark.parametrize("mode, optimizer", [
+    ("fp32", "adamw"), ("bf16", "adamw"), ("fp32", "sgd-momentum"), ("bf16", "sgd"),
+    ("amp", "adamw"), ("amp", "sgd-momentum"),
+    # mixed: 16-bit weights and gradients, fp32 masters and states in MasterWeights
+    ("mixed", "adamw"), ("mixed", "sgd-momentum"), ("mixed", "sgd")])
 def test_state_bytes_exact(mode, optimizer):
     cfg = from_name("debug", arch="tutorial", n_layer=2, n_head=2, n_embd=16, block_size=8,
                     vocab_size=32)

@@ -60,7 +60,8 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
 
     out = {**model_json(cfg, wl), "setup": dataclasses.asdict(setup),
            "weights": rep.weights, "gradients": rep.gradients, "optimizer": rep.optimizer,
-           "activations": rep.activations, "activations_paper": rep.activations_paper,
+           "activations": rep.activations, "weight_copies": rep.weight_copies,
+           "activations_paper": rep.activations_paper,
            "logits": rep.logits, "kv_cache": rep.kv_cache, "peak": rep.peak.bytes,
            "peak_phase": rep.peak.phase, "peak_phases": rep.peak.phases,
            "breakdown": rep.breakdown}
@@ -75,6 +76,7 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
     rows = [[k, f"{v:,}", binary_bytes(v)] for k, v in [
         ("weights", rep.weights), ("gradients", rep.gradients), ("optimizer", rep.optimizer),
         ("activations (saved, this implementation)", rep.activations),
+        ("autocast 16-bit weight copies (saved)", rep.weight_copies),
         ("activations (Korthikanti et al. 2022)", rep.activations_paper),
         ("logits + cross-entropy log-probs", rep.logits),
         (f"KV cache (inference)", rep.kv_cache)]]
@@ -85,6 +87,11 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
     acts = [[k, f"{v:,}", binary_bytes(v)] for k, v in rep.breakdown["activations"].items() if v]
     print_table("Saved activations, one line per saved tensor kind", ["tensor", "bytes", "binary"],
                 acts)
+    copies = [[k, f"{v:,}", binary_bytes(v)] for k, v in rep.breakdown["weight_copies"].items()
+              if v]
+    if copies:
+        print_table("Autocast's 16-bit weight copies, saved for backward",
+                    ["weights", "bytes", "binary"], copies)
     paper = [[k, f"{v:,}", binary_bytes(v)]
              for k, v in rep.breakdown["activations_paper"].items()]
     print_table("Korthikanti et al. 2022 (16-bit activations, 1-byte masks)",
