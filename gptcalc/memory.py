@@ -592,6 +592,7 @@ class _Walk:
         self.lines = dict(lines)
         self.total = sum(lines.values())
         self.peak, self.at, self.peak_lines = self.total, "backward start", dict(lines)
+        self.log: list[tuple[str, int]] = [("backward start", self.total)]  # after each alloc
 
     def alloc(self, where: str, **nbytes: int) -> None:
         for k, v in nbytes.items():
@@ -599,6 +600,7 @@ class _Walk:
             self.total += v
             if self.total > self.peak:
                 self.peak, self.at, self.peak_lines = self.total, where, dict(self.lines)
+        self.log.append((where, self.total))
 
     def free(self, **nbytes: int) -> None:
         for k, v in nbytes.items():
@@ -647,9 +649,14 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     w.alloc("lm_head", grad_flow=N * E * a, gradients=g * (V * E + (V if cfg.lm_head_bias else 0)))
     w.free(grad_flow=N * V * a, saved=N * E * a)
 
-    def norm(where: str, residual: bool) -> None:
+    par = cfg.parallel_residual
+
+    def norm(where: str, residual: bool, shared: bool = False) -> None:
         """Backward of a norm whose incoming gradient (N*E) is in grad_flow; leaves its input's
-        gradient there, summed with the residual stream's gradient when `residual`."""
+        gradient there, summed with the residual stream's gradient when `residual`. `shared`:
+        GPT-NeoX's parallel ln_2, whose input is ln_1's (saved once, freed there) and whose
+        residual gradient is also the attention branch's incoming one (kept alive for it)."""
+        keep = N * E * a if shared else 0
         if cfg.norm == "rmsnorm":
             ne = N * E * a
             # x * rsqrt(mean(x^2) + eps) * w, written out: grad * w and grad * x_hat (summed to
@@ -662,20 +669,23 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
             w.free(grad_flow=2 * ne)
             if residual:
                 w.alloc(where, grad_flow=ne)
-                w.free(grad_flow=2 * ne)
+                w.free(grad_flow=2 * ne - keep)
             w.alloc(where, grad_flow=3 * N * a)  # rsqrt and mean backward, per row
             w.free(grad_flow=3 * N * a, saved=N * a)  # ... and rsqrt's saved result
             w.alloc(where, grad_flow=ne)  # mean's expand / E
             w.free(grad_flow=N * a)
             w.alloc(where, grad_flow=3 * ne)  # pow's backward: x^1, * 2, * grad
-            w.alloc(where, grad_flow=ne)  # summed into x's gradient
-            w.free(grad_flow=5 * ne, saved=ne)  # ... and x
+            # the node returns: its two temporaries, its incoming gradient and its saved x go;
+            # then its result is summed into x's gradient (out of place) and both summands go
+            w.free(grad_flow=3 * ne, saved=ne - keep)
+            w.alloc(where, grad_flow=ne)
+            w.free(grad_flow=2 * ne)
             return
         w.alloc(where, grad_flow=N * E * a, gradients=g * E * _norm_tensors(cfg))
-        w.free(grad_flow=N * E * a, saved=N * E * a + 2 * N * stats)
+        w.free(grad_flow=N * E * a, saved=N * E * a - keep + 2 * N * stats)
         if residual:
             w.alloc(where, grad_flow=N * E * a)
-            w.free(grad_flow=2 * N * E * a)
+            w.free(grad_flow=2 * N * E * a - keep)
 
     if cfg.final_norm:
         norm("final norm", False)
@@ -715,16 +725,22 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
                    - (hid if cfg.mlp != "relu" else 0))
             w.alloc(f"{where} mlp fc", grad_flow=N * E * a, gradients=g * E * Dff + fb)
             w.free(grad_flow=hid, saved=N * E * a)
-        norm(f"{where} ln_2", True)
+        norm(f"{where} ln_2", True, shared=par)
         # --- attention
         if drop:
             w.alloc(f"{where} attn dropout", grad_flow=N * E * a)
-            w.free(saved=N * E)
+            w.free(saved=N * E, grad_flow=N * E * a if par else 0)
         w.alloc(f"{where} attn proj", grad_flow=N * Dq * a,
                 gradients=g * (Dq * E + (E if cfg.attn_out_bias else 0)))
-        w.free(grad_flow=N * E * a if drop else 0, saved=N * Dq * a)
         att = b * H * S * S
         flash = setup.attn_impl == "sdpa" and not drop and setup.recompute == "none"
+        # SDPA's fused kernel saves its own output for backward: c_proj's input is that very
+        # tensor (unless partial rotary made c_proj's input a copy), freed only after the core
+        out_shared = flash and not acts["layer/attn/sdpa_out"]
+        # the dropout's gradient; in a parallel block also the block output's gradient, which
+        # the attention branch was the last to hold
+        w.free(grad_flow=N * E * a if (drop or par) else 0,
+               saved=0 if out_shared else N * Dq * a)
         if not flash and setup.recompute == "none":
             m = a if setup.attn_impl == "manual" else 4
             w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
