@@ -528,11 +528,12 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
 def buffer_bytes(cfg: GPTConfig, setup: TrainingSetup) -> int:
     """Non-parameter buffers of the reference model: each block's T x T `tril` mask, rotary
-    cos/sin tables (T x head_dim each, per block), the sinusoidal table (T x E), in the weights'
+    cos/sin tables (T x rotary_dims each, per block), the sinusoidal table (T x E), in the weights'
     dtype (the model is cast as a whole)."""
-    T, hd, L = cfg.block_size, cfg.head_size, cfg.n_layer // setup.pp
+    T, L = cfg.block_size, cfg.n_layer // setup.pp
     w = 2 if setup.mode in ("mixed", "bf16") else 4
-    per_block = T * T + (2 * T * hd if cfg.pos_embedding == "rotary" else 0)
+    # GPT-NeoX's partial rotary keeps tables only for the rotated rotary_dims of each head
+    per_block = T * T + (2 * T * cfg.rotary_dims if cfg.pos_embedding == "rotary" else 0)
     return w * (L * per_block + (T * cfg.n_embd if cfg.pos_embedding == "sinusoidal" else 0))
 
 
@@ -760,11 +761,21 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
             w.alloc(f"{where} attn core", grad_flow=2 * N * Dq * m)  # q @ k^T
         elif flash:
             w.alloc(f"{where} attn core", grad_flow=3 * N * Dq * a)
-        # the q/k/v input path, ln_1 and the residual sum: to the block's exact end level
+        # the q/k/v input path (views, rotary, grouped-query sums, the projections' backward and
+        # the sum of their input gradients) is taken as one step, to the exact level before
+        # ln_1's backward: every block parameter gradient but ln_1's allocated, ln_1's saved
+        # tensors alive, its output's gradient and the residual stream's gradient in flight
+        ln_1_grads = g * E * _norm_tensors(cfg)
+        ln_1_saved = sum(_norm_lines(cfg, N, a, stats).values())
         end = start - layer_saved + layer_grads
-        w.lines.update(gradients=head_grads + (layer + 1) * layer_grads, grad_flow=N * E * a)
-        w.lines["saved"] = end - sum(v for k, v in w.lines.items() if k != "saved")
-        w.total = end
+        w.lines.update(gradients=head_grads + (layer + 1) * layer_grads - ln_1_grads,
+                       grad_flow=2 * N * E * a)
+        w.lines["saved"] = (end + ln_1_saved + N * E * a - ln_1_grads
+                            - sum(v for k, v in w.lines.items() if k != "saved"))
+        w.total = sum(w.lines.values())
+        w.log.append((f"{where} q/k/v input path (one step)", w.total))
+        norm(f"{where} ln_1", True)
+        assert w.total == end, (w.total, end)
     # --- embeddings: the stream's gradient goes to wpe's node first (created later), then wte's
     if drop and cfg.embd_dropout:
         w.alloc("embedding dropout", grad_flow=N * E * a)
