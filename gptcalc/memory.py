@@ -16,6 +16,8 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
+from fractions import Fraction
 from dataclasses import dataclass, field
 
 from .config import ConfigError, GPTConfig, Workload, validate_workload
@@ -650,6 +652,8 @@ class _Walk:
         self.total = sum(lines.values())
         self.peak, self.at, self.peak_lines = self.total, "backward start", dict(lines)
         self.log: list[tuple[str, int]] = [("backward start", self.total)]  # after each alloc
+        # every moment's lines, for re-weighting by `parallel_shares`
+        self.moments: list[tuple[str, dict[str, int]]] = [("backward start", dict(lines))]
 
     def alloc(self, where: str, **nbytes: int) -> None:
         for k, v in nbytes.items():
@@ -657,12 +661,45 @@ class _Walk:
             self.total += v
             if self.total > self.peak:
                 self.peak, self.at, self.peak_lines = self.total, where, dict(self.lines)
+            self.moments.append((where, dict(self.lines)))
         self.log.append((where, self.total))
 
     def free(self, **nbytes: int) -> None:
         for k, v in nbytes.items():
             self.lines[k] -= v
             self.total -= v
+
+    def peak_with(self, shares: dict[str, Fraction]) -> tuple[int, str, dict[str, int]]:
+        """The largest total once each category is weighted by its per-device share."""
+        best = (-1, "", {})
+        for where, lines in self.moments:
+            scaled = {k: int(v * shares.get(k, 1)) for k, v in lines.items()}
+            if sum(scaled.values()) > best[0]:
+                best = (sum(scaled.values()), where, scaled)
+        return best
+
+
+def parallel_shares(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                    ) -> dict[str, Fraction]:
+    """Shares of the single-device backward walk that one device holds under parallelism.
+
+    The reference model runs on one device, so a parallel step is not measured: this scales the
+    walk. Gradients: the device's shard of the parameter gradients (`state_bytes`: tp and pp
+    split the matrices and layers, ZeRO 2 and 3 keep 1/dp; gradients reduce-scattered as
+    they are produced). Activations, gradients flowing through them and logits: Korthikanti et
+    al.'s tp/sp division (the ratio of `activations_paper` with and without tp/sp; pp keeps L
+    layers' worth in flight on the first stage either way). dp needs nothing more: the walk
+    already runs on the micro-batch B/dp. Empty when nothing is parallel.
+    """
+    if (setup.tp, setup.pp, setup.dp, setup.zero, setup.sp) == (1, 1, 1, 0, False):
+        return {}
+    alone = dataclasses.replace(setup, tp=1, pp=1, dp=1, zero=0, sp=False)
+    grads = Fraction(state_bytes(cfg, setup, "first").gradients,
+                     max(1, state_bytes(cfg, alone, "first").gradients))
+    one_device = dataclasses.replace(setup, tp=1, sp=False)
+    acts = Fraction(sum(activations_paper(cfg, workload, setup).values()),
+                    max(1, sum(activations_paper(cfg, workload, one_device).values())))
+    return {"gradients": grads, "saved": acts, "grad_flow": acts, "logits": acts}
 
 
 def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
@@ -830,6 +867,7 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
                             - sum(v for k, v in w.lines.items() if k != "saved"))
         w.total = sum(w.lines.values())
         w.log.append((f"{where} q/k/v input path (one step)", w.total))
+        w.moments.append((f"{where} q/k/v input path (one step)", dict(w.lines)))
         norm(f"{where} ln_1", True)
         assert w.total == end, (w.total, end)
     # --- embeddings: the stream's gradient goes to wpe's node first (created later), then wte's
@@ -907,10 +945,15 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     each block's q/k/v projection path is one step (its in-flight gradients can exceed the levels
     around it when S, H or b is small), and the forward is not a phase (SDPA's math path can peak
     there); recompute, autocast modes, CUDA and tp / pp / dp remain estimates.
+    Parallel layouts (tp, pp, dp, ZeRO) are not run by the reference model: their peak is the
+    single-device walk with each category weighted by `parallel_shares`, an estimate.
     """
     first = state_bytes(cfg, setup, "first")
     walk = backward_walk(cfg, workload, setup)
-    backward = walk.peak
+    backward, at, walk_lines = walk.peak, walk.at, walk.peak_lines
+    shares = parallel_shares(cfg, workload, setup)
+    if shares:  # an estimate: the single-device walk re-weighted per device (not measured)
+        backward, at, walk_lines = walk.peak_with(shares)
     wb = 4 if setup.mode in ("fp32", "amp") else 2
     if setup.optimizer != "adamw":
         temps = 0
@@ -925,11 +968,14 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     optimizer = sum(opt_lines.values())
     phases = {"backward": backward, "optimizer": optimizer}
     phase = max(phases, key=phases.get)
-    why = (f"backward at the {walk.at}: saved activations, logits and gradients in flight "
+    why = (f"backward at the {at}: saved activations, logits and gradients in flight "
            "outweigh the gradients and update temporaries"
            if phase == "backward" else
            "gradients plus the optimizer's temporaries outweigh the activations (small batch)")
-    lines = walk.peak_lines if phase == "backward" else opt_lines
+    if shares:
+        why += ("; parallel layout: an estimate from the single-device walk, gradients, "
+                "activations and logits scaled to this device's share (parallel_shares)")
+    lines = walk_lines if phase == "backward" else opt_lines
     return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases, lines=lines)
 
 

@@ -30,6 +30,8 @@ class GptcalcGroup(click.Group):
             _fail(e.format_message())
         except click.exceptions.Abort:
             _fail("aborted", code=1)
+        except Exception as e:  # noqa: BLE001 - a bug must not print a traceback as an answer
+            _fail(f"internal error ({type(e).__name__}: {e}); please report it", code=1)
         code = rv if isinstance(rv, int) else 0
         if not standalone_mode:
             return code
