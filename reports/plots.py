@@ -24,6 +24,7 @@ from matplotlib.ticker import (EngFormatter, FuncFormatter, LogLocator,  # noqa:
 
 from gptcalc.config import GPTConfig  # noqa: E402
 from gptcalc.flops import forward_flops  # noqa: E402
+from gptcalc.memory import kv_cache_bytes  # noqa: E402
 from gptcalc.params import count_params  # noqa: E402
 from gptcalc.presets import PRESETS, from_name  # noqa: E402
 from gptcalc.units import binary_bytes, si  # noqa: E402
@@ -261,14 +262,6 @@ def plot_flops_vs_seq_len(out_dir: Path, cfg: GPTConfig, name: str | None = None
 KV_PRESETS = ("gpt2", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama3-8b")
 
 
-def kv_cache_bytes(cfg: GPTConfig, context: int, batch_size: int = 1,
-                   bytes_per_element: int = 2) -> int:
-    """gptcalc.memory.kv_cache_bytes: 2 (K, V) * L * B * context * n_kv_head * head_dim * bytes."""
-    from gptcalc.memory import kv_cache_bytes as kv
-
-    return kv(cfg, batch_size, context, bytes_per_element)
-
-
 def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
                   presets: Iterable[str] = KV_PRESETS) -> Plot:
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -277,7 +270,8 @@ def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
         ctx = _geom(1, c.block_size, 50)
         style = dict(color="red", lw=2.5) if i == len(items) - 1 else dict(lw=1.5)
         label = f"{n} (L={c.n_layer}, kv width {c.kv_width:,}, up to T={c.block_size:,})"
-        ax.plot(ctx, [kv_cache_bytes(c, t) for t in ctx], label=label, **style)
+        # one sequence, bf16 keys and values
+        ax.plot(ctx, [kv_cache_bytes(c, 1, t, 2) for t in ctx], label=label, **style)
     ax.set(xscale="log", yscale="log", xlabel="context length (tokens)",
            ylabel="KV cache per sequence (bf16 bytes)",
            title="KV cache vs context: 2 · L · context · n_kv_head · head_dim · 2 bytes")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gptcalc import Workload, count_params, from_name
+from gptcalc.memory import kv_cache_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -102,7 +103,7 @@ def test_crossover_of_the_tutorial_model(plots):
 def test_kv_cache_llama2_7b(plots):
     # NVIDIA, "Mastering LLM Techniques: Inference Optimization" (2023): Llama 2 7B, 16-bit,
     # batch 1, 4096 tokens: 1 * 4096 * 2 * 32 * 4096 * 2 bytes, about 2 GB
-    assert plots.kv_cache_bytes(from_name("llama2-7b"), 4096) == 4096 * 2 * 32 * 4096 * 2
+    assert kv_cache_bytes(from_name("llama2-7b"), 1, 4096, 2) == 4096 * 2 * 32 * 4096 * 2
 
 
 def test_memory_categories_match_the_reference_model(plots):
