@@ -246,3 +246,34 @@ def test_parse_config_accepts_auto_and_null():
     for doc in ({"model": {"n_kv_head": "auto"}}, {"n_kv_head": None}):
         assert parse_config(doc).model == {"n_kv_head": None}
     assert dataclasses.asdict(gptcalc.load(n_kv_head="auto", preset="gpt2")[0])["n_kv_head"] is None
+
+
+# --- the memory command's training and parallel settings live in [training] and [parallel] ---
+
+MEMORY_SETTINGS = ("--mode", "mixed", "--optimizer", "sgd-momentum", "--recompute", "selective",
+                   "--attn", "sdpa", "--zero", "2", "--dp", "2", "--tp", "2", "--sp")
+
+
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+def test_memory_settings_round_trip_through_the_file(fmt, tmp_path):
+    saved = tmp_path / f"memory.{fmt}"
+    first = ok("memory", "--preset", "gpt2", "-B", "4", *MEMORY_SETTINGS, "--json",
+               "--save-config", str(saved))
+    assert json.loads(first)["setup"]["zero"] == 2
+    # nothing but the file: the same setup, the same bytes
+    assert ok("memory", "--config", str(saved), "--json") == first
+    # an explicit option still wins over the file
+    assert json.loads(ok("memory", "--config", str(saved), "--zero", "0", "--json")
+                      )["setup"]["zero"] == 0
+
+
+@pytest.mark.parametrize("table,line,word", [
+    ("training", 'mode = "fp64"', "[training] mode"),
+    ("training", 'modee = "fp32"', "unknown keys modee"),
+    ("parallel", "zero = 7", "[parallel] ZeRO stage"),
+])
+def test_bad_memory_settings_in_a_file_name_the_file(table, line, word, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(f"[{table}]\n{line}\n")
+    err = fails("memory", "--config", str(path))
+    assert "--config" in err and word in err

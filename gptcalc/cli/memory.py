@@ -8,38 +8,40 @@ from ..config import ConfigError, GPTConfig, Workload
 from ..memory import (ATTN_IMPLS, AUTOCAST_DTYPES, MODES, OPTIMIZERS, RECOMPUTE, MemoryReport,
                       TrainingSetup, max_batch, max_context, memory_report)
 from ..units import binary_bytes, parse_bytes
-from .options import describe, model_options
+from .options import describe, model_options, section_settings
 from .render import emit_json, model_json, print_line, print_table
 
 
 @click.command("memory")
 @model_options
-@click.option("--mode", type=click.Choice(MODES), default="fp32", show_default=True,
-              help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (ZeRO's 2+2+12), "
-                   "bf16 (pure).")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
-@click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default="bf16",
-              show_default=True, help="16-bit dtype of amp and mixed.")
-@click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True)
-@click.option("--attn", type=click.Choice(ATTN_IMPLS), default="manual", show_default=True)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Kernels differ in what they save (LayerNorm stats dtype, AdamW path).")
-@click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3.")
-@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel replicas.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
-@click.option("--sp", is_flag=True, help="Sequence parallel (with tp).")
+@click.option("--mode", type=click.Choice(MODES), default=None,
+              help="Precision: fp32 (default), amp (fp32 states, 16-bit autocast), mixed (ZeRO's "
+                   "2+2+12), bf16 (pure).")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
+              help="adamw (default), sgd, sgd-momentum.")
+@click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default=None,
+              help="16-bit dtype of amp and mixed (default bf16).")
+@click.option("--recompute", type=click.Choice(RECOMPUTE), default=None, help="Default none.")
+@click.option("--attn", type=click.Choice(ATTN_IMPLS), default=None, help="Default manual.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Kernels differ in what they save (LayerNorm stats dtype, AdamW path); "
+                   "default cpu, where the formulas are measured exactly.")
+@click.option("--zero", type=int, default=None, help="ZeRO stage 0-3 (default 0).")
+@click.option("--dp", type=int, default=None, help="Data-parallel replicas (default 1).")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (default 1).")
+@click.option("--pp", type=int, default=None, help="Pipeline stages (default 1).")
+@click.option("--sp/--no-sp", default=None, help="Sequence parallel (with tp).")
 @click.option("--gpu-memory", default=None, metavar="SIZE",
               help="Budget per device, e.g. 80GiB: prints the largest batch and context that fit.")
 @click.option("--context", type=int, default=None, help="KV-cache context (default seq-len).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes).")
-def command(model: tuple[GPTConfig, Workload], mode, optimizer, autocast_dtype, recompute, attn,
-            device, zero, dp, tp, pp, sp, gpu_memory, context, as_json) -> None:
-    """Memory per device of one training step, exact where PyTorch is measured (DESIGN.md)."""
+def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **given) -> None:
+    """Memory per device of one training step, exact where PyTorch is measured (DESIGN.md).
+
+    Settings not given as options come from the --config file's [training] and [parallel]
+    tables, and --save-config writes them there."""
     cfg, wl = model
-    setup = TrainingSetup(mode=mode, optimizer=optimizer, autocast_dtype=autocast_dtype,
-                          recompute=recompute, attn_impl=attn, device=device, dp=dp, zero=zero,
-                          tp=tp, pp=pp, sp=sp)
+    setup = _setup(given)
     rep = memory_report(cfg, wl, setup, context)
     fit = None
     if gpu_memory is not None:
@@ -48,11 +50,29 @@ def command(model: tuple[GPTConfig, Workload], mode, optimizer, autocast_dtype, 
         except ValueError as e:
             raise ConfigError("gpu_memory", str(e)) from None
         fit = {"budget": budget, "max_batch": max_batch(cfg, wl.seq_len, setup, budget),
-               "max_context": max_context(cfg, wl.batch_size // dp, setup, budget)}
+               "max_context": max_context(cfg, wl.batch_size // setup.dp, setup, budget)}
     if as_json:
         emit_json(_json(cfg, wl, setup, rep, fit))
         return
     _render(cfg, wl, setup, rep, fit)
+
+
+TRAINING_DEFAULTS = {"mode": "fp32", "optimizer": "adamw", "autocast_dtype": "bf16",
+                     "recompute": "none", "attn": "manual", "device": "cpu"}
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False}
+
+
+def _setup(given: dict) -> TrainingSetup:
+    training, filed = section_settings("training", given, TRAINING_DEFAULTS)
+    parallel, filed_p = section_settings("parallel", given, PARALLEL_DEFAULTS)
+    try:
+        return TrainingSetup(attn_impl=training.pop("attn"), **training, **parallel)
+    except ConfigError as e:
+        key = "attn" if e.field == "attn_impl" else e.field
+        if key in filed | filed_p:  # the bad value came from the file, not an option
+            table = "training" if key in filed else "parallel"
+            raise ConfigError("config", f"[{table}] {e.message}") from None
+        raise
 
 
 def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:

@@ -125,15 +125,6 @@ def resolve_setup(preset: str | None = None, arch: str | None = None,
                              batch_size=batch_size, seq_len=seq_len, overrides=overrides)
 
 
-def resolve(preset: str | None = None, arch: str | None = None, batch_size: int | None = None,
-            seq_len: int | None = None, sets: tuple[str, ...] = (), **sizes: Any
-            ) -> tuple[GPTConfig, Workload]:
-    """(cfg, workload) of the options; see `resolve_setup`."""
-    s = resolve_setup(preset=preset, arch=arch, batch_size=batch_size, seq_len=seq_len,
-                      sets=sets, **sizes)
-    return s.config, s.workload
-
-
 def config_section(name: str) -> dict[str, Any]:
     """A section of the running command's --config file (e.g. "training"), or {} if none.
 
@@ -151,6 +142,28 @@ def record_section(name: str, values: dict[str, Any]) -> None:
         ctx.meta.setdefault(_SECTIONS_KEY, {})[name] = dict(values)
 
 
+def section_settings(section: str, given: dict[str, Any], defaults: dict[str, Any]
+                     ) -> tuple[dict[str, Any], set[str]]:
+    """A command's settings from its options, else the --config file's [section], else the
+    defaults; recorded so --save-config writes them. Returns the settings and the keys that came
+    from the file (so an invalid one is reported against --config, not an option)."""
+    from_file = config_section(section)
+    unknown = sorted(set(from_file) - set(defaults))
+    if unknown:
+        raise ConfigError("config", f"[{section}] has unknown keys {', '.join(unknown)}; "
+                                    f"known: {', '.join(defaults)}")
+    out, filed = {}, set()
+    for key, default in defaults.items():
+        if given.get(key) is not None:
+            out[key] = given[key]
+        elif key in from_file:
+            out[key], _ = from_file[key], filed.add(key)
+        else:
+            out[key] = default
+    record_section(section, out)
+    return out, filed
+
+
 def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
     """One line naming the model's sizes and, when given, the workload."""
     parts = [f"L={cfg.n_layer}", f"H={cfg.n_head}", f"E={cfg.n_embd}", f"T={cfg.block_size}",
@@ -163,4 +176,4 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
 
 
 __all__ = ["PRESETS", "config_section", "describe", "model_options", "option_for",
-           "record_section", "resolve", "resolve_setup"]
+           "record_section", "resolve_setup", "section_settings"]
