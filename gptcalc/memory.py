@@ -1010,7 +1010,18 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     under-predicted and within `step_peak_tolerance` (worst 0.73 of it). What is not modelled:
     each block's q/k/v projection path is one step (its in-flight gradients can exceed the levels
     around it when S, H or b is small), and the forward is not a phase (SDPA's math path can peak
-    there); recompute, autocast modes, CUDA and tp / pp / dp remain estimates.
+    there); recompute, CUDA and tp / pp / dp remain estimates.
+    Autocast modes (CPU): amp walks each Linear's 16-bit gradients cast back to fp32 (input,
+    weight, bias) and its 16-bit weight copy freed with its node, on an fp32 residual stream;
+    mixed walks like bf16 with the cross entropy in fp32, and its step adds MasterWeights' fp32
+    master gradients (4 bytes/param) and fp32 update temporaries. Measured: the four families x
+    amp / mixed x manual / SDPA x dropout on / off, 96 of 96 exact; over the hypothesis strategy
+    (300 draws each, AdamW / SGD / SGD-momentum, bf16 / fp16) amp 261 exact, worst -444 bytes
+    (-3.8%), 2 draws over `step_peak_tolerance` (worst +448 bytes = 1.23 of it, SwiGLU with
+    b = 1: the node order of up / gate's casts is not walked exactly); mixed 296 exact, worst
+    -556 bytes (-3.0%, SDPA's math-path forward), within the tolerance (0.24 of it). With a
+    small V the autocast forward's end (fp32 logits copy, fp32 stream) can top the backward:
+    not modelled (gpt2 L=3, B=6, S=11, V=32 amp: -144 and, with dropout, -1,728 bytes).
     Parallel layouts (tp, pp, dp, ZeRO) are not run by the reference model: their peak is the
     single-device walk with each category weighted by `parallel_shares`, an estimate.
     """
