@@ -92,7 +92,8 @@ def test_step_peak_cpu(B, arch, mode, attn, dropout, phase, measured_when_writte
 # Autocast modes (gpt2, L=2, E=32, S=16, V=97): amp walks 16-bit Linear gradients cast back to
 # fp32 and each Linear's weight copy freed with its node; mixed adds MasterWeights' fp32 master
 # gradients in the step. Exact also over families x amp/mixed x manual/SDPA x dropout 0/0.1 x
-# (B, S, L) in (2, 16, 1), (8, 5, 2), (3, 16, 3), V=32, E=32: 96 of 96. Before this walk (predicted - measured): amp B=2 +20,094, B=8 -24,834;
+# (B, S, L) in (2, 16, 1), (8, 5, 2), (3, 16, 3), V=32, E=32: 96 of 96. Before this walk
+# (predicted - measured): amp B=2 +20,094, B=8 -24,834;
 # mixed B=2 -95,162, B=8 +91,518 against a tracker that did not see the fp32 masters then
 # (-95,546 and -24,834 against the tracker as it is now).
 @pytest.mark.parametrize("B, mode, phase, measured_when_written", [
