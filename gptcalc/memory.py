@@ -732,16 +732,63 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     lp = acts["cross_entropy/log_probs"] // (N * V)
     stats = acts.get("final/ln_f/mean", acts.get("layer/ln_1/mean", 0) // L) // N if (
         cfg.norm != "rmsnorm") else 0
+    # amp: fp32 weights under autocast. The residual stream, norms and embeddings are fp32 (r
+    # bytes); each Linear gets a 16-bit copy of its weight (saved, freed with the Linear's node)
+    # and of its input when that is fp32; its backward makes 16-bit gradients, which the casts'
+    # backward (ToCopyBackward) turns into fp32: the input's gradient, then the weight's and
+    # the bias's (AccumulateGrad keeps those), each freeing its 16-bit source.
+    amp = setup.mode == "amp"
+    r = 4 if setup.mode in ("fp32", "amp") else a
+    copies = autocast_weight_copies(cfg, setup)
+    layer_saved += sum(v for k, v in copies.items() if not k.endswith("lm_head")) // L
+    lossb = lp  # the loss is the cross entropy's dtype (fp32 under autocast)
+
+    def lin_grads(n: int) -> dict[str, int]:
+        """A Linear's weight and bias gradients as its backward makes them."""
+        return {"grad_flow": a * n} if amp else {"gradients": g * n}
+
+    def lin_casts(where: str, *ns: int) -> None:
+        """amp: the 16-bit weight / bias gradients cast to fp32 and accumulated, in turn."""
+        if amp:
+            for n in ns:
+                if n:
+                    w.alloc(where, gradients=g * n)
+                    w.free(grad_flow=a * n)
+
+    def lin(where: str, in_grad: int, n: int) -> None:
+        """A Linear's backward: its input's gradient (bytes), weight and bias gradients (n)."""
+        if amp:
+            w.alloc(where, grad_flow=in_grad + a * n)
+        else:
+            w.alloc(where, grad_flow=in_grad, gradients=g * n)
+
+    def cp(name: str) -> int:
+        """amp: one block's 16-bit copy of a weight, saved by its Linear."""
+        return copies.get(f"weight_copy/{name}", 0) // L
+
+    def input_cast(where: str, n: int) -> None:
+        """amp: a Linear's input gradient (n elements) cast back to the fp32 stream's dtype."""
+        if r != a:
+            w.alloc(where, grad_flow=n * r)
+            w.free(grad_flow=n * a)
+
     w = _Walk({"weights": first.weights, "optimizer": first.optimizer,
                "buffers": buffer_bytes(cfg, setup),
                "saved": sum(v for k, v in acts.items() if k != "input/idx"),
-               "logits": N * V * a, "loss": 2 * a, "gradients": 0, "grad_flow": 0})
-    w.free(loss=a)  # the seed gradient, moved into the engine and dropped
+               "logits": N * V * a, "loss": 2 * lossb, "gradients": 0, "grad_flow": 0})
+    w.free(loss=lossb)  # the seed gradient, moved into the engine and dropped
     w.alloc("cross entropy", grad_flow=N * V * lp)
-    w.alloc("cross entropy", grad_flow=N * V * a)
+    w.alloc("cross entropy", grad_flow=N * V * lp)
     w.free(grad_flow=N * V * lp, saved=N * V * lp)  # total_weight stays with the graph
-    w.alloc("lm_head", grad_flow=N * E * a, gradients=g * (V * E + (V if cfg.lm_head_bias else 0)))
-    w.free(grad_flow=N * V * a, saved=N * E * a)
+    if lp != a:  # autocast ran the cross entropy on an fp32 copy of the logits
+        w.alloc("cross entropy", grad_flow=N * V * a)
+        w.free(grad_flow=N * V * lp)
+    head_w, head_b = V * E, (V if cfg.lm_head_bias else 0)
+    w.alloc("lm_head", **lin_grads(head_w + head_b))
+    w.alloc("lm_head", grad_flow=N * E * a)
+    w.free(grad_flow=N * V * a, saved=N * E * a + copies.get("weight_copy/lm_head", 0))
+    input_cast("lm_head", N * E)
+    lin_casts("lm_head", head_w, head_b)
 
     par = cfg.parallel_residual
 
@@ -750,24 +797,24 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         gradient there, summed with the residual stream's gradient when `residual`. `shared`:
         GPT-NeoX's parallel ln_2, whose input is ln_1's (saved once, freed there) and whose
         residual gradient is also the attention branch's incoming one (kept alive for it)."""
-        keep = N * E * a if shared else 0
+        keep = N * E * r if shared else 0
         if cfg.norm == "rmsnorm":
-            ne = N * E * a
+            ne = N * E * r
             # x * rsqrt(mean(x^2) + eps) * w, written out: grad * w and grad * x_hat (summed to
             # the weight's gradient); then grad_x_hat * r, grad_x_hat * x and its row sum
             w.alloc(where, grad_flow=2 * ne)
             w.alloc(where, gradients=g * E)
             w.free(grad_flow=2 * ne, saved=ne)  # grad * x_hat, the incoming gradient; x * r
             w.alloc(where, grad_flow=2 * ne)
-            w.alloc(where, grad_flow=N * a)
+            w.alloc(where, grad_flow=N * r)
             w.free(grad_flow=2 * ne)
             if residual:
                 w.alloc(where, grad_flow=ne)
                 w.free(grad_flow=2 * ne - keep)
-            w.alloc(where, grad_flow=3 * N * a)  # rsqrt and mean backward, per row
-            w.free(grad_flow=3 * N * a, saved=N * a)  # ... and rsqrt's saved result
+            w.alloc(where, grad_flow=3 * N * r)  # rsqrt and mean backward, per row
+            w.free(grad_flow=3 * N * r, saved=N * r)  # ... and rsqrt's saved result
             w.alloc(where, grad_flow=ne)  # mean's expand / E
-            w.free(grad_flow=N * a)
+            w.free(grad_flow=N * r)
             w.alloc(where, grad_flow=3 * ne)  # pow's backward: x^1, * 2, * grad
             # the node returns: its two temporaries, its incoming gradient and its saved x go;
             # then its result is summed into x's gradient (out of place) and both summands go
@@ -775,19 +822,19 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
             w.alloc(where, grad_flow=ne)
             w.free(grad_flow=2 * ne)
             return
-        w.alloc(where, grad_flow=N * E * a, gradients=g * E * _norm_tensors(cfg))
-        w.free(grad_flow=N * E * a, saved=N * E * a - keep + 2 * N * stats)
+        w.alloc(where, grad_flow=N * E * r, gradients=g * E * _norm_tensors(cfg))
+        w.free(grad_flow=N * E * r, saved=N * E * r - keep + 2 * N * stats)
         if residual:
-            w.alloc(where, grad_flow=N * E * a)
-            w.free(grad_flow=2 * N * E * a - keep)
+            w.alloc(where, grad_flow=N * E * r)
+            w.free(grad_flow=2 * N * E * r - keep)
 
     if cfg.final_norm:
         norm("final norm", False)
 
     def input_sum(where: str) -> None:
         """Two gradients of one tensor summed out of place, then both freed."""
-        w.alloc(where, grad_flow=N * E * a)
-        w.free(grad_flow=2 * N * E * a)
+        w.alloc(where, grad_flow=N * E * r)
+        w.free(grad_flow=2 * N * E * r)
 
     head_grads = w.lines["gradients"]
 
@@ -795,37 +842,55 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         where = "last block" if layer == 0 else ("first block" if layer == L - 1 else "block")
         start = w.total
         # --- MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it)
+        # amp: the fp32 stream's gradient is cast to the 16-bit branch (ToCopyBackward of the
+        # branch output's promotion), which the branch's first node then owns
+        cast = r != a
+        if cast:
+            w.alloc(f"{where} mlp output cast", grad_flow=N * E * a)
         if drop:
             w.alloc(f"{where} mlp dropout", grad_flow=N * E * a)
-            w.free(saved=N * E)
+            w.free(saved=N * E, grad_flow=N * E * a if cast else 0)
         hid = N * Dff * a
-        mb = g * (E if cfg.mlp_bias else 0)
-        w.alloc(f"{where} mlp proj", grad_flow=hid, gradients=g * Dff * E + mb)
-        w.free(grad_flow=N * E * a if drop else 0, saved=0 if cfg.mlp == "relu" else hid)
-        fb = g * (Dff if cfg.mlp_bias else 0)
+        nb_e, nb_f = (E, Dff) if cfg.mlp_bias else (0, 0)
+        lin(f"{where} mlp proj", hid, Dff * E + nb_e)
+        w.free(grad_flow=N * E * a if (drop or cast) else 0,
+               saved=(0 if cfg.mlp == "relu" else hid) + cp("mlp/proj"))
+        lin_casts(f"{where} mlp proj", Dff * E, nb_e)
         if cfg.mlp == "swiglu":
             w.alloc(f"{where} mlp swiglu", grad_flow=2 * hid)
             w.free(grad_flow=hid, saved=2 * hid)  # up output, silu output
-            w.alloc(f"{where} mlp up", grad_flow=N * E * a, gradients=g * E * Dff + fb)
-            w.free(grad_flow=hid)
+            lin(f"{where} mlp up", N * E * a, E * Dff + nb_f)
+            # amp: up and gate read their own 16-bit copies of ln_2's output
+            w.free(grad_flow=hid, saved=(N * E * a if amp else 0) + cp("mlp/fc"))
+            input_cast(f"{where} mlp up", N * E)
+            lin_casts(f"{where} mlp up", E * Dff, nb_f)
             w.alloc(f"{where} mlp silu", grad_flow=hid)
             w.free(grad_flow=hid, saved=hid)  # the gate's output
-            w.alloc(f"{where} mlp gate", grad_flow=N * E * a, gradients=g * E * Dff + fb)
-            w.free(grad_flow=hid, saved=N * E * a)
+            lin(f"{where} mlp gate", N * E * a, E * Dff + nb_f)
+            w.free(grad_flow=hid, saved=N * E * a + cp("mlp/gate"))
+            input_cast(f"{where} mlp gate", N * E)
+            lin_casts(f"{where} mlp gate", E * Dff, nb_f)
             input_sum(f"{where} mlp input sum")
         else:
             w.alloc(f"{where} mlp activation", grad_flow=hid)
             w.free(grad_flow=hid, saved=hid * (2 if cfg.mlp in ("gelu", "gelu_tanh") else 1)
                    - (hid if cfg.mlp != "relu" else 0))
-            w.alloc(f"{where} mlp fc", grad_flow=N * E * a, gradients=g * E * Dff + fb)
-            w.free(grad_flow=hid, saved=N * E * a)
+            lin(f"{where} mlp fc", N * E * a, E * Dff + nb_f)
+            w.free(grad_flow=hid, saved=N * E * a + cp("mlp/fc"))
+            input_cast(f"{where} mlp fc", N * E)
+            lin_casts(f"{where} mlp fc", E * Dff, nb_f)
         norm(f"{where} ln_2", True, shared=par)
-        # --- attention
+        # --- attention; in a parallel block the stream's gradient is freed by the branch's
+        # first node (the attention branch holds it last)
+        if cast:
+            w.alloc(f"{where} attn output cast", grad_flow=N * E * a)
+            w.free(grad_flow=N * E * r if par else 0)
+        owned = cast or par
         if drop:
             w.alloc(f"{where} attn dropout", grad_flow=N * E * a)
-            w.free(saved=N * E, grad_flow=N * E * a if par else 0)
-        w.alloc(f"{where} attn proj", grad_flow=N * Dq * a,
-                gradients=g * (Dq * E + (E if cfg.attn_out_bias else 0)))
+            w.free(saved=N * E, grad_flow=N * E * a if owned else 0)
+        ob = E if cfg.attn_out_bias else 0
+        lin(f"{where} attn proj", N * Dq * a, Dq * E + ob)
         att = b * H * S * S
         flash = setup.attn_impl == "sdpa" and not drop and setup.recompute == "none"
         # SDPA's fused kernel saves its own output for backward: c_proj's input is that very
@@ -833,8 +898,9 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         out_shared = flash and not acts["layer/attn/sdpa_out"]
         # the dropout's gradient; in a parallel block also the block output's gradient, which
         # the attention branch was the last to hold
-        w.free(grad_flow=N * E * a if (drop or par) else 0,
-               saved=0 if out_shared else N * Dq * a)
+        w.free(grad_flow=N * E * a if (drop or owned) else 0,
+               saved=(0 if out_shared else N * Dq * a) + cp("attention/out"))
+        lin_casts(f"{where} attn proj", Dq * E, ob)
         if not flash and setup.recompute == "none":
             m = a if setup.attn_impl == "manual" else 4
             w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
@@ -859,11 +925,11 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         # ln_1's backward: every block parameter gradient but ln_1's allocated, ln_1's saved
         # tensors alive, its output's gradient and the residual stream's gradient in flight
         ln_1_grads = g * E * _norm_tensors(cfg)
-        ln_1_saved = sum(_norm_lines(cfg, N, a, stats).values())
+        ln_1_saved = sum(_norm_lines(cfg, N, r, stats).values())
         end = start - layer_saved + layer_grads
         w.lines.update(gradients=head_grads + (layer + 1) * layer_grads - ln_1_grads,
-                       grad_flow=2 * N * E * a)
-        w.lines["saved"] = (end + ln_1_saved + N * E * a - ln_1_grads
+                       grad_flow=2 * N * E * r)
+        w.lines["saved"] = (end + ln_1_saved + N * E * r - ln_1_grads
                             - sum(v for k, v in w.lines.items() if k != "saved"))
         w.total = sum(w.lines.values())
         w.log.append((f"{where} q/k/v input path (one step)", w.total))
@@ -872,14 +938,14 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         assert w.total == end, (w.total, end)
     # --- embeddings: the stream's gradient goes to wpe's node first (created later), then wte's
     if drop and cfg.embd_dropout:
-        w.alloc("embedding dropout", grad_flow=N * E * a)
-        w.free(grad_flow=N * E * a, saved=N * E)
+        w.alloc("embedding dropout", grad_flow=N * E * r)
+        w.free(grad_flow=N * E * r, saved=N * E)
     if cfg.pos_embedding == "learned":
-        w.alloc("position embedding", grad_flow=S * E * a)  # summed over the batch
+        w.alloc("position embedding", grad_flow=S * E * r)  # summed over the batch
         w.alloc("position embedding", gradients=g * T * E)
-        w.free(grad_flow=S * E * a, saved=8 * S)
+        w.free(grad_flow=S * E * r, saved=8 * S)
     w.alloc("token embedding", gradients=g * V * E)
-    w.free(grad_flow=N * E * a)
+    w.free(grad_flow=N * E * r)
     if cfg.tie_embeddings:  # AccumulateGrad adds out of place into lm_head's gradient
         w.alloc("token embedding", gradients=g * V * E)
         w.free(gradients=2 * g * V * E)
@@ -944,7 +1010,18 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     under-predicted and within `step_peak_tolerance` (worst 0.73 of it). What is not modelled:
     each block's q/k/v projection path is one step (its in-flight gradients can exceed the levels
     around it when S, H or b is small), and the forward is not a phase (SDPA's math path can peak
-    there); recompute, autocast modes, CUDA and tp / pp / dp remain estimates.
+    there); recompute, CUDA and tp / pp / dp remain estimates.
+    Autocast modes (CPU): amp walks each Linear's 16-bit gradients cast back to fp32 (input,
+    weight, bias) and its 16-bit weight copy freed with its node, on an fp32 residual stream;
+    mixed walks like bf16 with the cross entropy in fp32, and its step adds MasterWeights' fp32
+    master gradients (4 bytes/param) and fp32 update temporaries. Measured: the four families x
+    amp / mixed x manual / SDPA x dropout on / off, 96 of 96 exact; over the hypothesis strategy
+    (300 draws each, AdamW / SGD / SGD-momentum, bf16 / fp16) amp 261 exact, worst -444 bytes
+    (-3.8%), 2 draws over `step_peak_tolerance` (worst +448 bytes = 1.23 of it, SwiGLU with
+    b = 1: the node order of up / gate's casts is not walked exactly); mixed 296 exact, worst
+    -556 bytes (-3.0%, SDPA's math-path forward), within the tolerance (0.24 of it). With a
+    small V the autocast forward's end (fp32 logits copy, fp32 stream) can top the backward:
+    not modelled (gpt2 L=3, B=6, S=11, V=32 amp: -144 and, with dropout, -1,728 bytes).
     Parallel layouts (tp, pp, dp, ZeRO) are not run by the reference model: their peak is the
     single-device walk with each category weighted by `parallel_shares`, an estimate.
     """
@@ -954,7 +1031,12 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     shares = parallel_shares(cfg, workload, setup)
     if shares:  # an estimate: the single-device walk re-weighted per device (not measured)
         backward, at, walk_lines = walk.peak_with(shares)
-    wb = 4 if setup.mode in ("fp32", "amp") else 2
+    # the update runs on fp32 tensors in fp32 and amp, and in mixed on MasterWeights' fp32
+    # masters, whose `.grad` is an fp32 copy of every 16-bit gradient for the whole step
+    wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
+    master_grads = 0
+    if setup.mode == "mixed":
+        master_grads = 4 * _ceil(first.params, setup.dp if setup.zero >= 2 else 1)
     if setup.optimizer != "adamw":
         temps = 0
     elif setup.device == "cuda":
@@ -964,7 +1046,8 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     targets = 8 * (workload.batch_size // setup.dp) * workload.seq_len
     opt_lines = {"weights": first.weights, "optimizer": first.optimizer,
                  "buffers": buffer_bytes(cfg, setup), "gradients": first.gradients,
-                 "targets": targets, "optimizer/temporaries": temps}
+                 "targets": targets, "optimizer/temporaries": temps,
+                 "optimizer/master_gradients": master_grads}
     optimizer = sum(opt_lines.values())
     phases = {"backward": backward, "optimizer": optimizer}
     phase = max(phases, key=phases.get)

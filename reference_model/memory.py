@@ -286,7 +286,9 @@ def measure_step_peak_cpu(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     idx, targets = make_batch(cfg, workload)
     train_step(model, opt, idx, targets, setup)  # warm-up: creates the optimizer states
     tracker = MemTracker()
-    tracker.track_external(model, getattr(opt, "inner", opt))  # MasterWeights: its fp32 side
+    # MasterWeights: its fp32 side, the inner optimizer's states and the master weights (plain
+    # tensors made before the tracker, invisible to it unless named here)
+    tracker.track_external(model, getattr(opt, "inner", opt), *getattr(opt, "masters", []))
     with tracker:
         train_step(model, opt, idx, targets, setup)
     snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]

@@ -41,11 +41,12 @@ def test_saved_activation_bytes_exact_at_layout_edges(d):
     assert measured == sum(saved_activations(cfg, wl, setup).values())
 
 
-# The step peak over the whole strategy: every switch, B/S/H down to 1, fp32/bf16, manual/SDPA,
-# AdamW/SGD/SGD-momentum. Exact for the families' defaults (test_memory_measured.py); elsewhere
-# within step_peak_tolerance, the in-flight gradients of the one step the walk does not model.
+# The step peak over the whole strategy: every switch, B/S/H down to 1, fp32/bf16/mixed,
+# manual/SDPA, AdamW/SGD/SGD-momentum. Exact for the families' defaults
+# (test_memory_measured.py); elsewhere within step_peak_tolerance, the in-flight gradients of
+# the one step the walk does not model.
 @settings(max_examples=40, deadline=None)
-@given(case=configs_and_workloads(), mode=st.sampled_from(["fp32", "bf16"]),
+@given(case=configs_and_workloads(), mode=st.sampled_from(["fp32", "bf16", "mixed"]),
        attn=st.sampled_from(["manual", "sdpa"]),
        optimizer=st.sampled_from(["adamw", "sgd", "sgd-momentum"]))
 def test_step_peak_within_tolerance_over_the_strategy(case, mode, attn, optimizer):
