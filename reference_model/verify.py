@@ -131,8 +131,9 @@ def plan(cfg: GPTConfig, workload: Workload, device: str = "cpu", attn_impl: str
     if tensors == "shape-only":
         setup.notes.append(
             f"SHAPE-ONLY ({why}): parameters and fvcore counted on the meta device, "
-            "FlopCounterMode on FakeTensorMode tensors (same modules, same kernel dispatch, "
-            "no arithmetic); pass --tensors real to execute")
+            "FlopCounterMode and memory (saved tensors, weights, gradients, optimizer states, "
+            "MemTracker's step peak) on FakeTensorMode tensors (same modules, same kernel "
+            "dispatch, same tensor sizes, no arithmetic); pass --tensors real to execute")
     setup.tensors = tensors
     if tensors == "real" and not fits:
         n = setup.config.n_layer
@@ -154,7 +155,8 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
     """Build the reference model of `cfg` and check every analytic count against it.
 
     tensors="real" runs on `device`; "shape-only" counts parameters and fvcore on a meta-device
-    model and FlopCounterMode under FakeTensorMode.
+    model, and FlopCounterMode and the memory checks (saved_tensors_hooks, tensor nbytes,
+    MemTracker) under FakeTensorMode.
     """
     validate_workload(cfg, workload)
     B, S = workload.batch_size, workload.seq_len
@@ -171,6 +173,8 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
 
         checks += memory_checks(cfg, workload, device, attn_impl)
         return checks
+    from .memory import memory_checks
+
     meta = measure.meta_model(cfg, attn_impl)
     checks = _param_checks(cfg, meta)
     checks += _fvcore_checks(cfg, workload, meta, torch.zeros(B, S, dtype=torch.long, device="meta"))
@@ -179,7 +183,7 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         idx = torch.randint(0, V, (B, S))
         targets = torch.randint(0, V, (B, S))
         checks += _flopcounter_checks(cfg, workload, model, idx, targets, decode_tokens)
-    return checks
+    return checks + memory_checks(cfg, workload, device, attn_impl, tensors="shape-only")
 
 
 def _param_checks(cfg: GPTConfig, model: torch.nn.Module) -> list[Check]:
