@@ -8,6 +8,9 @@
   forward, backward, optimizer.step) after a warm-up step, on CPU with PyTorch's own dispatch-mode
   tracker (torch.distributed._tools.mem_tracker.MemTracker), on CUDA with
   `max_memory_allocated` and `memory_stats()["requested_bytes.all.peak"]`.
+- Shape-only (`memory_checks(..., tensors="shape-only")`): the same meters inside a
+  FakeTensorMode, on tensors without storage; storages are told apart by `storage_key` (fake
+  data pointers are all 0). On CPU every byte equals the real run's (tests/test_memory_measured).
 - `apply_recompute`: activation checkpointing on the reference model without editing it:
   `full` wraps every block in torch.utils.checkpoint (non-reentrant), `selective` only the
   attention core (Korthikanti et al. 2022, sec. 5).
