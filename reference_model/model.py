@@ -329,7 +329,29 @@ def param_key(name: str) -> str:
 def build_model(cfg: GPTConfig, attn_impl: str = "manual", seed: int = 1337,
                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
     """The reference model for `cfg`, initialised from a fixed seed (PyTorch's default inits)."""
+    from torch._guards import active_fake_mode
+
+    if active_fake_mode() is not None:  # FakeTensorMode: shapes only, no values to seed
+        with torch.device(device):
+            return _to_dtype_keeping_ties(GPT(cfg, attn_impl), dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPT(cfg, attn_impl)
     return model.to(device=device, dtype=dtype)
+
+
+def _to_dtype_keeping_ties(model: GPT, dtype: torch.dtype) -> GPT:
+    """`model.to(dtype)` for a model of fake tensors: Module.to swaps fake parameters in place
+    (torch.utils.swap_tensors), which fails for a tied weight; this replaces each floating
+    parameter once (a tied one by the same new Parameter) and each floating buffer."""
+    new: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for name, p in mod._parameters.items():
+            if p is not None and p.is_floating_point() and p.dtype != dtype:
+                if id(p) not in new:
+                    new[id(p)] = nn.Parameter(p.detach().to(dtype), p.requires_grad)
+                mod._parameters[name] = new[id(p)]
+        for name, b in mod._buffers.items():
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                mod._buffers[name] = b.to(dtype)
+    return model

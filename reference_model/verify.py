@@ -128,11 +128,18 @@ def plan(cfg: GPTConfig, workload: Workload, device: str = "cpu", attn_impl: str
         tensors = "real" if fits and cheap else "shape-only"
         why = ("the model is too large to run for real" if not fits
                else "the model is too slow to run for real in a few seconds")
-    if tensors == "shape-only":
+    if tensors == "shape-only" and device == "cpu":
+        setup.notes.append(
+            f"SHAPE-ONLY ({why}): parameters and fvcore counted on the meta device, "
+            "FlopCounterMode and memory (saved tensors, weights, gradients, optimizer states, "
+            "MemTracker's step peak) on FakeTensorMode tensors (same modules, same kernel "
+            "dispatch, same tensor sizes, no arithmetic); pass --tensors real to execute")
+    elif tensors == "shape-only":
         setup.notes.append(
             f"SHAPE-ONLY ({why}): parameters and fvcore counted on the meta device, "
             "FlopCounterMode on FakeTensorMode tensors (same modules, same kernel dispatch, "
-            "no arithmetic); pass --tensors real to execute")
+            f"no arithmetic); memory NOT checked: shape-only memory is validated on CPU only "
+            "(run --device cpu); pass --tensors real to execute")
     setup.tensors = tensors
     if tensors == "real" and not fits:
         n = setup.config.n_layer
@@ -154,7 +161,8 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
     """Build the reference model of `cfg` and check every analytic count against it.
 
     tensors="real" runs on `device`; "shape-only" counts parameters and fvcore on a meta-device
-    model and FlopCounterMode under FakeTensorMode.
+    model, and FlopCounterMode and (on CPU) the memory checks (saved_tensors_hooks, tensor
+    nbytes, MemTracker) under FakeTensorMode.
     """
     validate_workload(cfg, workload)
     B, S = workload.batch_size, workload.seq_len
@@ -171,6 +179,8 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
 
         checks += memory_checks(cfg, workload, device, attn_impl)
         return checks
+    from .memory import memory_checks
+
     meta = measure.meta_model(cfg, attn_impl)
     checks = _param_checks(cfg, meta)
     checks += _fvcore_checks(cfg, workload, meta, torch.zeros(B, S, dtype=torch.long, device="meta"))
@@ -179,6 +189,8 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         idx = torch.randint(0, V, (B, S))
         targets = torch.randint(0, V, (B, S))
         checks += _flopcounter_checks(cfg, workload, model, idx, targets, decode_tokens)
+    if device == "cpu":  # on CUDA plan() says memory was not checked
+        checks += memory_checks(cfg, workload, device, attn_impl, tensors="shape-only")
     return checks
 
 

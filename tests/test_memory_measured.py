@@ -156,3 +156,95 @@ def test_verify_memory_checks_pass_on_cpu():
                      "optimizer state bytes", "step peak bytes"]
     assert all(c.ok for c in checks), [c.as_dict() for c in checks if not c.ok]
     assert all(c.tolerance == 0 for c in checks[:4])
+
+
+# ---------------------------------------------------------------- FakeTensorMode (shape-only)
+def _fake():
+    from reference_model.measure import fake_mode
+
+    return fake_mode()
+
+
+def _saved_rows(report):
+    return sorted((t.nbytes, t.dtype, t.shape, t.saved_by, t.module, t.category)
+                  for t in report.tensors)
+
+
+@settings(max_examples=25, deadline=None)
+@given(variants, st.sampled_from(["fp32", "amp", "bf16", "mixed"]))
+def test_saved_tensors_same_on_fake_tensors_and_by_data_ptr(d, mode):
+    """storage_key (the StorageImpl address) groups real tensors exactly as data_ptr did, and
+    gives the same tensors, sizes, saving nodes and categories (autocast weight copies included)
+    on FakeTensorMode tensors, whose data_ptr is always 0."""
+    import reference_model.memory as M
+
+    cfg, wl = _cfg(d), Workload(d["B"], d["S"])
+    setup = TrainingSetup(mode=mode, attn_impl=d["attn"], recompute=d["recompute"])
+    real = M.saved_for(cfg, wl, setup)
+    key = M.storage_key
+    M.storage_key = lambda t: t.untyped_storage().data_ptr()
+    try:
+        by_ptr = M.saved_for(cfg, wl, setup)
+    finally:
+        M.storage_key = key
+    with _fake():
+        fake = M.saved_for(cfg, wl, setup)
+    assert real.tensors and _saved_rows(real) == _saved_rows(by_ptr) == _saved_rows(fake)
+    assert fake.weight_copy_bytes == real.weight_copy_bytes
+    if mode == "amp" and d["recompute"] == "none":  # autocast saves 16-bit weight copies
+        assert fake.weight_copy_bytes > 0
+
+
+@pytest.mark.parametrize("mode, optimizer, recompute", [
+    ("fp32", "adamw", "none"), ("amp", "adamw", "selective"), ("bf16", "sgd-momentum", "full"),
+    ("mixed", "adamw", "none"), ("fp32", "sgd", "full")])
+def test_step_peak_and_states_same_on_fake_tensors(mode, optimizer, recompute):
+    """MemTracker over a fake step (how its documentation estimates memory) gives the real
+    step's peak and categories; weights, gradients and optimizer states after two steps too."""
+    import reference_model.memory as M
+
+    cfg = from_name("debug", arch="gpt2", n_layer=2, n_head=2, n_embd=16, block_size=8,
+                    vocab_size=32, dropout=0.1)
+    wl = Workload(2, 8)
+    setup = TrainingSetup(mode=mode, optimizer=optimizer, recompute=recompute)
+
+    def run():
+        peak, model, opt = M._tracked_steps(cfg, wl, setup, "cpu")
+        return peak, (sum(p.nbytes for p in model.parameters()),
+                      sum(p.grad.nbytes for p in model.parameters() if p.grad is not None),
+                      sum(v.nbytes for s in opt.state.values() for v in s.values()
+                          if isinstance(v, torch.Tensor)))
+
+    real = run()
+    with _fake():
+        fake = run()
+    assert real == fake and real[0].peak_bytes > sum(real[1])
+
+
+def test_global_peak_tracker_equals_memtracker():
+    """The global-peak-only subclass reports MemTracker's own peak and categories."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    import reference_model.memory as M
+
+    cfg, wl = from_name("debug", arch="llama", n_layer=2), Workload(2, 8)
+    setup = TrainingSetup(mode="amp", recompute="selective")
+    ours = M.measure_step_peak_cpu(cfg, wl, setup)
+    tracker = M._global_peak_tracker
+    M._global_peak_tracker = MemTracker
+    try:
+        stock = M.measure_step_peak_cpu(cfg, wl, setup)
+    finally:
+        M._global_peak_tracker = tracker
+    assert ours == stock and ours.peak_bytes > 0
+
+
+def test_verify_memory_checks_equal_on_fake_tensors():
+    from reference_model.memory import memory_checks
+
+    cfg = from_name("debug", arch="llama", dropout=0.1)
+    real = memory_checks(cfg, Workload(2, 16))
+    fake = memory_checks(cfg, Workload(2, 16), tensors="shape-only")
+    assert [(c.name, c.analytic, c.measured) for c in fake] == [
+        (c.name, c.analytic, c.measured) for c in real]
+    assert all(c.tool.endswith("on FakeTensorMode") for c in fake)

@@ -99,6 +99,9 @@ def test_verification_table_all_equal(md):
     for name in ("saved activation bytes", "weight bytes", "optimizer state bytes"):
         assert by_name[name][3] == "+0", by_name[name]
     assert num(by_name["weight bytes"][2]) == 4 * count_params(CFG).total  # fp32
+    # measured at the report's own workload, saying which tensors ran (debug is cheap: real)
+    text = section(md, "Verification: analytic vs measured")
+    assert f"B = {WL.batch_size} and S = {WL.seq_len}" in text and "real tensors" in text
 
 
 def test_memory_section_sums(md):
@@ -242,3 +245,17 @@ def test_report_on_cuda(tmp_path):
     assert r.facts["device"] == "cuda"
     body = rows(section(r.markdown.read_text(), "Verification: analytic vs measured"))[1:]
     assert all(row[4].startswith("yes") for row in body)
+
+
+def test_verification_of_a_slow_workload_runs_shape_only_and_says_so():
+    """A workload too slow to run for real is verified at its own size on FakeTensorMode,
+    memory included, and the section names the mode."""
+    from reports.document import to_markdown
+    from reports.report import _verification_blocks
+
+    wl = Workload(100_000, 16)  # debug at B = 100k: far above verify's real-work limit
+    text = to_markdown(_verification_blocks(CFG, wl, "cpu"))
+    data = {r[0]: r for r in rows(text)[1:]}
+    assert "shape-only tensors" in text and "SHAPE-ONLY" in text and "B = 100000" in text
+    assert data["step peak bytes"][4] == "yes" and "FakeTensorMode" in data["step peak bytes"][5]
+    assert data["saved activation bytes"][3] == "+0"

@@ -26,8 +26,8 @@ from .render import emit_json, model_json, print_line, print_table
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
             max_layers: int | None, as_json: bool) -> int:
-    """Analytic params and FLOPs against a real PyTorch GPT (fvcore, FlopCounterMode); exit 1
-    if any check fails."""
+    """Analytic params, FLOPs and memory against a real PyTorch GPT (fvcore, FlopCounterMode,
+    saved_tensors_hooks, MemTracker); exit 1 if any check fails."""
     import torch
 
     from reference_model.verify import setup_json, verify
