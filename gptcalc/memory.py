@@ -702,6 +702,27 @@ def parallel_shares(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     return {"gradients": grads, "saved": acts, "grad_flow": acts, "logits": acts}
 
 
+# a plain block's saved lines that selective recomputation makes again (the attention core)
+_CORE_LINES = ("attn/q", "attn/k_t", "attn/v", "attn/causal_mask", "attn/softmax",
+               "attn/dropout_mask", "attn/dropped", "attn/logsumexp")
+
+
+def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                     where: str, recomputed: int) -> None:
+    """A checkpointed block's forward, run again inside backward: `recomputed` bytes of saved
+    tensors (a plain block's, less its input) come back. Early stop ends the recomputation at
+    the last tensor saved: the MLP's dropout mask (its input and output then still alive) or,
+    without dropout, the down projection's input (saved before the matmul runs). A parallel
+    block also holds the attention branch's sum with the input there."""
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, a, E = b * S, setup.act_bytes, cfg.n_embd
+    r = 4 if setup.mode in ("fp32", "amp") else a
+    extra = (2 * N * E * a if cfg.dropout > 0 else 0) + (N * E * r if cfg.parallel_residual
+                                                         else 0)
+    w.alloc(f"{where} recompute", saved=recomputed, recompute=extra)
+    w.free(recompute=extra)
+
+
 def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
     """The live bytes of one backward pass of the reference model on CPU, node by node.
 
@@ -724,7 +745,17 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     drop = cfg.dropout > 0
     acts = saved_activations(cfg, workload, setup)
     first = state_bytes(cfg, setup, "first")
+    rec = setup.recompute
+    # what a block saves without recomputation: torch.utils.checkpoint's recomputation makes
+    # exactly these tensors again inside backward (full: the whole block, whose input the
+    # checkpoint already keeps; selective: the attention core)
+    plain = dataclasses.replace(setup, recompute="none")
+    acts_plain = acts if rec == "none" else saved_activations(cfg, workload, plain)
+    plain_layer = {k[len("layer/"):]: v // L for k, v in acts_plain.items()
+                   if k.startswith("layer/")}
     layer_saved = sum(v for k, v in acts.items() if k.startswith("layer/")) // L
+    if rec == "full":
+        layer_saved = sum(plain_layer.values())
     sizes = param_sizes(cfg)
     n_emb = _embedding_tensors(cfg)
     n_layer_t = _layer_tensors(cfg)
@@ -739,7 +770,8 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     # the bias's (AccumulateGrad keeps those), each freeing its 16-bit source.
     amp = setup.mode == "amp"
     r = 4 if setup.mode in ("fp32", "amp") else a
-    copies = autocast_weight_copies(cfg, setup)
+    # full recomputation remakes each block's weight copies with the block
+    copies = autocast_weight_copies(cfg, plain if rec == "full" else setup)
     layer_saved += sum(v for k, v in copies.items() if not k.endswith("lm_head")) // L
     lossb = lp  # the loss is the cross entropy's dtype (fp32 under autocast)
 
@@ -840,6 +872,12 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
 
     for layer in range(L):
         where = "last block" if layer == 0 else ("first block" if layer == L - 1 else "block")
+        # --- full recomputation: the block's first saving node in backward (the MLP's dropout
+        # or down projection) unpacks a checkpointed tensor, and the whole block's forward runs
+        # again (non-reentrant checkpoint, early stop: up to the last tensor it saves), leaving
+        # every tensor a plain block saves alive beside the input the checkpoint kept
+        if rec == "full":
+            _recompute_block(w, cfg, workload, setup, where, layer_saved - N * E * r)
         start = w.total
         # --- MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it)
         # amp: the fp32 stream's gradient is cast to the 16-bit branch (ToCopyBackward of the
@@ -892,19 +930,23 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         ob = E if cfg.attn_out_bias else 0
         lin(f"{where} attn proj", N * Dq * a, Dq * E + ob)
         att = b * H * S * S
-        flash = setup.attn_impl == "sdpa" and not drop and setup.recompute == "none"
+        flash = setup.attn_impl == "sdpa" and not drop
         # SDPA's fused kernel saves its own output for backward: c_proj's input is that very
-        # tensor (unless partial rotary made c_proj's input a copy), freed only after the core
-        out_shared = flash and not acts["layer/attn/sdpa_out"]
+        # tensor (unless partial rotary made c_proj's input a copy), freed only after the core;
+        # selective recomputation makes the kernel's output anew, c_proj keeps the first
+        out_shared = flash and not acts_plain["layer/attn/sdpa_out"] and rec != "selective"
         # the dropout's gradient; in a parallel block also the block output's gradient, which
         # the attention branch was the last to hold
         w.free(grad_flow=N * E * a if (drop or owned) else 0,
                saved=(0 if out_shared else N * Dq * a) + cp("attention/out"))
         lin_casts(f"{where} attn proj", Dq * E, ob)
-        if not flash and setup.recompute == "none":
+        core_saved = sum(v for k, v in plain_layer.items() if k in _CORE_LINES)
+        if not flash:
             m = a if setup.attn_impl == "manual" else 4
             w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
             w.free(grad_flow=N * Dq * a)
+            if rec == "selective":  # att @ v's backward unpacks: the core runs again
+                w.alloc(f"{where} attn core recompute", saved=core_saved)
             w.alloc(f"{where} attn core", grad_flow=att * m + N * Dq * m)  # att @ v
             w.free(grad_flow=N * Dq * a, saved=N * Dq * m + (att * m if drop else 0))
             if drop:
@@ -918,7 +960,9 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
                 w.alloc(f"{where} attn core", grad_flow=att * m)  # scale
                 w.free(grad_flow=att * m, saved=S * S)
             w.alloc(f"{where} attn core", grad_flow=2 * N * Dq * m)  # q @ k^T
-        elif flash:
+        else:
+            if rec == "selective":  # the kernel's output and logsumexp, made again
+                w.alloc(f"{where} attn core recompute", saved=core_saved + N * Dq * a)
             w.alloc(f"{where} attn core", grad_flow=3 * N * Dq * a)
         # the q/k/v input path (views, rotary, grouped-query sums, the projections' backward and
         # the sum of their input gradients) is taken as one step, to the exact level before
