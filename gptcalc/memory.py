@@ -702,6 +702,27 @@ def parallel_shares(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     return {"gradients": grads, "saved": acts, "grad_flow": acts, "logits": acts}
 
 
+# a plain block's saved lines that selective recomputation makes again (the attention core)
+_CORE_LINES = ("attn/q", "attn/k_t", "attn/v", "attn/causal_mask", "attn/softmax",
+               "attn/dropout_mask", "attn/dropped", "attn/logsumexp")
+
+
+def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                     where: str, recomputed: int) -> None:
+    """A checkpointed block's forward, run again inside backward: `recomputed` bytes of saved
+    tensors (a plain block's, less its input) come back. Early stop ends the recomputation at
+    the last tensor saved: the MLP's dropout mask (its input and output then still alive) or,
+    without dropout, the down projection's input (saved before the matmul runs). A parallel
+    block also holds the attention branch's sum with the input there."""
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, a, E = b * S, setup.act_bytes, cfg.n_embd
+    r = 4 if setup.mode in ("fp32", "amp") else a
+    extra = (2 * N * E * a if cfg.dropout > 0 else 0) + (N * E * r if cfg.parallel_residual
+                                                         else 0)
+    w.alloc(f"{where} recompute", saved=recomputed, recompute=extra)
+    w.free(recompute=extra)
+
+
 def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
     """The live bytes of one backward pass of the reference model on CPU, node by node.
 
@@ -715,7 +736,9 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     rotary, per-head projections) is taken as one step to the block's exact end level (its
     saved tensors freed, its parameter gradients allocated): it allocates less than the core
     before it. Blocks repeat with the live level moving by (parameter gradients - saved
-    activations) of one block.
+    activations) of one block. Recomputation: full recomputes each block's saved tensors at its
+    start (`_recompute_block`), selective the attention core's at the core; then the plain
+    block's walk runs.
     """
     b, S = workload.batch_size // setup.dp, workload.seq_len
     N, a, g = b * S, setup.act_bytes, setup.grad_bytes
@@ -724,7 +747,17 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     drop = cfg.dropout > 0
     acts = saved_activations(cfg, workload, setup)
     first = state_bytes(cfg, setup, "first")
+    rec = setup.recompute
+    # what a block saves without recomputation: torch.utils.checkpoint's recomputation makes
+    # exactly these tensors again inside backward (full: the whole block, whose input the
+    # checkpoint already keeps; selective: the attention core)
+    plain = dataclasses.replace(setup, recompute="none")
+    acts_plain = acts if rec == "none" else saved_activations(cfg, workload, plain)
+    plain_layer = {k[len("layer/"):]: v // L for k, v in acts_plain.items()
+                   if k.startswith("layer/")}
     layer_saved = sum(v for k, v in acts.items() if k.startswith("layer/")) // L
+    if rec == "full":
+        layer_saved = sum(plain_layer.values())
     sizes = param_sizes(cfg)
     n_emb = _embedding_tensors(cfg)
     n_layer_t = _layer_tensors(cfg)
@@ -739,7 +772,8 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     # the bias's (AccumulateGrad keeps those), each freeing its 16-bit source.
     amp = setup.mode == "amp"
     r = 4 if setup.mode in ("fp32", "amp") else a
-    copies = autocast_weight_copies(cfg, setup)
+    # full recomputation remakes each block's weight copies with the block
+    copies = autocast_weight_copies(cfg, plain if rec == "full" else setup)
     layer_saved += sum(v for k, v in copies.items() if not k.endswith("lm_head")) // L
     lossb = lp  # the loss is the cross entropy's dtype (fp32 under autocast)
 
@@ -840,6 +874,12 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
 
     for layer in range(L):
         where = "last block" if layer == 0 else ("first block" if layer == L - 1 else "block")
+        # --- full recomputation: the block's first saving node in backward (the MLP's dropout
+        # or down projection) unpacks a checkpointed tensor, and the whole block's forward runs
+        # again (non-reentrant checkpoint, early stop: up to the last tensor it saves), leaving
+        # every tensor a plain block saves alive beside the input the checkpoint kept
+        if rec == "full":
+            _recompute_block(w, cfg, workload, setup, where, layer_saved - N * E * r)
         start = w.total
         # --- MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it)
         # amp: the fp32 stream's gradient is cast to the 16-bit branch (ToCopyBackward of the
@@ -892,19 +932,23 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         ob = E if cfg.attn_out_bias else 0
         lin(f"{where} attn proj", N * Dq * a, Dq * E + ob)
         att = b * H * S * S
-        flash = setup.attn_impl == "sdpa" and not drop and setup.recompute == "none"
+        flash = setup.attn_impl == "sdpa" and not drop
         # SDPA's fused kernel saves its own output for backward: c_proj's input is that very
-        # tensor (unless partial rotary made c_proj's input a copy), freed only after the core
-        out_shared = flash and not acts["layer/attn/sdpa_out"]
+        # tensor (unless partial rotary made c_proj's input a copy), freed only after the core;
+        # selective recomputation makes the kernel's output anew, c_proj keeps the first
+        out_shared = flash and not acts_plain["layer/attn/sdpa_out"] and rec != "selective"
         # the dropout's gradient; in a parallel block also the block output's gradient, which
         # the attention branch was the last to hold
         w.free(grad_flow=N * E * a if (drop or owned) else 0,
                saved=(0 if out_shared else N * Dq * a) + cp("attention/out"))
         lin_casts(f"{where} attn proj", Dq * E, ob)
-        if not flash and setup.recompute == "none":
+        core_saved = sum(v for k, v in plain_layer.items() if k in _CORE_LINES)
+        if not flash:
             m = a if setup.attn_impl == "manual" else 4
             w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
             w.free(grad_flow=N * Dq * a)
+            if rec == "selective":  # att @ v's backward unpacks: the core runs again
+                w.alloc(f"{where} attn core recompute", saved=core_saved)
             w.alloc(f"{where} attn core", grad_flow=att * m + N * Dq * m)  # att @ v
             w.free(grad_flow=N * Dq * a, saved=N * Dq * m + (att * m if drop else 0))
             if drop:
@@ -918,7 +962,9 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
                 w.alloc(f"{where} attn core", grad_flow=att * m)  # scale
                 w.free(grad_flow=att * m, saved=S * S)
             w.alloc(f"{where} attn core", grad_flow=2 * N * Dq * m)  # q @ k^T
-        elif flash:
+        else:
+            if rec == "selective":  # the kernel's output and logsumexp, made again
+                w.alloc(f"{where} attn core recompute", saved=core_saved + N * Dq * a)
             w.alloc(f"{where} attn core", grad_flow=3 * N * Dq * a)
         # the q/k/v input path (views, rotary, grouped-query sums, the projections' backward and
         # the sum of their input gradients) is taken as one step, to the exact level before
@@ -974,16 +1020,33 @@ def step_peak_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     gradients of the running sum (a term and the sum being formed), in the activation dtype.
     Where a block's other nodes are larger (any B, S, H of practical size) the walk is exact and
     this bound is never used up; it is at least 1% of the prediction (issue 4's CPU target).
-    Measured: worst |error| / this bound = 0.73 over 800 configurations drawn from the
-    hypothesis strategy (tests/_strategies.py; see step_peak's docstring).
+    Under amp the two input gradients are fp32 (the stream's dtype) and one projection's
+    16-bit input gradient awaits its cast. With recomputation, the recomputed forward's
+    transients that the walk does not place one by one are allowed for: one score stack
+    (b H S^2, fp32 on SDPA's math path), one residual-stream tensor and, under amp, the
+    recomputation's 16-bit casts of its input, q, k and v.
+    Measured (walk3 sweep, 400 draws of tests/_strategies.py x fp32/bf16/amp/mixed x manual/SDPA
+    x AdamW/SGD/SGD-momentum with recompute none, 400 with selective/full): worst
+    |error| / this bound = 0.89 (none) and 0.75 (selective, full); none over it.
     """
     b, S = workload.batch_size // setup.dp, workload.seq_len
-    path = setup.act_bytes * b * S * (cfg.q_width + 2 * cfg.kv_width + 2 * cfg.n_embd)
+    r = 4 if setup.mode in ("fp32", "amp") else setup.act_bytes  # the residual stream's bytes
+    path = b * S * (setup.act_bytes * (cfg.q_width + 2 * cfg.kv_width) + r * 2 * cfg.n_embd)
+    if setup.mode == "amp":  # a projection's 16-bit input gradient before its cast to fp32
+        path += setup.act_bytes * b * S * cfg.n_embd
     if setup.attn_impl == "sdpa" and cfg.dropout > 0:
         # SDPA's CPU math path (taken with dropout) builds fp32 score stacks in the forward;
         # with one block and a tiny vocabulary the forward can hold the step's peak, and the
         # forward is not modelled: allow one fp32 b x H x S x S stack more
         path += 4 * b * cfg.n_head * S * S
+    if setup.recompute != "none":
+        # the recomputed forward's transients that `_recompute_block` does not place one by
+        # one: a score stack before the softmax, a residual-stream sum, and (amp) the
+        # recomputation's own 16-bit casts of its inputs, q, k and v
+        m = 4 if setup.attn_impl == "sdpa" or setup.mode == "fp32" else setup.act_bytes
+        path += m * b * cfg.n_head * S * S + r * b * S * cfg.n_embd
+        if setup.mode == "amp":
+            path += 2 * b * S * (cfg.n_embd + cfg.q_width + 2 * cfg.kv_width)
     return max(path, _ceil(step_peak(cfg, workload, setup).bytes, 100))
 
 
@@ -1010,7 +1073,7 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     under-predicted and within `step_peak_tolerance` (worst 0.73 of it). What is not modelled:
     each block's q/k/v projection path is one step (its in-flight gradients can exceed the levels
     around it when S, H or b is small), and the forward is not a phase (SDPA's math path can peak
-    there); recompute, CUDA and tp / pp / dp remain estimates.
+    there); CUDA and tp / pp / dp remain estimates.
     Autocast modes (CPU): amp walks each Linear's 16-bit gradients cast back to fp32 (input,
     weight, bias) and its 16-bit weight copy freed with its node, on an fp32 residual stream;
     mixed walks like bf16 with the cross entropy in fp32, and its step adds MasterWeights' fp32
@@ -1022,6 +1085,17 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     -556 bytes (-3.0%, SDPA's math-path forward), within the tolerance (0.24 of it). With a
     small V the autocast forward's end (fp32 logits copy, fp32 stream) can top the backward:
     not modelled (gpt2 L=3, B=6, S=11, V=32 amp: -144 and, with dropout, -1,728 bytes).
+    Recomputation (torch.utils.checkpoint, non-reentrant, as reference_model.memory's
+    apply_recompute): full walks each block's forward run again at the block's first saving
+    node in backward (`_recompute_block`: a plain block's saved tensors come back beside the
+    input the checkpoint kept, early stop ends it at the last tensor saved), then the plain
+    block's backward; selective makes the attention core's saved tensors again at att @ v's
+    backward (SDPA flash: its output and logsumexp). Measured over the strategy (400 draws,
+    fp32/bf16/amp/mixed x manual/SDPA x the three optimizers): selective 163/188 exact, worst
+    -1,872 bytes (-5.0%, SDPA's math path, whose recomputed forward's fp32 transients are not
+    placed); full 175/212 exact, worst -624 / +120 bytes (-7.3% at worst relative); before
+    this walk (recompute not walked) 162/188 and 151/212, worst -8,176 bytes (-44%). Within
+    `step_peak_tolerance` throughout (0.75 of it at worst).
     Parallel layouts (tp, pp, dp, ZeRO) are not run by the reference model: their peak is the
     single-device walk with each category weighted by `parallel_shares`, an estimate.
     """

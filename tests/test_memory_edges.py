@@ -41,17 +41,18 @@ def test_saved_activation_bytes_exact_at_layout_edges(d):
     assert measured == sum(saved_activations(cfg, wl, setup).values())
 
 
-# The step peak over the whole strategy: every switch, B/S/H down to 1, fp32/bf16/mixed,
-# manual/SDPA, AdamW/SGD/SGD-momentum. Exact for the families' defaults
-# (test_memory_measured.py); elsewhere within step_peak_tolerance, the in-flight gradients of
-# the one step the walk does not model.
+# The step peak over the whole strategy: every switch, B/S/H down to 1, fp32/bf16/amp/mixed,
+# manual/SDPA, AdamW/SGD/SGD-momentum, recompute none/selective/full. Exact for the families'
+# defaults (test_memory_measured.py); elsewhere within step_peak_tolerance, the in-flight
+# gradients of the steps the walk does not model node by node.
 @settings(max_examples=40, deadline=None)
-@given(case=configs_and_workloads(), mode=st.sampled_from(["fp32", "bf16", "mixed"]),
+@given(case=configs_and_workloads(), mode=st.sampled_from(["fp32", "bf16", "amp", "mixed"]),
        attn=st.sampled_from(["manual", "sdpa"]),
-       optimizer=st.sampled_from(["adamw", "sgd", "sgd-momentum"]))
-def test_step_peak_within_tolerance_over_the_strategy(case, mode, attn, optimizer):
+       optimizer=st.sampled_from(["adamw", "sgd", "sgd-momentum"]),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_step_peak_within_tolerance_over_the_strategy(case, mode, attn, optimizer, recompute):
     cfg, wl = case
-    setup = TrainingSetup(mode=mode, attn_impl=attn, optimizer=optimizer)
+    setup = TrainingSetup(mode=mode, attn_impl=attn, optimizer=optimizer, recompute=recompute)
     measured = measure_step_peak_cpu(cfg, wl, setup).peak_bytes
     predicted = step_peak(cfg, wl, setup)
     assert sum(predicted.lines.values()) == predicted.bytes
