@@ -390,7 +390,8 @@ __all__ = ["MasterWeights", "PeakReport", "SavedReport", "SavedTensor", "apply_r
 
 
 # Step peak on CPU against MemTracker: gptcalc.memory.step_peak walks the backward node by node,
-# exact but for each block's q/k/v projection path (step_peak_tolerance bounds it). On CUDA the
+# exact but for the steps it does not walk (each block's q/k/v projection path, the forward as a
+# phase, the inside of a recomputation): step_peak_tolerance bounds them. On CUDA the
 # allocator's caching and kernel workspaces are not modelled: 5%,
 # not yet measured on a GPU.
 PEAK_TOLERANCE_CUDA = 0.05
@@ -402,7 +403,7 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
     manual attention, whose kernels save the same tensors), weight / gradient / optimizer-state
     bytes (exact) after two steps, and the step peak (CPU MemTracker, CUDA max_memory_allocated):
     on CPU within `gptcalc.memory.step_peak_tolerance` (0 bytes off for the families' defaults
-    with B, S, H >= 2; the bound covers the one step the walk does not model), within
+    with B, S, H >= 2; the bound covers the steps the walk does not model), within
     PEAK_TOLERANCE_CUDA on CUDA.
 
     tensors="shape-only" runs every measurement under FakeTensorMode: the model, batch and
@@ -461,10 +462,10 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
             return checks + [Check("step peak bytes", predicted.bytes, -1, "CUDA", note=rep)]
         measured, tool = rep.requested_peak_bytes, "cuda requested_bytes"
     if device == "cpu":
-        # exact for every block whose q/k/v projection path is not its largest step; within
-        # step_peak_tolerance (that path's in-flight gradients, at least 1%) otherwise
+        # exact unless an unwalked step (q/k/v path, forward, inside a recomputation) holds the
+        # peak; within step_peak_tolerance (their in-flight tensors, at least 1%) otherwise
         tol = step_peak_tolerance(cfg, workload, setup)
-        how = "exact walk; tolerance = the q/k/v projection path's in-flight gradients or 1%"
+        how = "exact walk; tolerance = the unwalked steps' in-flight tensors, at least 1%"
     else:
         tol = int(PEAK_TOLERANCE_CUDA * measured)
         how = f"estimate, tolerance {PEAK_TOLERANCE_CUDA:.0%}"
