@@ -15,5 +15,17 @@ __all__ = [
     "InferenceFlops", "ParamCount", "Setup", "Summary", "Workload", "config_from_hf",
     "count_flops", "count_params", "from_name", "inference_flops", "load", "published_estimates",
     "resolve_setup", "save_config", "summarize", "to_dict",
+    "MemoryReport", "TrainingSetup", "memory_report", "step_peak",
 ]
 __version__ = "0.1.0"
+
+_MEMORY_NAMES = ("MemoryReport", "TrainingSetup", "memory_report", "step_peak")
+
+
+def __getattr__(name: str):
+    # gptcalc.memory is the largest module: load it on first use (PEP 562), not at import
+    if name in _MEMORY_NAMES:
+        from . import memory
+
+        return getattr(memory, name)
+    raise AttributeError(f"module 'gptcalc' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .config import ConfigError, GPTConfig, Workload, coerce_field, validate_workload
 from .configfile import ConfigFile, read_config_file, write_config_file
@@ -128,6 +128,10 @@ def save_config(path: str | Path, cfg: GPTConfig, workload: Workload,
     return write_config_file(path, cfg, workload, sections)
 
 
+if TYPE_CHECKING:  # annotations only; summarize imports gptcalc.memory when called
+    from .memory import MemoryReport, TrainingSetup
+
+
 @dataclass(frozen=True)
 class Summary:
     """Everything gptcalc computes for one model and workload, as plain dataclasses.
@@ -140,21 +144,27 @@ class Summary:
     params: ParamCount
     flops: FlopCount  # per sequence; see FlopCount's properties for totals
     inference: InferenceFlops
-    # Memory (weights, optimizer, activations, KV cache) comes with gptcalc.memory (issue 4);
-    # until then this stays None. Its function will take the same (cfg, workload).
-    memory: Any = None
+    memory: "MemoryReport"  # gptcalc.memory.memory_report: bytes per device, the step peak
 
 
 def summarize(cfg: GPTConfig, workload: Workload, causal: bool = False, recompute: str = "none",
-              prompt_len: int | None = None, context: int | None = None) -> Summary:
-    """Params, training FLOPs and inference FLOPs of `cfg` on `workload`."""
+              prompt_len: int | None = None, context: int | None = None,
+              training: "TrainingSetup | None" = None) -> Summary:
+    """Params, training FLOPs, inference FLOPs and memory of `cfg` on `workload`.
+
+    `training` (a gptcalc.memory.TrainingSetup: precision, optimizer, parallelism) sizes the
+    memory; default fp32 AdamW on one device with this `recompute`."""
+    from .memory import TrainingSetup, memory_report  # the largest module: loaded when asked
+
+    prompt = prompt_len if prompt_len is not None else workload.seq_len
+    ctx = context if context is not None else workload.seq_len
     return Summary(
         config=cfg,
         workload=workload,
         params=count_params(cfg),
         flops=count_flops(cfg, workload, causal=causal, recompute=recompute),
-        inference=inference_flops(cfg, prompt_len if prompt_len is not None else workload.seq_len,
-                                  context if context is not None else workload.seq_len),
+        inference=inference_flops(cfg, prompt, ctx),
+        memory=memory_report(cfg, workload, training or TrainingSetup(recompute=recompute), ctx),
     )
 
 

@@ -217,7 +217,7 @@ def test_api_load_and_summarize_are_plain_dataclasses():
     s = gptcalc.summarize(cfg, wl)
     assert s.params == gptcalc.count_params(cfg)
     assert s.flops == gptcalc.count_flops(cfg, wl)
-    assert s.memory is None  # filled by gptcalc.memory (issue 4)
+    assert s.memory == gptcalc.memory_report(cfg, wl, gptcalc.TrainingSetup(), wl.seq_len)
     d = gptcalc.to_dict(s)
     assert d["params"]["total"] == s.params.total
     json.dumps(d)  # plain data all the way down
