@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import functools
 from dataclasses import dataclass, field
@@ -398,7 +400,8 @@ PEAK_TOLERANCE_CUDA = 0.05
 
 
 def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
-                  attn_impl: str = "manual", tensors: str = "real"):
+                  attn_impl: str = "manual", tensors: str = "real",
+                  training: TrainingSetup | None = None):
     """Memory checks for `gptcalc verify`: saved activation bytes (exact; on CUDA only for the
     manual attention, whose kernels save the same tensors), weight / gradient / optimizer-state
     bytes (exact) after two steps, and the step peak (CPU MemTracker, CUDA max_memory_allocated):
@@ -410,7 +413,10 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
     optimizer are fake tensors (shape, dtype, device; no storage, no arithmetic), saved tensors
     are keyed by `storage_key`, and the step peak is MemTracker's on the fake step (on
     CPU only). Every value equals the real run's (tests/test_measure.py,
-    tests/test_memory_measured.py)."""
+    tests/test_memory_measured.py).
+
+    training: the precision mode, optimizer and recomputation to run (default fp32 AdamW, none);
+    its attention and device are this call's."""
     from gptcalc.memory import saved_activations, state_bytes, step_peak, step_peak_tolerance
 
     from .measure import fake_mode
@@ -426,7 +432,8 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         return fake_mode() if fake else contextlib.nullcontext()
 
     on = " on FakeTensorMode" if fake else ""
-    setup = TrainingSetup(attn_impl=attn_impl, device="cuda" if device != "cpu" else "cpu")
+    setup = dataclasses.replace(training or TrainingSetup(), attn_impl=attn_impl,
+                                device="cuda" if device != "cpu" else "cpu")
     checks = []
     if device == "cpu" or attn_impl == "manual":
         with tensors_ctx():

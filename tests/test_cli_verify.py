@@ -132,3 +132,18 @@ def test_shape_only_on_cuda_says_memory_is_not_checked():
     assert any("memory NOT checked" in n for n in cuda.notes)
     assert not any("NOT checked" in n for n in cpu.notes)
     assert any("MemTracker's step peak" in n for n in cpu.notes)
+
+
+@pytest.mark.parametrize("extra", [("--mode", "amp"), ("--mode", "mixed"), ("--mode", "bf16"),
+                                   ("--recompute", "full", "--optimizer", "sgd-momentum"),
+                                   ("--recompute", "selective", "--attn", "sdpa")])
+def test_memory_checks_follow_the_training_setup(extra):
+    code, output = invoke("--preset", "debug", "--device", "cpu", *extra, "--json")
+    assert code == 0, output
+    out = json.loads(output)
+    given = dict(zip(extra[::2], extra[1::2]))
+    assert out["training"]["mode"] == given.get("--mode", "fp32")
+    assert out["training"]["recompute"] == given.get("--recompute", "none")
+    names = {c["name"] for c in out["checks"]}
+    assert {"saved activation bytes", "optimizer state bytes", "step peak bytes"} <= names
+    assert all(c["ok"] for c in out["checks"])
