@@ -117,5 +117,16 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
     print_table("Korthikanti et al. 2022 (16-bit activations, 1-byte masks)",
                 ["term", "bytes", "binary"], paper)
     if fit:
-        print_line(f"budget {binary_bytes(fit['budget'])}: largest batch {fit['max_batch']}, "
-                   f"largest KV-cache context {fit['max_context']:,} tokens")
+        budget = binary_bytes(fit["budget"])
+        ctx = f"{fit['max_context']:,} tokens"
+        if fit["max_context"] > cfg.block_size:  # a memory bound; positions stop at T
+            ctx += f" by memory (the model's block size is {cfg.block_size:,})"
+        if fit["max_batch"]:
+            print_line(f"budget {budget}: largest batch {fit['max_batch']}, "
+                       f"largest KV-cache context {ctx}")
+        else:
+            states = rep.weights + rep.gradients + rep.optimizer
+            print_line(f"budget {budget}: no batch fits (predicted peak "
+                       f"{binary_bytes(rep.peak.bytes)} at B={wl.batch_size}; weights, gradients "
+                       f"and optimizer alone {binary_bytes(states)}); largest KV-cache context "
+                       f"{ctx}")
