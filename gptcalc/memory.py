@@ -1050,6 +1050,44 @@ def step_peak_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     return max(path, _ceil(step_peak(cfg, workload, setup).bytes, 100))
 
 
+def linear_bias_elements(cfg: GPTConfig) -> int:
+    """Elements of every Linear bias of the reference model (q/k/v, attention output, MLP,
+    lm_head), the tensors autocast casts to 16 bit without any op saving the copy."""
+    E, Dq, Dkv, Dff, H = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.hidden_size, cfg.n_head
+    qkv = (Dq + 2 * Dkv) if cfg.qkv_bias else 0  # per_head: H Linears of head_dim each role
+    mlp = (Dff * (2 if cfg.mlp == "swiglu" else 1) + E) if cfg.mlp_bias else 0
+    block = qkv + (E if cfg.attn_out_bias else 0) + mlp
+    return cfg.n_layer * block + (cfg.vocab_size if cfg.lm_head_bias else 0)
+
+
+def forward_end(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, walk: _Walk
+                ) -> tuple[int, dict[str, int]]:
+    """Live bytes at the forward's last op (the loss made, its seed gradient not yet), from the
+    backward walk's start: what the forward still holds that backward does not.
+
+    Autocast (amp, mixed) runs the cross entropy on an fp32 copy of the 16-bit logits (N V 4),
+    freed when the forward returns. Under amp torch.autocast also keeps, until the autocast
+    region exits, its cached 16-bit casts of the fp32 Linear biases (2 bytes each; no op saves
+    them: the addmm's backward needs no bias), and GPT.forward's local `x` (the final norm's or
+    last block's fp32 output, N E 4) beside its 16-bit cast that lm_head saved. With full
+    recomputation the blocks run inside torch.utils.checkpoint, whose casts are not cached."""
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, lines = b * S, dict(walk.moments[0][1])
+    lines["loss"] -= walk.moments[0][1]["loss"] // 2  # the seed gradient is not made yet
+    extra = {}
+    if setup.mode in ("amp", "mixed"):
+        extra["logits"] = N * cfg.vocab_size * 4
+    if setup.mode == "amp":
+        biases = linear_bias_elements(cfg)
+        if setup.recompute == "full":
+            biases = cfg.vocab_size if cfg.lm_head_bias else 0
+        extra["autocast_cache"] = 2 * biases
+        extra["grad_flow"] = N * cfg.n_embd * 4
+    for k, v in extra.items():
+        lines[k] = lines.get(k, 0) + v
+    return sum(lines.values()), lines
+
+
 def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
     """Peak bytes of one device over zero_grad(set_to_none) -> forward -> backward -> step.
 
@@ -1123,7 +1161,11 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
                  "targets": targets, "optimizer/temporaries": temps,
                  "optimizer/master_gradients": master_grads}
     optimizer = sum(opt_lines.values())
-    phases = {"backward": backward, "optimizer": optimizer}
+    fwd, fwd_lines = forward_end(cfg, workload, setup, walk)
+    if shares:
+        fwd_lines = {k: int(v * shares.get(k, 1)) for k, v in fwd_lines.items()}
+        fwd = sum(fwd_lines.values())
+    phases = {"backward": backward, "optimizer": optimizer, "forward": fwd}
     phase = max(phases, key=phases.get)
     why = (f"backward at the {at}: saved activations, logits and gradients in flight "
            "outweigh the gradients and update temporaries"
@@ -1132,7 +1174,10 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     if shares:
         why += ("; parallel layout: an estimate from the single-device walk, gradients, "
                 "activations and logits scaled to this device's share (parallel_shares)")
-    lines = walk_lines if phase == "backward" else opt_lines
+    if phase == "forward":
+        why = ("the forward's end: its fp32 copy of the logits and autocast's cached casts "
+               "outweigh the backward's gradients in flight (small vocabulary)")
+    lines = {"backward": walk_lines, "optimizer": opt_lines, "forward": fwd_lines}[phase]
     return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases, lines=lines)
 
 
