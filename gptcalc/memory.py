@@ -723,6 +723,26 @@ def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: Traini
     w.free(recompute=extra)
 
 
+def sdpa_math_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """Bytes SDPA's CPU math path (taken with dropout) holds beside what it saves, at its last
+    saving op (the copy of v for att @ v; checkpoint's early stop ends a recomputation there,
+    before the matmul runs): the float causal mask (S^2 fp32); the scaled k (fp32, N Dq) when
+    matmul saves a contiguous copy of it (b, H > 1; with b or H = 1 the scaled q and k are what
+    matmul saves); with 16-bit inputs their fp32 upcasts (N Dq each; v's is saved itself when
+    matmul saves views) and a 16-bit copy of the dropped probabilities (b H S^2). Measured with a
+    per-op MemTracker trace of the math path (torch 2.13 CPU)."""
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, a, Dq = b * S, setup.act_bytes, cfg.q_width
+    views = b == 1 or cfg.n_head == 1
+    out = S * S * 4 + (0 if views else N * Dq * 4)
+    if a != 4:
+        # under amp rotary's q and k are fp32 already (the fp32 tables promote them)
+        qk = 4 if setup.mode == "amp" and cfg.pos_embedding == "rotary" else a
+        upcasts = 2 * (qk != 4) + (not views)
+        out += upcasts * N * Dq * 4 + b * cfg.n_head * S * S * a
+    return out
+
+
 def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
     """The live bytes of one backward pass of the reference model on CPU, node by node.
 
@@ -943,12 +963,20 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
                saved=(0 if out_shared else N * Dq * a) + cp("attention/out"))
         lin_casts(f"{where} attn proj", Dq * E, ob)
         core_saved = sum(v for k, v in plain_layer.items() if k in _CORE_LINES)
+        if rec == "selective" and setup.attn_impl == "sdpa" and not flash:
+            # ... beside the fp32 gradient of the core's output: the math path returns fp32
+            # and casts it to 16 bit, whose backward (ToCopyBackward) upcasts the incoming
+            # gradient before the recomputation, in place of the 16-bit contiguous copy
+            math_core_transients = sdpa_math_transients(cfg, workload, setup) + (
+                N * Dq * (4 - a))
         if not flash:
             m = a if setup.attn_impl == "manual" else 4
             w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
             w.free(grad_flow=N * Dq * a)
             if rec == "selective":  # att @ v's backward unpacks: the core runs again
-                w.alloc(f"{where} attn core recompute", saved=core_saved)
+                w.alloc(f"{where} attn core recompute", saved=core_saved,
+                        recompute=math_core_transients if setup.attn_impl == "sdpa" else 0)
+                w.free(recompute=math_core_transients if setup.attn_impl == "sdpa" else 0)
             w.alloc(f"{where} attn core", grad_flow=att * m + N * Dq * m)  # att @ v
             w.free(grad_flow=N * Dq * a, saved=N * Dq * m + (att * m if drop else 0))
             if drop:
