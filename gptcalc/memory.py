@@ -725,21 +725,28 @@ def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: Traini
 
 def sdpa_math_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
     """Bytes SDPA's CPU math path (taken with dropout) holds beside what it saves, at its last
-    saving op (the copy of v for att @ v; checkpoint's early stop ends a recomputation there,
-    before the matmul runs): the float causal mask (S^2 fp32); the scaled k (fp32, N Dq) when
-    matmul saves a contiguous copy of it (b, H > 1; with b or H = 1 the scaled q and k are what
-    matmul saves); with 16-bit inputs their fp32 upcasts (N Dq each; v's is saved itself when
-    matmul saves views) and a 16-bit copy of the dropped probabilities (b H S^2). Measured with a
-    per-op MemTracker trace of the math path (torch 2.13 CPU)."""
+    saving op (att @ v's operands; checkpoint's early stop ends a recomputation there, before
+    the matmul runs). The path upcasts 16-bit q, k, v to fp32, scales q and k (keeping their
+    strides), and matmul folds (b, H) into one batch dimension: a view when b, H or S is 1 or
+    the operand is contiguous (rotary's q and k, grouped-query's repeated k and v), else a
+    contiguous copy, which matmul saves in place of the operand. Alive at the end beside the
+    saved tensors: the float causal mask (S^2 fp32); the scaled k when it was copied (fp32,
+    N Dq; the scaled q is dropped before); each 16-bit upcast that matmul did not save (q's and
+    k's always, v's when copied), and a 16-bit copy of the dropped probabilities (b H S^2);
+    under amp with rotary, autocast's 16-bit casts of the fp32 q and k (N Dq each). Measured
+    with a per-op MemTracker trace of the math path (torch 2.13 CPU)."""
     b, S = workload.batch_size // setup.dp, workload.seq_len
     N, a, Dq = b * S, setup.act_bytes, cfg.q_width
-    views = b == 1 or cfg.n_head == 1
-    out = S * S * 4 + (0 if views else N * Dq * 4)
+    folds = b == 1 or cfg.n_head == 1 or S == 1
+    rotary, gqa = cfg.pos_embedding == "rotary", cfg.kv_heads != cfg.n_head
+    k_view, v_view = folds or (rotary and gqa), folds or gqa
+    out = S * S * 4 + (0 if k_view else N * Dq * 4)
     if a != 4:
-        # under amp rotary's q and k are fp32 already (the fp32 tables promote them)
-        qk = 4 if setup.mode == "amp" and cfg.pos_embedding == "rotary" else a
-        upcasts = 2 * (qk != 4) + (not views)
-        out += upcasts * N * Dq * 4 + b * cfg.n_head * S * S * a
+        out += (2 + (not v_view)) * N * Dq * 4 + b * cfg.n_head * S * S * a
+        if setup.mode == "amp" and rotary:
+            # rotary's q and k are fp32 (the fp32 tables promote them): autocast casts them to
+            # 16 bit for SDPA first, and the math path upcasts those casts again
+            out += 2 * N * Dq * a
     return out
 
 
