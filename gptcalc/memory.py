@@ -1067,8 +1067,13 @@ def step_peak_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     b, S = workload.batch_size // setup.dp, workload.seq_len
     r = 4 if setup.mode in ("fp32", "amp") else setup.act_bytes  # the residual stream's bytes
     path = b * S * (setup.act_bytes * (cfg.q_width + 2 * cfg.kv_width) + r * 2 * cfg.n_embd)
-    if setup.mode == "amp":  # a projection's 16-bit input gradient before its cast to fp32
+    if setup.mode == "amp":
+        # a projection's 16-bit input gradient before its cast to fp32, and its 16-bit weight
+        # and bias gradients beside their fp32 casts (the largest q/k/v Linear's)
         path += setup.act_bytes * b * S * cfg.n_embd
+        width = {"fused": cfg.q_width + 2 * cfg.kv_width, "separate": cfg.q_width,
+                 "per_head": cfg.head_size}[cfg.qkv_layout]
+        path += setup.act_bytes * width * (cfg.n_embd + cfg.qkv_bias)
     if setup.attn_impl == "sdpa" and cfg.dropout > 0:
         # SDPA's CPU math path (taken with dropout) builds fp32 score stacks in the forward;
         # with one block and a tiny vocabulary the forward can hold the step's peak, and the
