@@ -723,6 +723,33 @@ def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: Traini
     w.free(recompute=extra)
 
 
+def sdpa_math_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """Bytes SDPA's CPU math path (taken with dropout) holds beside what it saves, at its last
+    saving op (att @ v's operands; checkpoint's early stop ends a recomputation there, before
+    the matmul runs). The path upcasts 16-bit q, k, v to fp32, scales q and k (keeping their
+    strides), and matmul folds (b, H) into one batch dimension: a view when b, H or S is 1 or
+    the operand is contiguous (rotary's q and k, grouped-query's repeated k and v), else a
+    contiguous copy, which matmul saves in place of the operand. Alive at the end beside the
+    saved tensors: the float causal mask (S^2 fp32); the scaled k when it was copied (fp32,
+    N Dq; the scaled q is dropped before); each 16-bit upcast that matmul did not save (q's and
+    k's always, v's when copied), and a 16-bit copy of the dropped probabilities (b H S^2);
+    under amp with rotary, autocast's 16-bit casts of the fp32 q and k (N Dq each). Measured
+    with a per-op MemTracker trace of the math path (torch 2.13 CPU)."""
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, a, Dq = b * S, setup.act_bytes, cfg.q_width
+    folds = b == 1 or cfg.n_head == 1 or S == 1
+    rotary, gqa = cfg.pos_embedding == "rotary", cfg.kv_heads != cfg.n_head
+    k_view, v_view = folds or (rotary and gqa), folds or gqa
+    out = S * S * 4 + (0 if k_view else N * Dq * 4)
+    if a != 4:
+        out += (2 + (not v_view)) * N * Dq * 4 + b * cfg.n_head * S * S * a
+        if setup.mode == "amp" and rotary:
+            # rotary's q and k are fp32 (the fp32 tables promote them): autocast casts them to
+            # 16 bit for SDPA first, and the math path upcasts those casts again
+            out += 2 * N * Dq * a
+    return out
+
+
 def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
     """The live bytes of one backward pass of the reference model on CPU, node by node.
 
@@ -737,8 +764,9 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     saved tensors freed, its parameter gradients allocated): it allocates less than the core
     before it. Blocks repeat with the live level moving by (parameter gradients - saved
     activations) of one block. Recomputation: full recomputes each block's saved tensors at its
-    start (`_recompute_block`), selective the attention core's at the core; then the plain
-    block's walk runs.
+    start (`_recompute_block`), selective the attention core's at the core (SDPA's math path
+    with its forward's transients, `sdpa_math_transients`); then the plain block's walk runs.
+    The forward's end is `forward_end`, from this walk's start.
     """
     b, S = workload.batch_size // setup.dp, workload.seq_len
     N, a, g = b * S, setup.act_bytes, setup.grad_bytes
@@ -943,12 +971,20 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
                saved=(0 if out_shared else N * Dq * a) + cp("attention/out"))
         lin_casts(f"{where} attn proj", Dq * E, ob)
         core_saved = sum(v for k, v in plain_layer.items() if k in _CORE_LINES)
+        if rec == "selective" and setup.attn_impl == "sdpa" and not flash:
+            # ... beside the fp32 gradient of the core's output: the math path returns fp32
+            # and casts it to 16 bit, whose backward (ToCopyBackward) upcasts the incoming
+            # gradient before the recomputation, in place of the 16-bit contiguous copy
+            math_core_transients = sdpa_math_transients(cfg, workload, setup) + (
+                N * Dq * (4 - a))
         if not flash:
             m = a if setup.attn_impl == "manual" else 4
             w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
             w.free(grad_flow=N * Dq * a)
             if rec == "selective":  # att @ v's backward unpacks: the core runs again
-                w.alloc(f"{where} attn core recompute", saved=core_saved)
+                w.alloc(f"{where} attn core recompute", saved=core_saved,
+                        recompute=math_core_transients if setup.attn_impl == "sdpa" else 0)
+                w.free(recompute=math_core_transients if setup.attn_impl == "sdpa" else 0)
             w.alloc(f"{where} attn core", grad_flow=att * m + N * Dq * m)  # att @ v
             w.free(grad_flow=N * Dq * a, saved=N * Dq * m + (att * m if drop else 0))
             if drop:
@@ -1025,19 +1061,26 @@ def step_peak_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     transients that the walk does not place one by one are allowed for: one score stack
     (b H S^2, fp32 on SDPA's math path), one residual-stream tensor and, under amp, the
     recomputation's 16-bit casts of its input, q, k and v.
-    Measured (walk3 sweep, 400 draws of tests/_strategies.py x fp32/bf16/amp/mixed x manual/SDPA
-    x AdamW/SGD/SGD-momentum with recompute none, 400 with selective/full): worst
-    |error| / this bound = 0.89 (none) and 0.75 (selective, full); none over it.
+    Under amp the path also holds the largest q/k/v Linear's 16-bit weight and bias gradients
+    beside their fp32 casts. Measured (walk4 sweep, 1,000 draws of tests/_strategies.py x
+    fp32/bf16/amp/mixed x manual/SDPA x AdamW/SGD/SGD-momentum x recompute none/selective/full,
+    fixed seed): worst |error| / this bound = 0.84, none over it (the amp weight-gradient term
+    added for one draw at 1.34 before; dropping the recompute's score stack would leave 0.94).
     """
     b, S = workload.batch_size // setup.dp, workload.seq_len
     r = 4 if setup.mode in ("fp32", "amp") else setup.act_bytes  # the residual stream's bytes
     path = b * S * (setup.act_bytes * (cfg.q_width + 2 * cfg.kv_width) + r * 2 * cfg.n_embd)
-    if setup.mode == "amp":  # a projection's 16-bit input gradient before its cast to fp32
+    if setup.mode == "amp":
+        # a projection's 16-bit input gradient before its cast to fp32, and its 16-bit weight
+        # and bias gradients beside their fp32 casts (the largest q/k/v Linear's)
         path += setup.act_bytes * b * S * cfg.n_embd
+        width = {"fused": cfg.q_width + 2 * cfg.kv_width, "separate": cfg.q_width,
+                 "per_head": cfg.head_size}[cfg.qkv_layout]
+        path += setup.act_bytes * width * (cfg.n_embd + cfg.qkv_bias)
     if setup.attn_impl == "sdpa" and cfg.dropout > 0:
         # SDPA's CPU math path (taken with dropout) builds fp32 score stacks in the forward;
-        # with one block and a tiny vocabulary the forward can hold the step's peak, and the
-        # forward is not modelled: allow one fp32 b x H x S x S stack more
+        # with one block and a tiny vocabulary the forward can hold the step's peak inside a
+        # block, and of the forward only its end is placed: allow one fp32 b x H x S x S stack
         path += 4 * b * cfg.n_head * S * S
     if setup.recompute != "none":
         # the recomputed forward's transients that `_recompute_block` does not place one by
@@ -1050,11 +1093,52 @@ def step_peak_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     return max(path, _ceil(step_peak(cfg, workload, setup).bytes, 100))
 
 
+def linear_bias_elements(cfg: GPTConfig) -> int:
+    """Elements of every Linear bias of the reference model (q/k/v, attention output, MLP,
+    lm_head), the tensors autocast casts to 16 bit without any op saving the copy."""
+    E, Dq, Dkv, Dff, H = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.hidden_size, cfg.n_head
+    qkv = (Dq + 2 * Dkv) if cfg.qkv_bias else 0  # per_head: H Linears of head_dim each role
+    mlp = (Dff * (2 if cfg.mlp == "swiglu" else 1) + E) if cfg.mlp_bias else 0
+    block = qkv + (E if cfg.attn_out_bias else 0) + mlp
+    return cfg.n_layer * block + (cfg.vocab_size if cfg.lm_head_bias else 0)
+
+
+def forward_end(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, walk: _Walk
+                ) -> tuple[int, dict[str, int]]:
+    """Live bytes at the forward's last op (the loss made, its seed gradient not yet), from the
+    backward walk's start: what the forward still holds that backward does not.
+
+    Autocast (amp, mixed) runs the cross entropy on an fp32 copy of the 16-bit logits (N V 4),
+    freed when the forward returns. Under amp torch.autocast also keeps, until the autocast
+    region exits, its cached 16-bit casts of the fp32 Linear biases (2 bytes each; no op saves
+    them: the addmm's backward needs no bias), and GPT.forward's local `x` (the final norm's or
+    last block's fp32 output, N E 4) beside its 16-bit cast that lm_head saved. With full
+    recomputation the blocks run inside torch.utils.checkpoint, whose casts are not cached."""
+    b, S = workload.batch_size // setup.dp, workload.seq_len
+    N, lines = b * S, dict(walk.moments[0][1])
+    lines["loss"] -= walk.moments[0][1]["loss"] // 2  # the seed gradient is not made yet
+    extra = {}
+    if setup.mode in ("amp", "mixed"):
+        extra["logits"] = N * cfg.vocab_size * 4
+    if setup.mode == "amp":
+        biases = linear_bias_elements(cfg)
+        if setup.recompute == "full":
+            biases = cfg.vocab_size if cfg.lm_head_bias else 0
+        extra["autocast_cache"] = 2 * biases
+        extra["grad_flow"] = N * cfg.n_embd * 4
+    for k, v in extra.items():
+        lines[k] = lines.get(k, 0) + v
+    return sum(lines.values()), lines
+
+
 def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
     """Peak bytes of one device over zero_grad(set_to_none) -> forward -> backward -> step.
 
-    Two candidates (measured on CPU with MemTracker, which sums live tensor storages after every
+    Three candidates (measured on CPU with MemTracker, which sums live tensor storages after every
     op):
+      forward: its last op (`forward_end`): the backward's start less the loss's seed gradient,
+        plus what only the forward holds (autocast's fp32 copy of the logits; amp's cached bias
+        casts and GPT.forward's fp32 x). Wins with a small vocabulary under autocast.
       backward: `backward_walk`, node by node; the peak is at the cross entropy's gradients
         (large V), in the last block's MLP or attention core (large activations), or near the
         end of backward where the gradients outweigh the activations freed.
@@ -1072,8 +1156,9 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     worst -3.3% (-672 bytes) without SDPA + dropout, -4.8% over peaks above 20 kB; always
     under-predicted and within `step_peak_tolerance` (worst 0.73 of it). What is not modelled:
     each block's q/k/v projection path is one step (its in-flight gradients can exceed the levels
-    around it when S, H or b is small), and the forward is not a phase (SDPA's math path can peak
-    there); CUDA and tp / pp / dp remain estimates.
+    around it when S, H or b is small), and of the forward only its end is placed (SDPA's math
+    path, with dropout, can peak inside a block's forward with one block and a tiny vocabulary);
+    CUDA and tp / pp / dp remain estimates.
     Autocast modes (CPU): amp walks each Linear's 16-bit gradients cast back to fp32 (input,
     weight, bias) and its 16-bit weight copy freed with its node, on an fp32 residual stream;
     mixed walks like bf16 with the cross entropy in fp32, and its step adds MasterWeights' fp32
@@ -1083,19 +1168,25 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     (-3.8%), 2 draws over `step_peak_tolerance` (worst +448 bytes = 1.23 of it, SwiGLU with
     b = 1: the node order of up / gate's casts is not walked exactly); mixed 296 exact, worst
     -556 bytes (-3.0%, SDPA's math-path forward), within the tolerance (0.24 of it). With a
-    small V the autocast forward's end (fp32 logits copy, fp32 stream) can top the backward:
-    not modelled (gpt2 L=3, B=6, S=11, V=32 amp: -144 and, with dropout, -1,728 bytes).
+    small V the autocast forward's end (fp32 logits copy, amp's bias casts and fp32 x) tops the
+    backward: the forward phase (gpt2 L=3, B=6, S=11, V=32, dropout 0.1, amp: 868,863 bytes,
+    exact; was -1,728).
     Recomputation (torch.utils.checkpoint, non-reentrant, as reference_model.memory's
     apply_recompute): full walks each block's forward run again at the block's first saving
     node in backward (`_recompute_block`: a plain block's saved tensors come back beside the
     input the checkpoint kept, early stop ends it at the last tensor saved), then the plain
     block's backward; selective makes the attention core's saved tensors again at att @ v's
-    backward (SDPA flash: its output and logsumexp). Measured over the strategy (400 draws,
-    fp32/bf16/amp/mixed x manual/SDPA x the three optimizers): selective 163/188 exact, worst
-    -1,872 bytes (-5.0%, SDPA's math path, whose recomputed forward's fp32 transients are not
-    placed); full 175/212 exact, worst -624 / +120 bytes (-7.3% at worst relative); before
-    this walk (recompute not walked) 162/188 and 151/212, worst -8,176 bytes (-44%). Within
-    `step_peak_tolerance` throughout (0.75 of it at worst).
+    backward (SDPA flash: its output and logsumexp; SDPA's math path, with dropout, also its
+    recomputed forward's transients, `sdpa_math_transients`, and the core output's fp32
+    gradient). Measured (walk4 sweep: 1,000 draws of tests/_strategies.py x fp32/bf16/amp/mixed
+    x manual/SDPA x AdamW/SGD/SGD-momentum x recompute none/selective/full, fixed seed): 863
+    exact (86.3%), worst |error| 864 bytes (+1.6%, amp manual selective, over-predicted), worst
+    relative -7.3% (-512 bytes, bf16 SDPA full, b = 1), within `step_peak_tolerance` (0.84 of
+    it); before the forward phase and the math path's transients: 836 exact, worst -3,784 bytes
+    (-10.3%, SDPA+dropout selective amp), one draw over the tolerance (1.34 of it). By
+    recompute: none 293/328, selective 266/309 (was 240), full 304/363 exact. Remaining misses:
+    the q/k/v path (b, S or H small), full recomputation's inside (amp with tied embeddings
+    +64 bytes), amp's manual core under selective recomputation (+208 to +864 bytes).
     Parallel layouts (tp, pp, dp, ZeRO) are not run by the reference model: their peak is the
     single-device walk with each category weighted by `parallel_shares`, an estimate.
     """
@@ -1123,7 +1214,11 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
                  "targets": targets, "optimizer/temporaries": temps,
                  "optimizer/master_gradients": master_grads}
     optimizer = sum(opt_lines.values())
-    phases = {"backward": backward, "optimizer": optimizer}
+    fwd, fwd_lines = forward_end(cfg, workload, setup, walk)
+    if shares:
+        fwd_lines = {k: int(v * shares.get(k, 1)) for k, v in fwd_lines.items()}
+        fwd = sum(fwd_lines.values())
+    phases = {"backward": backward, "optimizer": optimizer, "forward": fwd}
     phase = max(phases, key=phases.get)
     why = (f"backward at the {at}: saved activations, logits and gradients in flight "
            "outweigh the gradients and update temporaries"
@@ -1132,7 +1227,10 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepP
     if shares:
         why += ("; parallel layout: an estimate from the single-device walk, gradients, "
                 "activations and logits scaled to this device's share (parallel_shares)")
-    lines = walk_lines if phase == "backward" else opt_lines
+    if phase == "forward":
+        why = ("the forward's end: its fp32 copy of the logits and autocast's cached casts "
+               "outweigh the backward's gradients in flight (small vocabulary)")
+    lines = {"backward": walk_lines, "optimizer": opt_lines, "forward": fwd_lines}[phase]
     return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases, lines=lines)
 
 

@@ -392,8 +392,9 @@ __all__ = ["MasterWeights", "PeakReport", "SavedReport", "SavedTensor", "apply_r
 
 
 # Step peak on CPU against MemTracker: gptcalc.memory.step_peak walks the backward node by node,
-# exact but for the steps it does not walk (each block's q/k/v projection path, the forward as a
-# phase, the inside of a recomputation): step_peak_tolerance bounds them. On CUDA the
+# and places the forward's end; exact but for the steps it does not walk (each block's q/k/v
+# projection path, the inside of a block's forward, of a full recomputation and of amp's manual
+# core under selective recomputation): step_peak_tolerance bounds them. On CUDA the
 # allocator's caching and kernel workspaces are not modelled: 5%,
 # not yet measured on a GPU.
 PEAK_TOLERANCE_CUDA = 0.05
@@ -469,7 +470,7 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
             return checks + [Check("step peak bytes", predicted.bytes, -1, "CUDA", note=rep)]
         measured, tool = rep.requested_peak_bytes, "cuda requested_bytes"
     if device == "cpu":
-        # exact unless an unwalked step (q/k/v path, forward, inside a recomputation) holds the
+        # exact unless an unwalked step (q/k/v path, inside a block's forward or a recomputation) holds the
         # peak; within step_peak_tolerance (their in-flight tensors, at least 1%) otherwise
         tol = step_peak_tolerance(cfg, workload, setup)
         how = "exact walk; tolerance = the unwalked steps' in-flight tensors, at least 1%"
