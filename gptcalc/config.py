@@ -75,7 +75,7 @@ class GPTConfig:
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
     @property
-    def hidden_size(self) -> int:
+    def ffn_dim(self) -> int:
         """MLP hidden width d_ff: d_ff, or F * E."""
         return self.ffn_mult * self.n_embd if self.d_ff is None else self.d_ff
 

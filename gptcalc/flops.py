@@ -49,7 +49,7 @@ def matmul_flops(cfg: GPTConfig, queries: int, pairs: int) -> dict[str, int]:
     with a KV cache at context c is queries=1, pairs=c.
     """
     S, L, E, V = queries, cfg.n_layer, cfg.n_embd, cfg.vocab_size
-    Dq, Dkv, Dff, H, hd = cfg.q_width, cfg.kv_width, cfg.hidden_size, cfg.n_head, cfg.head_size
+    Dq, Dkv, Dff, H, hd = cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.n_head, cfg.head_size
     return {
         "attention/qkv": L * 2 * S * E * (Dq + 2 * Dkv),  # x @ [W_q W_k W_v]: (S,E)x(E,Dq+2Dkv)
         "attention/scores": L * 2 * H * pairs * hd,  # q @ k^T, each head, every scored pair
@@ -70,7 +70,7 @@ def forward_flops(cfg: GPTConfig, seq_len: int, causal: bool = False) -> dict[st
 def nonmatmul_flops(cfg: GPTConfig, seq_len: int, causal: bool = False) -> dict[str, int]:
     """Forward FLOPs of one sequence outside the matmuls, at the costs of `NONMATMUL_COST`."""
     S, L, E, V = seq_len, cfg.n_layer, cfg.n_embd, cfg.vocab_size
-    Dq, Dkv, Dff, H = cfg.q_width, cfg.kv_width, cfg.hidden_size, cfg.n_head
+    Dq, Dkv, Dff, H = cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.n_head
     c = NONMATMUL_COST
     scores = L * H * attention_pairs(S, causal)
     norms = 2 * L + (1 if cfg.final_norm else 0)

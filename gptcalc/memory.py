@@ -118,7 +118,7 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     validate_workload(cfg, workload)
     t, p, d = setup.tp, setup.pp, setup.dp
     for what, size in (("n_head", cfg.n_head), ("n_kv_head", cfg.kv_heads),
-                       ("d_ff", cfg.hidden_size), ("n_embd", cfg.n_embd)):
+                       ("d_ff", cfg.ffn_dim), ("n_embd", cfg.n_embd)):
         if size % t:
             raise ConfigError("tp", f"tp {t} does not divide {what} {size}")
     if setup.sp and workload.seq_len % t:
@@ -199,7 +199,7 @@ def stage_params(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, dict[str, in
     """
     t, p = setup.tp, setup.pp
     E, V, T = cfg.n_embd, cfg.vocab_size, cfg.block_size
-    Dq, Dkv, Dff = cfg.q_width, cfg.kv_width, cfg.hidden_size
+    Dq, Dkv, Dff = cfg.q_width, cfg.kv_width, cfg.ffn_dim
     qkv_out = Dq + 2 * Dkv
     layers = cfg.n_layer // p
     per_layer = {
@@ -479,7 +479,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     b, S = workload.batch_size // setup.dp, workload.seq_len
     N, a = b * S, setup.act_bytes
     E, H, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer
-    Dq, Dff = cfg.q_width, cfg.hidden_size
+    Dq, Dff = cfg.q_width, cfg.ffn_dim
     amp = setup.mode == "amp"
     # r: the residual stream's bytes, the weights' dtype: fp32 weights and embeddings keep it
     # fp32 under amp (a 16-bit branch output added to it promotes to fp32)
@@ -566,7 +566,7 @@ def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, in
     """
     if setup.mode != "amp":
         return {}
-    t, E, Dff, Dq = setup.tp, cfg.n_embd, cfg.hidden_size, cfg.q_width
+    t, E, Dff, Dq = setup.tp, cfg.n_embd, cfg.ffn_dim, cfg.q_width
     w, L = 2, 0 if setup.recompute == "full" else cfg.n_layer
     out = {
         "weight_copy/attention/qkv": w * L * E * (Dq + 2 * cfg.kv_width) // t,
@@ -597,7 +597,7 @@ def buffer_bytes(cfg: GPTConfig, setup: TrainingSetup) -> int:
 
 def largest_param_tensor(cfg: GPTConfig) -> int:
     """Elements of the reference model's largest parameter tensor (sizes the CPU AdamW temps)."""
-    E, V, Dff, hd = cfg.n_embd, cfg.vocab_size, cfg.hidden_size, cfg.head_size
+    E, V, Dff, hd = cfg.n_embd, cfg.vocab_size, cfg.ffn_dim, cfg.head_size
     qkv = {"fused": E * (cfg.q_width + 2 * cfg.kv_width), "separate": E * cfg.q_width,
            "per_head": E * hd}[cfg.qkv_layout]
     return max(V * E, qkv, cfg.q_width * E, E * Dff,
@@ -608,7 +608,7 @@ def param_sizes(cfg: GPTConfig) -> list[int]:
     """Elements of each parameter tensor of the reference model, in `model.parameters()` order
     (wte, wpe, per block ln_1, attention, ln_2, MLP, then ln_f and lm_head; a tied head weight
     is wte's tensor and is listed once)."""
-    E, V, T, hd, Dff = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.head_size, cfg.hidden_size
+    E, V, T, hd, Dff = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.head_size, cfg.ffn_dim
     Dq, Dkv = cfg.q_width, cfg.kv_width
 
     def linear(i: int, o: int, bias: bool) -> list[int]:
@@ -771,7 +771,7 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     b, S = workload.batch_size // setup.dp, workload.seq_len
     N, a, g = b * S, setup.act_bytes, setup.grad_bytes
     E, V, H, L = cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer
-    Dq, Dkv, Dff, T = cfg.q_width, cfg.kv_width, cfg.hidden_size, cfg.block_size
+    Dq, Dkv, Dff, T = cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.block_size
     drop = cfg.dropout > 0
     acts = saved_activations(cfg, workload, setup)
     first = state_bytes(cfg, setup, "first")
@@ -1096,7 +1096,7 @@ def step_peak_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 def linear_bias_elements(cfg: GPTConfig) -> int:
     """Elements of every Linear bias of the reference model (q/k/v, attention output, MLP,
     lm_head), the tensors autocast casts to 16 bit without any op saving the copy."""
-    E, Dq, Dkv, Dff, H = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.hidden_size, cfg.n_head
+    E, Dq, Dkv, Dff, H = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.n_head
     qkv = (Dq + 2 * Dkv) if cfg.qkv_bias else 0  # per_head: H Linears of head_dim each role
     mlp = (Dff * (2 if cfg.mlp == "swiglu" else 1) + E) if cfg.mlp_bias else 0
     block = qkv + (E if cfg.attn_out_bias else 0) + mlp

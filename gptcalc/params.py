@@ -28,7 +28,7 @@ def norm_params(cfg: GPTConfig, width: int) -> int:
 
 def layer_components(cfg: GPTConfig) -> dict[str, int]:
     """Parameters of one transformer block, by component."""
-    E, Dq, Dkv, Dff = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.hidden_size
+    E, Dq, Dkv, Dff = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.ffn_dim
     qkv_out = Dq + 2 * Dkv  # query, key and value widths side by side
     return {
         "attention/qkv": E * qkv_out + (qkv_out if cfg.qkv_bias else 0),

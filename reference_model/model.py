@@ -184,7 +184,7 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        E, Dff = cfg.n_embd, cfg.hidden_size
+        E, Dff = cfg.n_embd, cfg.ffn_dim
         self.kind, self.p = cfg.mlp, cfg.dropout
         self.c_fc = nn.Linear(E, Dff, bias=cfg.mlp_bias)
         if cfg.mlp == "swiglu":

@@ -89,7 +89,7 @@ def _config_blocks(cfg: GPTConfig, wl: Workload, name: str, device: str) -> list
 
     letters = [("L (n_layer)", cfg.n_layer), ("H (n_head)", cfg.n_head),
                ("E (n_embd)", cfg.n_embd), ("T (block_size)", cfg.block_size),
-               ("V (vocab_size)", cfg.vocab_size), ("d_ff (F*E unless set)", cfg.hidden_size),
+               ("V (vocab_size)", cfg.vocab_size), ("d_ff (F*E unless set)", cfg.ffn_dim),
                ("head_dim", cfg.head_size), ("n_kv_head", cfg.kv_heads),
                ("dropout", cfg.dropout), ("B (batch_size)", wl.batch_size),
                ("S (seq_len of the workload)", wl.seq_len)]

@@ -126,7 +126,7 @@ def test_released_switches():
     assert (qwen.qkv_bias, qwen.attn_out_bias, qwen.mlp_bias, qwen.kv_heads) == \
         (True, False, False, 2)
     llama3 = config_from_hf(LLAMA3_8B)
-    assert (llama3.kv_heads, llama3.hidden_size, llama3.block_size) == (8, 14336, 8192)
+    assert (llama3.kv_heads, llama3.ffn_dim, llama3.block_size) == (8, 14336, 8192)
 
 
 # --- an independent count, module by module, the way each family's transformers modelling code
@@ -231,9 +231,9 @@ def test_gpt2_newer_spellings_and_n_ctx():
 
 
 def test_gpt2_n_inner_none_is_4e_and_explicit_n_inner_counts():
-    assert config_from_hf(GPT2 | {"n_inner": None}).hidden_size == 4 * 768
+    assert config_from_hf(GPT2 | {"n_inner": None}).ffn_dim == 4 * 768
     cfg = config_from_hf(GPT2 | {"n_inner": 1000})
-    assert cfg.hidden_size == 1000
+    assert cfg.ffn_dim == 1000
     assert count_params(cfg).total == reference_count(GPT2 | {"n_inner": 1000})
 
 

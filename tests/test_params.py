@@ -136,7 +136,7 @@ def test_context_length_enters_only_through_a_learned_position_table(cfg, new_t)
 def test_every_family_keeps_its_count_consistent_with_the_switches(cfg):
     # the total is the sum of an independent, literal per-tensor count
     E, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.block_size
-    Dq, Dkv, Dff = cfg.n_head * cfg.head_size, cfg.kv_heads * cfg.head_size, cfg.hidden_size
+    Dq, Dkv, Dff = cfg.n_head * cfg.head_size, cfg.kv_heads * cfg.head_size, cfg.ffn_dim
     norm = {"layernorm": 2 * E, "layernorm_nobias": E, "rmsnorm": E}[cfg.norm]
     per_layer = (E * Dq + E * Dkv * 2 + Dq * E + 2 * norm
                  + (Dq + 2 * Dkv) * cfg.qkv_bias + E * cfg.attn_out_bias

@@ -90,7 +90,7 @@ def test_attention_crossover_closed_form(plots, name):
     # attention (q @ k^T and att @ v over the full S x S) 4 * L * E * S (Vaswani et al. 2017's
     # shapes, H * head_dim = E): they meet at S* = ceil(dense / (4 L E)).
     cfg = from_name(name)
-    L, E, V, F = cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.hidden_size
+    L, E, V, F = cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.ffn_dim
     dense = 2 * (L * (3 * E * E + E * E + 2 * E * F) + E * V)
     assert plots.attention_crossover(cfg) == math.ceil(dense / (4 * L * E))
 

@@ -167,7 +167,7 @@ def section_settings(section: str, given: dict[str, Any], defaults: dict[str, An
 def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
     """One line naming the model's sizes and, when given, the workload."""
     parts = [f"L={cfg.n_layer}", f"H={cfg.n_head}", f"E={cfg.n_embd}", f"T={cfg.block_size}",
-             f"V={cfg.vocab_size}", f"d_ff={cfg.hidden_size}"]
+             f"V={cfg.vocab_size}", f"d_ff={cfg.ffn_dim}"]
     if cfg.kv_heads != cfg.n_head:
         parts.append(f"kv_heads={cfg.kv_heads}")
     if workload is not None:

@@ -19,7 +19,7 @@ def command(as_json: bool) -> None:
         cfg = from_name(name)
         rows.append(dict(name=name, arch=p.arch, n_layer=cfg.n_layer, n_head=cfg.n_head,
                          n_kv_head=cfg.kv_heads, n_embd=cfg.n_embd, block_size=cfg.block_size,
-                         vocab_size=cfg.vocab_size, d_ff=cfg.hidden_size,
+                         vocab_size=cfg.vocab_size, d_ff=cfg.ffn_dim,
                          params=count_params(cfg).total, note=p.note))
     if as_json:
         emit_json(rows)
