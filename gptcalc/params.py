@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import GPTConfig
+from .inventory import ParamTensor, block_tensors, inventory
 
 EMBEDDING_KEYS = ("embedding/token", "embedding/position")
 
@@ -26,35 +27,31 @@ def norm_params(cfg: GPTConfig, width: int) -> int:
     return 2 * width if cfg.norm == "layernorm" else width  # LayerNorm γ,β; RMSNorm / no-bias γ
 
 
+def _by_component(tensors: list[ParamTensor], per_block: bool = False) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in tensors:
+        n = t.numel * t.copies if per_block else t.elements
+        out[t.component] = out.get(t.component, 0) + n
+    return out
+
+
 def layer_components(cfg: GPTConfig) -> dict[str, int]:
-    """Parameters of one transformer block, by component."""
-    E, Dq, Dkv, Dff = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.ffn_dim
-    qkv_out = Dq + 2 * Dkv  # query, key and value widths side by side
-    return {
-        "attention/qkv": E * qkv_out + (qkv_out if cfg.qkv_bias else 0),
-        "attention/out": Dq * E + (E if cfg.attn_out_bias else 0),
-        "mlp/fc": E * Dff + (Dff if cfg.mlp_bias else 0),
-        # SwiGLU (Shazeer 2020) adds a gate matrix the size of the up projection
-        "mlp/gate": (E * Dff + (Dff if cfg.mlp_bias else 0)) if cfg.mlp == "swiglu" else 0,
-        "mlp/proj": Dff * E + (E if cfg.mlp_bias else 0),
-        "norm/attention": norm_params(cfg, E),
-        "norm/mlp": norm_params(cfg, E),
-    }
+    """Parameters of one transformer block, by component (the inventory's block tensors)."""
+    keys = ("attention/qkv", "attention/out", "mlp/fc", "mlp/gate", "mlp/proj",
+            "norm/attention", "norm/mlp")
+    got = _by_component(block_tensors(cfg), per_block=True)
+    return {k: got.get(k, 0) for k in keys}
 
 
 def param_components(cfg: GPTConfig) -> dict[str, int]:
-    """All parameters by component; the values sum to `count_params(cfg).total`."""
-    T, E, L, V = cfg.block_size, cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    comps = {
-        "embedding/token": V * E,
-        # only a learned table is a parameter; it is the one place T enters the count
-        "embedding/position": T * E if cfg.pos_embedding == "learned" else 0,
-    }
-    comps.update({key: L * n for key, n in layer_components(cfg).items()})
-    comps["norm/final"] = norm_params(cfg, E) if cfg.final_norm else 0
-    # a tied head reuses the token embedding: count its weight once, under the embedding
-    comps["lm_head"] = (0 if cfg.tie_embeddings else E * V) + (V if cfg.lm_head_bias else 0)
-    return comps
+    """All parameters by component; the values sum to `count_params(cfg).total`.
+
+    A grouped sum over `inventory(cfg)`: a tied head reuses the token embedding, so its weight is
+    counted once, under the embedding; only a learned position table depends on T."""
+    got = _by_component(inventory(cfg))
+    keys = ("embedding/token", "embedding/position", *layer_components(cfg), "norm/final",
+            "lm_head")
+    return {k: got.get(k, 0) for k in keys}
 
 
 def count_params(cfg: GPTConfig) -> ParamCount:
