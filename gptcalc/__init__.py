@@ -4,7 +4,7 @@ Import-light by design: nothing here imports torch, fvcore or matplotlib.
 """
 
 from .api import Setup, Summary, load, resolve_setup, save_config, summarize, to_dict
-from .config import ARCHS, ConfigError, GPTConfig, Workload
+from .config import ARCHS, ConfigError, GPTConfig, TrainingSetup, Workload, default_setup
 from .flops import FlopCount, InferenceFlops, count_flops, inference_flops, published_estimates
 from .hf import SUPPORTED_MODEL_TYPES, config_from_hf
 from .params import ParamCount, count_params
@@ -15,15 +15,15 @@ __all__ = [
     "InferenceFlops", "ParamCount", "Setup", "Summary", "Workload", "config_from_hf",
     "count_flops", "count_params", "from_name", "inference_flops", "load", "published_estimates",
     "resolve_setup", "save_config", "summarize", "to_dict",
-    "MemoryReport", "TrainingSetup", "memory_report", "step_peak",
+    "MemoryReport", "TrainingSetup", "default_setup", "memory_report", "step_peak",
 ]
 __version__ = "0.1.0"
 
-_MEMORY_NAMES = ("MemoryReport", "TrainingSetup", "memory_report", "step_peak")
+_MEMORY_NAMES = ("MemoryReport", "memory_report", "step_peak")
 
 
 def __getattr__(name: str):
-    # gptcalc.memory is the largest module: load it on first use (PEP 562), not at import
+    # gptcalc.memory is loaded on first use (PEP 562), not at import
     if name in _MEMORY_NAMES:
         from . import memory
 

@@ -33,12 +33,14 @@ class Setup:
     config: GPTConfig
     workload: Workload
     sections: dict[str, Any] = field(default_factory=dict)
+    from_hf: bool = False  # the model came from a Hugging Face config.json (transformers' modules)
 
 
 def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | None = None,
                   config: str | Path | ConfigFile | None = None, arch: str | None = None,
                   batch_size: int | None = None, seq_len: int | None = None,
-                  overrides: Mapping[str, Any] | None = None) -> Setup:
+                  overrides: Mapping[str, Any] | None = None,
+                  grad_accum: int | None = None) -> Setup:
     """Layer the sources, lowest first: preset (its family's switches and its sizes), hf_config,
     the config file's [model] (its own arch switches, then its fields), then the explicit `arch`
     and `overrides`. A preset or hf_config named in the file counts as the file's; an explicit
@@ -100,15 +102,29 @@ def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | N
             1 if hf is not None else get_preset(DEFAULT_PRESET).batch_size)
     explicit_seq = seq_len is not None
     if seq_len is None:
-        seq_len = cf.workload.get("seq_len", cfg.block_size)
-    workload = Workload(batch_size=batch_size, seq_len=seq_len)
+        seq_len = cf.workload.get("seq_len", default_seq_len(cfg, from_hf=hf is not None))
+    grad_accum = cf.workload.get("grad_accum", 1) if grad_accum is None else grad_accum
+    workload = Workload(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum)
     try:
         validate_workload(cfg, workload)
     except ConfigError as e:
         if not explicit_seq and "seq_len" in cf.workload:
             raise ConfigError("config", f"{cf.path}: {e.message} (set --seq-len)") from None
         raise
-    return Setup(config=cfg, workload=workload, sections=dict(cf.sections))
+    return Setup(config=cfg, workload=workload, sections=dict(cf.sections),
+                 from_hf=hf is not None and preset_name is None)
+
+
+# A Hugging Face config states the longest context the model supports (Mistral-Nemo: 1,024,000
+# tokens), not the length it is trained or fine-tuned at; 4,096 tokens is Llama 2's training
+# context and a common fine-tuning length.
+HF_TRAINING_SEQ_LEN = 4096
+
+
+def default_seq_len(cfg: GPTConfig, from_hf: bool = False) -> int:
+    """The workload's sequence length when none is given: the block size T of a preset (the
+    context it was trained at), at most `HF_TRAINING_SEQ_LEN` for a Hugging Face config."""
+    return min(cfg.block_size, HF_TRAINING_SEQ_LEN) if from_hf else cfg.block_size
 
 
 def load(preset: str | None = None, hf_config: str | Path | Mapping | None = None,
@@ -129,7 +145,8 @@ def save_config(path: str | Path, cfg: GPTConfig, workload: Workload,
 
 
 if TYPE_CHECKING:  # annotations only; summarize imports gptcalc.memory when called
-    from .memory import MemoryReport, TrainingSetup
+    from .config import TrainingSetup
+    from .memory import MemoryReport
 
 
 @dataclass(frozen=True)
@@ -152,9 +169,11 @@ def summarize(cfg: GPTConfig, workload: Workload, causal: bool = False, recomput
               training: "TrainingSetup | None" = None) -> Summary:
     """Params, training FLOPs, inference FLOPs and memory of `cfg` on `workload`.
 
-    `training` (a gptcalc.memory.TrainingSetup: precision, optimizer, parallelism) sizes the
-    memory; default fp32 AdamW on one device with this `recompute`."""
-    from .memory import TrainingSetup, memory_report  # the largest module: loaded when asked
+    `training` (a TrainingSetup: precision, optimizer, parallelism) sizes the memory; default
+    the family's usual set-up (`gptcalc.config.training_defaults`) with this `recompute`, on
+    one device."""
+    from .config import default_setup
+    from .memory import memory_report  # loaded when asked
 
     prompt = prompt_len if prompt_len is not None else workload.seq_len
     ctx = context if context is not None else workload.seq_len
@@ -164,7 +183,8 @@ def summarize(cfg: GPTConfig, workload: Workload, causal: bool = False, recomput
         params=count_params(cfg),
         flops=count_flops(cfg, workload, causal=causal, recompute=recompute),
         inference=inference_flops(cfg, prompt, ctx),
-        memory=memory_report(cfg, workload, training or TrainingSetup(recompute=recompute), ctx),
+        memory=memory_report(cfg, workload, training or default_setup(cfg, recompute=recompute),
+                             ctx),
     )
 
 

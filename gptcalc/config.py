@@ -1,6 +1,6 @@
 """The architecture (`GPTConfig`), the workload (`Workload`) and the families of switches.
 
-Letters follow DESIGN.md: B batch, T block size, E embedding width, L blocks, H heads,
+Letters: B micro-batch, T block size, E embedding width, L blocks, H heads,
 F MLP expansion, V vocabulary. This module never imports torch.
 """
 
@@ -43,7 +43,7 @@ class GPTConfig:
     ffn_mult: int = 4  # F: d_ff = F * E unless d_ff is given
     d_ff: int | None = None  # explicit MLP hidden width (Llama's intermediate_size)
     dropout: float = 0.0  # probability used by every dropout site
-    # --- switches; `ARCHS` bundles them into the families DESIGN.md describes ---
+    # --- switches; `ARCHS` bundles them into named families ---
     qkv_layout: str = "fused"  # one E x 3E matrix, three matrices, or per-head modules
     qkv_bias: bool = True
     attn_out_bias: bool = True  # bias of the attention output projection
@@ -101,18 +101,29 @@ class GPTConfig:
 
 @dataclass(frozen=True)
 class Workload:
-    """What the model is run on: B sequences of `seq_len` tokens (seq_len <= T)."""
+    """What one device runs: a micro-batch of B sequences of `seq_len` tokens (seq_len <= T)
+    per forward/backward, `grad_accum` of them per optimizer step.
 
-    batch_size: int = 1  # B
+    B is DeepSpeed's `train_micro_batch_size_per_gpu`; the global batch of a step is
+    B x dp x grad_accum (`global_batch`)."""
+
+    batch_size: int = 1  # B: sequences per device per forward/backward (the micro-batch)
     seq_len: int = 1024  # tokens per sequence; at most the block size T
+    grad_accum: int = 1  # micro-batches accumulated per optimizer step
 
     def __post_init__(self) -> None:
         _positive("batch_size", self.batch_size)
         _positive("seq_len", self.seq_len)
+        _positive("grad_accum", self.grad_accum)
 
     @property
     def tokens(self) -> int:
+        """Tokens of one micro-batch."""
         return self.batch_size * self.seq_len
+
+    def global_batch(self, dp: int = 1) -> int:
+        """Sequences per optimizer step over `dp` data-parallel replicas: B x dp x grad_accum."""
+        return self.batch_size * dp * self.grad_accum
 
 
 def _positive(field: str, value: Any) -> None:
@@ -173,7 +184,7 @@ def validate_workload(cfg: GPTConfig, workload: Workload) -> None:
         )
 
 
-# Families: named bundles of switches (DESIGN.md, "Architectures"). Sizes are not part of them.
+# Families: named bundles of switches. Sizes are not part of them.
 ARCHS: dict[str, dict[str, Any]] = {
     # Seeds 000/001/004, Karpathy's "Let's build GPT": per-head k/q/v without bias, projection
     # and MLP with bias, ReLU, LayerNorm with bias, untied lm_head with bias, no embedding dropout.
@@ -200,9 +211,134 @@ ARCHS: dict[str, dict[str, Any]] = {
     "llama": dict(
         qkv_layout="separate", qkv_bias=False, attn_out_bias=False, mlp_bias=False,
         lm_head_bias=False, tie_embeddings=False, pos_embedding="rotary", norm="rmsnorm",
-        mlp="swiglu", final_norm=True, embd_dropout=False,
+        mlp="swiglu", final_norm=True, embd_dropout=False, dropout=0.0,
     ),
 }
+
+
+# --- how a model is trained ----------------------------------------------------------------------
+
+MODES = ("fp32", "amp", "mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+AUTOCAST_DTYPES = ("bf16", "fp16")
+RECOMPUTE = ("none", "selective", "full")
+ATTN_IMPLS = ("manual", "sdpa")
+DEVICES = ("cpu", "cuda")
+IMPLS = ("reference", "transformers", "paper")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """How a model is trained: precision, optimizer, recomputation, kernels, parallel layout.
+
+    mode: fp32 | amp (fp32 weights and gradients, autocast compute in `autocast_dtype`) |
+    mixed (ZeRO's accounting: 16-bit weights and gradients + fp32 master weights and states) |
+    bf16 (pure bf16 weights, gradients and states). attn_impl: manual (softmax(q k^T) v written
+    out, its S x S scores saved) | sdpa (F.scaled_dot_product_attention; a flash-type kernel
+    on CUDA). device: whose kernel semantics decide what is saved (CPU and CUDA save different
+    dtypes for some ops). impl: the implementation whose saved tensors are counted: the
+    project's `reference` model, Hugging Face `transformers`' modules, or Korthikanti et al.
+    2022's `paper` formula. Parallel layout: `dp` data-parallel replicas with ZeRO stage
+    `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
+    (Korthikanti et al. 2022); `pp` pipeline stages (1F1B). `overhead`: bytes added to every
+    phase of the peak for what the model does not cover (framework context, allocator
+    fragmentation, communication buckets); 0 unless given, always printed.
+
+    The dataclass defaults are the bare fp32 CPU set-up the reference model is measured in;
+    `training_defaults` gives the set-up a family is usually trained with.
+    """
+
+    mode: str = "fp32"
+    optimizer: str = "adamw"
+    autocast_dtype: str = "bf16"
+    recompute: str = "none"
+    attn_impl: str = "manual"
+    device: str = "cpu"
+    impl: str = "reference"
+    dp: int = 1
+    zero: int = 0
+    tp: int = 1
+    pp: int = 1
+    sp: bool = False
+    overhead: int = 0
+
+    def __post_init__(self) -> None:
+        for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
+                              ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
+                              ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(name, f"{name} must be one of {', '.join(choices)}; "
+                                        f"got {getattr(self, name)!r}")
+        for name in ("dp", "tp", "pp"):
+            _positive(name, getattr(self, name))
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        if not isinstance(self.sp, bool):
+            raise ConfigError("sp", f"sp must be true or false, got {self.sp!r}")
+        if isinstance(self.overhead, bool) or not isinstance(self.overhead, int) or (
+                self.overhead < 0):
+            raise ConfigError("overhead", f"overhead must be a byte count >= 0, got "
+                                          f"{self.overhead!r}")
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one weight (and of one gradient): fp32, or 16 bit in mixed and bf16."""
+        return 4 if self.mode in ("fp32", "amp") else 2
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes of one activation element: fp32, or the 16-bit compute dtype."""
+        return 4 if self.mode == "fp32" else 2
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes of one residual-stream element: the weights' dtype (fp32 weights keep the
+        stream fp32 under amp: a 16-bit branch output added to it promotes to fp32)."""
+        return self.weight_bytes
+
+    def describe(self) -> str:
+        """One line naming every assumption of the set-up."""
+        prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, fp32 weights)",
+                "mixed": f"mixed ({self.autocast_dtype} weights, fp32 master copy)",
+                "bf16": "pure bf16"}[self.mode]
+        layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
+                 f" pp={self.pp}"
+        return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, {self.device.upper()} "
+                f"kernels, {self.impl} implementation, recompute {self.recompute}, {layout}")
+
+
+# The families the seeds train in fp32 with a written-out attention on a CPU; everything else
+# (GPT-2, Llama and every Hugging Face model) is trained the way people train today: bf16
+# autocast over fp32 weights, SDPA (flash attention), CUDA kernels.
+SEED_FAMILIES = ("tutorial", "notes")
+
+
+def family_of(cfg: GPTConfig) -> str | None:
+    """The family in `ARCHS` whose switches `cfg` has (ignoring dropout), or None."""
+    for name, switches in ARCHS.items():
+        if all(getattr(cfg, k) == v for k, v in switches.items() if k != "dropout"):
+            return name
+    return None
+
+
+def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
+    """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
+    `impl`. Seed families: fp32, manual attention, CPU (the reference model, as the seeds run
+    it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is counted as
+    transformers' modules save it."""
+    if not hf and family_of(cfg) in SEED_FAMILIES:
+        return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
+    return {"mode": "amp", "attn": "sdpa", "device": "cuda",
+            "impl": "transformers" if hf else "reference"}
+
+
+def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingSetup:
+    """`TrainingSetup` with the family's `training_defaults`, then `changes`."""
+    d = training_defaults(cfg, hf)
+    fields = {"mode": d["mode"], "attn_impl": d["attn"], "device": d["device"],
+              "impl": d["impl"], **changes}
+    return TrainingSetup(**fields)
 
 
 # --- typed field values from text (--set) and from TOML/JSON files -------------------------------

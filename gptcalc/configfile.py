@@ -31,7 +31,7 @@ from .config import ConfigError, GPTConfig, Workload, coerce_field, field_kinds
 
 SECTIONS = ("model", "workload", "training", "parallel", "inference")
 MODEL_SOURCES = ("preset", "arch", "hf_config")  # keys of [model] that are not GPTConfig fields
-WORKLOAD_KEYS = ("batch_size", "seq_len")
+WORKLOAD_KEYS = ("batch_size", "seq_len", "grad_accum")
 FORMATS = (".toml", ".json")
 
 

@@ -368,31 +368,19 @@ CATEGORIES = ("weights", "gradients", "optimizer", "activations", "logits")
 CATEGORY_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
 
 
-def memory_setup(device: str = "cuda"):
-    """The training set-up the memory plots assume: fp32 weights, AdamW, no parallelism."""
-    from gptcalc.memory import TrainingSetup
+def memory_setup(cfg: GPTConfig, device: str | None = None):
+    """The training set-up the memory plots assume: the family's usual one (bf16 autocast,
+    SDPA, CUDA kernels; the seeds' models fp32 with their manual attention), on one device."""
+    from gptcalc.config import default_setup
 
-    return TrainingSetup(mode="fp32", optimizer="adamw", device=device)
+    return default_setup(cfg, **({"device": device} if device else {}))
 
 
 def memory_categories(cfg: GPTConfig, workload, setup) -> dict[str, int]:
-    """Training memory of one device in the five categories the plots stack, exact bytes.
+    """`MemoryReport.categories` of this workload: what the stacked plot draws."""
+    from gptcalc.memory import memory_report
 
-    weights, gradients, optimizer: gptcalc.memory.state_bytes. activations: every tensor saved
-    for backward (gptcalc.memory.saved_activations) except the cross entropy's log-probabilities,
-    which are counted with the logits: logits = the logits and those log-probabilities
-    (gptcalc.memory.logits_bytes). The five never all peak together (gradients appear as
-    activations are freed); `gptcalc.memory.step_peak` is the modelled peak.
-    """
-    from gptcalc.memory import logits_bytes, saved_activations, state_bytes
-
-    st = state_bytes(cfg, setup)
-    acts = saved_activations(cfg, workload, setup)
-    lg = logits_bytes(cfg, workload, setup)
-    activations = sum(v for k, v in acts.items()
-                      if not k.startswith("input/") and k not in lg)
-    return {"weights": st.weights, "gradients": st.gradients, "optimizer": st.optimizer,
-            "activations": activations, "logits": sum(lg.values())}
+    return memory_report(cfg, workload, setup).categories()
 
 
 def _stack(ax, xs, series: list[dict[str, int]], peaks: Sequence[int]) -> None:
@@ -419,12 +407,12 @@ def _stack(ax, xs, series: list[dict[str, int]], peaks: Sequence[int]) -> None:
 
 
 def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
-                         device: str = "cuda") -> Plot:
+                         device: str | None = None) -> Plot:
     """Training memory stacked by category vs batch size and vs sequence length."""
     from gptcalc.config import Workload
     from gptcalc.memory import step_peak
 
-    setup = memory_setup(device)
+    setup = memory_setup(cfg, device)
     fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(12, 5))
     b_max = max(16, 4 * workload.batch_size)  # around this workload's batch
     batches = sorted({1, *range(max(1, b_max // 64), b_max + 1, max(1, b_max // 64))})
@@ -445,7 +433,7 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
     ax_s.set(xlabel=f"sequence length S (tokens, up to T = {T:,})",
              ylabel="memory of one training step (GiB)",
              title=f"Training memory vs sequence length (B = {workload.batch_size})")
-    fig.suptitle(f"fp32 weights, AdamW, {device} kernels. Stacked: every category at once; "
+    fig.suptitle(f"{setup.describe()}.\nStacked: every category at once; "
                  f"black: gptcalc's modelled peak of a step\n{model_label(cfg, name)}",
                  fontsize=10)
     path = _save(fig, out_dir, "training_memory")
@@ -460,7 +448,8 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
 
 def plot_zero(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
     """Model states per device vs data-parallel size, one line per ZeRO stage."""
-    from gptcalc.memory import TrainingSetup, state_bytes
+    from gptcalc.config import TrainingSetup
+    from gptcalc.memory import state_bytes
 
     fig, ax = plt.subplots(figsize=(8, 5))
     dps = [2**i for i in range(0, 11)]

@@ -202,42 +202,33 @@ def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Bloc
     ]
 
 
-def _memory_setup(device: str):
-    from gptcalc.memory import TrainingSetup
-
-    return TrainingSetup(mode="fp32", optimizer="adamw", device=device)
-
-
 def _memory_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Block]:
-    """`gptcalc.memory.memory_report` for fp32 AdamW training of this workload on `device`."""
+    """`gptcalc.memory.memory_report` for the family's usual training set-up of this workload."""
+    from gptcalc.config import default_setup
     from gptcalc.memory import memory_report
 
-    from .plots import memory_categories
-
-    setup = _memory_setup(device)
+    setup = default_setup(cfg)
     r = memory_report(cfg, wl, setup)
-    cats = memory_categories(cfg, wl, setup)
+    cats = r.categories()
     rows = [(k, f"{v:,}", binary_bytes(v)) for k, v in cats.items()]
     acts = r.breakdown["activations"]
     top = sorted(((k, v) for k, v in acts.items() if v), key=lambda kv: -kv[1])[:8]
     peak = r.peak
     return [
         Heading(2, "Memory"),
-        Para(f"One training step of B = {wl.batch_size} sequences of S = {wl.seq_len} tokens "
-             f"on one `{device}` device: fp32 weights and gradients, AdamW (two fp32 moments and "
-             "a step counter per tensor), no recomputation, the seeds' manual attention."),
+        Para(f"One training step of a micro-batch of B = {wl.batch_size} sequences of "
+             f"S = {wl.seq_len} tokens on one device, assuming {setup.describe()}."),
         table(["category", "bytes", "binary"], rows,
               total=("sum (all at once)", f"{sum(cats.values()):,}",
                      binary_bytes(sum(cats.values()))),
-              caption="activations: every tensor saved for backward (gptcalc.memory."
-                      "saved_activations, exact on CPU) except the cross entropy's log-"
-                      "probabilities, which are counted under logits with the logits."),
+              caption="activations: every tensor saved for backward, the cross entropy's "
+                      "log-probabilities and autocast's weight copies included."),
         Para(f"Modelled peak of a step: **{binary_bytes(peak.bytes)}** ({peak.bytes:,} bytes), "
              f"in the {peak.phase} phase: {peak.why}. Korthikanti et al. 2022's published "
              f"activation formula gives {binary_bytes(r.activations_paper)} (16-bit "
-             f"activations) against {binary_bytes(r.activations)} saved by this fp32 model. KV "
+             f"activations) against {binary_bytes(r.activations)} saved by this model. KV "
              f"cache for inference at context {wl.seq_len}: {binary_bytes(r.kv_cache)} "
-             f"(B = {wl.batch_size}, fp32)."),
+             f"(B = {wl.batch_size}, in the serving dtype)."),
         table(["largest saved tensors (all layers)", "bytes", "binary"],
               [(k, f"{v:,}", binary_bytes(v)) for k, v in top]),
     ]

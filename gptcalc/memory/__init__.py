@@ -1,0 +1,33 @@
+"""Memory of training and inference, per device, in bytes.
+
+- `states`: weights, gradients and optimizer states per precision mode, sharded by ZeRO,
+  tensor and pipeline parallelism (exact);
+- `activations`: what backward keeps, by implementation profile (`reference`, `transformers`,
+  `paper`), sharded as Korthikanti et al. 2022 shard it, with a pipeline stage's micro-batches
+  in flight; the logits;
+- `inference`: the KV cache, and the longest context that fits;
+- `peak`: the step peak as a phase model of named terms;
+- `report`: everything `gptcalc memory` prints, and the largest batch / sequence that fit.
+
+This package never imports torch.
+"""
+
+from ..config import (ATTN_IMPLS, AUTOCAST_DTYPES, DEVICES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE,
+                      ZERO_STAGES, TrainingSetup)
+from .activations import (activations_paper, device_activations, logits_bytes,
+                          paper_layer_bytes, saved_activations)
+from .inference import inference_bytes, kv_cache_bytes, max_context, serving_dtype_bytes
+from .peak import StepPeak, stage_phases, step_peak
+from .report import MemoryReport, max_batch, max_seq_len, memory_report, validate_setup
+from .states import (OPTIMIZER_BYTES, STEP_COUNTER_BYTES, StateBytes,
+                     autocast_weight_copies, stage_params, state_bytes, zero_bytes_per_param)
+
+__all__ = [
+    "ATTN_IMPLS", "AUTOCAST_DTYPES", "DEVICES", "IMPLS", "MODES", "OPTIMIZERS",
+    "OPTIMIZER_BYTES", "RECOMPUTE", "STEP_COUNTER_BYTES", "ZERO_STAGES", "MemoryReport",
+    "StateBytes", "StepPeak", "TrainingSetup", "activations_paper", "autocast_weight_copies",
+    "device_activations", "inference_bytes", "kv_cache_bytes", "logits_bytes", "max_batch",
+    "max_context", "max_seq_len", "memory_report", "paper_layer_bytes", "saved_activations",
+    "serving_dtype_bytes", "stage_params", "stage_phases", "state_bytes", "step_peak",
+    "validate_setup", "zero_bytes_per_param",
+]

@@ -1,0 +1,163 @@
+"""Activations per device: what backward keeps, by implementation profile, sharded.
+
+A profile lists the tensors one micro-batch saves for backward, one line per tensor kind, for
+the whole model on one device (`reference`: the project's model; `transformers`: Hugging Face
+transformers' modules; `paper`: Korthikanti et al. 2022's closed form). `device_activations`
+then shards the lines as Korthikanti et al. shard them and counts a pipeline stage's
+micro-batches in flight. Logits and the cross entropy's log-probabilities are counted once:
+the log-probabilities are a saved tensor (`cross_entropy/...`), the logits a separate row.
+"""
+
+from __future__ import annotations
+
+from ..config import GPTConfig, TrainingSetup, Workload
+from .profile_reference import reference_saved
+from .profile_transformers import transformers_saved
+from .states import autocast_weight_copies
+
+
+def paper_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                      recompute: str = "none") -> int:
+    """Korthikanti et al. 2022, Table 2: activation bytes of one transformer layer.
+
+    16-bit activations and 1-byte dropout masks, F = 4, s sequence, b micro-batch, h hidden,
+    a heads, t tensor-parallel size:
+      no recomputation, tp:       sbh(10 + 24/t + 5as/(ht))
+      no recomputation, tp + sp:  sbh(34/t + 5as/(ht))
+      selective, tp:              sbh(10 + 24/t)
+      selective, tp + sp:         sbh(34/t)
+      full recomputation:         2sbh  (the layer input; with sp Megatron keeps its 1/t shard)
+    With t = 1 the first row is the paper's sbh(34 + 5as/h).
+    """
+    sbh = s * b * h
+    attention_core = 5 * a * s * s * b // t  # softmax 2, its dropout mask 1, dropped output 2
+    if recompute == "full":
+        return 2 * sbh // (t if sp else 1)
+    base = 34 * sbh // t if sp else 10 * sbh + 24 * sbh // t
+    return base + (attention_core if recompute == "none" else 0)
+
+
+def paper_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict[str, int]:
+    """Korthikanti et al. 2022 as a profile: one micro-batch, all L layers, before sharding.
+
+    layers: L x `paper_layer_bytes` with h = E, a = H, s = seq_len, b = the micro-batch, t = 1;
+    embedding/dropout: the input embedding's 1-byte dropout mask, sbh; the output terms of
+    their sec. 4.3: final LayerNorm input 2sbh, output-projection input 2sbh, fp32 logits for
+    the cross entropy 4sbv. As published: 16-bit activations whatever the mode.
+    """
+    s, b, h, a, v = workload.seq_len, workload.batch_size, cfg.n_embd, cfg.n_head, cfg.vocab_size
+    return {
+        "layer/all": cfg.n_layer * paper_layer_bytes(s, b, h, a, 1, False, setup.recompute),
+        "embedding/dropout": s * b * h,
+        "final/ln_f/input": 2 * s * b * h,
+        "final/lm_head_input": 2 * s * b * h,
+        "cross_entropy/log_probs": 4 * s * b * v,
+    }
+
+
+PROFILES = {"reference": reference_saved, "transformers": transformers_saved,
+            "paper": paper_saved}
+
+
+def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                      ) -> dict[str, int]:
+    """The `setup.impl` profile's saved bytes of one micro-batch on one device, unsharded.
+
+    Keys: `embedding/...`, `layer/...` (summed over L layers), `final/...`,
+    `cross_entropy/...`, `input/...` (the batch's own index tensors), `weight_copy/...`
+    (autocast's 16-bit weight copies, mode amp)."""
+    out = PROFILES[setup.impl](cfg, workload, setup)
+    if setup.impl == "paper":
+        return out
+    return {**out, **autocast_weight_copies(cfg, setup)}
+
+
+# Which lines tensor parallelism divides (Korthikanti et al. 2022, sec. 4.2): the attention and
+# MLP internals are split by heads / d_ff across the t ranks always; the norms, the inputs of the
+# q/k/v and MLP projections, the residual dropout masks and the embedding / final norm are the
+# paper's "10sbh" that only sequence parallelism divides. The cross entropy's log-probabilities
+# are vocabulary-parallel. Index tensors and the manual path's S x S causal mask stay whole.
+_SEQUENCE_SHARDED = ("embedding/", "final/", "layer/ln_", "layer/block_input",
+                     "layer/attn/qkv_input", "layer/attn/resid_dropout_mask",
+                     "layer/mlp/fc_input", "layer/mlp/dropout_mask", "layer/norm")
+_REPLICATED = ("input/", "layer/attn/causal_mask", "cross_entropy/total_weight",
+               "weight_copy/")  # weight copies arrive tensor-parallel sharded already
+
+
+def _tp_divisor(key: str, setup: TrainingSetup) -> int:
+    if key.startswith(_REPLICATED):
+        return 1
+    if key.startswith(_SEQUENCE_SHARDED):
+        return setup.tp if setup.sp else 1
+    return setup.tp
+
+
+def stage_in_flight(setup: TrainingSetup, stage: str) -> int:
+    """Micro-batches whose activations a pipeline stage holds at once under 1F1B: the first
+    stage pp (it runs pp forwards before its first backward), the last stage 1 (Narayanan et
+    al. 2021, sec. 2.2; Korthikanti et al. 2022, sec. 4.2.3)."""
+    return setup.pp if stage == "first" else 1
+
+
+def device_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                       stage: str = "first") -> dict[str, int]:
+    """Saved-activation bytes one device of pipeline stage `stage` holds, by line.
+
+    Tensor/sequence parallel: each line divided as `_tp_divisor` says (the paper's paper layer
+    total is split 10sbh by sp and 24sbh + 5as^2b by tp, as in its Table 2). Pipeline: a stage
+    holds L/pp layers of each of its `stage_in_flight` micro-batches; the embedding lines live on
+    the first stage, the final norm, lm_head input and cross entropy on the last.
+    """
+    lines = saved_activations(cfg, workload, setup)
+    p, inflight = setup.pp, stage_in_flight(setup, stage)
+    out: dict[str, int] = {}
+    for key, nbytes in lines.items():
+        if key == "layer/all":  # the paper's layer total: 10sbh by sp, the rest by tp
+            s, b, h = workload.seq_len, workload.batch_size, cfg.n_embd
+            plain = 10 * s * b * h * cfg.n_layer if setup.recompute != "full" else 0
+            split = (nbytes - plain) // setup.tp + plain // (setup.tp if setup.sp else 1)
+            if setup.recompute == "full" and setup.sp:
+                split = nbytes // setup.tp
+            out[key] = split * inflight // p
+            continue
+        if key.startswith(("layer/", "weight_copy/")) and not key.endswith("lm_head"):
+            nbytes = nbytes * inflight // p  # L/pp layers x micro-batches in flight
+        elif key.startswith(("embedding/", "input/idx")):
+            nbytes = nbytes * inflight if stage == "first" or p == 1 else 0
+        elif p > 1 and stage == "first":  # final norm, head, loss, targets: the last stage
+            nbytes = 0
+        out[key] = nbytes // _tp_divisor(key, setup)
+    return out
+
+
+def logits_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """The logits of one micro-batch, b x S x V in the compute dtype, vocabulary-parallel over
+    tp (Megatron pads V to a multiple of tp). The model returns them, so they stay alive until
+    the backward has used their gradient. The cross entropy's saved log-probabilities are a
+    saved activation (`cross_entropy/log_probs`), not counted here."""
+    v_shard = -(-cfg.vocab_size // setup.tp)
+    return workload.batch_size * workload.seq_len * v_shard * setup.act_bytes
+
+
+def activations_paper(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                      ) -> dict[str, int]:
+    """Korthikanti et al. 2022's activation memory of the most loaded device, term by term.
+
+    layers: the first stage of a 1F1B pipeline holds pp micro-batches of L/pp layers (their
+    sec. 4.2.3) = L x `paper_layer_bytes` with h = E, a = H, s = seq_len, b the micro-batch,
+    t = tp. embedding/dropout: the 1-byte dropout mask of the input embeddings of those pp
+    micro-batches, sbhp/t with sp (sbhp without). The output terms, counted where pp = 1 (they
+    live on the last stage): final LayerNorm input 2sbh/t, output-projection input 2sbh/t (each
+    /t only with sp), and fp32 logits for the cross entropy 4sbv/t, i.e. the paper's
+    (4sbh/t)(1 + v/h). As published: 16-bit activations whatever the mode.
+    """
+    s, b, h, a = workload.seq_len, workload.batch_size, cfg.n_embd, cfg.n_head
+    t, p, v = setup.tp, setup.pp, cfg.vocab_size
+    ts = t if setup.sp else 1
+    return {
+        "layers": cfg.n_layer * paper_layer_bytes(s, b, h, a, t, setup.sp, setup.recompute),
+        "embedding/dropout": s * b * h * p // ts,
+        "output/final_norm": 2 * s * b * h // ts if p == 1 else 0,
+        "output/lm_head_input": 2 * s * b * h // ts if p == 1 else 0,
+        "output/cross_entropy": 4 * s * b * v // t if p == 1 else 0,
+    }

@@ -1,0 +1,181 @@
+"""The peak of one training step per device, as a phase model.
+
+A steady-state step (optimizer states exist; `zero_grad(set_to_none=True)` before it) passes
+through four moments where live memory can peak. Each is a sum of named terms:
+
+- forward end: weights, optimizer states, every saved activation, the logits and the loss's
+  own transients (what the implementation's loss holds while it is computed);
+- backward start: the same, with the logits' gradient being made by the cross entropy;
+- backward, last block: saved activations less the loss's, the head's gradients, and the
+  largest in-flight tensors of one block's backward (the attention core's or the MLP's);
+- optimizer step: weights, gradients, optimizer states and the update's temporaries.
+
+Saved activations go down and gradients up through backward one block at a time, so between
+its first and last block live memory moves linearly and the largest value sits at one end: the
+phases above cover both ends. `overhead` (framework context, allocator fragmentation,
+communication buckets) is added to every phase and always printed: nothing is hidden in a
+tolerance. What is not modelled: FSDP's unsharded parameters and communication buffers, and
+allocator rounding; the measured error against PyTorch's trackers is stated by the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import GPTConfig, TrainingSetup, Workload
+from .activations import device_activations, logits_bytes
+from .states import STAGES, StateBytes, largest_tensor, state_bytes
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The largest phase of one training step on the most loaded device."""
+
+    bytes: int
+    phase: str  # "forward end", "backward start", "backward, last block", "optimizer step"
+    stage: str  # "first" or "last" pipeline stage (the same device when pp == 1)
+    why: str
+    phases: dict[str, int]
+    lines: dict[str, int] = field(default_factory=dict)  # the terms of the peak phase
+
+
+def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                    ) -> dict[str, int]:
+    """What the loss holds beyond the saved tensors and the logits, at the forward's end and at
+    the backward's start, on the device that computes it (vocabulary-parallel over tp).
+
+    forward: autocast (amp, mixed) runs the cross entropy on an fp32 copy of the 16-bit logits
+    (N V 4). backward: log_softmax's backward holds the incoming gradient and its result, two
+    N x V tensors in the log-probabilities' dtype (fp32 under autocast).
+    """
+    n = workload.batch_size * workload.seq_len * -(-cfg.vocab_size // setup.tp)
+    autocast = setup.mode in ("amp", "mixed")
+    lp = 4 if autocast else setup.act_bytes
+    return {"forward": 4 * n if autocast else 0, "backward": 2 * n * lp}
+
+
+def block_backward_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """The largest set of gradients in flight inside one block's backward, per device.
+
+    Attention written out (manual, or SDPA's CPU math path with dropout): the gradients of the
+    probabilities and of the scores, 2 b H S^2 in the scores' dtype, beside q's and k's
+    gradient. A fused SDPA kernel: the gradients of q, k and v, N (Dq + 2 Dkv). MLP: the
+    hidden gradient and the activation's input gradient (gated MLPs: gate and up), 2 N d_ff
+    (3 for SwiGLU). Tensor parallel divides heads and d_ff. Plus the residual stream's gradient
+    and its copy for the branch, 2 N E in the stream's dtype.
+    """
+    b, S, t = workload.batch_size, workload.seq_len, setup.tp
+    N, a, r = b * S, setup.act_bytes, setup.stream_bytes
+    fused = setup.attn_impl == "sdpa" and (cfg.dropout == 0 or setup.device == "cuda")
+    if fused:
+        attn = N * (cfg.q_width + 2 * cfg.kv_width) * a
+    else:
+        m = a if setup.attn_impl == "manual" else 4
+        attn = 2 * b * cfg.n_head * S * S * m + 2 * N * cfg.q_width * m
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * N * cfg.ffn_dim * a
+    return max(attn, mlp) // t + 2 * N * cfg.n_embd * r
+
+
+def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """What recomputation makes again inside one block's backward, per device: the tensors a
+    plain block saves less those the recomputed one kept (full: the whole block beside its
+    input; selective: the attention core). Korthikanti et al. 2022, sec. 5."""
+    if setup.recompute == "none":
+        return 0
+    from dataclasses import replace
+
+    def layer(s: TrainingSetup) -> int:
+        lines = device_activations(cfg, workload, s, "last")
+        return sum(v for k, v in lines.items() if k.startswith("layer/")) // (
+            cfg.n_layer // setup.pp)
+    return max(0, layer(replace(setup, recompute="none")) - layer(setup))
+
+
+def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) -> int:
+    """Bytes the optimizer's update allocates beside the states.
+
+    AdamW on CUDA takes torch's foreach path: `_foreach_sqrt` of every exp_avg_sq at once, one
+    fp32 tensor per parameter of the device's (ZeRO-sharded) optimizer partition. On CPU the
+    single-tensor path: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)` makes two
+    tensors the size of the largest parameter. SGD updates in place. mixed: the fp32 master
+    weights' gradients, an fp32 copy of every 16-bit gradient, exist for the whole step.
+    """
+    shard = -(-st.params // setup.dp)
+    masters = 0
+    if setup.mode == "mixed":
+        masters = 4 * (shard if setup.zero >= 2 else st.params)
+    if setup.optimizer != "adamw":
+        return masters
+    wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
+    if setup.device == "cuda":
+        return masters + wb * (shard if setup.zero >= 1 else st.params)
+    return masters + wb * 2 * largest_tensor(cfg, setup)
+
+
+def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
+                 ) -> dict[str, dict[str, int]]:
+    """Each phase's terms on one device of pipeline stage `stage`."""
+    st = state_bytes(cfg, setup, stage)
+    acts = device_activations(cfg, workload, setup, stage)
+    saved = sum(acts.values())
+    holds_head = setup.pp == 1 or stage == "last"
+    logits = logits_bytes(cfg, workload, setup) if holds_head else 0
+    loss = loss_transients(cfg, workload, setup) if holds_head else {"forward": 0,
+                                                                     "backward": 0}
+    loss_saved = sum(v for k, v in acts.items() if k.startswith("cross_entropy/"))
+    # with gradient accumulation the gradients of earlier micro-batches are alive throughout
+    grads_early = st.gradients if workload.grad_accum > 1 else 0
+    base = {"weights": st.weights, "optimizer states": st.optimizer, "overhead": setup.overhead}
+    head_grads = 0
+    if holds_head:  # the lm_head's gradient (own or tied), made before the last block's
+        shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
+        head_grads = setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
+    return {
+        "forward end": {**base, "saved activations": saved, "logits": logits,
+                        "loss (fp32 logits copy)": loss["forward"],
+                        "gradients (accumulating)": grads_early},
+        "backward start": {**base, "saved activations": saved, "logits": logits,
+                           "loss gradient": loss["backward"],
+                           "gradients (accumulating)": grads_early},
+        "backward, last block": {**base, "saved activations": saved - loss_saved,
+                                 "recomputed block": recomputed_block(cfg, workload, setup),
+                                 "gradients": max(grads_early, head_grads),
+                                 "block gradients in flight":
+                                     block_backward_transients(cfg, workload, setup)},
+        "optimizer step": {**base, "gradients": st.gradients,
+                           "optimizer temporaries": optimizer_temporaries(cfg, setup, st),
+                           "targets": 8 * workload.tokens if holds_head else 0},
+    }
+
+
+_WHY = {
+    "forward end": "the forward's end: every saved activation, the logits and the loss's fp32 "
+                   "copy of them",
+    "backward start": "the start of backward: every saved activation and the logits, while the "
+                      "cross entropy makes the logits' gradient",
+    "backward, last block": "the last block's backward: the saved activations beside that "
+                            "block's gradients in flight",
+    "optimizer step": "the optimizer step: weights, gradients and optimizer states with the "
+                      "update's temporaries (the activations are gone)",
+}
+
+
+def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
+    """The peak of one training step on the most loaded device: the largest phase of
+    `stage_phases` over the first and last pipeline stage (the first holds pp micro-batches of
+    activations, the last the logits and the head)."""
+    best: StepPeak | None = None
+    for stage in STAGES if setup.pp > 1 else ("first",):
+        phases = stage_phases(cfg, workload, setup, stage)
+        totals = {k: sum(v.values()) for k, v in phases.items()}
+        phase = max(totals, key=totals.get)
+        if best is None or totals[phase] > best.bytes:
+            why = _WHY[phase]
+            if setup.pp > 1:
+                why += (f"; the {stage} pipeline stage is the most loaded ("
+                        + ("it holds pp micro-batches of activations in flight under 1F1B)"
+                           if stage == "first" else "it holds the logits and the lm_head)"))
+            best = StepPeak(bytes=totals[phase], phase=phase, stage=stage, why=why,
+                            phases=totals, lines=phases[phase])
+    assert best is not None
+    return best

@@ -1,0 +1,124 @@
+"""Everything `gptcalc memory` answers for one set-up, and the largest workloads that fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ConfigError, GPTConfig, TrainingSetup, Workload, validate_workload
+from .activations import activations_paper, device_activations, logits_bytes
+from .inference import kv_cache_bytes, serving_dtype_bytes
+from .peak import StepPeak, step_peak
+from .states import STAGES, state_bytes
+
+
+def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
+    """Parallel sizes must divide what they shard (Megatron-LM's and the 1F1B schedule's
+    rules); data parallelism shards nothing of the micro-batch, so any dp is valid."""
+    validate_workload(cfg, workload)
+    t, p = setup.tp, setup.pp
+    for what, size in (("n_head", cfg.n_head), ("n_kv_head", cfg.kv_heads),
+                       ("d_ff", cfg.ffn_dim), ("n_embd", cfg.n_embd)):
+        if size % t:
+            raise ConfigError("tp", f"tp {t} does not divide {what} {size}")
+    if setup.sp and t > 1 and workload.seq_len % t:
+        raise ConfigError("sp", f"sequence parallel needs tp {t} to divide seq_len "
+                                f"{workload.seq_len}")
+    if cfg.n_layer % p:
+        raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Everything `gptcalc memory` prints; bytes per device of the most loaded pipeline stage
+    (the stage that holds the peak), exact integers."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for backward, incl. the cross entropy's, excl. the index tensors
+    weight_copies: int  # autocast's 16-bit copies of fp32 weights saved for backward (amp)
+    activations_paper: int
+    logits: int
+    kv_cache: int
+    peak: StepPeak
+    global_batch: int  # sequences per optimizer step: B x dp x grad_accum
+    breakdown: dict[str, dict[str, int]]
+
+    def categories(self) -> dict[str, int]:
+        """The five categories a stacked plot shows: states, everything saved for backward
+        (autocast's weight copies included), the logits. They never all peak together
+        (gradients appear as activations are freed); `peak` is the modelled peak."""
+        return {"weights": self.weights, "gradients": self.gradients,
+                "optimizer": self.optimizer, "activations": self.activations + self.weight_copies,
+                "logits": self.logits}
+
+
+def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                  context: int | None = None) -> MemoryReport:
+    """States, activations (the implementation's and the paper's), logits, the KV cache of an
+    inference run at `context` tokens (default seq_len) in the serving dtype, and the step peak,
+    all on the device that holds the peak."""
+    validate_setup(cfg, workload, setup)
+    ctx = workload.seq_len if context is None else context
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx <= 0:
+        raise ConfigError("context", f"context must be a positive integer, got {ctx!r}")
+    peak = step_peak(cfg, workload, setup)
+    st = state_bytes(cfg, setup, peak.stage)
+    acts = device_activations(cfg, workload, setup, peak.stage)
+    copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
+    acts = {k: v for k, v in acts.items() if k not in copies}
+    paper = activations_paper(cfg, workload, setup)
+    holds_head = setup.pp == 1 or peak.stage == "last"
+    logits = logits_bytes(cfg, workload, setup) if holds_head else 0
+    kv = kv_cache_bytes(cfg, workload.batch_size, ctx, serving_dtype_bytes(setup), setup.tp,
+                        setup.pp)
+    return MemoryReport(
+        weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
+        activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
+        weight_copies=sum(copies.values()), activations_paper=sum(paper.values()),
+        logits=logits, kv_cache=kv, peak=peak,
+        global_batch=workload.global_batch(setup.dp),
+        breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
+                   "activations_paper": paper, "peak": peak.lines},
+    )
+
+
+def _largest(fits, lo: int) -> int:
+    """The largest n >= lo with fits(n), for a monotone `fits` with fits(lo) true: doubling,
+    then bisection; exact, with no ceiling."""
+    hi = lo * 2
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def max_batch(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> int:
+    """The largest micro-batch whose step peak fits `budget` bytes per device; 0 if none."""
+    def fits(b: int) -> bool:
+        wl = Workload(b, workload.seq_len, workload.grad_accum)
+        return step_peak(cfg, wl, setup).bytes <= budget
+    return _largest(fits, 1) if fits(1) else 0
+
+
+def max_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> int:
+    """The longest training sequence whose step peak fits `budget` bytes at this micro-batch
+    (0 if none). A memory bound: past the block size the model has no positions for it."""
+    big = cfg.replace(block_size=max(cfg.block_size, 1 << 62)) if (
+        cfg.pos_embedding != "learned") else cfg
+
+    def fits(s: int) -> bool:
+        if s > big.block_size:
+            return False
+        wl = Workload(workload.batch_size, s, workload.grad_accum)
+        return step_peak(big, wl, setup).bytes <= budget
+    if setup.sp and setup.tp > 1:  # sequence parallel needs tp | S: search in steps of tp
+        t = setup.tp
+        return t * (_largest(lambda k: fits(k * t), 1) if fits(t) else 0)
+    return _largest(fits, 1) if fits(1) else 0
+
+
+__all__ = ["MemoryReport", "STAGES", "max_batch", "max_seq_len", "memory_report",
+           "validate_setup"]

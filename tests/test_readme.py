@@ -1,0 +1,54 @@
+"""Every `gptcalc` command and the Python API snippet in README.md run and exit 0."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _commands() -> list[str]:
+    """Indented `gptcalc ...` lines (code blocks), without their trailing comments."""
+    out = []
+    for line in README.splitlines():
+        m = re.match(r"^ {4}(?:pip install [^&]*&& )?(gptcalc .*)$", line)
+        if m:
+            out.append(m.group(1).split("  #")[0].strip())
+    return out
+
+
+COMMANDS = _commands()
+SLOW = ("gptcalc report", "gptcalc verify", "gptcalc plot")
+
+
+def test_the_readme_has_commands():
+    assert len(COMMANDS) >= 8, COMMANDS
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if not c.startswith(SLOW)])
+def test_readme_command_runs(command, tmp_path):
+    args = shlex.split(command)[1:]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, (command, result.output)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c.startswith(SLOW)])
+def test_readme_slow_command_runs(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --out DIR lands in a temporary directory
+    args = shlex.split(command)[1:]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, (command, result.output)
+
+
+def test_readme_python_api_snippet_runs():
+    code = re.search(r"```python\n(import gptcalc\n.*?)```", README, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
