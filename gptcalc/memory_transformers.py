@@ -223,13 +223,14 @@ def transformers_loss_transients(cfg: GPTConfig, b: int, S: int, setup: Any
       loss                4
     loss_backward/...    inside log_softmax's backward, the step's largest loss-path moment:
       logits, kv_cache    as above
+      scalars             8            the loss and its gradient
       grad_log_probs      N * V * 4    nll_loss's gradient
       grad_logits_fp32    N * V * 4    log_softmax's gradient (the saved log_probs still alive)
+      freed/labels        -N * 8 - 4   nll_loss's saved labels and total weight, released
     backward_start/...   the logits' gradient made, before lm_head's backward:
-      logits, kv_cache    as above
+      logits, kv_cache, scalars, freed/labels   as above
       grad_logits         N * V * a    (16-bit: the ToCopyBackward cast of the fp32 gradient)
-      freed/log_probs     -N * V * 4   the cross entropy's saved tensors are released by then
-      freed/labels        -N * 8 - 4   (and the total weight)
+      freed/log_probs     -N * V * 4   log_softmax's saved output, released
 
     The forward's own largest moment is at the loss: logits + the fp32 upcast (N*V*4 when the
     logits are 16-bit) + log_probs. Lines are bytes to add to weights + optimizer states + the
@@ -240,17 +241,21 @@ def transformers_loss_transients(cfg: GPTConfig, b: int, S: int, setup: Any
     N, a, V, L = b * S, setup.act_bytes, cfg.vocab_size, cfg.n_layer
     logits = N * V * a
     kv = L * _kv_cache_unsaved(cfg, fam, b, S, setup)
+    # nll_loss's backward releases its saved labels and total weight before log_softmax's runs
+    labels = 8 * (N + 1 if b == 1 else N) + 4
     held = {"logits": logits, "kv_cache": kv}
     out = {f"forward_end/{k}": v for k, v in held.items()}
     out["forward_end/loss"] = 4
-    out["forward_end/logits_fp32_in_loss"] = 0  # freed before the output is returned
     out.update({f"loss_backward/{k}": v for k, v in held.items()})
+    out["loss_backward/scalars"] = 8  # the loss and its gradient
     out["loss_backward/grad_log_probs"] = N * V * 4
     out["loss_backward/grad_logits_fp32"] = N * V * 4
+    out["loss_backward/freed/labels"] = -labels
     out.update({f"backward_start/{k}": v for k, v in held.items()})
+    out["backward_start/scalars"] = 8
     out["backward_start/grad_logits"] = N * V * a
     out["backward_start/freed/log_probs"] = -N * V * 4
-    out["backward_start/freed/labels"] = -(N * 8 + 4)
+    out["backward_start/freed/labels"] = -labels
     return out
 
 
