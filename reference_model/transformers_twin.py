@@ -1,0 +1,381 @@
+"""The memory measurements of `reference_model.memory`, on Hugging Face transformers models.
+
+What people fine-tune is transformers' `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`,
+`GPT2LMHeadModel` and `GPTNeoXForCausalLM` with their default attention, not the reference model.
+This module builds those classes from a `GPTConfig` (or a config.json dict), offline and with random
+weights, and measures what they hold:
+
+- `measure_saved`: every storage autograd saves in one training forward (`model(input_ids,
+  labels=labels)`, the loss computed inside the model as transformers does), through
+  `torch.autograd.graph.saved_tensors_hooks`, deduplicated by storage, parameters and buffers
+  (and their views) excluded, each entry with the saving autograd node, dtype, shape and module.
+- `measure_step_peak`: the peak live tensor bytes of one steady-state training step
+  (zero_grad(set_to_none=True), forward with labels, loss.backward(), optimizer.step()) after a
+  warm-up step, from PyTorch's dispatch-mode tracker (MemTracker), with the live bytes at the
+  moments a phase model needs: the end of forward, the start of backward (the logits' gradient
+  just made) and the peak of each phase.
+
+The training loop measured is the one of transformers' `no_trainer` examples: the model output
+(logits, loss and, with the config's default `use_cache=True`, the key/value cache) is held
+through backward and dropped before the optimizer step.
+
+torch and transformers are imported here only; transformers is an optional dependency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from gptcalc.config import ConfigError, GPTConfig
+from gptcalc.memory_transformers import transformers_family
+
+FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+_HF_GELU = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # gptcalc mlp -> HF act
+
+
+def family_of(cfg: GPTConfig) -> str:
+    """The transformers model_type implementing `cfg` (gptcalc.memory_transformers decides)."""
+    return transformers_family(cfg)
+
+
+def _require(ok: bool, family: str, what: str) -> None:
+    if not ok:
+        raise ConfigError("family", f"transformers' {family} cannot express this GPTConfig: {what}")
+
+
+def hf_config_for(cfg: GPTConfig, family: str | None = None) -> dict[str, Any]:
+    """The config.json fields (model_type first) of the transformers class implementing `cfg`.
+
+    gpt2: GPT2LMHeadModel (fused c_attn, biases, learned positions, `gelu_new` for gelu_tanh);
+    gpt_neox: GPTNeoXForCausalLM (fused query_key_value, partial rotary, parallel residual);
+    llama / mistral: no or shared biases, RMSNorm, SwiGLU, separate q/k/v, grouped-query;
+    qwen2: q/k/v bias without an output-projection bias. Raises ConfigError for a
+    switch the class cannot express (ConfigError, field \"family\") (e.g. a GPT-2 without biases, a NeoX with grouped-query).
+    """
+    fam = family or family_of(cfg)
+    if fam not in FAMILIES:
+        raise ConfigError("family", f"family {fam!r} is not one of {', '.join(FAMILIES)}")
+    _require(not cfg.lm_head_bias, fam, "no transformers causal LM has an lm_head bias")
+    _require(cfg.final_norm, fam, "every family has a final norm")
+    p = cfg.dropout
+    if fam == "gpt2":
+        _require(cfg.pos_embedding == "learned" and cfg.qkv_layout == "fused"
+                 and cfg.norm == "layernorm", fam, "needs learned positions, fused q/k/v, LayerNorm")
+        _require(cfg.qkv_bias and cfg.attn_out_bias and cfg.mlp_bias, fam, "every Conv1D has a bias")
+        _require(cfg.mlp in _HF_GELU and cfg.kv_heads == cfg.n_head and cfg.head_dim in
+                 (None, cfg.n_embd // cfg.n_head) and cfg.embd_dropout and not cfg.parallel_residual,
+                 fam, "GELU/ReLU MLP, multi-head attention, embedding dropout, sequential residual")
+        return dict(model_type="gpt2", n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                    n_positions=cfg.block_size, vocab_size=cfg.vocab_size,
+                    n_inner=None if cfg.d_ff is None else cfg.d_ff,
+                    activation_function=_HF_GELU[cfg.mlp], resid_pdrop=p, embd_pdrop=p,
+                    attn_pdrop=p, tie_word_embeddings=cfg.tie_embeddings)
+    if fam == "gpt_neox":
+        _require(cfg.pos_embedding == "rotary" and cfg.qkv_layout == "fused"
+                 and cfg.norm == "layernorm", fam, "needs rotary, fused q/k/v, LayerNorm")
+        _require(cfg.mlp_bias and cfg.qkv_bias == cfg.attn_out_bias, fam,
+                 "biased MLP; q/k/v and output biases together (attention_bias)")
+        _require(cfg.mlp in _HF_GELU and cfg.kv_heads == cfg.n_head and cfg.head_dim in
+                 (None, cfg.n_embd // cfg.n_head) and cfg.embd_dropout, fam,
+                 "GELU/ReLU MLP, multi-head attention, embedding dropout")
+        return dict(model_type="gpt_neox", hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+                    num_attention_heads=cfg.n_head, intermediate_size=cfg.ffn_dim,
+                    vocab_size=cfg.vocab_size, max_position_embeddings=cfg.block_size,
+                    rotary_pct=cfg.rotary_pct, use_parallel_residual=cfg.parallel_residual,
+                    hidden_act=_HF_GELU[cfg.mlp], attention_bias=cfg.qkv_bias,
+                    hidden_dropout=p, attention_dropout=p,
+                    tie_word_embeddings=cfg.tie_embeddings)
+    _require(cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.qkv_layout == "separate"
+             and cfg.pos_embedding == "rotary" and cfg.rotary_pct == 1.0
+             and not cfg.parallel_residual and not cfg.embd_dropout, fam,
+             "needs RMSNorm, SwiGLU, separate q/k/v, full rotary, sequential residual, "
+             "no embedding dropout")
+    if fam == "qwen2":
+        _require(cfg.qkv_bias and not cfg.attn_out_bias and not cfg.mlp_bias, fam,
+                 "q/k/v bias, no output or MLP bias")
+    elif fam == "mistral":
+        _require(not (cfg.qkv_bias or cfg.attn_out_bias or cfg.mlp_bias), fam, "no biases")
+    else:
+        _require(cfg.qkv_bias == cfg.attn_out_bias, fam,
+                 "q/k/v and output biases together (attention_bias)")
+    fields = dict(model_type=fam, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+                  num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
+                  head_dim=cfg.head_size, intermediate_size=cfg.ffn_dim,
+                  vocab_size=cfg.vocab_size, max_position_embeddings=cfg.block_size,
+                  hidden_act="silu", attention_dropout=p,
+                  tie_word_embeddings=cfg.tie_embeddings)
+    if fam == "llama":
+        fields.update(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
+    if fam in ("mistral", "qwen2"):
+        fields["sliding_window"] = None  # full attention, as GPTConfig describes
+    return fields
+
+
+def build(raw_hf_config: Mapping[str, Any], attn_implementation: str | None = None,
+          dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
+    """An `AutoModelForCausalLM` with random weights from config.json fields, offline, in
+    train mode. attn_implementation None: transformers' default ("sdpa")."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(raw_hf_config)
+    model_type = fields.pop("model_type")
+    for key in ("architectures", "transformers_version", "torch_dtype", "dtype"):
+        fields.pop(key, None)
+    hf_cfg = AutoConfig.for_model(model_type, **fields)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, **kwargs)
+    return model.to(device).train()
+
+
+def make_batch(vocab_size: int, batch_size: int, seq_len: int, device: str = "cpu",
+               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and labels (= the input ids, as causal-LM fine-tuning passes them)."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, vocab_size, (batch_size, seq_len), generator=g).to(device)
+    return idx, idx.clone()
+
+
+# --------------------------------------------------------------------------- saved tensors
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One storage kept alive for backward."""
+
+    nbytes: int  # the whole storage (a saved view keeps all of it)
+    dtype: str
+    shape: tuple[int, ...]
+    saved_by: str  # autograd node(s) that saved it, e.g. "NativeLayerNormBackward0"
+    module: str  # module running when it was saved, e.g. "model.layers.0.self_attn"
+
+
+@dataclass
+class SavedReport:
+    tensors: list[SavedTensor] = field(default_factory=list)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def by_op(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.saved_by] = out.get(t.saved_by, 0) + t.nbytes
+        return out
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """Identity of the storage behind `t`, shared by all its views (its StorageImpl address)."""
+    return t.untyped_storage()._cdata
+
+
+def _saving_nodes(roots) -> dict[int, set[str]]:
+    """storage key -> names of the autograd nodes holding it in a `_saved_*` attribute."""
+    out: dict[int, set[str]] = {}
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except Exception:  # noqa: BLE001 - freed or unreadable saved values
+                continue
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(v, torch.Tensor) and v.numel():
+                    out.setdefault(_storage_key(v), set()).add(node.name())
+        stack.extend(fn for fn, _ in node.next_functions)
+    return out
+
+
+def saved_during(model: torch.nn.Module, run) -> tuple[SavedReport, Any]:
+    """Every storage autograd saves while `run()` executes, deduplicated by storage, excluding
+    `model`'s parameters and buffers; returns the report and run()'s result. The generic part of
+    the measurement, independent of the model's class: `run` does the forward."""
+    excluded = {_storage_key(p) for p in model.parameters()}
+    excluded |= {_storage_key(b) for b in model.buffers()}
+    seen: dict[int, dict] = {}
+    keep: list[torch.Tensor] = []  # keeps recorded storages (and their keys) alive
+    stack = [""]
+    handles = []
+    for name, mod in model.named_modules():
+        handles.append(mod.register_forward_pre_hook(lambda m, a, n=name: stack.append(n)))
+        handles.append(mod.register_forward_hook(lambda m, a, o: (stack.pop(), None)[1]))
+
+    def pack(t: torch.Tensor):
+        key = _storage_key(t)
+        st = t.untyped_storage()
+        if key not in excluded and key not in seen and st.nbytes():
+            seen[key] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
+                             shape=tuple(t.shape), module=stack[-1])
+            keep.append(t)
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            result = run()
+    finally:
+        for h in handles:
+            h.remove()
+    roots = [t.grad_fn for t in _tensors_in(result) if t.grad_fn is not None]
+    nodes = _saving_nodes(roots)
+    report = SavedReport([SavedTensor(saved_by="+".join(sorted(nodes.get(k, {"?"}))), **info)
+                          for k, info in seen.items()])
+    return report, result
+
+
+def _tensors_in(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, Mapping):
+        return [t for v in out.values() for t in _tensors_in(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors_in(v)]
+    return []
+
+
+def _autocast(amp_dtype: torch.dtype | None, device: str):
+    import contextlib
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype=amp_dtype)
+
+
+def measure_saved(model: torch.nn.Module, idx: torch.Tensor, labels: torch.Tensor,
+                  amp_dtype: torch.dtype | None = None) -> SavedReport:
+    """Saved-activation bytes of one training forward `model(input_ids=idx, labels=labels)`
+    (the loss computed by transformers' loss function), optionally under torch.autocast.
+
+    Under autocast the 16-bit weight copies autograd saves are reported like any other tensor
+    (their module is the Linear that cast them)."""
+    with _autocast(amp_dtype, idx.device.type):
+        report, out = saved_during(
+            model, lambda: {"loss": (o := model(input_ids=idx, labels=labels)).loss,
+                            "logits": o.logits})
+    del out
+    return report
+
+
+# --------------------------------------------------------------------------- step peak
+
+
+@dataclass(frozen=True)
+class StepMoments:
+    """Live tensor bytes (MemTracker's total) through one steady-state training step."""
+
+    peak_bytes: int  # the step's peak
+    peak_phase: str  # forward | loss_backward | backward | optimizer (the phase holding it)
+    baseline: int  # before zero_grad: weights, gradients of the last step, optimizer states
+    forward_end: int  # model(...) returned: states + saved tensors + the output (logits, loss)
+    backward_start: int  # the logits' gradient just made, before lm_head's backward
+    backward_end: int  # loss.backward() returned
+    optimizer_start: int  # the model output dropped, before optimizer.step()
+    phase_peaks: dict[str, int] = field(default_factory=dict)  # the peak inside each phase
+    by_category: dict[str, int] = field(default_factory=dict)  # MemTracker's categories at peak
+
+
+_PHASE_TRACKER = None  # the MemTracker subclass, made on first use (imports torch.distributed)
+
+
+def _phase_tracker_class():
+    global _PHASE_TRACKER
+    if _PHASE_TRACKER is not None:
+        return _PHASE_TRACKER
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+
+    class PhaseTracker(MemTracker):
+        """MemTracker keeping the device-wide peak, and the peak of each phase named by the
+        caller (`phase`), instead of the per-module peaks (O(ops x modules))."""
+
+        phase = "setup"
+
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                total = snap[_TOTAL_KEY]
+                if self._peak_mem.get(dev, 0) < total:
+                    self._peak_mem[dev] = total
+                    self._peak_mem_snap[dev] = dict(snap)
+                    self.peak_phase = self.phase
+                peaks = self.__dict__.setdefault("phase_peaks", {})
+                if peaks.get(self.phase, 0) < total:
+                    peaks[self.phase] = total
+
+        def live(self) -> int:
+            return sum(s[_TOTAL_KEY] for s in self._curr_mem_snap.values())
+
+    _PHASE_TRACKER = PhaseTracker
+    return PhaseTracker
+
+
+def make_optimizer(model: torch.nn.Module, optimizer: str = "adamw") -> torch.optim.Optimizer:
+    """PyTorch's AdamW (foreach, its default on CPU) or SGD, as reference_model.memory makes."""
+    params = list(model.parameters())
+    if optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+    if optimizer == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return torch.optim.SGD(params, lr=1e-3)
+
+
+def train_step(model, opt, idx, labels, amp_dtype=None, tracker=None) -> None:
+    """One step of the `no_trainer` loop: zero_grad(set_to_none) -> out = model(..., labels) ->
+    out.loss.backward() -> drop out -> opt.step(). With `tracker`, names the phases and records
+    the live bytes at the moments of StepMoments into tracker.moments."""
+    moments = {} if tracker is None else tracker.__dict__.setdefault("moments", {})
+
+    def mark(name: str, phase: str | None = None) -> None:
+        if tracker is not None:
+            moments[name] = tracker.live()
+            if phase:
+                tracker.phase = phase
+
+    mark("baseline", "zero_grad")
+    opt.zero_grad(set_to_none=True)
+    mark("forward_start", "forward")
+    with _autocast(amp_dtype, idx.device.type):
+        out = model(input_ids=idx, labels=labels)
+    mark("forward_end", "loss_backward")
+    if tracker is not None:
+        out.logits.register_hook(lambda g: mark("backward_start", "backward"))
+    out.loss.backward()
+    mark("backward_end", "drop_output")
+    del out
+    mark("optimizer_start", "optimizer")
+    opt.step()
+    mark("optimizer_end", "done")
+
+
+def measure_step_peak(model: torch.nn.Module, idx: torch.Tensor, labels: torch.Tensor,
+                      optimizer: str = "adamw", amp_dtype: torch.dtype | None = None
+                      ) -> StepMoments:
+    """Peak live tensor bytes of one steady-state step on CPU (MemTracker), after a warm-up
+    step that creates the optimizer states, with the live bytes at the phase boundaries."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    opt = make_optimizer(model, optimizer)
+    train_step(model, opt, idx, labels, amp_dtype)  # warm-up: optimizer states exist after it
+    tracker = _phase_tracker_class()()
+    tracker.track_external(model, opt)
+    with tracker:
+        train_step(model, opt, idx, labels, amp_dtype, tracker)
+    snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    m = tracker.moments
+    return StepMoments(
+        peak_bytes=snap[_TOTAL_KEY], peak_phase=tracker.peak_phase, baseline=m["baseline"],
+        forward_end=m["forward_end"], backward_start=m["backward_start"],
+        backward_end=m["backward_end"], optimizer_start=m["optimizer_start"],
+        phase_peaks=dict(tracker.phase_peaks),
+        by_category={getattr(k, "value", str(k)): v for k, v in snap.items() if k != _TOTAL_KEY})
+
+
+__all__ = ["FAMILIES", "SavedReport", "SavedTensor", "StepMoments",
+           "build", "family_of", "hf_config_for", "make_batch", "make_optimizer",
+           "measure_saved", "measure_step_peak", "saved_during", "train_step"]

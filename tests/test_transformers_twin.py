@@ -1,0 +1,143 @@
+"""The transformers profile (gptcalc.memory_transformers) against transformers' own models.
+
+Expected values are measured on the models (saved_tensors_hooks, MemTracker, tensor nbytes);
+the profile under test never computes them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from gptcalc.config import ARCHS, ConfigError, GPTConfig  # noqa: E402
+from gptcalc.memory_transformers import (  # noqa: E402
+    transformers_family, transformers_loss_transients, transformers_saved)
+from reference_model import transformers_twin as tw  # noqa: E402
+
+FAMILIES = ("gpt2", "gpt_neox", "llama", "llama_mha", "qwen2")
+
+
+def _cfg(family: str, E: int = 32, L: int = 2, H: int = 4, V: int = 100, dropout: float = 0.0
+         ) -> GPTConfig:
+    kw = dict(n_layer=L, n_head=H, n_embd=E, vocab_size=V, block_size=128, dropout=dropout)
+    if family == "gpt2":
+        return GPTConfig(**ARCHS["gpt2"], **kw)
+    if family == "gpt_neox":  # Pythia's switches: partial rotary, parallel residual, exact GELU
+        return GPTConfig(**{**ARCHS["gpt2"], "mlp": "gelu", "pos_embedding": "rotary",
+                            "rotary_pct": 0.25, "parallel_residual": True,
+                            "tie_embeddings": False}, **kw)
+    gqa = None if family == "llama_mha" else max(1, H // 2)
+    arch = {**ARCHS["llama"], "qkv_bias": family == "qwen2"}
+    return GPTConfig(**arch, n_kv_head=gqa, d_ff=3 * E // 2, **kw)
+
+
+def _setup(attn: str, mode: str = "fp32"):
+    return SimpleNamespace(mode=mode, attn_impl=attn, device="cpu", recompute="none",
+                           act_bytes=4 if mode == "fp32" else 2)
+
+
+def _model(cfg: GPTConfig, attn: str, dtype=torch.float32):
+    return tw.build(tw.hf_config_for(cfg), None if attn == "sdpa" else "eager", dtype=dtype)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(FAMILIES), attn=st.sampled_from(["sdpa", "manual"]),
+       E=st.sampled_from([32, 64, 128]), L=st.integers(2, 4), H=st.sampled_from([1, 2, 4]),
+       V=st.integers(100, 2000), S=st.integers(16, 128), B=st.integers(1, 4),
+       dropout=st.sampled_from([0.0, 0.1]))
+def test_saved_bytes_exact_fp32(family, attn, E, L, H, V, S, B, dropout):
+    cfg = _cfg(family, E, L, H, V, dropout)
+    idx, labels = tw.make_batch(V, B, S)
+    measured = tw.measure_saved(_model(cfg, attn), idx, labels).activation_bytes
+    assert sum(transformers_saved(cfg, B, S, _setup(attn)).values()) == measured
+
+
+# Every family x attention x dropout once, at B = 2 and at B = 1 with one head (where matmul
+# folds its operands as views): the cases the hypothesis draw may miss.
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attn", ["sdpa", "manual"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("B,H", [(2, 4), (1, 1)])
+def test_saved_bytes_exact_grid(family, attn, dropout, B, H):
+    cfg = _cfg(family, H=H, dropout=dropout)
+    idx, labels = tw.make_batch(cfg.vocab_size, B, 16)
+    measured = tw.measure_saved(_model(cfg, attn), idx, labels).activation_bytes
+    assert sum(transformers_saved(cfg, B, 16, _setup(attn)).values()) == measured
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama"])
+@pytest.mark.parametrize("attn,dropout", [("sdpa", 0.0), ("manual", 0.1), ("sdpa", 0.1)])
+def test_saved_bytes_exact_bf16(family, attn, dropout):
+    cfg = _cfg(family, dropout=dropout)
+    idx, labels = tw.make_batch(cfg.vocab_size, 2, 16)
+    measured = tw.measure_saved(_model(cfg, attn, torch.bfloat16), idx, labels).activation_bytes
+    assert sum(transformers_saved(cfg, 2, 16, _setup(attn, "bf16")).values()) == measured
+
+
+def _moment(lines: dict[str, int], moment: str) -> int:
+    return sum(v for k, v in lines.items() if k.startswith(moment + "/"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attn,dropout", [("sdpa", 0.0), ("manual", 0.0), ("sdpa", 0.1)])
+def test_step_moments_fp32(family, attn, dropout):
+    """Live bytes at the end of forward, inside the cross entropy's backward and at the start of
+    backward = weights + AdamW states + buffers + saved activations + the loss path's lines;
+    the step's peak is inside the cross entropy's backward at this size."""
+    B, S = 2, 32
+    cfg = _cfg(family, V=500, dropout=dropout)
+    model = _model(cfg, attn)
+    idx, labels = tw.make_batch(cfg.vocab_size, B, S)
+    moments = tw.measure_step_peak(model, idx, labels)
+    params = list(model.parameters())
+    weights = sum(p.nbytes for p in params)
+    adamw = 2 * weights + 4 * len(params)  # exp_avg, exp_avg_sq, a 0-d fp32 step per tensor
+    buffers = sum(b.nbytes for b in model.buffers())
+    saved = transformers_saved(cfg, B, S, _setup(attn))
+    # the batch exists before the tracker starts: MemTracker sees it only where an op views it
+    # (GPT2Model's input_ids.view)
+    unseen = 0 if family == "gpt2" else saved["input/idx"]
+    base = weights + adamw + buffers + sum(saved.values()) - unseen
+    lines = transformers_loss_transients(cfg, B, S, _setup(attn))
+    assert moments.baseline == 2 * weights + adamw + buffers  # gradients of the warm-up step
+    assert moments.forward_end == base + _moment(lines, "forward_end")
+    assert moments.phase_peaks["loss_backward"] == base + _moment(lines, "loss_backward")
+    assert moments.backward_start == base + _moment(lines, "backward_start")
+    assert moments.peak_phase == "loss_backward"
+    assert moments.peak_bytes == moments.phase_peaks["loss_backward"]
+
+
+def test_hf_config_round_trips_through_hf_reader():
+    from gptcalc.hf import config_from_hf
+
+    for family in FAMILIES:
+        cfg = _cfg(family)
+        assert config_from_hf(tw.hf_config_for(cfg)) == cfg
+    cfg = _cfg("llama")
+    assert tw.hf_config_for(cfg, "mistral")["model_type"] == "mistral"
+    assert transformers_family(_cfg("qwen2")) == "qwen2"
+
+
+def test_configs_no_transformers_class_implements():
+    with pytest.raises(ConfigError, match="no transformers class"):
+        transformers_family(GPTConfig(**ARCHS["tutorial"]))
+    with pytest.raises(ConfigError, match="every Conv1D has a bias"):
+        tw.hf_config_for(GPTConfig(**{**ARCHS["gpt2"], "mlp_bias": False}))
+    with pytest.raises(ConfigError, match="no biases"):
+        tw.hf_config_for(_cfg("qwen2"), "mistral")
+    with pytest.raises(ConfigError, match="torch.autocast"):
+        transformers_saved(_cfg("llama"), 1, 8, _setup("sdpa", "amp"))
+
+
+def test_profile_imports_without_torch():
+    code = ("import sys, gptcalc.memory_transformers; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
