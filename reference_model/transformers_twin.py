@@ -30,14 +30,14 @@ from typing import Any, Mapping
 import torch
 
 from gptcalc.config import ConfigError, GPTConfig
-from gptcalc.memory_transformers import transformers_family
+from gptcalc.memory.profile_transformers import transformers_family
 
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
 _HF_GELU = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # gptcalc mlp -> HF act
 
 
 def family_of(cfg: GPTConfig) -> str:
-    """The transformers model_type implementing `cfg` (gptcalc.memory_transformers decides)."""
+    """The transformers model_type implementing `cfg` (gptcalc.memory.profile_transformers decides)."""
     return transformers_family(cfg)
 
 

@@ -1,4 +1,4 @@
-"""The transformers profile (gptcalc.memory_transformers) against transformers' own models.
+"""The transformers profile (gptcalc.memory.profile_transformers) against transformers' own models.
 
 Expected values are measured on the models (saved_tensors_hooks, MemTracker, tensor nbytes);
 the profile under test never computes them.
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from gptcalc.config import ARCHS, ConfigError, GPTConfig  # noqa: E402
-from gptcalc.memory_transformers import (  # noqa: E402
+from gptcalc.memory.profile_transformers import (  # noqa: E402
     transformers_family, transformers_loss_transients, transformers_saved)
 from reference_model import transformers_twin as tw  # noqa: E402
 
@@ -34,7 +34,8 @@ def _cfg(family: str, E: int = 32, L: int = 2, H: int = 4, V: int = 100, dropout
                             "rotary_pct": 0.25, "parallel_residual": True,
                             "tie_embeddings": False}, **kw)
     gqa = None if family == "llama_mha" else max(1, H // 2)
-    arch = {**ARCHS["llama"], "qkv_bias": family == "qwen2"}
+    arch = {**{k: v for k, v in ARCHS["llama"].items() if k != "dropout"},
+            "qkv_bias": family == "qwen2"}
     return GPTConfig(**arch, n_kv_head=gqa, d_ff=3 * E // 2, **kw)
 
 
@@ -133,11 +134,13 @@ def test_configs_no_transformers_class_implements():
         tw.hf_config_for(GPTConfig(**{**ARCHS["gpt2"], "mlp_bias": False}))
     with pytest.raises(ConfigError, match="no biases"):
         tw.hf_config_for(_cfg("qwen2"), "mistral")
-    with pytest.raises(ConfigError, match="torch.autocast"):
-        transformers_saved(_cfg("llama"), 1, 8, _setup("sdpa", "amp"))
+    with pytest.raises(ConfigError, match="whole decoder layers"):
+        setup = _setup("sdpa")
+        setup.recompute = "selective"
+        transformers_saved(_cfg("llama"), 1, 8, setup)
 
 
 def test_profile_imports_without_torch():
-    code = ("import sys, gptcalc.memory_transformers; "
+    code = ("import sys, gptcalc.memory.profile_transformers; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..config import GPTConfig, TrainingSetup, Workload
 from .profile_reference import reference_saved
-from .profile_transformers import transformers_saved
+from .profile_transformers import transformers_loss_transients, transformers_saved
 from .states import autocast_weight_copies
 
 
@@ -55,8 +55,27 @@ def paper_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dic
     }
 
 
-PROFILES = {"reference": reference_saved, "transformers": transformers_saved,
-            "paper": paper_saved}
+def _transformers(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict[str, int]:
+    return transformers_saved(cfg, workload.batch_size, workload.seq_len, setup)
+
+
+PROFILES = {"reference": reference_saved, "transformers": _transformers, "paper": paper_saved}
+
+
+def transformers_loss(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                      ) -> dict[str, int]:
+    """transformers' loss path beyond the saved tensors and the logits (`forward`, `backward`):
+    the cache's unsaved key/value copies and the loss scalars at the forward's end (plus the
+    fp32 upcast of 16-bit logits inside the loss), and the largest of log_softmax's backward
+    and the logits' 16-bit gradient at the backward's start."""
+    t = transformers_loss_transients(cfg, workload.batch_size, workload.seq_len, setup)
+    logits = workload.batch_size * workload.seq_len * cfg.vocab_size * setup.act_bytes
+
+    def moment(name: str) -> int:
+        return sum(v for k, v in t.items() if k.startswith(name + "/")) - logits
+    upcast = 4 * logits // setup.act_bytes if setup.act_bytes != 4 else 0
+    return {"forward": moment("forward_end") + upcast,
+            "backward": max(moment("loss_backward"), moment("backward_start"))}
 
 
 def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup

@@ -1,13 +1,15 @@
 """The peak of one training step per device, as a phase model.
 
 A steady-state step (optimizer states exist; `zero_grad(set_to_none=True)` before it) passes
-through four moments where live memory can peak. Each is a sum of named terms:
+through five moments where live memory can peak. Each is a sum of named terms:
 
 - forward end: weights, optimizer states, every saved activation, the logits and the loss's
   own transients (what the implementation's loss holds while it is computed);
 - backward start: the same, with the logits' gradient being made by the cross entropy;
 - backward, last block: saved activations less the loss's, the head's gradients, and the
   largest in-flight tensors of one block's backward (the attention core's or the MLP's);
+- backward end: every gradient, a tied embedding's gradient being summed, and the logits the
+  caller still holds;
 - optimizer step: weights, gradients, optimizer states and the update's temporaries.
 
 Saved activations go down and gradients up through backward one block at a time, so between
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import GPTConfig, TrainingSetup, Workload
-from .activations import device_activations, logits_bytes
+from .activations import device_activations, logits_bytes, transformers_loss
 from .states import STAGES, StateBytes, largest_tensor, state_bytes
 
 
@@ -44,10 +46,13 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     """What the loss holds beyond the saved tensors and the logits, at the forward's end and at
     the backward's start, on the device that computes it (vocabulary-parallel over tp).
 
-    forward: autocast (amp, mixed) runs the cross entropy on an fp32 copy of the 16-bit logits
+    Reference model and paper: forward: autocast (amp, mixed) runs the cross entropy on an fp32 copy of the 16-bit logits
     (N V 4). backward: log_softmax's backward holds the incoming gradient and its result, two
-    N x V tensors in the log-probabilities' dtype (fp32 under autocast).
+    N x V tensors in the log-probabilities' dtype (fp32 under autocast). transformers: its
+    profile's measured terms (`activations.transformers_loss`).
     """
+    if setup.impl == "transformers":  # its loss upcasts and shifts: the profile's own terms
+        return {k: v // setup.tp for k, v in transformers_loss(cfg, workload, setup).items()}
     n = workload.batch_size * workload.seq_len * -(-cfg.vocab_size // setup.tp)
     autocast = setup.mode in ("amp", "mixed")
     lp = 4 if autocast else setup.act_bytes
@@ -130,6 +135,12 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     if holds_head:  # the lm_head's gradient (own or tied), made before the last block's
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
         head_grads = setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
+    # a tied token embedding's backward makes its own gradient and sums it with the lm_head's
+    # out of place (AccumulateGrad): two V x E tensors in flight at the end of backward
+    tied_grad = 0
+    if cfg.tie_embeddings and stage == "first":
+        shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
+        tied_grad = 2 * setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
     return {
         "forward end": {**base, "saved activations": saved, "logits": logits,
                         "loss (fp32 logits copy)": loss["forward"],
@@ -142,6 +153,11 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                                  "gradients": max(grads_early, head_grads),
                                  "block gradients in flight":
                                      block_backward_transients(cfg, workload, setup)},
+        "backward end": {**base, "gradients": st.gradients,
+                         "tied embedding gradient in flight": tied_grad,
+                         "logits": logits,
+                         "embedding and input activations": sum(
+                             v for k, v in acts.items() if k.startswith(("embedding/", "input/")))},
         "optimizer step": {**base, "gradients": st.gradients,
                            "optimizer temporaries": optimizer_temporaries(cfg, setup, st),
                            "targets": 8 * workload.tokens if holds_head else 0},
@@ -155,6 +171,8 @@ _WHY = {
                       "cross entropy makes the logits' gradient",
     "backward, last block": "the last block's backward: the saved activations beside that "
                             "block's gradients in flight",
+    "backward end": "the end of backward: every gradient, with the embedding's gradient "
+                    "in flight",
     "optimizer step": "the optimizer step: weights, gradients and optimizer states with the "
                       "update's temporaries (the activations are gone)",
 }

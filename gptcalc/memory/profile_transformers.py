@@ -1,10 +1,285 @@
-"""What Hugging Face transformers' modules save for backward (the `transformers` profile)."""
+"""What Hugging Face transformers' causal LMs save for backward, and hold around the loss.
+
+The `transformers` implementation profile: the same saved-tensor table as the reference model's
+(`embedding/...`, `layer/...` summed over the L layers, `final/...`, `cross_entropy/...`,
+`input/...`), for the classes people fine-tune: GPT2LMHeadModel, GPTNeoXForCausalLM,
+LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM, run as `model(input_ids,
+labels=labels)` in train mode with the config's defaults (`use_cache=True`: a DynamicCache holds a
+copy of every layer's key and value; `attn_implementation` "sdpa", or "eager" = attn_impl manual).
+
+Measured (saved_tensors_hooks deduplicated by storage; transformers 5.23, torch 2.13, CPU):
+fp32 and bf16 weights, sdpa and eager, dropout 0 and > 0, b and H 1 or more, every family:
+exact (tests/test_transformers_twin.py). Documented only (not measurable here): device cuda,
+where nn.Dropout saves a 1-byte bool mask (native_dropout), LayerNorm statistics are fp32, and
+SDPA always runs a fused kernel (flash for 16-bit: q, k, v, out and an fp32 logsumexp b x H x S;
+memory-efficient for fp32: its logsumexp padded to a multiple of 32 queries), dropout included.
+Derived from torch.autocast's rules, not measured: mode amp (fp32 weights, bf16 compute): the
+residual stream, the norms (input and normalized output) and their statistics stay fp32, and
+every Linear casts its own 16-bit copy of its input (separate q/k/v projections three, SwiGLU's
+gate and up two); mode mixed is counted as bf16 weights. Not modelled: recompute selective
+(transformers has no attention-only checkpointing).
+
+One line per saved tensor (N = b*S tokens, a = activation bytes, r = the residual stream's bytes,
+E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shapes):
+
+    embedding/positions       S * 8          GPT-2 wpe's position ids (1, S) int64
+    embedding/rotary_cos_sin  2 * S * R * r  cos, sin (1, 1, S, R) shared by all layers, R = rotary dims
+    embedding/dropout_mask    N * E * a      nn.Dropout's float mask (GPT-2, NeoX)
+    layer/ln_1/...            LayerNorm: input N*E*r, mean N*4, rstd N*4;
+                              RMSNorm: fp32 input N*E*4, rsqrt N*4, normalized N*E*a
+    layer/attn/qkv_input      N * E * a      the q/k/v projections' shared input (the norm's output)
+    sdpa (fused kernel, dropout 0 on CPU):
+    layer/attn/q              N * Dq * a     rotary output; GPT-2: a view of c_attn's N*3E output
+    layer/attn/k, attn/v      N * Dkv * a    the cache's copies (torch.cat in DynamicCache.update)
+    layer/attn/logsumexp      b * H * S * 4
+    layer/attn/sdpa_out       N * Dq * a     shared with o_proj's input, except NeoX (its rotary cat
+                              lays q out as (b, H, S, hd): transpose(1, 2).contiguous() copies)
+    eager, or sdpa with dropout on CPU (the math path; 16-bit inputs computed in fp32, m = 4):
+    layer/attn/q, k_t, v      N * Dq * m     matmul's contiguous copies (or repeat_kv's outputs);
+                              GPT-2 eager with b or H = 1: q is c_attn's N*3E output
+    layer/attn/softmax        b * H * S^2 * 4  eager softmax(dtype=float32) (GPT-2: in its input dtype)
+    layer/attn/probs          b * H * S^2 * a  eager .to(query.dtype) when 16-bit, without dropout
+    layer/attn/dropout_mask   b * H * S^2 * a  float mask (CPU), 1 byte on CUDA
+    layer/attn/dropped        b * H * S^2 * a  the dropped probabilities att @ v saves
+    layer/attn/out_input      N * Dq * a     o_proj's input (a copy unless shared with sdpa_out)
+    layer/attn/resid_dropout_mask N * E * a  GPT-2 resid_dropout, NeoX post_attention_dropout
+    layer/ln_2/...            as ln_1; NeoX's parallel residual reads the block input ln_1 saved
+    layer/mlp/fc_input        N * E * a      up (and gate) projection input
+    layer/mlp/hidden          k * N * Dff * a  relu 1 (its output), gelu 2 (input, output),
+                              gelu_new 5 (x for pow, tanh output, 0.5x, 1 + tanh, output),
+                              SwiGLU 4 (gate output, silu output, up output, product)
+    layer/mlp/dropout_mask    N * E * a      GPT-2 mlp.dropout, NeoX post_mlp_dropout
+    final/ln_f/...            as ln_1
+    final/lm_head_input       N * E * a
+    cross_entropy/log_probs   N * V * 4      ForCausalLMLoss upcasts logits to fp32: log_softmax's output
+    cross_entropy/total_weight 4             nll_loss's fp32 scalar
+    input/idx                 N * 8          the embedding's int64 indices
+    input/labels              N * 8          the shifted labels (pad + [..., 1:].contiguous());
+                              b = 1: (S + 1) * 8, a view of the padded labels
+"""
 
 from __future__ import annotations
 
-from ..config import ConfigError, GPTConfig, TrainingSetup, Workload
+import math
+from typing import Any
+
+from ..config import ConfigError, GPTConfig
+
+# transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
+# three more N x Dff tensors than a fused GELU)
+FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+_SDPA_GQA_MAX_HEAD_DIM = 256  # transformers' use_gqa_in_sdpa: enable_gqa only up to this head dim
 
 
-def transformers_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
-                       ) -> dict[str, int]:
-    raise ConfigError("impl", "the transformers profile is not available yet")
+def transformers_family(cfg: GPTConfig) -> str:
+    """The transformers model_type implementing `cfg`: gpt2 (learned positions, fused q/k/v,
+    LayerNorm), gpt_neox (rotary, fused q/k/v, LayerNorm), qwen2 (RMSNorm, SwiGLU, separate
+    q/k/v with q/k/v bias and no output bias) or llama (the same without that bias pattern;
+    mistral is the same network). Raises ConfigError(field="family") otherwise."""
+    if cfg.qkv_layout == "fused" and cfg.norm == "layernorm":
+        if cfg.pos_embedding == "learned":
+            return "gpt2"
+        if cfg.pos_embedding == "rotary":
+            return "gpt_neox"
+    if cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.qkv_layout == "separate":
+        return "qwen2" if cfg.qkv_bias and not cfg.attn_out_bias else "llama"
+    raise ConfigError("family", "no transformers class implements this GPTConfig: gpt2 needs "
+                                "learned positions, fused q/k/v and LayerNorm; gpt_neox rotary, "
+                                "fused q/k/v and LayerNorm; llama / mistral / qwen2 RMSNorm, "
+                                "SwiGLU and separate q/k/v")
+
+
+def _check(setup: Any) -> None:
+    if setup.recompute not in ("none", "full"):
+        raise ConfigError("recompute", "transformers checkpoints whole decoder layers only "
+                                       "(gradient_checkpointing_enable): recompute none or full")
+
+
+def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int) -> dict[str, int]:
+    E = cfg.n_embd
+    if cfg.norm == "rmsnorm":
+        # LlamaRMSNorm: x.to(fp32) (pow and mul save it), rsqrt(mean(x^2) + eps) (N x 1), and
+        # the weight multiply saves (x * rsqrt).to(input dtype)
+        return {"input": N * E * 4, "rsqrt": N * 4, "normalized": N * E * a}
+    return {"input": N * E * r, "mean": N * stats, "rstd": N * stats}  # native_layer_norm
+
+
+def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> dict[str, int]:
+    """Per-layer saved bytes of the attention core (q/k/v storages to o_proj's input)."""
+    N, a, H = b * S, setup.act_bytes, cfg.n_head
+    Dq, Dkv, hd = cfg.q_width, cfg.kv_width, cfg.head_size
+    att = b * H * S * S
+    drop = cfg.dropout > 0
+    cuda = setup.device == "cuda"
+    gqa = cfg.kv_heads != H
+    fused = setup.attn_impl == "sdpa" and (cuda or not drop)
+    lines: dict[str, int] = {}
+    if fused:
+        # q: rotary's output (a view of c_attn's output in GPT-2, which keeps all of it);
+        # k, v: DynamicCache's torch.cat copies, or repeat_kv's H-head copies beyond head dim 256
+        lines["attn/q"] = N * (3 * cfg.n_embd if fam == "gpt2" else Dq) * a
+        kv = Dq if gqa and hd > _SDPA_GQA_MAX_HEAD_DIM else Dkv
+        lines["attn/k"] = N * kv * a
+        lines["attn/v"] = N * kv * a
+        # fp32 logsumexp b x H x S; CUDA's memory-efficient kernel (fp32) pads S to 32
+        s_lse = 32 * math.ceil(S / 32) if cuda and a == 4 else S
+        lines["attn/logsumexp"] = b * H * s_lse * 4
+        lines["attn/sdpa_out"] = N * Dq * a
+        # the kernel lays its output out like q; NeoX builds q with a cat in (b, H, S, hd)
+        # order, so transpose(1, 2).contiguous() copies it for the dense projection
+        copy = fam == "gpt_neox" and H > 1 and S > 1
+        lines["attn/out_input"] = N * Dq * a if copy else 0
+        return lines
+    math_path = setup.attn_impl == "sdpa"  # CPU, dropout > 0: SDPA's decomposed math path
+    m = 4 if math_path else a  # the math path computes 16-bit inputs in fp32 on CPU
+    # matmul folds (b, H, S, hd) to (b*H, S, hd): a contiguous copy of q, k^T and v (for a
+    # contiguous k or v, such as the cache's copies or repeat_kv's output, a view of it: the
+    # same N*Dq bytes, since the cache holds H heads without grouping)
+    # GPT-2's q is a view of c_attn's output: where the fold is a view too (b or H = 1) eager
+    # matmul saves that whole N*3E storage (the math path scales q into a fresh tensor first)
+    q_view = fam == "gpt2" and not math_path and (b == 1 or H == 1)
+    lines["attn/q"] = N * (3 * cfg.n_embd if q_view else Dq) * m
+    lines["attn/k_t"] = N * Dq * m
+    lines["attn/v"] = N * Dq * m
+    if math_path or fam == "gpt2":
+        lines["attn/softmax"] = att * m  # GPT-2: softmax in its input dtype
+        lines["attn/probs"] = 0
+    else:
+        lines["attn/softmax"] = att * 4  # softmax(..., dtype=torch.float32)
+        # .to(query.dtype), saved by att @ v when 16-bit and not dropped (dropout saves its mask)
+        lines["attn/probs"] = att * a if a != 4 and not drop else 0
+    if drop:
+        # CPU F.dropout multiplies by a float mask of the input's dtype; CUDA: native_dropout's bool
+        lines["attn/dropout_mask"] = att * (1 if cuda else m)
+        lines["attn/dropped"] = att * m
+    lines["attn/out_input"] = N * Dq * a  # transpose(1, 2).contiguous(): o_proj's own copy
+    return lines
+
+
+def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, int]:
+    """Bytes transformers saves for backward in one training forward of b sequences x S tokens.
+
+    `setup` is read by attribute: mode (fp32 | bf16), attn_impl (manual = "eager" | sdpa),
+    device (cpu | cuda), recompute (none | full = gradient_checkpointing_enable), act_bytes.
+    Keys and lines: the module docstring. Exact on CPU (fp32, bf16) for every b and H.
+    """
+    _check(setup)
+    fam = transformers_family(cfg)
+    N, a = b * S, setup.act_bytes
+    E, V, L = cfg.n_embd, cfg.vocab_size, cfg.n_layer
+    Dff = cfg.ffn_dim
+    cuda = setup.device == "cuda"
+    amp = setup.mode == "amp"
+    r = 4 if amp else a  # the residual stream's dtype is the weights'
+    stats = 4 if (r == 4 or cuda) else a  # CPU LayerNorm keeps bf16 statistics in bf16
+    n_out = r if amp else a  # amp: a norm's output is fp32 (the fp32 weight promotes it)
+    qkv_casts = 3 if amp and cfg.qkv_layout != "fused" else 1  # autocast: a cast per Linear
+    up_casts = 2 if amp and cfg.mlp == "swiglu" else 1
+    drop = cfg.dropout > 0
+    mask = 1 if cuda else a  # nn.Dropout: float mask on CPU, bool on CUDA
+    resid_drop = drop and fam in ("gpt2", "gpt_neox")  # Llama-shaped models drop attention only
+    rot = cfg.rotary_dims
+    out: dict[str, int] = {
+        "embedding/positions": 8 * S if fam == "gpt2" else 0,  # wpe(position_ids): (1, S) int64
+        "embedding/rotary_cos_sin": 2 * S * rot * r,
+        "embedding/dropout_mask": N * E * mask if resid_drop else 0,
+    }
+    layer: dict[str, int] = {}
+    if setup.recompute == "full":
+        layer["block_input"] = N * E * r  # torch.utils.checkpoint keeps each layer's input
+    else:
+        layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
+        layer["attn/qkv_input"] = qkv_casts * N * E * a
+        layer.update(_attention(cfg, fam, b, S, setup))
+        layer["attn/resid_dropout_mask"] = N * E * mask if resid_drop else 0
+        ln_2 = _norm(cfg, N, n_out, r, stats)
+        if cfg.parallel_residual:
+            ln_2["input"] = 0  # post_attention_layernorm(hidden_states): ln_1's saved input
+        layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
+        layer["mlp/fc_input"] = up_casts * N * E * a
+        gelu_new = fam == "gpt2" and cfg.mlp == "gelu_tanh"
+        hidden = 5 if gelu_new else {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
+        layer["mlp/hidden"] = hidden * N * Dff * a  # incl. the down projection's input
+        layer["mlp/dropout_mask"] = N * E * mask if resid_drop else 0
+    out.update({f"layer/{k}": L * v for k, v in layer.items()})
+    out.update({f"final/ln_f/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
+    out["final/lm_head_input"] = N * E * a
+    out["cross_entropy/log_probs"] = N * V * 4  # logits.float() in ForCausalLMLoss
+    out["cross_entropy/total_weight"] = 4
+    out["input/idx"] = 8 * N
+    # ForCausalLMLoss: pad(labels, (0, 1))[..., 1:].contiguous(); for b = 1 the slice is
+    # already contiguous, and nll_loss saves a view of the padded (1, S + 1) tensor
+    out["input/labels"] = 8 * (N + 1 if b == 1 else N)
+    return out
+
+
+def transformers_loss_transients(cfg: GPTConfig, b: int, S: int, setup: Any
+                                 ) -> dict[str, int]:
+    """What the model output and transformers' loss path hold beside the saved tensors, at the
+    moments a phase model needs (CPU, MemTracker; transformers 5.23, torch 2.13):
+
+    forward_end/...      model(...) has returned; the caller holds the output through backward:
+      logits              N * V * a    the output's logits (the fp32 upcast inside the loss is
+                                       freed when the loss function returns)
+      kv_cache            the cache's key/value copies that no autograd node saved (eager with
+                          grouped-query heads, and the math path, save copies of their own)
+      loss                4
+    loss_backward/...    inside log_softmax's backward, the step's largest loss-path moment:
+      logits, kv_cache    as above
+      scalars             8            the loss and its gradient
+      grad_log_probs      N * V * 4    nll_loss's gradient
+      grad_logits_fp32    N * V * 4    log_softmax's gradient (the saved log_probs still alive)
+      freed/labels        -N * 8 - 4   nll_loss's saved labels and total weight, released
+    backward_start/...   the logits' gradient made, before lm_head's backward:
+      logits, kv_cache, scalars, freed/labels   as above
+      grad_logits         N * V * a    (16-bit: the ToCopyBackward cast of the fp32 gradient)
+      freed/log_probs     -N * V * 4   log_softmax's saved output, released
+
+    The forward's own largest moment is at the loss: logits + the fp32 upcast (N*V*4 when the
+    logits are 16-bit) + log_probs. Lines are bytes to add to weights + optimizer states + the
+    saved activations of `transformers_saved`.
+    """
+    _check(setup)
+    fam = transformers_family(cfg)
+    N, a, V, L = b * S, setup.act_bytes, cfg.vocab_size, cfg.n_layer
+    logits = N * V * a
+    kv = L * _kv_cache_unsaved(cfg, fam, b, S, setup)
+    # nll_loss's backward releases its saved labels and total weight before log_softmax's runs
+    labels = 8 * (N + 1 if b == 1 else N) + 4
+    held = {"logits": logits, "kv_cache": kv}
+    out = {f"forward_end/{k}": v for k, v in held.items()}
+    out["forward_end/loss"] = 4
+    out.update({f"loss_backward/{k}": v for k, v in held.items()})
+    out["loss_backward/scalars"] = 8  # the loss and its gradient
+    out["loss_backward/grad_log_probs"] = N * V * 4
+    out["loss_backward/grad_logits_fp32"] = N * V * 4
+    out["loss_backward/freed/labels"] = -labels
+    out.update({f"backward_start/{k}": v for k, v in held.items()})
+    out["backward_start/scalars"] = 8
+    out["backward_start/grad_logits"] = N * V * a
+    out["backward_start/freed/log_probs"] = -N * V * 4
+    out["backward_start/freed/labels"] = -labels
+    return out
+
+
+def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> int:
+    """Per-layer bytes of DynamicCache's key/value copies (N * Dkv * a each) not saved for
+    backward: the fused SDPA kernel saves them (unless repeat_kv copies them beyond head dim
+    256); eager's matmul saves views of them, except with grouped-query heads (repeat_kv's
+    copies are saved instead); the math path saves its scaled copy of k, and with grouped-query
+    heads repeat_interleave'd copies of both."""
+    if setup.recompute == "full":
+        return 0  # gradient checkpointing turns the cache off
+    N, a, H = b * S, setup.act_bytes, cfg.n_head
+    gqa = cfg.kv_heads != H
+    one = N * cfg.kv_width * a
+    fused = setup.attn_impl == "sdpa" and (setup.device == "cuda" or cfg.dropout == 0)
+    if fused:
+        return 2 * one if gqa and cfg.head_size > _SDPA_GQA_MAX_HEAD_DIM else 0
+    if setup.attn_impl == "manual":
+        return 2 * one if gqa else 0
+    return 2 * one if gqa else one
+
+
+__all__ = ["FAMILIES", "transformers_family", "transformers_loss_transients",
+           "transformers_saved"]

@@ -1,0 +1,56 @@
+"""`gptcalc memory --hf-config` against transformers' own models, one fp32 AdamW step on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc.cli import cli
+
+pytest.importorskip("transformers")
+tw = pytest.importorskip("reference_model.transformers_twin")
+
+# The issue's targets; measured with torch 2.13 and transformers 5.23: the peak within 0.02%
+# (MemTracker does not see the batch made before it starts; gptcalc counts it) and the saved
+# bytes exact (saved_tensors_hooks, deduplicated by storage).
+PEAK_TOLERANCE = 0.02
+SAVED_TOLERANCE = 0.01
+
+CASES = {
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1000,
+             "n_positions": 128},
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "vocab_size": 1000, "intermediate_size": 256,
+                 "max_position_embeddings": 128, "rotary_pct": 0.25},
+    "llama_gqa": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+                  "intermediate_size": 160, "max_position_embeddings": 128},
+    "llama_mha": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "vocab_size": 1000, "intermediate_size": 160,
+                  "max_position_embeddings": 128},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+              "intermediate_size": 160, "max_position_embeddings": 128},
+}
+
+
+@pytest.mark.parametrize("B, S", [(4, 64), (1, 32)])
+@pytest.mark.parametrize("name", list(CASES))
+def test_memory_hf_config_matches_transformers_on_cpu(name, B, S, tmp_path):
+    raw = CASES[name]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", str(B),
+                                 "--seq-len", str(S), "--mode", "fp32", "--device", "cpu",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["training"]["impl"] == "transformers"  # --hf-config's default profile
+    model = tw.build(raw)
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    saved = sum(t.nbytes for t in tw.measure_saved(model, idx, labels).tensors)
+    predicted_saved = sum(out["breakdown"]["activations"].values())  # incl. the index tensors
+    assert abs(predicted_saved - saved) <= SAVED_TOLERANCE * saved
+    peak = tw.measure_step_peak(model, idx, labels).peak_bytes
+    assert abs(out["peak"] - peak) <= PEAK_TOLERANCE * peak, (out["peak"], peak)
