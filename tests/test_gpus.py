@@ -93,7 +93,12 @@ def test_new_commands_run_in_a_real_process():
     cmds = ["gpus --json", "time --preset gpt2 --tokens 1e9 --json",
             "infer --preset llama2-7b --gpu a100-sxm-80gb --json",
             "params --preset llama2-7b --lora-rank 8 --json"]
-    script = " && ".join(f"{py} -m gptcalc {c} > /dev/null" for c in cmds) + " && echo ok"
+    # and, in-process there, none of them imports torch, fvcore or matplotlib
+    check = ("import sys; from click.testing import CliRunner; from gptcalc.cli import cli; "
+             f"[CliRunner().invoke(cli, c.split()) for c in {cmds!r}]; "
+             "assert not {'torch', 'fvcore', 'matplotlib'} & set(sys.modules), 'heavy import'")
+    script = (" && ".join(f"{py} -m gptcalc {c} > /dev/null" for c in cmds)
+              + f" && {py} -c {shlex.quote(check)} && echo ok")
     r = subprocess.run(["sh", "-c", script], cwd=Path(__file__).resolve().parents[1],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
