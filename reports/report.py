@@ -234,6 +234,87 @@ def _memory_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Block]:
     ]
 
 
+def _time_blocks(cfg: GPTConfig, wl: Workload, gpu_name: str, out_dir: Path,
+                 name: str) -> tuple[list[Block], Any]:
+    """Training time for a Chinchilla budget and the inference roofline on `gpu_name`
+    (gptcalc.time, gptcalc.serving), and the decode of a tiny model of this family timed on the
+    CPU with and without a KV cache (reference_model.timing) beside them."""
+    from gptcalc.gpus import gpu as find_gpu
+    from gptcalc.serving import serving
+    from gptcalc.time import CHINCHILLA_TOKENS_PER_PARAM, training_time
+    from reference_model.timing import decode_times, timing_config
+
+    from .plots import plot_decode_timing
+
+    g = find_gpu(gpu_name)
+    blocks: list[Block] = [Heading(2, "Time and serving")]
+    if g.bf16_flops is None:
+        blocks.append(Para(f"`{g.name}` has no peak figures: no time or roofline estimate."))
+    else:
+        t = training_time(cfg, wl, None, g)
+        rows = [("exact (gptcalc)", f"{t.flops_per_token:,}", _duration(t.seconds),
+                 f"{t.gpu_hours:,.4g}")]
+        rows += [(k, f"{v:,}", _duration(t.convention_seconds(k)),
+                  f"{t.convention_seconds(k) / 3600:,.4g}") for k, v in t.conventions.items()]
+        T = cfg.block_size
+        prompt = min(128, max(1, T // 2))
+        s = serving(cfg, g, wl.batch_size, prompt, min(128, max(1, T - prompt)))
+        b = s.compute_bound_batch
+        blocks += [
+            Para(f"Training on {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter (Chinchilla, "
+                 f"Hoffmann et al. 2022): {t.tokens:,} tokens of S = {wl.seq_len} on one "
+                 f"`{g.name}` ({t.peak_flops / 1e12:,.1f} TFLOP/s dense bf16) at MFU {t.mfu:g}; "
+                 "time = model FLOPs / (peak x MFU), GPU-hours scale to any number of GPUs."),
+            table(["rule", "training FLOPs / token", "time on one GPU", "GPU-hours"], rows),
+            Para(f"Inference on one `{g.name}`, bf16 weights and KV cache, B = {s.batch_size}, "
+                 f"prompt {s.prompt_len}, {s.gen_len} generated tokens: roofline = max(FLOPs / "
+                 "peak, bytes / bandwidth) per phase; expected = each term at "
+                 f"{s.flops_efficiency:g} of peak FLOP/s and {s.bandwidth_efficiency:g} of "
+                 "bandwidth (gpt-fast's measured Llama-2-7B on an A100)."),
+            table(["quantity", "roofline", "expected"], [
+                ("memory: weights + KV cache + prefill activations",
+                 binary_bytes(s.total_bytes), "fits" if s.fits else "does NOT fit"),
+                (f"prefill ({s.prefill.bound}-bound)", _duration(s.prefill.seconds),
+                 _duration(s.expected_prefill_seconds)),
+                (f"decode per token ({s.decode.bound}-bound)",
+                 _duration(s.decode_seconds_per_token),
+                 _duration(s.expected_decode_seconds_per_token)),
+                ("tokens/s per sequence", _rate(s.decode_tokens_per_second),
+                 _rate(1 / s.expected_decode_seconds_per_token)),
+            ], caption=("decode never turns compute-bound at this context: a sequence's KV "
+                        "cache takes longer to read than its FLOPs take" if b is None else
+                        f"decode turns compute-bound at batch {b:,}.")),
+        ]
+    tiny = timing_config(cfg)
+    timings = decode_times(tiny)
+    plot = plot_decode_timing(out_dir, timings, tiny, f"{name}, shrunk")
+    blocks += [
+        Para(f"Measured twin: the reference model shrunk to L = {tiny.n_layer}, E = "
+             f"{tiny.n_embd}, T = {tiny.block_size} (same family), one decoded token timed on "
+             "the CPU (one thread, median of 5) with and without a KV cache. With a cache the "
+             "time stays nearly flat, as the roofline's weight term does; without one the whole "
+             "context is recomputed and the time grows with it."),
+        table(["context", "with KV cache (ms)", "without (ms)", "ratio"],
+              [(f"{m.context:,}", f"{m.seconds_with_cache * 1e3:.3f}",
+                f"{m.seconds_without_cache * 1e3:.3f}",
+                f"{m.seconds_without_cache / m.seconds_with_cache:.1f}") for m in timings]),
+        Image(plot.path.name, plot.title, plot.caption),
+    ]
+    return blocks, plot
+
+
+def _duration(seconds: float) -> str:
+    """4 significant figures in the unit that suits: us, ms, s, h or days."""
+    for unit, size in (("days", 86400), ("h", 3600), ("s", 1), ("ms", 1e-3)):
+        if seconds >= size:
+            return f"{seconds / size:,.4g} {unit}"
+    return f"{seconds / 1e-6:,.4g} us"
+
+
+def _rate(per_second: float) -> str:
+    return f"{per_second:,.0f}" if per_second >= 100 else f"{per_second:.3g}"
+
+
 def _num(v: Any) -> str:
     if isinstance(v, bool) or v is None:
         return str(v)
@@ -361,7 +442,7 @@ def _crossover(cfg: GPTConfig) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "auto",
-                 name: str | None = None, progress: bool = True) -> Report:
+                 name: str | None = None, progress: bool = True, gpu: str = "h100-sxm") -> Report:
     from . import plots
 
     out_dir = Path(out_dir)
@@ -375,6 +456,9 @@ def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "aut
         blocks += _params_blocks(cfg)
         blocks += _flops_blocks(cfg, wl)
         blocks += _memory_blocks(cfg, wl, device)
+        with prog.step("time and serving; decode timed on the CPU"):
+            time_blocks, decode_plot = _time_blocks(cfg, wl, gpu, out_dir, name)
+            blocks += time_blocks
         with prog.step("verification on the reference model"):
             blocks += _verification_blocks(cfg, wl, device)
         Ts = claims.sweep_block_sizes(cfg)
@@ -394,6 +478,7 @@ def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "aut
     blocks.append(Heading(2, "Plots"))
     for p in made[1:]:
         blocks += [Heading(3, p.title), Image(p.path.name, p.title, p.caption)]
+    made.append(decode_plot)  # drawn in its own section above
     md = out_dir / "report.md"
     html = out_dir / "report.html"
     md.write_text(to_markdown(blocks))

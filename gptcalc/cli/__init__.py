@@ -50,9 +50,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, memory, params, plot, presets, report, verify
+    from . import flops, gpus, infer, memory, params, plot, presets, report, time, verify
 
-    for module in (presets, params, flops, memory, verify, plot, report):
+    for module in (presets, params, flops, memory, gpus, time, infer, verify, plot, report):
         cli.add_command(module.command)
 
 

@@ -1,10 +1,11 @@
-"""`gptcalc params`: the exact parameter count, by component."""
+"""`gptcalc params`: the exact parameter count, by component, and LoRA adapters."""
 
 from __future__ import annotations
 
 import click
 
-from ..config import GPTConfig, Workload
+from ..config import ConfigError, GPTConfig, Workload
+from ..lora import lora_params, parse_targets
 from ..params import count_params
 from ..units import si
 from .options import describe, model_options
@@ -13,14 +14,27 @@ from .render import emit_json, model_json, print_line, print_table
 
 @click.command("params")
 @model_options
+@click.option("--lora-rank", type=int, default=None, metavar="R",
+              help="LoRA rank: adapters of r x (in + out) parameters on the targets.")
+@click.option("--lora-targets", default=None, metavar="LIST",
+              help="Adapted Linears: q,k,v,o,gate,up,down (qkv for a fused layout) or all; "
+                   "default q,v (PEFT's), qkv when fused.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def command(model: tuple[GPTConfig, Workload], as_json: bool) -> None:
+def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targets: str | None,
+            as_json: bool) -> None:
     """Exact parameter count (a tied weight once) and its breakdown by component."""
     cfg, _ = model
     p = count_params(cfg)
+    if lora_targets is not None and lora_rank is None:
+        raise ConfigError("lora_targets", "needs --lora-rank")
+    targets = parse_targets(lora_targets, cfg)
+    lora = None if lora_rank is None else lora_params(cfg, lora_rank, targets)
+    trainable = p.total if lora is None else sum(lora.values())
     if as_json:
         emit_json({**model_json(cfg), "total": p.total, "non_embedding": p.non_embedding,
-                   "components": p.components})
+                   "components": p.components, "trainable": trainable,
+                   "lora": None if lora is None else {"rank": lora_rank, "targets": list(targets),
+                                                      "components": lora}})
         return
     print_line(describe(cfg))
     rows = [[k, f"{v:,}", si(v), f"{100 * v / p.total:.2f}%"]
@@ -28,3 +42,9 @@ def command(model: tuple[GPTConfig, Workload], as_json: bool) -> None:
     print_table("Parameters", ["component", "exact", "SI", "share"], rows,
                 total_row=["total", f"{p.total:,}", si(p.total), "100.00%"],
                 caption=f"non-embedding (Kaplan): {p.non_embedding:,} ({si(p.non_embedding)})")
+    if lora is not None:
+        print_table(f"LoRA adapters, rank {lora_rank} (r x (in + out) per adapted Linear)",
+                    ["target", "trainable", "SI"], [[k, f"{v:,}", si(v)] for k, v in lora.items()],
+                    total_row=["trainable", f"{trainable:,}", si(trainable)],
+                    caption=f"{100 * trainable / p.total:.4f}% of the {p.total:,} frozen "
+                            "parameters")

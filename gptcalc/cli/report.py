@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..config import GPTConfig, Workload
+from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..units import si
 from .options import model_options
 from .render import print_line
@@ -19,16 +20,20 @@ from .render import print_line
               help="Directory for report.md, report.html and the PNG plots.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where the reference model is measured (auto: CUDA if any).")
+@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
+              help="Accelerator for the time and serving section (see `gptcalc gpus`).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 @click.pass_context
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path, device: str,
-            quiet: bool) -> None:
+            gpu_name: str, quiet: bool) -> None:
     """Analyse a model: counts, conventions, memory, verification, seed claims and plots."""
     from reports.report import build_report  # torch and matplotlib load only here
 
     cfg, wl = model
     name = model_name(ctx)
-    r = build_report(cfg, wl, out_dir, device=device, name=name, progress=not quiet)
+    find_gpu(gpu_name)  # an unknown name fails here, before the slow part
+    r = build_report(cfg, wl, out_dir, device=device, name=name, progress=not quiet,
+                     gpu=gpu_name)
     f = r.facts
     print_line(f"{name}: {r.facts['params']:,} parameters ({si(f['params'])}); measured on "
                f"{f['device']}; FLOPs per token ~ T^{f['exponent_per_token']:.2f} over the "

@@ -1,0 +1,118 @@
+"""`gptcalc infer`: will a model serve on these GPUs, and how fast (roofline and expected)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..config import GPTConfig, Workload
+from ..gpus import DEFAULT_GPU, gpu as find_gpu
+from ..serving import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, GROUP_SIZE,
+                       KV_DTYPES, WEIGHT_DTYPES, Serving, serving)
+from ..units import binary_bytes, si
+from .options import describe, model_options
+from .render import emit_json, model_json, print_line, print_table
+
+
+@click.command("infer")
+@model_options
+@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
+              help="Accelerator (see `gptcalc gpus`).")
+@click.option("--tp", "--gpus", "tp", type=int, default=1, show_default=True,
+              help="GPUs in tensor parallel: weights and KV heads split this many ways.")
+@click.option("--prompt-len", type=int, default=None,
+              help="Prompt tokens per sequence (default: 128, or T/2 if smaller).")
+@click.option("--gen-len", type=int, default=None,
+              help="Generated tokens per sequence (default: 128, or what T leaves if smaller).")
+@click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="bf16",
+              show_default=True,
+              help=f"Weights; int8/int4 add one fp16 scale per {GROUP_SIZE} weights.")
+@click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16",
+              show_default=True, help="KV cache elements.")
+@click.option("--flops-efficiency", type=float, default=DEFAULT_FLOPS_EFFICIENCY,
+              show_default=True, help="Share of the dense peak that matmuls reach (expected).")
+@click.option("--bandwidth-efficiency", type=float, default=DEFAULT_BANDWIDTH_EFFICIENCY,
+              show_default=True, help="Share of peak bandwidth reached (default: gpt-fast's "
+                                      "Llama-2-7B on an A100-80GB).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_len: int | None,
+            gen_len: int | None, weights_dtype: str, kv_dtype: str, flops_efficiency: float,
+            bandwidth_efficiency: float, as_json: bool) -> None:
+    """Memory (weights, KV cache, prefill activations) and whether it fits; prefill and decode
+    times on the roofline and expected at the given efficiencies; the batch where decode turns
+    compute-bound."""
+    cfg, wl = model
+    T = cfg.block_size
+    prompt = min(128, max(1, T // 2)) if prompt_len is None else prompt_len
+    gen = min(128, max(1, T - prompt)) if gen_len is None else gen_len
+    s = serving(cfg, find_gpu(gpu_name), wl.batch_size, prompt, gen, tp, weights_dtype, kv_dtype,
+                flops_efficiency, bandwidth_efficiency)
+    if as_json:
+        emit_json(_json(cfg, s))
+        return
+    _render(cfg, s)
+
+
+def _json(cfg, s: Serving) -> dict[str, Any]:
+    return {
+        **model_json(cfg), "gpu": s.gpu, "tp": s.tp, "batch_size": s.batch_size,
+        "prompt_len": s.prompt_len, "gen_len": s.gen_len, "weights_dtype": s.weights_dtype,
+        "kv_dtype": s.kv_dtype, "weights": s.weights, "weights_bytes": s.weights_bytes,
+        "kv_cache_bytes": s.kv_cache_bytes, "activation_bytes": s.activation_bytes,
+        "total_bytes": s.total_bytes, "memory_bytes": s.memory_bytes, "fits": s.fits,
+        "mean_context": float(s.mean_context),
+        "prefill_flops": float(s.prefill.flops), "prefill_bytes": float(s.prefill.bytes),
+        "prefill_seconds": s.prefill.seconds, "prefill_bound": s.prefill.bound,
+        "expected_prefill_seconds": s.expected_prefill_seconds,
+        "decode_flops_per_step": float(s.decode.flops), "decode_bytes_per_step": float(s.decode.bytes),
+        "decode_seconds_per_token": s.decode_seconds_per_token,
+        "decode_tokens_per_second": s.decode_tokens_per_second,
+        "decode_batch_tokens_per_second": s.batch_size * s.decode_tokens_per_second,
+        "decode_bound": s.decode.bound,
+        "expected_decode_seconds_per_token": s.expected_decode_seconds_per_token,
+        "expected_decode_tokens_per_second": 1 / s.expected_decode_seconds_per_token,
+        "compute_bound_batch": s.compute_bound_batch,
+        "compute_bound_batch_weights_only": s.compute_bound_batch_weights_only,
+        "flops_efficiency": s.flops_efficiency, "bandwidth_efficiency": s.bandwidth_efficiency,
+    }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3f} ms"
+
+
+def _render(cfg, s: Serving) -> None:
+    print_line(f"{describe(cfg)}  B={s.batch_size} prompt={s.prompt_len} gen={s.gen_len} on "
+               f"{s.tp} x {s.gpu}, weights {s.weights_dtype}, KV cache {s.kv_dtype}")
+    mem = [["weights (incl. quantisation scales)", binary_bytes(s.weights_bytes)],
+           [f"KV cache at {s.prompt_len + s.gen_len:,} tokens", binary_bytes(s.kv_cache_bytes)],
+           [f"prefill activations ({s.prompt_len:,} tokens)", binary_bytes(s.activation_bytes)]]
+    print_table("Memory per GPU", ["part", "bytes"], mem,
+                total_row=["total", binary_bytes(s.total_bytes)],
+                caption=f"GPU memory {binary_bytes(s.memory_bytes)}: "
+                        f"{'fits' if s.fits else 'does NOT fit'}")
+    phases = [[name, si(float(p.flops), "FLOP"), binary_bytes(float(p.bytes)),
+               _ms(p.compute_seconds), _ms(p.memory_seconds), p.bound, _ms(p.seconds),
+               _ms(p.expected_seconds(s.flops_efficiency, s.bandwidth_efficiency))]
+              for name, p in (("prefill", s.prefill),
+                              (f"decode step (context {float(s.mean_context):g})", s.decode))]
+    print_table("Roofline per GPU", ["phase", "FLOPs", "bytes", "compute", "memory", "bound",
+                                     "roofline", "expected"], phases,
+                caption=f"expected: FLOPs at {s.flops_efficiency:g} of peak, bytes at "
+                        f"{s.bandwidth_efficiency:g} of bandwidth; decode at the mean context "
+                        "of the generated tokens")
+    roof, exp = s.decode_seconds_per_token, s.expected_decode_seconds_per_token
+    rate = [["prefill (time to first token)", _ms(s.prefill.seconds),
+             _ms(s.expected_prefill_seconds)],
+            ["decode time per token", _ms(roof), _ms(exp)],
+            ["tokens/s per sequence", f"{1 / roof:,.1f}", f"{1 / exp:,.1f}"],
+            [f"tokens/s for the batch of {s.batch_size}", f"{s.batch_size / roof:,.1f}",
+             f"{s.batch_size / exp:,.1f}"]]
+    print_table("Throughput", ["quantity", "roofline", "expected"], rate)
+    b, w = s.compute_bound_batch, s.compute_bound_batch_weights_only
+    ctx = f"context {float(s.mean_context):g}"
+    print_line((f"decode never turns compute-bound at {ctx}: each sequence's KV cache takes longer "
+                "to read than its FLOPs take to compute" if b is None else
+                f"decode turns compute-bound at batch {b:,} ({ctx}, roofline)")
+               + ("" if w is None else f"; with the weights alone (no KV cache) at batch {w:,}"))

@@ -1,0 +1,132 @@
+"""A catalogue of accelerators: memory, dense peak FLOP/s per precision, memory bandwidth.
+
+Every figure is a datasheet's, and every FLOP/s figure is DENSE: NVIDIA and AMD print a second,
+doubled figure "with sparsity" (2:4 structured sparsity), which no dense training or inference
+run reaches. H100 SXM bf16 is 989.4 TFLOP/s dense, 1,979 with sparsity; only the first is here.
+
+Units: FLOP/s and bytes/s in SI (a datasheet's "2,039 GB/s" is 2.039e12 bytes/s). Memory sizes
+are binary: an "80GB" A100 or H100 holds 80 GiB (nvidia-smi reports 81,920 MiB), so a
+datasheet's "N GB" of HBM or GDDR is stored as N GiB.
+
+`cpu` measures nothing: it has no peak figures (None), so `time` and `infer` refuse it with a
+message rather than dividing by zero; it exists so that a CPU run can be named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ConfigError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+T = 10**12  # TFLOP/s, TB/s
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator. FLOP/s are dense peaks; None where the datasheet gives no figure."""
+
+    name: str  # lowercase id, e.g. "h100-sxm"
+    memory_bytes: int | None
+    fp32_flops: float | None  # non-tensor FP32 (CUDA cores / vector units)
+    tf32_flops: float | None
+    bf16_flops: float | None  # with FP32 accumulation, as PyTorch's matmuls run
+    fp16_flops: float | None
+    fp8_flops: float | None
+    hbm_bytes_per_second: float | None  # memory bandwidth (HBM, or GDDR where so noted)
+    source: str
+
+    def peak_flops(self, precision: str) -> float | None:
+        """Dense peak FLOP/s at `precision` (one of PRECISIONS), None when there is none."""
+        if precision not in PRECISIONS:
+            raise ConfigError("precision", f"precision must be one of {', '.join(PRECISIONS)}; "
+                                           f"got {precision!r}")
+        return getattr(self, f"{precision}_flops")
+
+
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet"
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (dense: half the sparsity figure)"
+
+
+def _a100(name: str, memory_gib: int, bandwidth: float, form: str) -> GPU:
+    # A100 datasheet: FP32 19.5 TFLOPS; TF32 156 (312 with sparsity); BF16 and FP16 312 (624
+    # with sparsity); no FP8. The same peaks for the SXM and PCIe cards; memory and bandwidth
+    # differ by model.
+    return GPU(name, memory_gib * GiB, 19.5 * T, 156 * T, 312 * T, 312 * T, None, bandwidth,
+               f"{_A100}: A100 {memory_gib}GB {form}")
+
+
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    # A100 datasheet: 40GB HBM2 at 1,555 GB/s (SXM and PCIe), 80GB HBM2e at 2,039 GB/s (SXM)
+    # and 1,935 GB/s (PCIe).
+    _a100("a100-sxm-40gb", 40, 1555e9, "SXM"),
+    _a100("a100-sxm-80gb", 80, 2039e9, "SXM"),
+    _a100("a100-pcie-40gb", 40, 1555e9, "PCIe"),
+    _a100("a100-pcie-80gb", 80, 1935e9, "PCIe"),
+    # H100 datasheet, SXM: FP32 67 TFLOPS; TF32 989 / BF16 1,979 / FP16 1,979 / FP8 3,958
+    # TFLOPS "with sparsity"; dense = half: 494.7, 989.4, 989.4, 1,978.9 (Hopper whitepaper).
+    # 80GB HBM3, 3.35 TB/s.
+    GPU("h100-sxm", 80 * GiB, 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 1978.9 * T, 3.35 * T,
+        f"{_H100}: H100 SXM"),
+    # H100 datasheet, PCIe: FP32 51 TFLOPS; TF32 756 / BF16 1,513 / FP16 1,513 / FP8 3,026
+    # "with sparsity", dense = half. 80GB HBM2e, 2 TB/s.
+    GPU("h100-pcie", 80 * GiB, 51 * T, 378 * T, 756 * T, 756 * T, 1513 * T, 2.0 * T,
+        f"{_H100}: H100 PCIe"),
+    # H200 datasheet (SXM): the H100's compute (BF16 1,979 and FP8 3,958 TFLOPS with sparsity)
+    # with 141GB HBM3e at 4.8 TB/s.
+    GPU("h200", 141 * GiB, 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 1978.9 * T, 4.8 * T,
+        "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
+    # HGX B200 datasheet, per GPU (8 per board): FP32 80 TFLOPS; TF32 2.2, FP16/BF16 4.5 and
+    # FP8 9 PFLOPS with sparsity, dense = half; 1,440GB HBM3e per board = 180GB per GPU,
+    # 8 TB/s per GPU.
+    GPU("b200", 180 * GiB, 80 * T, 1100 * T, 2250 * T, 2250 * T, 4500 * T, 8.0 * T,
+        "NVIDIA HGX B200 datasheet (per GPU of an 8-GPU board, 1,000 W)"),
+    # L40S datasheet: FP32 91.6 TFLOPS; TF32 183 (366 with sparsity), BF16 and FP16 362.05
+    # (733 with sparsity), FP8 733 (1,466 with sparsity); 48GB GDDR6 at 864 GB/s.
+    GPU("l40s", 48 * GiB, 91.6 * T, 183 * T, 362.05 * T, 362.05 * T, 733 * T, 864e9,
+        "NVIDIA L40S datasheet (48GB GDDR6, not HBM)"),
+    # NVIDIA Ada GPU architecture whitepaper, appendix (GeForce RTX 4090): FP32 82.6 TFLOPS;
+    # TF32 82.6, BF16 165.2, FP16 165.2 (330.3 with FP16 accumulation), FP8 330.3 (660.6
+    # with FP16 accumulation) TFLOPS dense with FP32 accumulation; 24GB GDDR6X at 1,008 GB/s.
+    GPU("rtx-4090", 24 * GiB, 82.6 * T, 82.6 * T, 165.2 * T, 165.2 * T, 330.3 * T, 1008e9,
+        "NVIDIA Ada GPU architecture whitepaper (RTX 4090; FP32 accumulation; GDDR6X)"),
+    # AMD Instinct MI300X datasheet: peak FP32 matrix 163.4 TFLOPS, TF32 653.7, FP16 and BF16
+    # 1,307.4, FP8 2,614.9 TFLOPS dense (double with structured sparsity); 192GB HBM3, 5.3 TB/s.
+    GPU("mi300x", 192 * GiB, 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 2614.9 * T, 5.3 * T,
+        "AMD Instinct MI300X accelerator datasheet"),
+    # No figures: a CPU's throughput depends on the part, its cores and its BLAS.
+    GPU("cpu", None, None, None, None, None, None, None,
+        "none: no peak figures for a CPU; time and infer need an accelerator"),
+)}
+
+DEFAULT_GPU = "h100-sxm"
+
+
+def gpu(name: str) -> GPU:
+    """The catalogue entry `name` (case-insensitive); ConfigError("gpu") when unknown."""
+    key = name.strip().lower()
+    if key not in GPUS:
+        raise ConfigError("gpu", f"unknown GPU {name!r}; choose from {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def require_peak(g: GPU, precision: str) -> float:
+    """Dense peak FLOP/s of `g` at `precision`, or ConfigError naming the option that picked it."""
+    if g.bf16_flops is None:
+        raise ConfigError("gpu", f"{g.name} has no published peak FLOP/s; pick an accelerator "
+                                 "(see `gptcalc gpus`)")
+    peak = g.peak_flops(precision)
+    if peak is None:
+        have = [p for p in PRECISIONS if g.peak_flops(p) is not None]
+        raise ConfigError("precision", f"{g.name} has no {precision} figure; it has "
+                                       f"{', '.join(have)}")
+    return peak
+
+
+def require_bandwidth(g: GPU) -> float:
+    if g.hbm_bytes_per_second is None:
+        raise ConfigError("gpu", f"{g.name} has no published memory bandwidth; pick an "
+                                 "accelerator (see `gptcalc gpus`)")
+    return g.hbm_bytes_per_second

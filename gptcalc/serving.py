@@ -1,0 +1,250 @@
+"""Inference on accelerators: memory, and the roofline of prefill and decode.
+
+Roofline (Williams et al. 2009): a phase takes max(FLOPs / peak FLOP/s, bytes / bandwidth); the
+larger term names its bound. Per device, with tp-way tensor parallelism (Megatron: every matrix
+and the KV heads split tp ways; communication not counted).
+
+- prefill: one forward over B prompts of p tokens (gptcalc.flops.inference_flops, attention over
+  the full p x p, logits for every position); bytes = the weights read once + the KV cache
+  written.
+- decode: one step gives each of the B sequences one token. FLOPs = B x decode FLOPs at context
+  c (a KV cache: one query against c keys); bytes = the weights read once + the KV cache read at
+  context c. Both are affine in c, so their means over the gen_len steps (c = p + 1 .. p + g, the
+  new token's own key and value included) are their values at the mean context p + (g + 1) / 2;
+  the per-token time is taken at that mean. The weights read include the token embedding, of
+  which a step gathers only B rows (1.9% of Llama-2-7B): an upper bound by that much.
+- the batch where decode turns compute-bound: the smallest B with B f / P >= (W + B k) / BW
+  (f FLOPs and k KV bytes per sequence and step, W weight bytes, P peak, BW bandwidth); none
+  when k / BW >= f / P, i.e. when attention over the cache is itself memory-bound at any batch.
+
+Matmuls run at the GPU's 16-bit peak (bf16; fp16 for fp16 weights): weight-only quantisation
+(int8, int4 and fp8 weights here) dequantises to 16 bits before the matmul.
+
+Expected times divide each roofline term by an efficiency: `flops_efficiency` (default 0.5, an
+assumption: large training runs report 40-55% of peak, PaLM 46.2% (Chowdhery et al. 2022); a
+prefill is the same matmuls) and `bandwidth_efficiency` (default 0.685: gpt-fast's Llama-2-7B
+bf16 at batch 1 on an A100-80GB moves 1,397.31 GB/s of the 2,039 GB/s peak at 104.9 tokens/s,
+gpt-fast README, "Benchmarks"). The expected time of a phase is the larger expected term.
+
+Memory per device: weights (with quantisation scales), the KV cache at prompt + gen tokens, and
+the activations of the prefill (`prefill_activation_bytes`). Scope: no framework overhead,
+CUDA context, paged-cache fragmentation or communication buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .config import ConfigError, GPTConfig
+from .flops import inference_flops, matmul_flops
+from .gpus import GPU, require_bandwidth, require_peak
+from .linears import block_linears
+from .memory import kv_cache_bytes
+from .params import count_params
+from .time import check_fraction
+
+# bytes per weight element; int8 / int4 also store one fp16 scale per GROUP_SIZE weights
+WEIGHT_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": Fraction(1, 2)}
+KV_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}  # per element; per-tensor scales ignored
+GROUP_SIZE = 128  # int8/int4: one scale per 128 consecutive input weights of an output (GPTQ/AWQ)
+SCALE_BYTES = 2  # fp16 scale per group
+FP8_SCALE_BYTES = 4  # fp8: one fp32 scale per matrix (per-tensor scaling)
+ACT_BYTES = 2  # 16-bit activations
+DEFAULT_FLOPS_EFFICIENCY = 0.5
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.685
+
+
+def weight_bytes(cfg: GPTConfig, dtype: str = "bf16") -> dict[str, int]:
+    """Bytes of the weights by part; the values sum to the model's weight bytes.
+
+    quantised: the block Linears' weight matrices in `dtype`; scales: int8/int4 one fp16 scale
+    per group of 128 input weights of each output (ceil(in / 128) x out per matrix), fp8 one fp32
+    per matrix, none for 16-bit; other: embeddings, lm_head, norms and biases, kept 16-bit
+    (GPTQ, AWQ and bitsandbytes leave them unquantised)."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ConfigError("weights_dtype", f"must be one of {', '.join(WEIGHT_DTYPES)}; "
+                                           f"got {dtype!r}")
+    L = cfg.n_layer
+    mats = block_linears(cfg).values()
+    n_matrix = L * sum(m.weights for m in mats)
+    if dtype in ("int8", "int4"):
+        scales = L * sum(m.count * math.ceil(m.in_features / GROUP_SIZE) * m.out_features
+                         for m in mats) * SCALE_BYTES
+    elif dtype == "fp8":
+        scales = L * sum(m.count for m in mats) * FP8_SCALE_BYTES
+    else:
+        scales = 0
+    return {
+        "quantised": math.ceil(n_matrix * WEIGHT_DTYPES[dtype]),
+        "scales": scales,
+        "other": (count_params(cfg).total - n_matrix) * 2,
+    }
+
+
+def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, tp: int = 1) -> int:
+    """Working activations of a prefill, stated simply: one block at a time (nothing is kept for
+    a backward), B x p x (2E for the residual stream and its normed copy + the wider of the q/k/v
+    outputs and the MLP hidden (two of them for a gated MLP)) in 16 bits, plus the 16-bit logits
+    of every prompt position (B x p x V). Attention scores are not materialised (a flash-type
+    kernel). Widths split by tp, the residual stream does not."""
+    E, V = cfg.n_embd, cfg.vocab_size
+    hidden = max(cfg.q_width + 2 * cfg.kv_width, (2 if cfg.mlp == "swiglu" else 1) * cfg.ffn_dim)
+    return batch_size * prompt_len * (2 * E + hidden // tp + V // tp) * ACT_BYTES
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase on one device: its FLOPs and bytes, and the two roofline terms."""
+
+    flops: Fraction
+    bytes: Fraction
+    peak_flops: float
+    bandwidth: float
+
+    @property
+    def compute_seconds(self) -> float:
+        return float(self.flops / Fraction(self.peak_flops))
+
+    @property
+    def memory_seconds(self) -> float:
+        return float(self.bytes / Fraction(self.bandwidth))
+
+    @property
+    def seconds(self) -> float:
+        """Roofline: the larger of the two terms."""
+        return max(self.compute_seconds, self.memory_seconds)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_seconds >= self.memory_seconds else "memory"
+
+    def expected_seconds(self, flops_efficiency: float, bandwidth_efficiency: float) -> float:
+        return max(self.compute_seconds / flops_efficiency,
+                   self.memory_seconds / bandwidth_efficiency)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Memory and roofline of generating gen_len tokens after a prompt, per device."""
+
+    gpu: str
+    tp: int
+    batch_size: int
+    prompt_len: int
+    gen_len: int
+    weights_dtype: str
+    kv_dtype: str
+    weights: dict[str, int]  # the whole model's weight bytes by part (weight_bytes)
+    weights_bytes: int  # per device
+    kv_cache_bytes: int  # per device, at prompt_len + gen_len tokens
+    activation_bytes: int  # per device, prefill
+    memory_bytes: int  # per device, the GPU's
+    prefill: Phase
+    decode: Phase  # one step at the mean context
+    weights_read: int  # bytes per decode step per device (= weights_bytes)
+    kv_per_sequence: Fraction  # KV bytes read per sequence per step at the mean context
+    decode_flops_per_sequence: Fraction  # per step at the mean context, per device
+    flops_efficiency: float
+    bandwidth_efficiency: float
+
+    @property
+    def mean_context(self) -> Fraction:
+        return self.prompt_len + Fraction(self.gen_len + 1, 2)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.memory_bytes
+
+    @property
+    def decode_seconds_per_token(self) -> float:
+        """One decode step: every sequence of the batch gets one token."""
+        return self.decode.seconds
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Per sequence; the batch produces batch_size times as many."""
+        return 1 / self.decode_seconds_per_token
+
+    @property
+    def expected_decode_seconds_per_token(self) -> float:
+        return self.decode.expected_seconds(self.flops_efficiency, self.bandwidth_efficiency)
+
+    @property
+    def expected_prefill_seconds(self) -> float:
+        return self.prefill.expected_seconds(self.flops_efficiency, self.bandwidth_efficiency)
+
+    @property
+    def compute_bound_batch(self) -> int | None:
+        """Smallest batch whose decode step is compute-bound on the roofline (None: never)."""
+        return crossing_batch(self.decode_flops_per_sequence, self.kv_per_sequence,
+                              self.weights_read, self.decode.peak_flops, self.decode.bandwidth)
+
+    @property
+    def compute_bound_batch_weights_only(self) -> int | None:
+        """The same crossing if the KV cache cost nothing to read (the usual rule of thumb,
+        batch ~ peak / bandwidth x bytes per weight / 2)."""
+        return crossing_batch(self.decode_flops_per_sequence, Fraction(0), self.weights_read,
+                              self.decode.peak_flops, self.decode.bandwidth)
+
+
+def crossing_batch(flops_per_sequence: Fraction, kv_per_sequence: Fraction, weights: int,
+                   peak_flops: float, bandwidth: float) -> int | None:
+    """Smallest B with B f / P >= (W + B k) / BW, exactly; None when k / BW >= f / P."""
+    P, BW = Fraction(peak_flops), Fraction(bandwidth)
+    gain = Fraction(flops_per_sequence) / P - Fraction(kv_per_sequence) / BW
+    if gain <= 0:
+        return None
+    return max(1, math.ceil(Fraction(weights) / BW / gain))
+
+
+def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128,
+            gen_len: int = 128, tp: int = 1, weights_dtype: str = "bf16",
+            kv_dtype: str = "bf16", flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY,
+            bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> Serving:
+    """Memory and roofline of B sequences: a prefill of prompt_len tokens, then gen_len decode
+    steps, on tp GPUs; see the module docstring for the model."""
+    for field, value in (("tp", tp), ("batch_size", batch_size), ("gen_len", gen_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(field, f"must be a positive integer, got {value!r}")
+    if cfg.n_head % tp or cfg.kv_heads % tp:
+        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads and the "
+                                f"{cfg.kv_heads} key/value heads")
+    if kv_dtype not in KV_DTYPES:
+        raise ConfigError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}; got {kv_dtype!r}")
+    if prompt_len + gen_len > cfg.block_size:
+        raise ConfigError("gen_len", f"prompt {prompt_len} + {gen_len} generated tokens exceed "
+                                     f"block_size {cfg.block_size}")
+    fe = check_fraction(flops_efficiency, "flops_efficiency")
+    be = check_fraction(bandwidth_efficiency, "bandwidth_efficiency")
+    peak = require_peak(gpu, "fp16" if weights_dtype == "fp16" else "bf16")
+    bw = require_bandwidth(gpu)
+    inf = inference_flops(cfg, prompt_len, prompt_len + gen_len)  # validates prompt_len
+    parts = weight_bytes(cfg, weights_dtype)
+    norms = 2 * sum(v for k, v in count_params(cfg).components.items() if k.startswith("norm/"))
+    w_dev = (sum(parts.values()) - norms) // tp + norms  # norms are replicated, the rest split
+    kv_b = KV_DTYPES[kv_dtype]
+    kv_token = Fraction(kv_cache_bytes(cfg, 1, 1, kv_b, tp=tp))  # per sequence per token
+    # decode FLOPs at context c are a + b c (matmul_flops is affine in the scored pairs)
+    a = sum(matmul_flops(cfg, 1, 0).values())
+    b = sum(matmul_flops(cfg, 1, 1).values()) - a
+    c_mean = prompt_len + Fraction(gen_len + 1, 2)
+    f_seq = (a + b * c_mean) / tp
+    kv_seq = kv_token * c_mean
+    prefill = Phase(Fraction(batch_size * inf.prefill, tp),
+                    w_dev + batch_size * prompt_len * kv_token, peak, bw)
+    decode = Phase(batch_size * f_seq, w_dev + batch_size * kv_seq, peak, bw)
+    return Serving(
+        gpu=gpu.name, tp=tp, batch_size=batch_size, prompt_len=prompt_len, gen_len=gen_len,
+        weights_dtype=weights_dtype, kv_dtype=kv_dtype, weights=parts, weights_bytes=w_dev,
+        kv_cache_bytes=kv_cache_bytes(cfg, batch_size, prompt_len + gen_len, kv_b, tp=tp),
+        activation_bytes=prefill_activation_bytes(cfg, batch_size, prompt_len, tp),
+        memory_bytes=gpu.memory_bytes, prefill=prefill, decode=decode, weights_read=w_dev,
+        kv_per_sequence=kv_seq, decode_flops_per_sequence=f_seq,
+        flops_efficiency=fe, bandwidth_efficiency=be,
+    )

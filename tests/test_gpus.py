@@ -1,0 +1,104 @@
+"""The accelerator catalogue: datasheet figures (dense only), the `cpu` entry, `gpus --json`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc.cli import cli
+from gptcalc.config import ConfigError
+from gptcalc.gpus import GPUS, gpu, require_peak
+
+REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm",
+            "h100-pcie", "h200", "b200", "l40s", "rtx-4090", "mi300x", "cpu")
+KEYS = {"name", "memory_bytes", "fp32_flops", "tf32_flops", "bf16_flops", "fp16_flops",
+        "fp8_flops", "hbm_bytes_per_second", "source"}
+
+
+def test_catalogue_has_the_required_lowercase_ids():
+    assert set(REQUIRED) <= set(GPUS)
+    assert all(name == name.lower() and GPUS[name].name == name for name in GPUS)
+
+
+@pytest.mark.parametrize("name,field,value", [
+    # NVIDIA A100 datasheet: BF16 312 TFLOPS (624 with sparsity), TF32 156, FP32 19.5;
+    # 80GB SXM 2,039 GB/s, 80GB PCIe 1,935 GB/s, 40GB 1,555 GB/s
+    ("a100-sxm-80gb", "bf16_flops", 312e12), ("a100-sxm-80gb", "tf32_flops", 156e12),
+    ("a100-sxm-80gb", "fp32_flops", 19.5e12), ("a100-sxm-80gb", "hbm_bytes_per_second", 2039e9),
+    ("a100-pcie-80gb", "hbm_bytes_per_second", 1935e9),
+    ("a100-sxm-40gb", "hbm_bytes_per_second", 1555e9),
+    # NVIDIA H100 datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989.4 dense; FP8 3,958
+    # with sparsity -> 1,978.9 dense; 3.35 TB/s
+    ("h100-sxm", "bf16_flops", 989.4e12), ("h100-sxm", "fp8_flops", 1978.9e12),
+    ("h100-sxm", "hbm_bytes_per_second", 3.35e12),
+    # NVIDIA H200 datasheet: 141GB HBM3e at 4.8 TB/s
+    ("h200", "hbm_bytes_per_second", 4.8e12), ("h200", "memory_bytes", 141 * 2**30),
+    # NVIDIA L40S datasheet: FP8 733 TFLOPS (1,466 with sparsity), 864 GB/s
+    ("l40s", "fp8_flops", 733e12), ("l40s", "hbm_bytes_per_second", 864e9),
+    # AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense, 192GB HBM3 at 5.3 TB/s
+    ("mi300x", "bf16_flops", 1307.4e12), ("mi300x", "memory_bytes", 192 * 2**30),
+])
+def test_datasheet_figures(name, field, value):
+    assert getattr(GPUS[name], field) == pytest.approx(value, rel=1e-12)
+
+
+def test_no_sparsity_figure_and_no_fp8_on_ampere():
+    assert GPUS["h100-sxm"].bf16_flops != pytest.approx(1979e12, rel=1e-3)  # the sparse figure
+    assert all(GPUS[n].fp8_flops is None for n in REQUIRED if n.startswith("a100"))
+    for g in GPUS.values():  # tensor-core 16-bit at least the FP32 rate, never 2x a dense peer
+        if g.bf16_flops is not None:
+            assert g.bf16_flops >= g.fp32_flops and g.fp16_flops == g.bf16_flops
+            assert g.source
+
+
+def test_cpu_has_no_figures_and_is_refused_by_name():
+    cpu = gpu("cpu")
+    assert cpu.memory_bytes is None and cpu.bf16_flops is None and cpu.hbm_bytes_per_second is None
+    with pytest.raises(ConfigError) as e:
+        require_peak(cpu, "bf16")
+    assert e.value.field == "gpu"
+
+
+def test_a_precision_the_gpu_lacks_names_precision():
+    with pytest.raises(ConfigError) as e:
+        require_peak(gpu("a100-sxm-80gb"), "fp8")
+    assert e.value.field == "precision"
+
+
+def test_gpus_json():
+    r = CliRunner().invoke(cli, ["gpus", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert {row["name"] for row in rows} == set(GPUS)
+    assert all(set(row) == KEYS for row in rows)
+    a100 = next(row for row in rows if row["name"] == "a100-sxm-80gb")
+    assert a100["fp8_flops"] is None and a100["bf16_flops"] == 312e12
+
+
+def test_gpus_table_labels_units():
+    r = CliRunner().invoke(cli, ["gpus"])
+    assert r.exit_code == 0 and "TFLOP/s" in r.stdout and "GiB" in r.stdout and "GB/s" in r.stdout
+
+
+def test_new_commands_run_in_a_real_process():
+    """One smoke test for gpus, time, infer and params --lora-rank, in one shell process."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    py = shlex.quote(sys.executable)
+    cmds = ["gpus --json", "time --preset gpt2 --tokens 1e9 --json",
+            "infer --preset llama2-7b --gpu a100-sxm-80gb --json",
+            "params --preset llama2-7b --lora-rank 8 --json"]
+    # and, in-process there, none of them imports torch, fvcore or matplotlib
+    check = ("import sys; from click.testing import CliRunner; from gptcalc.cli import cli; "
+             f"[CliRunner().invoke(cli, c.split()) for c in {cmds!r}]; "
+             "assert not {'torch', 'fvcore', 'matplotlib'} & set(sys.modules), 'heavy import'")
+    script = (" && ".join(f"{py} -m gptcalc {c} > /dev/null" for c in cmds)
+              + f" && {py} -c {shlex.quote(check)} && echo ok")
+    r = subprocess.run(["sh", "-c", script], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
