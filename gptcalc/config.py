@@ -115,11 +115,19 @@ class Workload:
         return self.batch_size * self.seq_len
 
 
+# The largest size accepted. Products of a handful of sizes (FLOPs of a step, bytes of a
+# tensor) then stay far below the 4,300 digits Python will print, and exact.
+MAX_SIZE = 10**300
+
+
 def _positive(field: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(field, f"{field} must be an integer, got {value!r}")
     if value <= 0:
         raise ConfigError(field, f"{field} must be positive, got {value}")
+    if value > MAX_SIZE:
+        raise ConfigError(field, f"{field} must be at most 10^300, got a {value.bit_length()}-bit "
+                                 "integer")
 
 
 def _choice(field: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..config import GPTConfig, Workload
+from .extras import require
 from .options import model_options
 from .render import print_line
 from .report import model_name
@@ -22,6 +23,7 @@ from .report import model_name
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path,
             measure: bool) -> None:
     """Parameters, FLOPs per token, training memory and KV cache vs the sizes that drive them."""
+    require("plot", "matplotlib", *(("torch",) if measure else ()))
     from reports import plots  # matplotlib loads only here
 
     cfg, wl = model

@@ -8,6 +8,7 @@ import click
 
 from ..config import GPTConfig, Workload
 from ..units import si
+from .extras import require
 from .options import model_options
 from .render import print_line
 
@@ -24,6 +25,7 @@ from .render import print_line
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path, device: str,
             quiet: bool) -> None:
     """Analyse a model: counts, conventions, memory, verification, seed claims and plots."""
+    require("report", "torch", "fvcore", "matplotlib")
     from reports.report import build_report  # torch and matplotlib load only here
 
     cfg, wl = model

@@ -8,6 +8,7 @@ import click
 
 from ..config import ConfigError, GPTConfig, Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
+from .extras import require
 from .options import describe, model_options
 from .render import emit_json, model_json, print_line, print_table
 
@@ -35,6 +36,7 @@ def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: 
             as_json: bool) -> int:
     """Analytic params, FLOPs and memory against a real PyTorch GPT (fvcore, FlopCounterMode,
     saved_tensors_hooks, MemTracker); exit 1 if any check fails."""
+    require("verify", "torch", "fvcore")
     import torch
 
     from reference_model.verify import setup_json, verify
