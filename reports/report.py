@@ -134,7 +134,8 @@ def _flops_blocks(cfg: GPTConfig, wl: Workload) -> list[Block]:
         "6N": "6 x all parameters: no attention; the embedding tables count as if matmuls",
         "kaplan": "Kaplan et al. 2020: 6 N_non-embedding + 6 L S E (attention at half the "
                   "full S x S count; a tied lm_head's matmul not counted)",
-        "palm": "PaLM / nanoGPT MFU: 6N + 12 L H head_dim S (full S x S attention)",
+        "palm": "PaLM / nanoGPT's estimate_mfu: 6N' + 12 L H head_dim S, N' without the "
+                "position table (full S x S attention)",
     }
     conv_rows = [("exact (this model, gptcalc)", f"{exact:,}", si(exact), "1.0000",
                   "sum of the component table")]

@@ -20,8 +20,9 @@ from .render import emit_json, model_json, print_line, print_table
               help="Count only the unmasked half of attention (default: the full S x S).")
 @click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
               help="Activation recomputation; adds forward work (hardware FLOPs).")
-@click.option("--prompt-len", type=int, default=None, help="Prefill prompt length (default seq-len).")
-@click.option("--context", type=int, default=None,
+@click.option("--prompt-len", type=click.IntRange(min=1), default=None,
+              help="Prefill prompt length (default seq-len).")
+@click.option("--context", type=click.IntRange(min=1), default=None,
               help="Context of the decoded token, cached keys plus itself (default seq-len).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], causal: bool, recompute: str,
