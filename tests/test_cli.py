@@ -81,8 +81,27 @@ def test_human_tables_carry_units():
 
 
 def test_presets_lists_every_preset():
-    rows = run_json("presets")
-    assert {r["name"] for r in rows} >= {"shakespeare-char", "gpt2-xl", "gpt3-175b", "llama3-8b"}
+    out = run_json("presets")
+    assert out["schema"] == "gptcalc/2"
+    rows = {r["name"]: r for r in out["presets"]}
+    assert set(rows) >= {"shakespeare-char", "gpt2-xl", "gpt3-175b", "llama3-8b"}
+    # Brown et al. 2020, Table 2.1: GPT-3 175B has 96 layers of width 12288, 96 heads
+    assert rows["gpt3-175b"]["config"]["n_layer"] == rows["gpt3-175b"]["n_layer"] == 96
+    assert rows["gpt3-175b"]["n_embd"] == 12288 and rows["gpt3-175b"]["n_head"] == 96
+
+
+@pytest.mark.parametrize("args,training", [
+    (["params", "--preset", "gpt2"], None),
+    (["flops", "--preset", "gpt2", "--recompute", "full"], {"recompute": "full"}),
+    (["memory", "--preset", "gpt2", "-B", "2"], None),  # memory adds its own training set-up
+])
+def test_every_json_output_has_the_envelope(args, training):
+    out = run_json(*args)
+    assert out["schema"] == "gptcalc/2"
+    assert out["config"]["n_embd"] == 768 and out["config"]["n_layer"] == 12
+    assert set(out["workload"]) == {"batch_size", "seq_len"}
+    if training is not None:
+        assert out["training"] == training
 
 
 @pytest.mark.parametrize("args,option", [

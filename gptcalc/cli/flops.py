@@ -11,7 +11,7 @@ from ..flops import (NONMATMUL_COST, RECOMPUTE, FlopCount, count_flops, inferenc
                      published_estimates)
 from ..units import si
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("flops")
@@ -43,7 +43,7 @@ def command(model: tuple[GPTConfig, Workload], causal: bool, recompute: str,
 def _json(cfg, wl, fc: FlopCount, inf, conventions, causal, recompute) -> dict[str, Any]:
     tok = fc.per_token
     return {
-        **model_json(cfg, wl),
+        **envelope(cfg, wl, training={"recompute": recompute}),
         "attention": "causal" if causal else "full",
         "recompute": recompute,
         "forward_per_token": tok(fc.forward_total),

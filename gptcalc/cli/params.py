@@ -8,7 +8,7 @@ from ..config import GPTConfig, Workload
 from ..params import count_params
 from ..units import si
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("params")
@@ -16,10 +16,10 @@ from .render import emit_json, model_json, print_line, print_table
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], as_json: bool) -> None:
     """Exact parameter count (a tied weight once) and its breakdown by component."""
-    cfg, _ = model
+    cfg, wl = model
     p = count_params(cfg)
     if as_json:
-        emit_json({**model_json(cfg), "total": p.total, "non_embedding": p.non_embedding,
+        emit_json({**envelope(cfg, wl), "total": p.total, "non_embedding": p.non_embedding,
                    "components": p.components})
         return
     print_line(describe(cfg))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import click
@@ -10,7 +11,7 @@ from ..config import ConfigError, GPTConfig, Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
 from .extras import require
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("verify")
@@ -52,9 +53,10 @@ def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: 
     seconds = time.perf_counter() - start
     ok = all(c.ok for c in checks)
     if as_json:
-        emit_json({"device": device, "torch": torch.__version__, "ok": ok,
-                   "training": {"mode": mode, "optimizer": optimizer, "recompute": recompute},
-                   **model_json(setup.config, wl), **setup_json(setup),
+        emit_json({**envelope(cfg, wl, training={"mode": mode, "optimizer": optimizer,
+                                                   "recompute": recompute}),
+                   "device": device, "torch": torch.__version__, "ok": ok,
+                   "verified_config": dataclasses.asdict(setup.config), **setup_json(setup),
                    "seconds": round(seconds, 3), "checks": [c.as_dict() for c in checks]})
         return 0 if ok else 1
     print_line(describe(setup.config, wl) + f"  device={device} attn={attn} mode={mode} "
