@@ -1,7 +1,7 @@
 """The architecture (`GPTConfig`), the workload (`Workload`) and the families of switches.
 
-Letters follow DESIGN.md: B batch, T block size, E embedding width, L blocks, H heads,
-F MLP expansion, V vocabulary. This module never imports torch.
+Letters: B batch, T block size, E embedding width, L blocks, H heads, F MLP expansion,
+V vocabulary. This module never imports torch.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class GPTConfig:
     ffn_mult: int = 4  # F: d_ff = F * E unless d_ff is given
     d_ff: int | None = None  # explicit MLP hidden width (Llama's intermediate_size)
     dropout: float = 0.0  # probability used by every dropout site
-    # --- switches; `ARCHS` bundles them into the families DESIGN.md describes ---
+    # --- switches; `ARCHS` bundles them into named families ---
     qkv_layout: str = "fused"  # one E x 3E matrix, three matrices, or per-head modules
     qkv_bias: bool = True
     attn_out_bias: bool = True  # bias of the attention output projection
@@ -181,22 +181,22 @@ def validate_workload(cfg: GPTConfig, workload: Workload) -> None:
         )
 
 
-# Families: named bundles of switches (DESIGN.md, "Architectures"). Sizes are not part of them.
+# Families: named bundles of switches. Sizes are not part of them.
 ARCHS: dict[str, dict[str, Any]] = {
-    # Seeds 000/001/004, Karpathy's "Let's build GPT": per-head k/q/v without bias, projection
+    # Karpathy's "Let's build GPT" tutorial: per-head k/q/v without bias, projection
     # and MLP with bias, ReLU, LayerNorm with bias, untied lm_head with bias, no embedding dropout.
     "tutorial": dict(
         qkv_layout="per_head", qkv_bias=False, attn_out_bias=True, mlp_bias=True,
         lm_head_bias=True, tie_embeddings=False, pos_embedding="learned", norm="layernorm",
         mlp="relu", final_norm=True, embd_dropout=False,
     ),
-    # Seed 002 / GPT-2 (nanoGPT model.py): fused c_attn, biases, GELU (tanh), tied head.
+    # GPT-2 (nanoGPT model.py): fused c_attn, biases, GELU (tanh), tied head.
     "gpt2": dict(
         qkv_layout="fused", qkv_bias=True, attn_out_bias=True, mlp_bias=True,
         lm_head_bias=False, tie_embeddings=True, pos_embedding="learned", norm="layernorm",
         mlp="gelu_tanh", final_norm=True, embd_dropout=True,
     ),
-    # Seed 003 (decoder-only notes): per-head Q/K/V with bias, O with bias, exact GELU,
+    # A textbook decoder-only transformer: per-head Q/K/V with bias, O with bias, exact GELU,
     # learnable position Parameter(1, K, D), embedding dropout, tied lm_head without bias.
     "notes": dict(
         qkv_layout="per_head", qkv_bias=True, attn_out_bias=True, mlp_bias=True,

@@ -8,12 +8,13 @@ A file holds the model, the workload, and sections that later commands read:
     [workload]
     batch_size = 4
     seq_len = 2048
-    [training]              # stored as written, for the commands that read it
-    dtype = "bf16"
+    [training]              # stored as written; `gptcalc memory` reads it
+    mode = "mixed"
 
 Model and workload keys may also sit at the top level. `SECTIONS` lists the documented sections;
-the ones gptcalc does not interpret yet are kept verbatim (and written back by --save-config), an
-undocumented one is an error, as is an unknown key in [model] or [workload] (a typo must not
+[training], [parallel] and [inference] are kept verbatim here (and written back by
+--save-config) for the commands that read them, which check their keys; an undocumented one is
+an error, as is an unknown key in [model] or [workload] (a typo must not
 silently leave a default in place). A relative `hf_config` is taken from the file's directory.
 """
 

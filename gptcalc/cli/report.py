@@ -24,7 +24,7 @@ from .render import print_line
 @click.pass_context
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path, device: str,
             quiet: bool) -> None:
-    """Analyse a model: counts, conventions, memory, verification, seed claims and plots."""
+    """Analyse a model: counts, conventions, memory, verification, context scaling, plots."""
     require("report", "torch", "fvcore", "matplotlib")
     from reports.report import build_report  # torch and matplotlib load only here
 

@@ -19,7 +19,7 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where to build the model; auto = cuda when available.")
 @click.option("--attn", type=click.Choice(["manual", "sdpa"]), default="manual",
-              show_default=True, help="Attention: the seeds' tril/masked_fill/softmax, or SDPA.")
+              show_default=True, help="Attention: tril mask, masked_fill and softmax, or SDPA.")
 @click.option("--tensors", type=click.Choice(["auto", "real", "shape-only"]), default="auto",
               show_default=True,
               help="Run on real tensors, or count on meta/fake tensors (shapes only); auto picks "
