@@ -128,7 +128,7 @@ def load(preset: str | None = None, hf_config: str | Path | Mapping | None = Non
 
 def save_config(path: str | Path, cfg: GPTConfig, workload: Workload,
                 sections: Mapping[str, Any] | None = None) -> Path:
-    """Write a config file (.toml or .json) that `load(config=path)` reads back to the same model."""
+    """Write a config file (.toml or .json) that `load(config=path)` reads back unchanged."""
     return write_config_file(path, cfg, workload, sections)
 
 

@@ -154,7 +154,8 @@ def validate_config(cfg: GPTConfig) -> None:
             or not 0.0 < cfg.rotary_pct <= 1.0):  # NaN fails the comparison too
         raise ConfigError("rotary_pct", f"rotary_pct must be in (0, 1], got {cfg.rotary_pct!r}")
     if cfg.pos_embedding == "rotary" and cfg.rotary_pct == 1.0 and cfg.head_size % 2:
-        raise ConfigError("head_dim", f"rotary positions need an even head_dim, got {cfg.head_size}")
+        raise ConfigError("head_dim",
+                          f"rotary positions need an even head_dim, got {cfg.head_size}")
     if cfg.pos_embedding == "rotary" and (cfg.rotary_dims % 2 or cfg.rotary_dims == 0):
         raise ConfigError("rotary_pct", f"rotary_pct {cfg.rotary_pct} of head_dim {cfg.head_size}"
                           f" gives {cfg.rotary_dims} rotary dims; it must be even and positive")

@@ -24,7 +24,7 @@ def _gpt3(n_layer: int, n_embd: int, n_head: int, note: str = "") -> Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # Karpathy, "Let's build GPT" (the video's final script): batch 64, block 256, 384 wide, 6 blocks,
+    # Karpathy, "Let's build GPT" (the video's script): batch 64, block 256, 384 wide, 6 blocks,
     # 6 heads, dropout 0.2, vocabulary = the 65 characters of Tiny Shakespeare.
     "shakespeare-char": Preset("tutorial", dict(
         n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, dropout=0.2),

@@ -117,7 +117,7 @@ def model_label(cfg: GPTConfig, name: str | None = None) -> str:
 # parameters vs E and vs L
 
 def _gpt_family(n_embd: int, n_layer: int) -> GPTConfig:
-    # the GPT-2/GPT-3 architecture (Brown et al. 2020: GPT-3 is GPT-2's with T=2048); heads of 64 wide
+    # the GPT-2/GPT-3 architecture (Brown et al. 2020: GPT-3 is GPT-2's with T=2048); heads 64 wide
     # where E allows, else one head (the count does not depend on H)
     heads = n_embd // 64 if n_embd % 64 == 0 else 1
     return from_name("gpt3-small", n_embd=n_embd, n_layer=n_layer, n_head=heads)
@@ -148,7 +148,7 @@ def plot_params(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
             ys = [count_params(c).total for c, _ in pts]
             ax.scatter(xs, ys, marker=marker, s=42, zorder=5, facecolor="none",
                        edgecolor=colour, linewidth=1.6, label=family)
-            for (c, n), x, y in zip(pts, xs, ys):
+            for (_, n), x, y in zip(pts, xs, ys):
                 # vs E: GPT-2 names on the left, GPT-3 on the right, with the count; vs L many
                 # presets share a depth, so short names only, GPT-3 on the left
                 left = (names is GPT2_PRESETS) == (ax is ax_e) or x == max(xs) > 1000

@@ -3,7 +3,8 @@
 `report.md` and `report.html` carry the same blocks (see `document.py`): the configuration,
 parameters and FLOPs by component with the published conventions beside them, the memory
 breakdown, the verification table (analytic vs measured on the reference model), how size and
-cost grow with the context length (measured), and the scaling plots as PNG files beside the two pages.
+cost grow with the context length (measured), and the scaling plots as PNG files beside the two
+pages.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from gptcalc import Workload, count_flops, from_name, inference_flops  # noqa: E402
 from reference_model import measure  # noqa: E402
-from reference_model.model import GPT, build_model  # noqa: E402
+from reference_model.model import build_model  # noqa: E402
 from reference_model.verify import decode_plan, run_checks  # noqa: E402
 
 from ._strategies import configs_and_workloads  # noqa: E402

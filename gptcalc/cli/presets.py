@@ -27,7 +27,8 @@ def command(as_json: bool) -> None:
     if as_json:
         emit_json({**envelope(None), "presets": rows})
         return
-    print_table("Presets", ["name", "arch", "L", "H", "kv", "E", "T", "V", "d_ff", "params", "note"],
+    print_table("Presets",
+                ["name", "arch", "L", "H", "kv", "E", "T", "V", "d_ff", "params", "note"],
                 [[r["name"], r["arch"], r["n_layer"], r["n_head"], r["n_kv_head"], r["n_embd"],
                   r["block_size"], r["vocab_size"], r["d_ff"], si(r["params"]), r["note"]]
                  for r in rows])
