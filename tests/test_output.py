@@ -13,7 +13,8 @@ from reports.output import LOCK_NAME, staged_output
 
 
 def listing(d):
-    return {p.name: p.read_bytes() for p in d.iterdir() if p.name != LOCK_NAME}
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.name != LOCK_NAME
+            and not p.name.startswith(".gptcalc-staging-")}
 
 
 def test_a_complete_run_renames_every_file_into_place(tmp_path):
@@ -24,6 +25,7 @@ def test_a_complete_run_renames_every_file_into_place(tmp_path):
         (staging / "plot.png").write_bytes(b"png")
         assert listing(tmp_path)["report.md"] == b"old"  # nothing final until the end
     assert listing(tmp_path) == {"report.md": b"new", "plot.png": b"png"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, "plot.png", "report.md"]
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
@@ -34,7 +36,8 @@ def test_an_interrupted_run_leaves_the_directory_as_it_was(tmp_path, error):
         with staged_output(tmp_path) as staging:
             (staging / "plot.png").write_bytes(b"")  # a half-written file
             raise error()
-    assert listing(tmp_path) == before  # no staging directory, no 0-byte final name
+    assert listing(tmp_path) == before  # no 0-byte final name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, "report.md"]
 
 
 def test_a_symlinked_output_name_is_refused_and_nothing_moves(tmp_path):
@@ -59,11 +62,18 @@ def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
         pass
 
 
-def test_plot_command_refuses_a_symlink_and_a_busy_directory(tmp_path):
+def test_plot_command_refuses_a_symlink_and_a_busy_directory(tmp_path, monkeypatch):
+    from reports import plots
+
+    def one_plot(out_dir, cfg, wl, name):  # the real plots take seconds; one file will do
+        (out_dir / "kv_cache.png").write_bytes(b"png")
+        return []
+
+    monkeypatch.setattr(plots, "make_plots", one_plot)
     (tmp_path / "kv_cache.png").symlink_to(tmp_path / "target.png")
     r = CliRunner().invoke(cli, ["plot", "--preset", "debug", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "--out" in r.stderr and "symbolic link" in r.stderr
-    assert r.stderr.count("\n") == 1 and not (tmp_path / "params_scaling.png").exists()
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "target.png").exists()
     os.unlink(tmp_path / "kv_cache.png")
     with staged_output(tmp_path):
         r = CliRunner().invoke(cli, ["plot", "--preset", "debug", "--out", str(tmp_path)])

@@ -41,6 +41,7 @@ def test_memory():
     assert out["weights"] == 4 * 124_439_808  # fp32: 4 bytes per parameter
 
 
+@pytest.mark.slow  # a whole process importing torch and fvcore
 def test_verify():
     pytest.importorskip("torch")
     r = gptcalc("verify", "--preset", "debug", "--device", "cpu")
