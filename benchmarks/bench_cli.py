@@ -77,7 +77,8 @@ def main() -> None:
         verdict = "meets" if ours <= GOAL_RATIO * theirs else "MISSES"
         print(f"gptcalc / llm-analysis = {ours / theirs:.2f} ({verdict} the goal of <= 1/3)")
     else:
-        print("llm-analysis not found: pass --llm-analysis-python (pip install llm-analysis in a venv)")
+        print("llm-analysis not found: pass --llm-analysis-python "
+              "(pip install llm-analysis in a venv)")
     if shutil.which("gptcalc") is None:
         print("note: gptcalc console script not on PATH; timed `python -m gptcalc`")
 

@@ -3,9 +3,10 @@
 Import-light by design: nothing here imports torch, fvcore or matplotlib.
 """
 
-from .api import Setup, Summary, load, resolve_setup, save_config, summarize, to_dict
+from .api import (Setup, Summary, count_flops, inference_flops, load, resolve_setup, save_config,
+                  summarize, to_dict)
 from .config import ARCHS, ConfigError, GPTConfig, TrainingSetup, Workload, default_setup
-from .flops import FlopCount, InferenceFlops, count_flops, inference_flops, published_estimates
+from .flops import FlopCount, InferenceFlops, published_estimates
 from .hf import SUPPORTED_MODEL_TYPES, config_from_hf
 from .params import ParamCount, count_params
 from .presets import PRESETS, from_name

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .config import ConfigError, GPTConfig, Workload, coerce_field, validate_workload
 from .configfile import ConfigFile, read_config_file, write_config_file
-from .flops import FlopCount, InferenceFlops, count_flops, inference_flops
+from . import flops as _flops
+from .flops import FlopCount, InferenceFlops
 from .params import ParamCount, count_params
 from .presets import DEFAULT_PRESET, arch_switches, preset as get_preset
 
@@ -51,6 +52,9 @@ def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | N
     """
     from .hf import hf_fields, read_hf_json
 
+    for name, value in (("preset", preset), ("arch", arch)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(name, f"{name} must be a name, got {value!r}")
     cf = config if isinstance(config, ConfigFile) else (
         read_config_file(config) if config is not None else ConfigFile())
     file_model = dict(cf.model)
@@ -140,7 +144,7 @@ def load(preset: str | None = None, hf_config: str | Path | Mapping | None = Non
 
 def save_config(path: str | Path, cfg: GPTConfig, workload: Workload,
                 sections: Mapping[str, Any] | None = None) -> Path:
-    """Write a config file (.toml or .json) that `load(config=path)` reads back to the same model."""
+    """Write a config file (.toml or .json) that `load(config=path)` reads back unchanged."""
     return write_config_file(path, cfg, workload, sections)
 
 
@@ -164,6 +168,38 @@ class Summary:
     memory: "MemoryReport"  # gptcalc.memory.memory_report: bytes per device, the step peak
 
 
+def _require(name: str, value: Any, kind: type, what: str) -> None:
+    """ConfigError(name) unless `value` is a `kind` (a bool is not an int here)."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(name, f"{name} must be {what}, got {value!r}")
+
+
+def _check_model(cfg: Any, workload: Any = None) -> None:
+    _require("cfg", cfg, GPTConfig, "a GPTConfig")
+    if workload is not None:
+        _require("workload", workload, Workload, "a Workload")
+
+
+def count_flops(cfg: GPTConfig, workload: Workload, causal: bool = False,
+                recompute: str = "none", flash_backward: bool = False) -> FlopCount:
+    """Matmul FLOPs of one training step by component (gptcalc.flops.count_flops), with the
+    arguments' types checked: `causal="no"` is an error, not a true value."""
+    _check_model(cfg, workload)
+    _require("causal", causal, bool, "True or False")
+    _require("flash_backward", flash_backward, bool, "True or False")
+    _require("recompute", recompute, str, f"one of {', '.join(_flops.RECOMPUTE)}")
+    return _flops.count_flops(cfg, workload, causal=causal, recompute=recompute,
+                              flash_backward=flash_backward)
+
+
+def inference_flops(cfg: GPTConfig, prompt_len: int, context: int) -> InferenceFlops:
+    """Prefill and decode FLOPs (gptcalc.flops.inference_flops); the lengths must be ints."""
+    _check_model(cfg)
+    _require("prompt_len", prompt_len, int, "an integer")
+    _require("context", context, int, "an integer")
+    return _flops.inference_flops(cfg, prompt_len, context)
+
+
 def summarize(cfg: GPTConfig, workload: Workload, causal: bool = False, recompute: str = "none",
               prompt_len: int | None = None, context: int | None = None,
               training: "TrainingSetup | None" = None) -> Summary:
@@ -173,7 +209,15 @@ def summarize(cfg: GPTConfig, workload: Workload, causal: bool = False, recomput
     the family's usual set-up (`gptcalc.config.training_defaults`) with this `recompute`, on
     one device."""
     from .config import default_setup
+    from .config import TrainingSetup
     from .memory import memory_report  # loaded when asked
+
+    _check_model(cfg, workload)
+    for name, value in (("prompt_len", prompt_len), ("context", context)):
+        if value is not None:
+            _require(name, value, int, "an integer")
+    if training is not None:
+        _require("training", training, TrainingSetup, "a gptcalc.TrainingSetup")
 
     prompt = prompt_len if prompt_len is not None else workload.seq_len
     ctx = context if context is not None else workload.seq_len
@@ -193,4 +237,5 @@ def to_dict(obj: Any) -> Any:
     return dataclasses.asdict(obj)
 
 
-__all__ = ["Setup", "Summary", "load", "resolve_setup", "save_config", "summarize", "to_dict"]
+__all__ = ["Setup", "Summary", "count_flops", "inference_flops", "load", "resolve_setup",
+           "save_config", "summarize", "to_dict"]

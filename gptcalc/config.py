@@ -126,11 +126,19 @@ class Workload:
         return self.batch_size * dp * self.grad_accum
 
 
+# The largest size accepted. Products of a handful of sizes (FLOPs of a step, bytes of a
+# tensor) then stay far below the 4,300 digits Python will print, and exact.
+MAX_SIZE = 10**300
+
+
 def _positive(field: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(field, f"{field} must be an integer, got {value!r}")
     if value <= 0:
         raise ConfigError(field, f"{field} must be positive, got {value}")
+    if value > MAX_SIZE:
+        raise ConfigError(field, f"{field} must be at most 10^300, got a {value.bit_length()}-bit "
+                                 "integer")
 
 
 def _choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -157,7 +165,8 @@ def validate_config(cfg: GPTConfig) -> None:
             or not 0.0 < cfg.rotary_pct <= 1.0):  # NaN fails the comparison too
         raise ConfigError("rotary_pct", f"rotary_pct must be in (0, 1], got {cfg.rotary_pct!r}")
     if cfg.pos_embedding == "rotary" and cfg.rotary_pct == 1.0 and cfg.head_size % 2:
-        raise ConfigError("head_dim", f"rotary positions need an even head_dim, got {cfg.head_size}")
+        raise ConfigError("head_dim",
+                          f"rotary positions need an even head_dim, got {cfg.head_size}")
     if cfg.pos_embedding == "rotary" and (cfg.rotary_dims % 2 or cfg.rotary_dims == 0):
         raise ConfigError("rotary_pct", f"rotary_pct {cfg.rotary_pct} of head_dim {cfg.head_size}"
                           f" gives {cfg.rotary_dims} rotary dims; it must be even and positive")
@@ -186,20 +195,20 @@ def validate_workload(cfg: GPTConfig, workload: Workload) -> None:
 
 # Families: named bundles of switches. Sizes are not part of them.
 ARCHS: dict[str, dict[str, Any]] = {
-    # Seeds 000/001/004, Karpathy's "Let's build GPT": per-head k/q/v without bias, projection
+    # Karpathy's "Let's build GPT" tutorial: per-head k/q/v without bias, projection
     # and MLP with bias, ReLU, LayerNorm with bias, untied lm_head with bias, no embedding dropout.
     "tutorial": dict(
         qkv_layout="per_head", qkv_bias=False, attn_out_bias=True, mlp_bias=True,
         lm_head_bias=True, tie_embeddings=False, pos_embedding="learned", norm="layernorm",
         mlp="relu", final_norm=True, embd_dropout=False,
     ),
-    # Seed 002 / GPT-2 (nanoGPT model.py): fused c_attn, biases, GELU (tanh), tied head.
+    # GPT-2 (nanoGPT model.py): fused c_attn, biases, GELU (tanh), tied head.
     "gpt2": dict(
         qkv_layout="fused", qkv_bias=True, attn_out_bias=True, mlp_bias=True,
         lm_head_bias=False, tie_embeddings=True, pos_embedding="learned", norm="layernorm",
         mlp="gelu_tanh", final_norm=True, embd_dropout=True,
     ),
-    # Seed 003 (decoder-only notes): per-head Q/K/V with bias, O with bias, exact GELU,
+    # A textbook decoder-only transformer: per-head Q/K/V with bias, O with bias, exact GELU,
     # learnable position Parameter(1, K, D), embedding dropout, tied lm_head without bias.
     "notes": dict(
         qkv_layout="per_head", qkv_bias=True, attn_out_bias=True, mlp_bias=True,

@@ -8,12 +8,13 @@ A file holds the model, the workload, and sections that later commands read:
     [workload]
     batch_size = 4
     seq_len = 2048
-    [training]              # stored as written, for the commands that read it
-    dtype = "bf16"
+    [training]              # stored as written; `gptcalc memory` reads it
+    mode = "mixed"
 
 Model and workload keys may also sit at the top level. `SECTIONS` lists the documented sections;
-the ones gptcalc does not interpret yet are kept verbatim (and written back by --save-config), an
-undocumented one is an error, as is an unknown key in [model] or [workload] (a typo must not
+[training], [parallel] and [inference] are kept verbatim here (and written back by
+--save-config) for the commands that read them, which check their keys; an undocumented one is
+an error, as is an unknown key in [model] or [workload] (a typo must not
 silently leave a default in place). A relative `hf_config` is taken from the file's directory.
 """
 
@@ -23,6 +24,8 @@ import dataclasses
 import datetime
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -33,6 +36,8 @@ SECTIONS = ("model", "workload", "training", "parallel", "inference")
 MODEL_SOURCES = ("preset", "arch", "hf_config")  # keys of [model] that are not GPTConfig fields
 WORKLOAD_KEYS = ("batch_size", "seq_len", "grad_accum")
 FORMATS = (".toml", ".json")
+MAX_FILE_BYTES = 16 * 2**20  # a configuration is a few kB; anything near this is not one
+MAX_DEPTH = 16  # tables within tables; gptcalc's own files use 2
 
 
 @dataclass(frozen=True)
@@ -49,27 +54,72 @@ def _fail(path: Path | None, message: str) -> ConfigError:
     return ConfigError("config", f"{path}: {message}" if path else message)
 
 
-def _load_text(path: Path) -> dict[str, Any]:
+def read_text_file(path: Path, field: str) -> str:
+    """The UTF-8 text of a small regular file; ConfigError(field) for anything else.
+
+    A device (/dev/zero), a FIFO or a directory is refused before it is opened (reading one
+    would hang or never end), and so is a file over MAX_FILE_BYTES."""
     try:
-        text = path.read_text(encoding="utf-8")
+        st = os.stat(path)
     except FileNotFoundError:
-        raise _fail(None, f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise _fail(None, f"cannot read {path}: {e}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise _fail(path, f"not valid JSON: {e}") from None
-    else:
-        try:
-            import tomllib  # Python 3.11+
-        except ImportError:  # pyproject allows 3.10, which has no TOML reader in the stdlib
-            raise _fail(path, "reading TOML needs Python 3.11+; use a .json config") from None
-        try:
-            doc = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise _fail(path, f"not valid TOML: {e}") from None
+        raise ConfigError(field, f"no such file: {path}") from None
+    except OSError as e:
+        raise ConfigError(field, f"cannot read {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(field, f"{path} is not a regular file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ConfigError(field, f"{path} is {st.st_size:,} bytes, more than a configuration "
+                                 f"file holds (at most {MAX_FILE_BYTES // 2**20} MiB)")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(field, f"cannot read {path}: {e.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(field, f"{path} grew past {MAX_FILE_BYTES // 2**20} MiB while read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(field, f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") \
+            from None
+
+
+def nesting_depth(doc: Any) -> int:
+    """How deeply lists and dicts nest in `doc` (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else (
+            value if isinstance(value, list) else None)
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_DEPTH:
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def parse_document(text: str, is_json: bool, field: str, path: Path) -> Any:
+    """JSON or TOML text as Python values; nesting over MAX_DEPTH is an error (a parser
+    recursing through thousands of brackets would otherwise fail with a RecursionError)."""
+    import tomllib
+
+    try:
+        doc = json.loads(text) if is_json else tomllib.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(field, f"{path} is not valid JSON: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(field, f"{path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(field, f"{path} nests deeper than {MAX_DEPTH} levels") from None
+    if nesting_depth(doc) > MAX_DEPTH:
+        raise ConfigError(field, f"{path} nests deeper than {MAX_DEPTH} levels")
+    return doc
+
+
+def _load_text(path: Path) -> dict[str, Any]:
+    text = read_text_file(path, "config")
+    doc = parse_document(text, path.suffix.lower() == ".json", "config", path)
     if not isinstance(doc, dict):
         raise _fail(path, f"must hold a table (object), got {type(doc).__name__}")
     return doc

@@ -216,13 +216,16 @@ def published_estimates(cfg: GPTConfig, seq_len: int) -> dict[str, int]:
 
     6N: the dense rule of thumb, N = all parameters.
     kaplan: Kaplan et al. 2020, eq. 2.2 x 3: 6 N_non-embedding + 6 L n_ctx d_attn.
-    palm: Chowdhery et al. 2022, appendix B (nanoGPT's estimate_mfu): 6N + 12 L H Q T.
+    palm: Chowdhery et al. 2022, appendix B, as nanoGPT's estimate_mfu computes it:
+    6N' + 12 L H Q T, where N' = get_num_params(non_embedding=True) is N without the position
+    table (nanoGPT subtracts wpe only; the token embedding stays, as the tied lm_head).
     """
     p = count_params(cfg)
     N, L, S = p.total, cfg.n_layer, seq_len
     H, Q = cfg.n_head, cfg.head_size
+    n_palm = N - p.components.get("embedding/position", 0)
     return {
         "6N": 6 * N,
         "kaplan": 6 * p.non_embedding + 6 * L * S * cfg.q_width,
-        "palm": 6 * N + 12 * L * H * Q * S,
+        "palm": 6 * n_palm + 12 * L * H * Q * S,
     }

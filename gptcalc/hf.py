@@ -28,7 +28,6 @@ cache settings, dtypes.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
@@ -44,7 +43,8 @@ _LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "num_heads")
 _KV_HEADS = ("num_key_value_heads", "n_kv_head", "n_kv_heads")
 _POSITIONS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx")
-_GPT2_POSITIONS = ("n_positions", "max_position_embeddings", "n_ctx")  # wpe is n_positions long
+# wpe is n_positions long; GPT2Config keeps n_ctx but never reads it (absent: 1024)
+_GPT2_POSITIONS = ("n_positions", "max_position_embeddings")
 _VOCAB = ("vocab_size", "n_vocab")
 _INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim")
 _ROTARY_PCT = ("rotary_pct", "partial_rotary_factor")
@@ -57,19 +57,12 @@ _GATED = {"silu": "swiglu", "swish": "swiglu"}  # gate_proj, up_proj, down_proj 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:
     """The JSON object of a config.json, or of the config.json inside a directory."""
+    from .configfile import parse_document, read_text_file
+
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("hf_config", f"no such file: {p}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError("hf_config", f"cannot read {p}: {e}") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError("hf_config", f"{p} is not valid JSON: {e}") from None
+    raw = parse_document(read_text_file(p, "hf_config"), True, "hf_config", p)
     if not isinstance(raw, dict):
         raise ConfigError("hf_config", f"{p} must hold a JSON object, got {type(raw).__name__}")
     return raw
@@ -126,6 +119,8 @@ class _Reader:
         value = self.raw.get(name, default)
         if value is None:
             value = default
+        if not isinstance(value, str):
+            raise self._fail(f"{name} must be a name, got {value!r}")
         if value not in table:
             raise self._fail(f"{name} {value!r} is not supported; supported: {', '.join(table)}")
         return table[value]

@@ -24,11 +24,11 @@ def _gpt3(n_layer: int, n_embd: int, n_head: int, note: str = "") -> Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # Karpathy, "Let's build GPT" (seeds 000, 001, 004): batch 64, block 256, 384 wide, 6 blocks,
+    # Karpathy, "Let's build GPT" (the video's script): batch 64, block 256, 384 wide, 6 blocks,
     # 6 heads, dropout 0.2, vocabulary = the 65 characters of Tiny Shakespeare.
     "shakespeare-char": Preset("tutorial", dict(
         n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, dropout=0.2),
-        batch_size=64, note="seeds' tutorial model"),
+        batch_size=64, note="Karpathy's Let's build GPT"),
     # A tiny model for tests and quick checks (not from a paper).
     "debug": Preset("gpt2", dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=97),
                     batch_size=2, note="tiny debug model"),

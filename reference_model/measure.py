@@ -19,7 +19,9 @@ Which SDPA kernel runs matters for the backward count (measured, torch 2.13 CPU)
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -48,11 +50,22 @@ def params_by_key(model: torch.nn.Module) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------- fvcore
+@contextmanager
+def _quiet_torch_jit():
+    """fvcore is built on torch.jit (script at import, trace to count), which torch now
+    deprecates; the warning is about fvcore's internals, not the user's code."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
+                                category=DeprecationWarning)
+        yield
+
+
 def fvcore_sdpa_handle(inputs: list[Any], outputs: list[Any]) -> int:
     """Multiply-accumulates of aten::scaled_dot_product_attention, which fvcore lacks:
     q @ k^T over every (query, key) pair plus att @ v, i.e. B*H*L*S*(d_qk + d_v), the full
     L x S even when causal (as the kernels compute and FlopCounterMode counts)."""
-    from fvcore.nn.jit_handles import get_shape
+    with _quiet_torch_jit():
+        from fvcore.nn.jit_handles import get_shape
 
     q, k, v = (get_shape(x) for x in inputs[:3])
     return prod(q[:-1]) * k[-2] * (q[-1] + v[-1])
@@ -60,16 +73,18 @@ def fvcore_sdpa_handle(inputs: list[Any], outputs: list[Any]) -> int:
 
 def fvcore_forward_by_operator(model: torch.nn.Module, idx: torch.Tensor) -> dict[str, int]:
     """fvcore's forward count (multiply-accumulates) by operator, model in eval mode."""
-    from fvcore.nn import FlopCountAnalysis
+    with _quiet_torch_jit():
+        from fvcore.nn import FlopCountAnalysis
 
     was_training = model.training
     model.eval()
     try:
-        analysis = (FlopCountAnalysis(model, (idx,))
-                    .set_op_handle("aten::scaled_dot_product_attention", fvcore_sdpa_handle)
-                    .unsupported_ops_warnings(False)
-                    .uncalled_modules_warnings(False))
-        return {op: int(n) for op, n in analysis.by_operator().items()}
+        with _quiet_torch_jit():
+            analysis = (FlopCountAnalysis(model, (idx,))
+                        .set_op_handle("aten::scaled_dot_product_attention", fvcore_sdpa_handle)
+                        .unsupported_ops_warnings(False)
+                        .uncalled_modules_warnings(False))
+            return {op: int(n) for op, n in analysis.by_operator().items()}
     finally:
         model.train(was_training)
 

@@ -214,7 +214,7 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
     b, S = workload.batch_size, workload.seq_len
     N, a, g = b * S, setup.act_bytes, setup.weight_bytes
     E, V, H, L = cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer
-    Dq, Dkv, Dff, T = cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.block_size
+    Dq, _Dkv, Dff, T = cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.block_size
     drop = cfg.dropout > 0
     acts = saved_activations(cfg, workload, setup)
     first = state_bytes(cfg, setup, "first")
@@ -530,7 +530,7 @@ def replay_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -
 def linear_bias_elements(cfg: GPTConfig) -> int:
     """Elements of every Linear bias of the reference model (q/k/v, attention output, MLP,
     lm_head), the tensors autocast casts to 16 bit without any op saving the copy."""
-    E, Dq, Dkv, Dff, H = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.n_head
+    E, Dq, Dkv, Dff, _H = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.n_head
     qkv = (Dq + 2 * Dkv) if cfg.qkv_bias else 0  # per_head: H Linears of head_dim each role
     mlp = (Dff * (2 if cfg.mlp == "swiglu" else 1) + E) if cfg.mlp_bias else 0
     block = qkv + (E if cfg.attn_out_bias else 0) + mlp

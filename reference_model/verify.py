@@ -3,8 +3,8 @@
 `plan()` decides how a configuration can be verified on a device (real tensors, or shape-only
 stand-ins when running it for real would not fit or would take long; fewer blocks when real
 tensors were demanded and the model does not fit) and says so in `Setup.notes`. `run_checks()`
-builds the model and compares every measurement with gptcalc's formulas. Other issues append
-their checks (memory) to the same list; reports render it.
+builds the model and compares every measurement with gptcalc's formulas, the memory checks
+included; reports render the list.
 """
 
 from __future__ import annotations
@@ -76,28 +76,94 @@ class Setup:
 
 
 # ---------------------------------------------------------------- planning
+def _phase_lines(cfg: GPTConfig, workload: Workload, device: str, attn_impl: str
+                 ) -> dict[str, tuple[int, int]]:
+    """Each phase's peak of one fp32 AdamW step as a line in the number of blocks n:
+    phase -> (bytes at n = 2, bytes per further block). Every phase's peak is affine in n
+    (each block adds the same weights, states and saved tensors), so two small models fix it,
+    and planning costs the same for 2 blocks or 2 million."""
+    from gptcalc.memory import TrainingSetup, step_peak
+
+    setup = TrainingSetup(attn_impl=attn_impl, device="cuda" if device == "cuda" else "cpu")
+    two = step_peak(cfg.replace(n_layer=2), workload, setup).phases
+    three = step_peak(cfg.replace(n_layer=3), workload, setup).phases
+    return {phase: (two[phase], three[phase] - two[phase]) for phase in two}
+
+
 def training_bytes_estimate(cfg: GPTConfig, workload: Workload, device: str = "cpu",
                             attn_impl: str = "manual") -> int:
     """Peak bytes of one fp32 AdamW training step of the reference model, from gptcalc's own
     memory model (`gptcalc.memory.step_peak`, checked against the tracker by verify itself)."""
-    from gptcalc.memory import TrainingSetup, step_peak
+    if cfg.n_layer <= 3:
+        from gptcalc.memory import TrainingSetup, step_peak
 
-    setup = TrainingSetup(attn_impl=attn_impl, device="cuda" if device == "cuda" else "cpu")
-    return step_peak(cfg, workload, setup).bytes
+        setup = TrainingSetup(attn_impl=attn_impl, device="cuda" if device == "cuda" else "cpu")
+        return step_peak(cfg, workload, setup).bytes
+    lines = _phase_lines(cfg, workload, device, attn_impl)
+    return max(at2 + per_block * (cfg.n_layer - 2) for at2, per_block in lines.values())
+
+
+def blocks_that_fit(cfg: GPTConfig, workload: Workload, budget: int, device: str = "cpu",
+                    attn_impl: str = "manual") -> int:
+    """The most blocks (at most cfg.n_layer) whose training step fits `budget` bytes; 0 if
+    not even one block does."""
+    for n in (1, 2, 3):
+        if n > cfg.n_layer or training_bytes_estimate(cfg.replace(n_layer=n), workload, device,
+                                                      attn_impl) > budget:
+            return n - 1
+    most = cfg.n_layer
+    for at2, per_block in _phase_lines(cfg, workload, device, attn_impl).values():
+        if per_block > 0:
+            most = min(most, 2 + (budget - at2) // per_block)
+    return max(3, most)
+
+
+def _host_limits() -> dict[str, int]:
+    """Bytes this process may still allocate, by each limit that applies on Linux: the host's
+    MemAvailable, the memory cgroup's limit less its usage (v2, else v1), and RLIMIT_AS less the
+    address space already mapped."""
+    import resource
+
+    limits: dict[str, int] = {}
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    meminfo = read("/proc/meminfo") or ""
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            limits["MemAvailable"] = int(line.split()[1]) * 1024
+    if "MemAvailable" not in limits:
+        limits["MemAvailable"] = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit, usage = read(limit_file), read(usage_file)
+        if limit is not None and limit.strip().isdigit():
+            used = int(usage) if usage is not None and usage.strip().isdigit() else 0
+            if int(limit) < 2**60:  # v1 writes "no limit" as a huge number
+                limits["cgroup memory.max"] = max(0, int(limit) - used)
+            break
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        mapped = 0
+        for line in (read("/proc/self/status") or "").splitlines():
+            if line.startswith("VmSize:"):
+                mapped = int(line.split()[1]) * 1024
+        limits["RLIMIT_AS"] = max(0, soft - mapped)
+    return limits
 
 
 def available_bytes(device: str) -> int:
-    """Free memory of the device: CUDA's free memory, or the host's MemAvailable."""
+    """Free memory of the device: CUDA's free memory, or on the host the smallest of
+    MemAvailable, the cgroup's memory.max less its usage, and RLIMIT_AS less what is mapped."""
     if device == "cuda":
         return torch.cuda.mem_get_info()[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(_host_limits().values())
 
 
 def real_work_flops(cfg: GPTConfig, workload: Workload, decode_tokens: int = DECODE_TOKENS) -> int:
@@ -145,10 +211,15 @@ def plan(cfg: GPTConfig, workload: Workload, device: str = "cpu", attn_impl: str
             "(run --device cpu); pass --tensors real to execute")
     setup.tensors = tensors
     if tensors == "real" and not fits:
-        n = setup.config.n_layer
-        while n > 1 and training_bytes_estimate(setup.config.replace(n_layer=n), workload,
-                                                device, attn_impl) > budget:
-            n -= 1
+        n = blocks_that_fit(setup.config, workload, budget, device, attn_impl)
+        if n == 0:
+            one = training_bytes_estimate(setup.config.replace(n_layer=1), workload, device,
+                                          attn_impl)
+            raise ConfigError(
+                "tensors", f"real tensors: even one block needs about {one / 2**30:.2f} GiB for "
+                f"a training step, over half the {budget * 2 / 2**30:.2f} GiB free on {device} "
+                "(the least of MemAvailable, the cgroup's memory.max and RLIMIT_AS on a host); "
+                "use --tensors shape-only or a smaller batch")
         setup.config = setup.config.replace(n_layer=n)
         setup.notes.append(
             f"REDUCED: an fp32 training step needs about {need / 2**30:.1f} GiB, over half the "
@@ -188,7 +259,8 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
 
     meta = measure.meta_model(cfg, attn_impl)
     checks = _param_checks(cfg, meta)
-    checks += _fvcore_checks(cfg, workload, meta, torch.zeros(B, S, dtype=torch.long, device="meta"))
+    checks += _fvcore_checks(cfg, workload, meta,
+                             torch.zeros(B, S, dtype=torch.long, device="meta"))
     with measure.fake_mode(), torch.device(device):
         model = GPT(cfg, attn_impl)
         idx = torch.randint(0, V, (B, S))

@@ -1,9 +1,9 @@
-"""The seeds' claims about scaling with the context length, tested on the reference model.
+"""How the size and the cost of a model grow with its context length T, measured.
 
-Seed 000 ("Observations") claims (1) that the model size is independent of the context length T,
-and (2) that the time to predict or train one token is O[T C E + L (T^3 + T^2 H + T E^2)], i.e.
-cubic in T. Both are measured here on the reference PyTorch model built at several T:
-parameters by counting `numel()`, FLOPs with `torch.utils.flop_counter.FlopCounterMode`.
+Two claims are tested on the reference PyTorch model built at several T: (1) that the model size
+is independent of T, and (2) the estimate, sometimes given for a plain implementation, that the
+time to predict or train one token is O[T V E + L (T^3 + T^2 H + T E^2)], i.e. cubic in T.
+Parameters are counted with `numel()`, FLOPs with `torch.utils.flop_counter.FlopCounterMode`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from gptcalc.flops import forward_flops, matmul_flops
 from gptcalc.params import count_params
 
 # FlopCounterMode op names that compute attention (q @ k^T and att @ v); every other counted op
-# (mm, addmm) is a weight matmul. The manual attention of the seeds runs them as bmm.
+# (mm, addmm) is a weight matmul. Manual attention (q @ k^T, att @ v) runs them as bmm.
 ATTENTION_OPS = ("bmm", "baddbmm", "_scaled_dot_product")
 ATTENTION_KEYS = ("attention/scores", "attention/values")
 
@@ -180,7 +180,7 @@ def flopcounter_forward_cached(model, idx, cache):
 class CostFindings:
     per_token: Fit  # forward FLOPs per token of a T-token sequence (training / prefill)
     attention_per_token: Fit
-    per_sequence: Fit  # one generated token without a KV cache (the seeds' generate)
+    per_sequence: Fit  # one generated token without a KV cache (a whole forward)
     decode_with_cache: Fit
     linear: tuple[float, float, float]  # per-token = a + b T, and the largest relative residual
     local_exponent: float  # slope between the last two points

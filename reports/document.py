@@ -145,7 +145,7 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
         elif isinstance(b, Table):
             num = _numeric_columns(b)
 
-            def cells(row, tag="td"):
+            def cells(row, tag="td", num=num):
                 return "".join(f'<{tag}{" class=num" if n else ""}>{_inline(c)}</{tag}>'
                                for c, n in zip(row, num))
             rows = ["<tr>" + cells(b.columns, "th") + "</tr>"]

@@ -117,7 +117,7 @@ def model_label(cfg: GPTConfig, name: str | None = None) -> str:
 # parameters vs E and vs L
 
 def _gpt_family(n_embd: int, n_layer: int) -> GPTConfig:
-    # the GPT-2/GPT-3 architecture (DESIGN.md: GPT-3 is GPT-2's with T=2048); heads of 64 wide
+    # the GPT-2/GPT-3 architecture (Brown et al. 2020: GPT-3 is GPT-2's with T=2048); heads 64 wide
     # where E allows, else one head (the count does not depend on H)
     heads = n_embd // 64 if n_embd % 64 == 0 else 1
     return from_name("gpt3-small", n_embd=n_embd, n_layer=n_layer, n_head=heads)
@@ -148,7 +148,7 @@ def plot_params(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
             ys = [count_params(c).total for c, _ in pts]
             ax.scatter(xs, ys, marker=marker, s=42, zorder=5, facecolor="none",
                        edgecolor=colour, linewidth=1.6, label=family)
-            for (c, n), x, y in zip(pts, xs, ys):
+            for (_, n), x, y in zip(pts, xs, ys):
                 # vs E: GPT-2 names on the left, GPT-3 on the right, with the count; vs L many
                 # presets share a depth, so short names only, GPT-3 on the left
                 left = (names is GPT2_PRESETS) == (ax is ax_e) or x == max(xs) > 1000
@@ -286,7 +286,7 @@ def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# the seeds' claims: size and cost of a token vs T, measured
+# size and cost of a token vs the context length T, measured
 
 def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: Sequence,
                         name: str | None = None) -> Plot:
@@ -330,7 +330,7 @@ def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: S
                     f"T^{f.attention_per_token.exponent:.2f})")
     cubic = [tok[0] * (t / cT[0]) ** 3 for t in cT]
     ax_f.plot(cT, cubic, color="C1", ls=":", lw=1.5,
-              label="the seed's claim, T³ (from the first point)")
+              label="a cubic estimate, T³ (from the first point)")
     ax_f.set(xscale="log", yscale="log", xlabel="context length T (tokens)",
              ylabel="forward FLOPs per token (2 per multiply-add)",
              title="How does the cost of one token grow with T?\nconstant + linear, not T³")
@@ -340,10 +340,10 @@ def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: S
     for ax, where in ((ax_p, "lower right"), (ax_f, "upper left")):
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8, loc=where)
-    fig.suptitle(f"Seed 000's claims tested on the reference model ({model_label(cfg, name)})",
-                 fontsize=10)
+    fig.suptitle(f"Size and cost vs context, measured on the reference model "
+                 f"({model_label(cfg, name)})", fontsize=10)
     path = _save(fig, out_dir, "context_claims")
-    return Plot("context_claims", path, "The seeds' claims, measured",
+    return Plot("context_claims", path, "How size and cost grow with context",
                 "Measured parameters and FLOPs per token at several T.",
                 {"exponent": f.per_token.exponent})
 

@@ -2,12 +2,14 @@
 
 `report.md` and `report.html` carry the same blocks (see `document.py`): the configuration,
 parameters and FLOPs by component with the published conventions beside them, the memory
-breakdown, the verification table (analytic vs measured on the reference model), the seeds'
-claims tested by measurement, and the scaling plots as PNG files beside the two pages.
+breakdown, the verification table (analytic vs measured on the reference model), how size and
+cost grow with the context length (measured), and the scaling plots as PNG files beside the two
+pages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
 from contextlib import contextmanager
@@ -98,8 +100,9 @@ def _config_blocks(cfg: GPTConfig, wl: Workload, name: str, device: str) -> list
         "pos_embedding", "norm", "mlp", "final_norm", "embd_dropout"))
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [
-        Heading(1, f"gptcalc report: {name}"),
-        Para(f"Made by gptcalc {__version__} on {when} with torch {torch.__version__} "
+        Heading(1, name),
+        Para(f"A gptcalc report. Made by gptcalc {__version__} on {when} with torch "
+             f"{torch.__version__} "
              f"(Python {platform.python_version()}); measurements ran on `{device}`. Every "
              "analytic number below has a measured twin on the reference PyTorch model "
              "(`reference_model/model.py`) in the verification table."),
@@ -134,7 +137,8 @@ def _flops_blocks(cfg: GPTConfig, wl: Workload) -> list[Block]:
         "6N": "6 x all parameters: no attention; the embedding tables count as if matmuls",
         "kaplan": "Kaplan et al. 2020: 6 N_non-embedding + 6 L S E (attention at half the "
                   "full S x S count; a tied lm_head's matmul not counted)",
-        "palm": "PaLM / nanoGPT MFU: 6N + 12 L H head_dim S (full S x S attention)",
+        "palm": "PaLM / nanoGPT's estimate_mfu: 6N' + 12 L H head_dim S, N' without the "
+                "position table (full S x S attention)",
     }
     conv_rows = [("exact (this model, gptcalc)", f"{exact:,}", si(exact), "1.0000",
                   "sum of the component table")]
@@ -161,7 +165,7 @@ def _flops_blocks(cfg: GPTConfig, wl: Workload) -> list[Block]:
             (f"prefill of {inf.prompt_len} tokens", f"{inf.prefill:,}", si(inf.prefill)),
             (f"one token at context {inf.context}, KV cache", f"{inf.decode_per_token:,}",
              si(inf.decode_per_token)),
-            (f"one token at context {inf.context}, no cache (the seeds' generate)",
+            (f"one token at context {inf.context}, no cache (a whole forward)",
              f"{inf.decode_per_token_no_cache:,}", si(inf.decode_per_token_no_cache)),
         ]),
         Heading(3, "Non-matmul forward work"),
@@ -346,12 +350,12 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
             f"({last.measured_params - first.measured_params:+,} = "
             f"{last.block_size - first.block_size:,} x {E}"
             f"{'' if diffs_are_table else ', NOT matched'}). Every other matrix (Q, K, V, "
-            "the MLP, the embeddings' V x E) is indeed independent of T, as the seed says, so "
+            "the MLP, the embeddings' V x E) is indeed independent of T, so "
             "the change is small: the position table is "
             f"{100 * last.position_params / last.measured_params:.1f}% of the model at "
             f"T = {last.block_size:,}. The T x T causal mask (`tril`, one per block) is a "
             "buffer, not a parameter: it is not trained and not in the count, but it does "
-            "cap the context of this implementation, as the seed suspects; the learned table "
+            "cap the context of this implementation; the learned table "
             "caps it too, since positions beyond T have no vector.")
     else:
         size_answer = (f"With `pos_embedding={cfg.pos_embedding}` there is no learned position "
@@ -373,10 +377,11 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
              "would not fit the report's time budget)" if device_used == "meta"
              else f"`{device_used}`")
     blocks: list[Block] = [
-        Heading(2, "The seeds' claims, measured"),
-        Para("Seed 000 (its \"Observations\") makes two claims about the context length T. "
-             "Both are tested here on the reference model, rebuilt at each T with this "
-             "configuration's other sizes."),
+        Heading(2, "How size and cost grow with context"),
+        Para("Two claims about the context length T of this model are tested here: that its "
+             "size does not depend on T, and that the time to predict or train one token "
+             "grows like T^3. Both are measured on the reference model, rebuilt at each T with "
+             "this model's other sizes."),
         Heading(3, "Is model size independent of the context length?"),
         Para("Measured: `sum(p.numel() for p in model.parameters())` of the reference model "
              "built at each block size (tied weights once); the mask buffers counted apart."),
@@ -386,9 +391,9 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
               else "measured and gptcalc DIFFER somewhere above"),
         Para(size_answer),
         Heading(3, "How does the cost of one token grow with T?"),
-        Para("Seed 000 claims the time to predict or train one token is "
-             "O[T C E + L (T^3 + T^2 H + T E^2)], i.e. cubic in T. Measured: FlopCounterMode "
-             f"forward FLOPs of the reference model (the seeds' manual attention) on {where}, "
+        Para("The claim tested: the time to predict or train one token is "
+             "O[T V E + L (T^3 + T^2 H + T E^2)], i.e. cubic in T. Measured: FlopCounterMode "
+             f"forward FLOPs of the reference model (manual attention) on {where}, "
              "one sequence of T tokens at each T; the attention part is the batched matmuls "
              "q @ k^T and att @ v (aten.bmm), the rest the weight matmuls; the last column is "
              "one new token at context T with a KV cache."),
@@ -403,7 +408,7 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
             f"(local slope between the last two points {f.local_exponent:.3f});",
             f"the attention part alone, per token: exponent "
             f"**{f.attention_per_token.exponent:.3f}**, i.e. linear in T;",
-            f"one generated token without a KV cache (the seeds' generate reruns the whole "
+            f"one generated token without a KV cache (generation that reruns the whole "
             f"context, = the sequence's forward): exponent **{f.per_sequence.exponent:.3f}**;",
             f"one generated token with a KV cache at context T: exponent "
             f"**{f.decode_with_cache.exponent:.3f}**.",
@@ -418,7 +423,7 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
              f"only at T = {_crossover(cfg):,}); with more T it tends to 1, never beyond. "
              "Generating one token with a KV cache costs exactly the same as one token of a "
              "T-token forward here (the new query meets T keys; full S x S counting). A whole "
-             "sequence, or one token generated without a KV cache (the seeds' generate), costs "
+             "sequence, or one token generated without a KV cache, costs "
              "T times the per-token figure: quadratic at most, T^2 from attention, and "
              f"measured here at T^{f.per_sequence.exponent:.2f} because the T-linear weight "
              "matmuls still dominate. No measured quantity grows like T^3: the largest "
@@ -426,10 +431,10 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
              "multiply-adds per head (E in all), independent of T."),
     ]
     if plot_name:
-        blocks.append(Image(plot_name, "Seed claims: parameters and FLOPs per token vs T",
+        blocks.append(Image(plot_name, "Parameters and FLOPs per token vs T",
                             "Left: measured parameters vs T with the T-independent part. "
                             "Right: measured FLOPs per token vs T, the fitted power law, and "
-                            "the seed's T^3 for contrast."))
+                            "T^3 for contrast."))
     return blocks
 
 
@@ -443,12 +448,21 @@ def _crossover(cfg: GPTConfig) -> int:
 
 def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "auto",
                  name: str | None = None, progress: bool = True, gpu: str = "h100-sxm") -> Report:
-    from . import plots
+    from .output import moved, staged_output
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    name = name or "custom model"
     device = pick_device(device)
+    with staged_output(out_dir) as staging:
+        report = _build(cfg, wl, staging, device, name or "custom model", progress, gpu)
+    return dataclasses.replace(report, out_dir=out_dir, markdown=out_dir / report.markdown.name,
+                               html=out_dir / report.html.name,
+                               plots=[moved(p, staging, out_dir) for p in report.plots])
+
+
+def _build(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str, name: str,
+           progress: bool, gpu: str) -> Report:
+    from . import plots
+
     blocks: list[Block] = []
     made: list = []
     with _Progress(progress) as prog:
@@ -462,10 +476,11 @@ def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "aut
         with prog.step("verification on the reference model"):
             blocks += _verification_blocks(cfg, wl, device)
         Ts = claims.sweep_block_sizes(cfg)
-        with prog.step("seed claims: parameters at each T", len(Ts)):
+        with prog.step("context sweep: parameters at each T", len(Ts)):
             sizes = claims.measure_sizes(cfg, Ts)
         cost_device = claims.choose_device(cfg, Ts, device)
-        with prog.step(f"seed claims: FLOPs at each T on {cost_device}", len(Ts)) as advance:
+        with prog.step(f"context sweep: FLOPs at each T on {cost_device}",
+                       len(Ts)) as advance:
             costs = claims.measure_costs(cfg, Ts, cost_device, on_point=advance)
         with prog.step("plots", 5):
             claim_plot = plots.plot_context_claims(out_dir, cfg, sizes, costs, name)
@@ -482,7 +497,7 @@ def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "aut
     md = out_dir / "report.md"
     html = out_dir / "report.html"
     md.write_text(to_markdown(blocks))
-    html.write_text(to_html(blocks, f"gptcalc report: {name}"))
+    html.write_text(to_html(blocks, name))
     f = claims.cost_findings(costs)
     return Report(out_dir, md, html, made, {
         "params": count_params(cfg).total, "device": device, "flops_device": cost_device,

@@ -14,7 +14,8 @@ def configs(draw, dropout=st.sampled_from([0.0, 0.1])) -> GPTConfig:
     H = draw(st.integers(1, 4))
     hd = draw(st.sampled_from([2, 4, 6]))  # even: rotary needs it
     layout = draw(st.sampled_from(QKV_LAYOUTS))
-    kv = H if layout == "per_head" else draw(st.sampled_from([d for d in range(1, H + 1) if H % d == 0]))
+    divisors = [d for d in range(1, H + 1) if H % d == 0]
+    kv = H if layout == "per_head" else draw(st.sampled_from(divisors))
     explicit_head_dim = draw(st.booleans())
     E = draw(st.sampled_from([8, 12, 16])) if explicit_head_dim else H * hd
     return GPTConfig(

@@ -9,20 +9,27 @@ from pathlib import Path
 import gptcalc
 
 ROOT = Path(__file__).resolve().parents[1]
+N = 124_439_808  # released GPT-2 small (see test_params)
+TENSORS = 148  # GPT-2's parameter tensors, the tied one once: wte, wpe, 12 x 12 per block, ln_f
 
 
 def test_summary_holds_params_flops_and_memory():
-    cfg, wl = gptcalc.load(preset="gpt2", batch_size=2, seq_len=512)
+    cfg, wl = gptcalc.load(preset="gpt2", batch_size=2, seq_len=1024)
     s = gptcalc.summarize(cfg, wl)
-    assert s.params.total == 124_439_808  # released GPT-2 small (see test_params)
-    # GPT-2 is trained in bf16 autocast over fp32 weights by default: 4-byte weights and
-    # gradients, AdamW's 8 bytes per parameter plus one 4-byte step per tensor (148 tensors in
-    # the released checkpoint's state dict, less the tied head)
-    assert (s.memory.weights, s.memory.gradients) == (4 * 124_439_808, 4 * 124_439_808)
-    assert s.memory.optimizer == 8 * 124_439_808 + 4 * 148
+    assert s.params.total == N
+    # nanoGPT transformer_sizing.ipynb: training FLOPs of one 1024-token sequence
+    assert s.flops.training_total == 874_944_921_600
+    assert s.inference.prefill == 291_648_307_200  # the same notebook's forward_total
+    # fp32 AdamW: 4-byte weights and gradients, two 4-byte moments per parameter and a 4-byte
+    # step counter per tensor (torch.optim.AdamW)
+    assert (s.memory.weights, s.memory.gradients) == (4 * N, 4 * N)
+    assert s.memory.optimizer == 8 * N + 4 * TENSORS
+    # ZeRO-3 over 2 ranks with mixed precision (Rajbhandari et al. 2020: 2 + 2 + 12 bytes per
+    # parameter, all sharded): each rank holds half
     setup = gptcalc.TrainingSetup(mode="mixed", zero=3, dp=2)
     sharded = gptcalc.summarize(cfg, wl, training=setup)
-    assert sharded.memory.weights < s.memory.weights  # ZeRO-3 shards the 16-bit weights
+    assert (sharded.memory.weights, sharded.memory.gradients) == (2 * N // 2, 2 * N // 2)
+    assert sharded.memory.optimizer == 12 * N // 2 + 4 * TENSORS
     assert gptcalc.to_dict(s)["memory"]["peak"]["bytes"] == s.memory.peak.bytes
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gptcalc import Workload, count_flops, count_params, from_name, inference_flops
+from gptcalc import count_params, from_name, inference_flops
 from gptcalc.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,14 +51,15 @@ def test_arch_swaps_the_family_but_keeps_sizes():
 
 
 def test_flops_json_keys_and_values():
-    out = run_json("flops", "--preset", "gpt2", "-B", "4", "--seq-len", "512",
-                   "--prompt-len", "100", "--context", "300")
+    out = run_json("flops", "--preset", "gpt2", "-B", "4", "--prompt-len", "100",
+                   "--context", "300")
     cfg = from_name("gpt2")
-    f = count_flops(cfg, Workload(4, 512))
-    assert out["forward_per_token"] == f.forward_total // 512
-    assert out["backward_per_token"] == 2 * out["forward_per_token"]
-    assert out["training_per_token"] == 3 * out["forward_per_token"]
-    assert out["training_per_step"] == 4 * f.training_total
+    # nanoGPT transformer_sizing.ipynb, GPT-2 124M, one sequence of 1024 tokens:
+    # forward_total 291,648,307,200, backward_total 583,296,614,400, total 874,944,921,600
+    assert out["forward_per_token"] * 1024 == 291_648_307_200
+    assert out["backward_per_token"] * 1024 == 583_296_614_400
+    assert out["training_per_token"] * 1024 == 874_944_921_600
+    assert out["training_per_step"] == 4 * 874_944_921_600
     assert set(out["conventions"]) == {"6N", "kaplan", "palm"}
     inf = inference_flops(cfg, 100, 300)
     assert out["inference"] == {"prompt_len": 100, "context": 300, "prefill": inf.prefill,
@@ -81,8 +82,27 @@ def test_human_tables_carry_units():
 
 
 def test_presets_lists_every_preset():
-    rows = run_json("presets")
-    assert {r["name"] for r in rows} >= {"shakespeare-char", "gpt2-xl", "gpt3-175b", "llama3-8b"}
+    out = run_json("presets")
+    assert out["schema"] == "gptcalc/2"
+    rows = {r["name"]: r for r in out["presets"]}
+    assert set(rows) >= {"shakespeare-char", "gpt2-xl", "gpt3-175b", "llama3-8b"}
+    # Brown et al. 2020, Table 2.1: GPT-3 175B has 96 layers of width 12288, 96 heads
+    assert rows["gpt3-175b"]["config"]["n_layer"] == rows["gpt3-175b"]["n_layer"] == 96
+    assert rows["gpt3-175b"]["n_embd"] == 12288 and rows["gpt3-175b"]["n_head"] == 96
+
+
+@pytest.mark.parametrize("args,training", [
+    (["params", "--preset", "gpt2"], None),
+    (["flops", "--preset", "gpt2", "--recompute", "full"], {"recompute": "full"}),
+    (["memory", "--preset", "gpt2", "-B", "2"], None),  # memory adds its own training set-up
+])
+def test_every_json_output_has_the_envelope(args, training):
+    out = run_json(*args)
+    assert out["schema"] == "gptcalc/2"
+    assert out["config"]["n_embd"] == 768 and out["config"]["n_layer"] == 12
+    assert set(out["workload"]) == {"batch_size", "seq_len", "grad_accum"}
+    if training is not None:
+        assert out["training"] == training
 
 
 @pytest.mark.parametrize("args,option", [
@@ -100,18 +120,18 @@ def test_presets_lists_every_preset():
     (["flops", "-B", "0"], "--batch-size"),
 ])
 def test_bad_input_is_one_line_exit_2(args, option):
-    proc = subprocess.run([sys.executable, "-m", "gptcalc", *args], capture_output=True,
-                          text=True, cwd=ROOT)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    r = run(*args)
+    assert r.exit_code == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
     assert option in lines[0]
 
 
 def test_import_gptcalc_loads_no_heavy_library():
     code = ("import sys, gptcalc, gptcalc.cli; "
-            "print(' '.join(m for m in ('torch', 'fvcore', 'matplotlib') if m in sys.modules))")
+            "print(' '.join(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'fvcore', 'matplotlib', 'reports', 'reference_model')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ""

@@ -13,9 +13,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("fvcore")
 from click.testing import CliRunner  # noqa: E402
 
-from gptcalc import Workload, from_name  # noqa: E402
+from gptcalc import ConfigError, Workload, from_name  # noqa: E402
 from gptcalc.cli import cli  # noqa: E402
-from reference_model.verify import plan  # noqa: E402
+from reference_model.verify import (available_bytes, plan,  # noqa: E402
+                                    training_bytes_estimate)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["-L", "2", "-E", "32", "-H", "4", "-T", "16", "-V", "64", "-B", "2"]
@@ -55,6 +56,8 @@ def test_every_family_verifies_on_cpu(arch, extra):
     assert ("fvcore layer_norm FLOPs" in names) == (arch != "llama")
 
 
+@pytest.mark.slow  # shape-only verification of the 10.8M-parameter tutorial model
+@pytest.mark.requires_torch_213  # "22/22 exact" includes MemTracker's step peak
 def test_table_output_and_shape_only_note():
     code, output = invoke("--preset", "shakespeare-char", "--device", "cpu",
                           "--tensors", "shape-only")
@@ -84,6 +87,50 @@ def test_plan_reduces_depth_when_real_tensors_do_not_fit():
     assert roomy.config == cfg and roomy.notes == []
 
 
+def test_planning_a_very_deep_model_takes_no_time_and_keeps_what_fits():
+    import time
+
+    from gptcalc.memory import TrainingSetup, step_peak
+
+    wl = Workload(2, 16)
+    # the extrapolated estimate equals the memory model's own at a depth it can still compute
+    cfg = from_name("debug", n_layer=40)
+    assert training_bytes_estimate(cfg, wl) == step_peak(cfg, wl, TrainingSetup()).bytes
+    start = time.perf_counter()
+    setup = plan(from_name("debug", n_layer=10**9), wl, "cpu", tensors="real",
+                 memory_bytes=2 * 10**8)
+    assert time.perf_counter() - start < 5  # a block-by-block search never ended
+    n = setup.config.n_layer
+    assert training_bytes_estimate(setup.config, wl) <= 10**8
+    assert training_bytes_estimate(setup.config.replace(n_layer=n + 1), wl) > 10**8
+
+
+def test_real_tensors_refused_when_one_block_does_not_fit():
+    with pytest.raises(ConfigError) as e:
+        plan(from_name("gpt2"), Workload(8, 1024), "cpu", tensors="real", memory_bytes=2**20)
+    assert e.value.field == "tensors" and "even one block" in e.value.message
+
+
+def test_host_memory_is_the_least_of_meminfo_cgroup_and_rlimit(monkeypatch):
+    import builtins
+    import io
+
+    real_open = builtins.open
+    fake = {"/sys/fs/cgroup/memory.max": "3000000\n", "/sys/fs/cgroup/memory.current": "1000\n"}
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(fake[path])
+                        if path in fake else real_open(path, *a, **k))
+    assert available_bytes("cpu") == 3000000 - 1000
+    # an address-space limit 256 MiB above what this process has mapped leaves at most that
+    import resource
+
+    with real_open("/proc/self/status") as f:
+        mapped = [int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")][0]
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (
+        (mapped + 2**28, resource.RLIM_INFINITY) if which == resource.RLIMIT_AS
+        else (resource.RLIM_INFINITY, resource.RLIM_INFINITY)))
+    assert available_bytes("cpu") <= 2**28
+
+
 def test_failed_check_exits_1(monkeypatch):
     import reference_model.measure as measure
 
@@ -101,18 +148,12 @@ def test_failed_check_exits_1(monkeypatch):
 
 
 def test_bad_input_is_one_line_exit_2():
-    proc = run("--preset", "debug", "--max-layers", "0")
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
-    assert "--max-layers" in proc.stderr and "Traceback" not in proc.stderr
+    r = CliRunner().invoke(cli, ["verify", "--preset", "debug", "--max-layers", "0"])
+    assert r.exit_code == 2 and r.stderr.strip().count("\n") == 0
+    assert "--max-layers" in r.stderr and "Traceback" not in r.stderr
     if not torch.cuda.is_available():
-        proc = run("--preset", "debug", "--device", "cuda")
-        assert proc.returncode == 2 and "--device" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_import_gptcalc_cli_does_not_load_torch():
-    code = "import sys, gptcalc.cli; print('torch' in sys.modules, 'fvcore' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert out.stdout.split() == ["False", "False"], out.stderr
+        r = CliRunner().invoke(cli, ["verify", "--preset", "debug", "--device", "cuda"])
+        assert r.exit_code == 2 and "--device" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

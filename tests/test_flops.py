@@ -31,12 +31,11 @@ def test_gpt2_forward_matches_nanogpt_sizing_notebook():
     assert f.training_total == 874_944_921_600
 
 
-def test_palm_estimate_matches_nanogpt_sizing_notebook():
-    # same notebook, palm_flops() with bias-free GPT-2 (N = 124337664): 879894724608 per
-    # sequence of 1024 tokens.
-    cfg = from_name("gpt2", qkv_bias=False, attn_out_bias=False, mlp_bias=False,
-                    norm="layernorm_nobias")
-    assert published_estimates(cfg, 1024)["palm"] * 1024 == 879_894_724_608
+def test_palm_estimate_matches_nanogpt_estimate_mfu():
+    # nanoGPT model.py, GPT.estimate_mfu for GPT-2 124M at T=1024: N = get_num_params(), whose
+    # non_embedding=True subtracts transformer.wpe only (124,439,808 - 1024 x 768 = 123,653,376);
+    # flops_per_token = 6N + 12 L H Q T = 741,920,256 + 113,246,208.
+    assert published_estimates(from_name("gpt2"), 1024)["palm"] == 855_166_464
 
 
 def test_kaplan_and_6n_by_their_definitions():
@@ -48,19 +47,6 @@ def test_kaplan_and_6n_by_their_definitions():
     assert est["6N"] == 6 * 124_439_808
 
 
-workloads = st.builds(Workload, batch_size=st.integers(1, 64), seq_len=st.integers(1, 64))
-
-
-@settings(max_examples=200)
-@given(configs(), st.integers(1, 64), st.integers(1, 8), st.booleans())
-def test_flops_are_linear_in_batch(cfg, seq, batch, causal):
-    seq = min(seq, cfg.block_size)
-    one = count_flops(cfg, Workload(1, seq), causal=causal)
-    many = count_flops(cfg, Workload(batch, seq), causal=causal)
-    assert many.batch_size * many.training_total == batch * one.training_total
-    assert many.forward == one.forward  # per-sequence dicts do not depend on B
-
-
 @settings(max_examples=200)
 @given(configs(), st.integers(1, 32))
 def test_attention_is_quadratic_in_length_and_the_rest_linear(cfg, s):
@@ -69,13 +55,6 @@ def test_attention_is_quadratic_in_length_and_the_rest_linear(cfg, s):
     for key in one:
         factor = 4 if key in ("attention/scores", "attention/values") else 2
         assert two[key] == factor * one[key], key
-
-
-@settings(max_examples=200)
-@given(configs(), st.integers(1, 64), st.booleans())
-def test_training_is_three_forwards_without_recomputation(cfg, s, causal):
-    f = count_flops(cfg, Workload(1, min(s, cfg.block_size)), causal=causal)
-    assert f.training_total == 3 * f.forward_total == f.hardware_total
 
 
 @settings(max_examples=200)

@@ -50,6 +50,19 @@ BAD = [
     (["flops", "--seq-len", "257"], "--seq-len"),  # > T=256
     (["flops", "--prompt-len", "0"], "--prompt-len"),
     (["flops", "--prompt-len", "-1"], "--prompt-len"),
+    (["flops", "--context", "0"], "--context"),
+    (["flops", "--context", "-5"], "--context"),
+    (["params", "--preset", ""], "--preset"),
+    (["params", "--preset", "  "], "--preset"),
+    (["params", "--hf-config", "/dev/zero"], "--hf-config"),
+    (["params", "--config", "/dev/null"], "--config"),
+    (["params", "-V", "1" + "0" * 301], "--vocab-size"),  # over 10^300
+    (["memory", "--gpu-memory", "0.5"], "--gpu-memory"),
+    (["memory", "--gpu-memory", "24"], "--gpu-memory"),
+    (["memory", "--gpu-memory", "inf"], "--gpu-memory"),
+    (["memory", "--gpu-memory", "1e999GiB"], "--gpu-memory"),
+    (["memory", "--gpu-memory", "-1GiB"], "--gpu-memory"),
+    (["memory", "--gpu-memory", "0GiB"], "--gpu-memory"),
     (["flops", "--context", "100000"], "--context"),
     (["flops", "--recompute", "some"], "--recompute"),
     (["flops", "--bogus"], "--bogus"),
@@ -105,10 +118,116 @@ def test_huge_model_flops_exact():
 
 
 def test_astronomical_sizes_do_not_crash():
-    # far past a float (1e308): the table still renders, in scientific notation
-    r = CliRunner().invoke(cli, ["params", "--preset", "gpt2", "-V", str(10**400)])
+    # the largest vocabulary accepted, 10^300: 768 * 10^300 parameters, and bytes past what a
+    # float holds (~1.8e308) in the memory table, print exactly
+    r = CliRunner().invoke(cli, ["params", "--preset", "gpt2", "-V", str(10**300)])
     assert r.exit_code == 0, r.output
-    assert "7.68e402" in r.stdout  # the total, 768 * 10^400 + ...
+    assert "7.68e302" in r.stdout
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "-B", "1", "-V", str(10**300)])
+    assert r.exit_code == 0, r.output
+    assert "e30" in r.stdout and " B" in r.stdout
+    r = CliRunner().invoke(cli, ["flops", "--preset", "gpt2", "-E", str(10**300), "-H", "100",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["forward_per_token"] > 10**600  # exact ints of 600+ digits
+
+
+# --- input files and config sections ------------------------------------------------------------
+
+
+def _one_line_error(args: list[str]) -> str:
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    return r.stderr
+
+
+@pytest.mark.parametrize("text", ['sp = "false"', 'sp = 0', 'dp = "2"', 'dp = true',
+                                  'dp = 2.0'])
+def test_parallel_values_in_a_file_must_have_their_type(tmp_path, text):
+    # `sp = "false"` used to turn sequence parallelism on: a non-empty string is truthy
+    f = tmp_path / "run.toml"
+    f.write_text(f"[parallel]\n{text}\n")
+    err = _one_line_error(["memory", "--config", str(f)])
+    assert "--config" in err and "[parallel]" in err and text.split()[0] in err
+
+
+def test_training_values_in_a_file_must_have_their_type(tmp_path):
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({"training": {"mode": 32}}))
+    err = _one_line_error(["memory", "--config", str(f)])
+    assert "[training] mode must be a name" in err and "run.json" in err
+
+
+def test_a_true_bool_in_the_file_still_works(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text("[parallel]\nsp = true\ntp = 2\n")
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "--config", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["setup"]["sp"] is True
+
+
+@pytest.mark.parametrize("option", ["--config", "--hf-config"])
+def test_a_fifo_is_refused_before_it_is_opened(tmp_path, option):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)  # opening it would block until a writer came
+    err = _one_line_error(["params", option, str(fifo)])
+    assert option in err and "not a regular file" in err
+
+
+@pytest.mark.parametrize("option", ["--config", "--hf-config"])
+def test_a_file_over_16_mib_is_refused(tmp_path, option):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(16 * 2**20 + 1)  # sparse: no 16 MiB written to disk
+    assert "16 MiB" in _one_line_error(["params", option, str(big)])
+
+
+@pytest.mark.parametrize("name,text", [
+    ("deep.json", "[" * 100_000),
+    ("deep.toml", "a = " + "[" * 100_000),
+    ("nested.json", '{"model": {"n_layer": 2}, "training": ' + '{"a": ' * 40 + "1" + "}" * 41),
+])
+def test_deeply_nested_files_are_refused(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    assert "nests deeper than 16 levels" in _one_line_error(["params", "--config",
+                                                             str(tmp_path / name)])
+
+
+def test_hidden_act_must_be_a_name(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"model_type": "gpt_neox", "hidden_size": 32,
+                             "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "intermediate_size": 64, "vocab_size": 100,
+                             "hidden_act": ["gelu"]}))
+    assert "hidden_act must be a name" in _one_line_error(["params", "--hf-config", str(f)])
+
+
+def test_an_internal_error_is_one_line_with_a_hint(monkeypatch):
+    import gptcalc.cli.params as params_cli
+
+    def broken(cfg):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(params_cli, "count_params", broken)
+    r = CliRunner().invoke(cli, ["params"])
+    assert r.exit_code == 1
+    assert r.stderr.count("\n") == 1 and "GPTCALC_DEBUG=1" in r.stderr
+    assert "RuntimeError: boom second line" in r.stderr and "Traceback" not in r.stderr
+    monkeypatch.setenv("GPTCALC_DEBUG", "1")
+    r = CliRunner().invoke(cli, ["params"])
+    assert r.exit_code == 1 and "Traceback" in r.stderr
+
+
+def test_a_missing_extra_names_the_pip_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    r = CliRunner().invoke(cli, ["verify", "--preset", "debug"])
+    assert r.exit_code == 2
+    assert r.stderr == ("Error: gptcalc verify needs PyTorch: pip install 'gptcalc[verify]'\n")
 
 
 # --- deterministic JSON -------------------------------------------------------------------------
@@ -125,3 +244,36 @@ def test_json_output_is_byte_identical_across_processes(args):
         assert r.returncode == 0, r.stderr
         outs.add(r.stdout)
     assert len(outs) == 1
+
+
+# --- the Python API checks its arguments' types -------------------------------------------------
+
+
+@pytest.mark.parametrize("call,field", [
+    (lambda g, c, w: g.summarize(c, w, prompt_len=5.5), "prompt_len"),
+    (lambda g, c, w: g.summarize(c, w, context="8"), "context"),
+    (lambda g, c, w: g.summarize(c, w, causal="no"), "causal"),
+    (lambda g, c, w: g.count_flops(c, w, causal=1), "causal"),
+    (lambda g, c, w: g.inference_flops(c, 5.5, 8), "prompt_len"),
+    (lambda g, c, w: g.inference_flops(c, 4, True), "context"),
+    (lambda g, c, w: g.load(preset=""), "preset"),
+])
+def test_api_arguments_of_the_wrong_type_are_config_errors(call, field):
+    import gptcalc
+
+    cfg, wl = gptcalc.load(preset="debug")
+    with pytest.raises(gptcalc.ConfigError) as e:
+        call(gptcalc, cfg, wl)
+    assert e.value.field == field
+
+
+def test_gpt2_n_ctx_does_not_size_the_position_table():
+    # transformers' GPT2Config stores n_ctx but sizes wpe by n_positions (default 1024)
+    from transformers import GPT2Config
+
+    from gptcalc import config_from_hf
+
+    raw = {"model_type": "gpt2", "n_embd": 16, "n_layer": 1, "n_head": 2, "n_ctx": 64,
+           "vocab_size": 50}
+    assert GPT2Config(**raw).n_positions == 1024
+    assert config_from_hf(raw).block_size == 1024

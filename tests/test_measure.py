@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from gptcalc import Workload, count_flops, from_name, inference_flops  # noqa: E402
 from reference_model import measure  # noqa: E402
-from reference_model.model import GPT, build_model  # noqa: E402
+from reference_model.model import build_model  # noqa: E402
 from reference_model.verify import decode_plan, run_checks  # noqa: E402
 
 from ._strategies import configs_and_workloads  # noqa: E402
@@ -79,6 +79,7 @@ def test_decode_flops_with_and_without_cache_are_exact(case, attn, data):
     assert uncached == B * expected
 
 
+@pytest.mark.slow  # 20 reference models built and run, every check
 @settings(max_examples=20, deadline=None)
 @given(case=configs_and_workloads(), attn=ATTN)
 def test_run_checks_all_exact(case, attn):
@@ -90,6 +91,7 @@ def test_run_checks_all_exact(case, attn):
             "FlopCounterMode decode FLOPs (KV cache)"} <= names
 
 
+@pytest.mark.slow  # every check twice, on real and on fake tensors
 def test_shape_only_counts_equal_real_counts():
     cfg, wl = from_name("debug", dropout=0.1), Workload(2, 16)
     for attn in ("manual", "sdpa"):

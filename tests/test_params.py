@@ -148,9 +148,25 @@ def test_every_family_keeps_its_count_consistent_with_the_switches(cfg):
     assert count_params(cfg).total == expected
 
 
+# GPT-2 small's sizes (L=12, E=768, V=50257, T=1024, d_ff=4E) under each family, by hand
+_L, _E, _V, _T = 12, 768, 50257, 1024
+FAMILY_TOTALS = {
+    # the released GPT-2 small: wte, wpe, blocks of 12E^2 + 13E, ln_f; lm_head tied
+    "gpt2": 124_439_808,
+    # per-head k/q/v without bias 3E^2, proj E^2 + E, ReLU MLP 8E^2 + 5E, two LayerNorms 4E;
+    # untied lm_head with bias V*E + V
+    "tutorial": 2 * _V * _E + _V + _T * _E + _L * (12 * _E**2 + 10 * _E) + 2 * _E,
+    # per-head q/k/v with bias, biased O and MLP, tied head without bias: GPT-2's count
+    "notes": 124_439_808,
+    # q, k, v, o 4E^2; SwiGLU 3 x E x 4E; two RMSNorms 2E; final RMSNorm E; untied head, no
+    # position table
+    "llama": 2 * _V * _E + _L * (16 * _E**2 + 2 * _E) + _E,
+}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_family_builds_from_every_preset(arch):
-    assert count_params(from_name("gpt2", arch=arch)).total > 0
+def test_every_family_at_gpt2_sizes_matches_a_hand_count(arch):
+    assert count_params(from_name("gpt2", arch=arch)).total == FAMILY_TOTALS[arch]
 
 
 @pytest.mark.parametrize("changes,field", [

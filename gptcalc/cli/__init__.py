@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 
 import click
 
@@ -31,7 +33,11 @@ class GptcalcGroup(click.Group):
         except click.exceptions.Abort:
             _fail("aborted", code=1)
         except Exception as e:  # noqa: BLE001 - a bug must not print a traceback as an answer
-            _fail(f"internal error ({type(e).__name__}: {e}); please report it", code=1)
+            if os.environ.get("GPTCALC_DEBUG"):
+                traceback.print_exc()
+            detail = " ".join(str(e).split())[:200]
+            _fail(f"internal error ({type(e).__name__}: {detail}); please report it "
+                  "(GPTCALC_DEBUG=1 shows the traceback)", code=1)
         code = rv if isinstance(rv, int) else 0
         if not standalone_mode:
             return code

@@ -11,7 +11,7 @@ from ..flops import (NONMATMUL_COST, RECOMPUTE, FlopCount, count_flops, inferenc
                      published_estimates)
 from ..units import si
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("flops")
@@ -20,8 +20,9 @@ from .render import emit_json, model_json, print_line, print_table
               help="Count only the unmasked half of attention (default: the full S x S).")
 @click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
               help="Activation recomputation; adds forward work (hardware FLOPs).")
-@click.option("--prompt-len", type=int, default=None, help="Prefill prompt length (default seq-len).")
-@click.option("--context", type=int, default=None,
+@click.option("--prompt-len", type=click.IntRange(min=1), default=None,
+              help="Prefill prompt length (default seq-len).")
+@click.option("--context", type=click.IntRange(min=1), default=None,
               help="Context of the decoded token, cached keys plus itself (default seq-len).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], causal: bool, recompute: str,
@@ -42,7 +43,7 @@ def command(model: tuple[GPTConfig, Workload], causal: bool, recompute: str,
 def _json(cfg, wl, fc: FlopCount, inf, conventions, causal, recompute) -> dict[str, Any]:
     tok = fc.per_token
     return {
-        **model_json(cfg, wl),
+        **envelope(cfg, wl, training={"recompute": recompute}),
         "attention": "causal" if causal else "full",
         "recompute": recompute,
         "forward_per_token": tok(fc.forward_total),

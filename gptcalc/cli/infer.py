@@ -12,7 +12,7 @@ from ..serving import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, G
                        KV_DTYPES, WEIGHT_DTYPES, Serving, serving)
 from ..units import binary_bytes, si
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("infer")
@@ -49,14 +49,14 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_le
     s = serving(cfg, find_gpu(gpu_name), wl.batch_size, prompt, gen, tp, weights_dtype, kv_dtype,
                 flops_efficiency, bandwidth_efficiency)
     if as_json:
-        emit_json(_json(cfg, s))
+        emit_json(_json(cfg, wl, s))
         return
     _render(cfg, s)
 
 
-def _json(cfg, s: Serving) -> dict[str, Any]:
+def _json(cfg, wl, s: Serving) -> dict[str, Any]:
     return {
-        **model_json(cfg), "gpu": s.gpu, "tp": s.tp, "batch_size": s.batch_size,
+        **envelope(cfg, wl), "gpu": s.gpu, "tp": s.tp, "batch_size": s.batch_size,
         "prompt_len": s.prompt_len, "gen_len": s.gen_len, "weights_dtype": s.weights_dtype,
         "kv_dtype": s.kv_dtype, "weights": s.weights, "weights_bytes": s.weights_bytes,
         "kv_cache_bytes": s.kv_cache_bytes, "activation_bytes": s.activation_bytes,

@@ -11,7 +11,7 @@ from ..config import (ATTN_IMPLS, AUTOCAST_DTYPES, IMPLS, MODES, OPTIMIZERS, REC
 from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
 from ..units import binary_bytes, parse_bytes
 from .options import current_setup, describe, model_options, section_settings
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("memory")
@@ -111,7 +111,7 @@ def assumptions(cfg: GPTConfig, wl: Workload, setup: TrainingSetup) -> str:
 
 
 def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
-    out = {**model_json(cfg, wl), "training": dataclasses.asdict(setup),
+    out = {**envelope(cfg, wl, setup),
            "setup": dataclasses.asdict(setup), "assumptions": assumptions(cfg, wl, setup),
            "global_batch": rep.global_batch,
            "weights": rep.weights, "gradients": rep.gradients, "optimizer": rep.optimizer,

@@ -171,11 +171,31 @@ def section_settings(section: str, given: dict[str, Any], defaults: dict[str, An
         if given.get(key) is not None:
             out[key] = given[key]
         elif key in from_file:
-            out[key], _ = from_file[key], filed.add(key)
+            out[key], _ = _typed(section, key, from_file[key], default), filed.add(key)
         else:
             out[key] = default
     record_section(section, out)
     return out, filed
+
+
+def _typed(section: str, key: str, value: Any, default: Any) -> Any:
+    """A [section] value of the --config file, which must have its default's type: TOML and
+    JSON have real booleans and integers, so `sp = "false"` is a mistake, not false."""
+    kind = type(default)
+    if kind is bool:
+        ok, wanted = isinstance(value, bool), "true or false"
+    elif kind is int:
+        ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif kind is str:
+        ok, wanted = isinstance(value, str), "a name (a string)"
+    else:
+        ok, wanted = True, ""
+    if not ok:
+        ctx = click.get_current_context(silent=True)
+        path = ctx.params.get("config") if ctx else None
+        where = f"{path}: " if path else ""
+        raise ConfigError("config", f"{where}[{section}] {key} must be {wanted}, got {value!r}")
+    return value
 
 
 def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:

@@ -9,7 +9,7 @@ from ..lora import lora_params, parse_targets
 from ..params import count_params
 from ..units import si
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("params")
@@ -23,7 +23,7 @@ from .render import emit_json, model_json, print_line, print_table
 def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targets: str | None,
             as_json: bool) -> None:
     """Exact parameter count (a tied weight once) and its breakdown by component."""
-    cfg, _ = model
+    cfg, wl = model
     p = count_params(cfg)
     if lora_targets is not None and lora_rank is None:
         raise ConfigError("lora_targets", "needs --lora-rank")
@@ -31,7 +31,7 @@ def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targe
     lora = None if lora_rank is None else lora_params(cfg, lora_rank, targets)
     trainable = p.total if lora is None else sum(lora.values())
     if as_json:
-        emit_json({**model_json(cfg), "total": p.total, "non_embedding": p.non_embedding,
+        emit_json({**envelope(cfg, wl), "total": p.total, "non_embedding": p.non_embedding,
                    "components": p.components, "trainable": trainable,
                    "lora": None if lora is None else {"rank": lora_rank, "targets": list(targets),
                                                       "components": lora}})

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..config import GPTConfig, Workload
+from .extras import require
 from .options import model_options
 from .render import print_line
 from .report import model_name
@@ -22,12 +23,16 @@ from .report import model_name
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path,
             measure: bool) -> None:
     """Parameters, FLOPs per token, training memory and KV cache vs the sizes that drive them."""
+    require("plot", "matplotlib", *(("torch",) if measure else ()))
     from reports import plots  # matplotlib loads only here
+
+    from reports.output import moved, staged_output
 
     cfg, wl = model
     name = model_name(ctx)
-    made = plots.make_plots(out_dir, cfg, wl, name)
-    if measure:
-        made.append(plots.plot_measured(out_dir, cfg, name))
-    for p in made:
+    with staged_output(out_dir) as staging:
+        made = plots.make_plots(staging, cfg, wl, name)
+        if measure:
+            made.append(plots.plot_measured(staging, cfg, name))
+    for p in (moved(p, staging, out_dir) for p in made):
         print_line(f"{p.path}  {p.title}")

@@ -11,21 +11,42 @@ import click
 from ..config import GPTConfig, Workload
 
 
+# The version of the JSON every command emits (docs/json.md); bumped when a key changes meaning.
+SCHEMA = "gptcalc/2"
+
+
 def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2))
 
 
-def model_json(cfg: GPTConfig, workload: Workload | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"config": dataclasses.asdict(cfg)}
+def envelope(cfg: GPTConfig | None, workload: Workload | None = None,
+             training: Any = None) -> dict[str, Any]:
+    """The keys every command's --json starts with, the same meaning everywhere:
+
+    schema: SCHEMA; config: every GPTConfig field of the model the options resolved to;
+    workload: batch_size (B, sequences per device) and seq_len (tokens per sequence);
+    training: the command's training set-up (a dataclass such as TrainingSetup, or a dict),
+    only for commands that have one. `cfg=None` (a command about no single model, `presets`)
+    gives the schema alone."""
+    out: dict[str, Any] = {"schema": SCHEMA}
+    if cfg is not None:
+        out["config"] = dataclasses.asdict(cfg)
     if workload is not None:
         out["workload"] = dataclasses.asdict(workload)
+    if training is not None:
+        out["training"] = (dataclasses.asdict(training) if dataclasses.is_dataclass(training)
+                           else dict(training))
     return out
+
+
+def model_json(cfg: GPTConfig, workload: Workload | None = None) -> dict[str, Any]:
+    """`envelope` without a training set-up (the name older commands use)."""
+    return envelope(cfg, workload)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
                 caption: str | None = None, total_row: Sequence[Any] | None = None) -> None:
     """A rich table; the first column is left-aligned, numbers to the right."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")

@@ -9,6 +9,7 @@ import click
 from ..config import GPTConfig, Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..units import si
+from .extras import require
 from .options import model_options
 from .render import print_line
 
@@ -26,7 +27,8 @@ from .render import print_line
 @click.pass_context
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path, device: str,
             gpu_name: str, quiet: bool) -> None:
-    """Analyse a model: counts, conventions, memory, verification, seed claims and plots."""
+    """Analyse a model: counts, conventions, memory, verification, context scaling, plots."""
+    require("report", "torch", "fvcore", "matplotlib")
     from reports.report import build_report  # torch and matplotlib load only here
 
     cfg, wl = model
@@ -43,14 +45,46 @@ def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path
                + ", ".join(p.path.name for p in r.plots))
 
 
+# options that name the model rather than change it
+_SOURCES = ("preset", "sets", "hf_config", "config", "save_config")
+
+
 def model_name(ctx: click.Context) -> str:
-    """The preset's name, with the options that changed it: `gpt2 (n_layer=6)`."""
+    """The model's name, with the options that changed it: `gpt2 (n_layer=6)`.
+
+    The name is the preset's, else the Hugging Face model's (`_name_or_path`, else the folder
+    holding its config.json), else the config file's preset or model, else the default preset."""
     from ..presets import DEFAULT_PRESET
     from .options import MODEL_KEYS
 
     params = ctx.params
     changed = [f"{k}={params[k]}" for k in MODEL_KEYS
-               if k not in ("preset", "sets") and params.get(k) is not None]
+               if k not in _SOURCES and params.get(k) is not None]
     changed += list(params.get("sets") or ())
-    name = params.get("preset") or DEFAULT_PRESET
+    name = params.get("preset") or _file_model_name(params) or DEFAULT_PRESET
     return f"{name} ({', '.join(changed)})" if changed else name
+
+
+def _file_model_name(params: dict) -> str | None:
+    from ..configfile import read_config_file
+
+    hf, config = params.get("hf_config"), params.get("config")
+    if hf is None and config is not None:
+        model = read_config_file(config).model
+        if "preset" in model:
+            return model["preset"]
+        hf = model.get("hf_config")
+        if hf is None:
+            return Path(config).stem
+    return _hf_name(hf) if hf is not None else None
+
+
+def _hf_name(path: str) -> str:
+    from ..hf import read_hf_json
+
+    raw = read_hf_json(path)
+    name = raw.get("_name_or_path")
+    if isinstance(name, str) and name.strip():
+        return name.strip()
+    p = Path(path).resolve()
+    return (p if p.is_dir() else p.parent).name or p.stem

@@ -13,7 +13,7 @@ from ..time import (TrainingTime, achieved_mfu, check_positive, parse_count, tok
                     training_time)
 from ..units import si
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 def count_option(*names: str, help: str):
@@ -83,7 +83,7 @@ def _measured(wl: Workload, t: TrainingTime, per_second: float | None, step_s: f
 
 def _json(cfg, wl, t: TrainingTime, measured) -> dict[str, Any]:
     return {
-        **model_json(cfg, wl), "tokens": t.tokens, "gpu": t.gpu, "gpus": t.gpus,
+        **envelope(cfg, wl), "tokens": t.tokens, "gpu": t.gpu, "gpus": t.gpus,
         "precision": t.precision, "recompute": t.recompute,
         "flops_per_token": t.flops_per_token, "hardware_flops_per_token": t.hardware_flops_per_token,
         "flops_total": t.flops_total, "peak_flops": t.peak_flops, "mfu": t.mfu, "hfu": t.hfu,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import click
 
 from ..config import ConfigError, GPTConfig, Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
+from .extras import require
 from .options import describe, model_options
-from .render import emit_json, model_json, print_line, print_table
+from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("verify")
@@ -17,7 +19,7 @@ from .render import emit_json, model_json, print_line, print_table
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where to build the model; auto = cuda when available.")
 @click.option("--attn", type=click.Choice(["manual", "sdpa"]), default="manual",
-              show_default=True, help="Attention: the seeds' tril/masked_fill/softmax, or SDPA.")
+              show_default=True, help="Attention: tril mask, masked_fill and softmax, or SDPA.")
 @click.option("--tensors", type=click.Choice(["auto", "real", "shape-only"]), default="auto",
               show_default=True,
               help="Run on real tensors, or count on meta/fake tensors (shapes only); auto picks "
@@ -35,6 +37,7 @@ def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: 
             as_json: bool) -> int:
     """Analytic params, FLOPs and memory against a real PyTorch GPT (fvcore, FlopCounterMode,
     saved_tensors_hooks, MemTracker); exit 1 if any check fails."""
+    require("verify", "torch", "fvcore")
     import torch
 
     from reference_model.verify import setup_json, verify
@@ -50,9 +53,10 @@ def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: 
     seconds = time.perf_counter() - start
     ok = all(c.ok for c in checks)
     if as_json:
-        emit_json({"device": device, "torch": torch.__version__, "ok": ok,
-                   "training": {"mode": mode, "optimizer": optimizer, "recompute": recompute},
-                   **model_json(setup.config, wl), **setup_json(setup),
+        emit_json({**envelope(cfg, wl, training={"mode": mode, "optimizer": optimizer,
+                                                   "recompute": recompute}),
+                   "device": device, "torch": torch.__version__, "ok": ok,
+                   "verified_config": dataclasses.asdict(setup.config), **setup_json(setup),
                    "seconds": round(seconds, 3), "checks": [c.as_dict() for c in checks]})
         return 0 if ok else 1
     print_line(describe(setup.config, wl) + f"  device={device} attn={attn} mode={mode} "
