@@ -75,6 +75,8 @@ def test_max_layers_reduces_loudly():
     out = json.loads(result.output)
     assert out["reduced"] is True and out["verified_n_layer"] == 1
     assert out["requested"]["n_layer"] == 3
+    # `config` means what it means in every command: the model asked for
+    assert out["config"]["n_layer"] == 3 and out["verified_config"]["n_layer"] == 1
     assert any("REDUCED" in n and "1 of 3 blocks" in n for n in out["notes"])
 
 

@@ -135,7 +135,9 @@ def test_kv_cache_reproduces_the_full_forward(cfg, attn, data):
         cache = model.new_kv_cache()
         parts = [model(idx[:, :cut], kv_cache=cache)[0]]
         parts += [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(cut, T)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+    # fp32: the cached path multiplies in other shapes, so it sums in another order; logits of
+    # order 1 then differ by a few 1e-5 on some draws
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-4, rtol=1e-4)
 
 
 def test_generate_with_and_without_cache_agree_greedily():

@@ -53,6 +53,42 @@ def num(cell: str) -> int:
     return int(cell.replace(",", "").replace("+", ""))
 
 
+def test_the_title_is_the_models_name(report, md):
+    assert md.startswith("# debug\n")
+    assert "<title>debug</title>" in report.html.read_text()
+
+
+@pytest.mark.parametrize("args,name", [
+    (["--preset", "gpt2"], "gpt2"),
+    (["--preset", "gpt2", "-L", "6"], "gpt2 (n_layer=6)"),
+    (["--hf-config", "{dir}"], "Qwen2-0.5B"),  # the folder holding config.json
+    (["--hf-config", "{dir}/config.json", "-L", "2"], "Qwen2-0.5B (n_layer=2)"),
+    ([], "shakespeare-char"),
+])
+def test_model_name(tmp_path, args, name):
+    import click
+    from click.testing import CliRunner
+
+    from gptcalc.cli.options import model_options
+    from gptcalc.cli.report import model_name
+
+    from .test_hf import QWEN2_05B
+
+    folder = tmp_path / "Qwen2-0.5B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN2_05B))
+
+    @click.command()
+    @model_options
+    @click.pass_context
+    def show(ctx, model):
+        click.echo(model_name(ctx))
+
+    r = CliRunner().invoke(show, [a.format(dir=folder) for a in args])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == name
+
+
 def test_parameter_table_holds_count_params(md):
     p = count_params(CFG)
     table = {r[0]: r for r in rows(section(md, "Parameters by component"))[1:]}
