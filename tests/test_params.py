@@ -140,8 +140,8 @@ def test_every_family_keeps_its_count_consistent_with_the_switches(cfg):
     norm = {"layernorm": 2 * E, "layernorm_nobias": E, "rmsnorm": E}[cfg.norm]
     per_layer = (E * Dq + E * Dkv * 2 + Dq * E + 2 * norm
                  + (Dq + 2 * Dkv) * cfg.qkv_bias + E * cfg.attn_out_bias
-                 + (3 if cfg.mlp == "swiglu" else 2) * E * Dff
-                 + ((2 if cfg.mlp == "swiglu" else 1) * Dff + E) * cfg.mlp_bias)
+                 + (3 if cfg.mlp in ("swiglu", "geglu") else 2) * E * Dff
+                 + ((2 if cfg.mlp in ("swiglu", "geglu") else 1) * Dff + E) * cfg.mlp_bias)
     expected = (V * E + (T * E if cfg.pos_embedding == "learned" else 0) + L * per_layer
                 + (norm if cfg.final_norm else 0) + (0 if cfg.tie_embeddings else V * E)
                 + V * cfg.lm_head_bias)
