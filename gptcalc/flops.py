@@ -11,8 +11,11 @@ lookup is a gather and costs nothing. Counts are per sequence unless a name says
 
 Mixture of experts: a token runs the router and the n_expert_active routed experts it is sent
 to, plus the shared experts; the routed experts it is not sent to cost nothing. Multi-head
-latent attention is counted as transformers runs it (k and v decompressed by kv_b_proj for each
-new token, no weight absorption).
+latent attention is counted without weight absorption, k and v decompressed by kv_b_proj as
+transformers' forward does; a decode step decompresses only the new token (a cache of
+decompressed heads, as the reference model keeps). transformers 5 caches the latent instead and
+decompresses all c cached tokens at every step: 2 * c * kv_lora_rank * H * (nope + v) more per
+block and step.
 """
 
 from __future__ import annotations

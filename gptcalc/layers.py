@@ -96,10 +96,11 @@ def kv_elements_per_token(cfg: GPTConfig, mla_cache: str = "latent") -> int:
     """Cached elements per token and block.
 
     Standard attention: K and V, 2 * n_kv_head * head_dim (grouped-query aware).
-    MLA, `latent` (DeepSeek-V2, sec. 2.1.2; what DeepSeek's inference and vLLM cache): the
-    compressed kv latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim.
-    MLA, `expanded` (transformers' DeepseekV3Attention caches the decompressed heads): keys of
-    H * (qk_nope + qk_rope) and values of H * v_head_dim.
+    MLA, `latent` (DeepSeek-V2, sec. 2.1.2; what transformers 5's DeepseekV3Attention, DeepSeek's
+    inference code and vLLM cache): the normalised kv latent and the shared rotary key,
+    kv_lora_rank + qk_rope_head_dim.
+    MLA, `expanded` (a cache of the decompressed heads, as the reference model keeps it): keys
+    of H * (qk_nope + qk_rope) and values of H * v_head_dim.
     """
     if mla_cache not in MLA_CACHES:
         raise ConfigError("mla_cache", f"mla_cache must be one of {', '.join(MLA_CACHES)}")
