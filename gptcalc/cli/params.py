@@ -20,11 +20,13 @@ def command(model: tuple[GPTConfig, Workload], as_json: bool) -> None:
     p = count_params(cfg)
     if as_json:
         emit_json({**model_json(cfg), "total": p.total, "non_embedding": p.non_embedding,
-                   "components": p.components})
+                   "active": p.active, "components": p.components})
         return
     print_line(describe(cfg))
     rows = [[k, f"{v:,}", si(v), f"{100 * v / p.total:.2f}%"]
             for k, v in p.components.items() if v]
     print_table("Parameters", ["component", "exact", "SI", "share"], rows,
                 total_row=["total", f"{p.total:,}", si(p.total), "100.00%"],
-                caption=f"non-embedding (Kaplan): {p.non_embedding:,} ({si(p.non_embedding)})")
+                caption=f"non-embedding (Kaplan): {p.non_embedding:,} ({si(p.non_embedding)})"
+                + (f"; active per token (top-{cfg.n_expert_active} of {cfg.n_expert} experts, "
+                   f"embeddings included): {p.active:,} ({si(p.active)})" if cfg.moe else ""))
