@@ -11,10 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+POSITIONS = ("learned", "sinusoidal", "rotary", "alibi", "none")
 NORMS = ("layernorm", "layernorm_nobias", "rmsnorm")
-MLPS = ("relu", "gelu", "gelu_tanh", "swiglu")
+MLPS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
+GATED_MLPS = ("swiglu", "geglu")  # three matrices: up (c_fc), gate, down (c_proj)
 QKV_LAYOUTS = ("fused", "separate", "per_head")
+QK_NORMS = ("none", "head", "per_head", "proj")
+LAYER_KINDS = "GL"  # attn_pattern letters: G global (full causal), L local (sliding window)
 
 
 class ConfigError(ValueError):
@@ -59,11 +62,133 @@ class GPTConfig:
     # MLP reading the same block input in parallel. Neither changes a parameter or matmul count.
     rotary_pct: float = 1.0  # share of head_dim that rotary rotates (HF rotary_pct)
     parallel_residual: bool = False  # x + attn(ln1(x)) + mlp(ln2(x)) (HF use_parallel_residual)
+    # --- normalisation placement -----------------------------------------------------------
+    # Falcon-7B, Phi-2, Cohere, StableLM's parallel variant, GPT-J: the parallel block's two
+    # branches read ONE norm's output, x + attn(ln(x)) + mlp(ln(x)); needs parallel_residual.
+    shared_norm: bool = False
+    pre_norm: bool = True  # a norm before each branch (ln_1, ln_2); OLMo 2 has none
+    # Gemma 2/3 ("sandwich") and OLMo 2: a norm on each branch's output before the residual add,
+    # x + norm(attn(.)); Gemma 2/3 keep the pre-norms too, OLMo 2 drops them (pre_norm=false).
+    post_norm: bool = False
+    # q/k normalisation, a weight without bias (RMSNorm, or LayerNorm without bias for the
+    # LayerNorm families): head = one weight of head_dim shared by all heads (Qwen3, Gemma 3);
+    # per_head = one weight per head, H x head_dim and n_kv_head x head_dim (StableLM
+    # qk_layernorm, Cohere use_qk_norm); proj = over the whole projection, H*head_dim and
+    # n_kv_head*head_dim wide (OLMo 2).
+    qk_norm: str = "none"
+    embd_norm: bool = False  # BLOOM's word_embeddings_layernorm after the token embedding
+    # --- embeddings ----------------------------------------------------------------------------
+    pos_offset: int = 0  # extra rows of a learned position table: OPT's offset of 2
+    # OPT's word_embed_proj_dim: embeddings (and a tied head) of this width, with
+    # project_in (Linear(P, E), no bias) and project_out (Linear(E, P), no bias); None: E
+    embd_proj_dim: int | None = None
+    # --- attention variants ----------------------------------------------------------------
+    # gpt-oss: one learned logit per head and layer that joins every softmax (a "sink")
+    attn_sinks: bool = False
+    # Sliding-window attention (Child et al. 2019; Mistral, Gemma 2/3, gpt-oss, StarCoder2):
+    # a query attends itself and the window-1 keys before it (transformers' mask: key position
+    # > query position - window). attn_pattern: the layer kinds, G (global, full causal) and
+    # L (local, sliding window), repeated from layer 0 (Gemma 2 and gpt-oss "LG", Gemma 3
+    # "LLLLLG"); empty: every layer L when sliding_window is set, else every layer G.
+    sliding_window: int | None = None
+    attn_pattern: str = ""
+    # Multi-head latent attention (DeepSeek-V2, Liu et al. 2024, sec. 2.1; DeepSeek-V3). Set
+    # kv_lora_rank to use it: kv_a_proj_with_mqa E -> kv_lora_rank + qk_rope_head_dim, its
+    # RMSNorm, kv_b_proj kv_lora_rank -> H*(qk_nope_head_dim + v_head_dim), o_proj
+    # H*v_head_dim -> E; queries through q_a_proj E -> q_lora_rank, an RMSNorm and q_b_proj
+    # q_lora_rank -> H*(qk_nope + qk_rope), or one q_proj when q_lora_rank is None. Head
+    # widths left None are DeepSeek's proportions of head_dim: nope = v = head_dim, rope =
+    # head_dim / 2. q_a_proj and kv_a_proj take qkv_bias, o_proj attn_out_bias.
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    # --- mixture of experts (Shazeer et al. 2017; Fedus et al. 2022) ---------------------------
+    # An MoE layer replaces the MLP by a router Linear(E, n_expert), n_expert routed experts of
+    # moe_ffn_dim (each an MLP of kind `mlp`) of which each token visits n_expert_active (top-k),
+    # and shared experts every token visits (DeepSeek's n_shared_experts, fused into one MLP of
+    # n_shared_expert * moe_ffn_dim, or Qwen2-MoE's one shared expert of shared_ffn_dim with a
+    # sigmoid gate Linear(E, 1)). Which layers: index i is MoE when i >= moe_first_dense
+    # (DeepSeek first_k_dense_replace), (i + 1) % moe_step == 0 (Qwen decoder_sparse_step), and
+    # i is not in moe_dense_layers (comma-separated, Qwen mlp_only_layers); the others keep the
+    # dense MLP of width d_ff.
+    n_expert: int = 0  # routed experts; 0: no MoE layers
+    n_expert_active: int = 2  # k, experts per token (HF num_experts_per_tok)
+    n_shared_expert: int = 0
+    moe_ffn_dim: int | None = None  # one routed expert's width (moe_intermediate_size); None: d_ff
+    shared_ffn_dim: int | None = None  # the shared MLP's width; None: n_shared_expert * moe width
+    shared_expert_gate: bool = False  # Qwen2-MoE's shared_expert_gate
+    router_bias: bool = False  # gpt-oss's router has a bias
+    expert_bias: bool = False  # gpt-oss's experts have biases
+    moe_first_dense: int = 0
+    moe_step: int = 1
+    moe_dense_layers: str = ""
 
     def __post_init__(self) -> None:
         validate_config(self)
 
     # Derived sizes are properties, never stored.
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank is set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def moe(self) -> bool:
+        return self.n_expert > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query/key head: head_dim, or MLA's qk_nope_head_dim + qk_rope_head_dim."""
+        if self.mla:
+            return self.nope_dim + self.rope_dim
+        return self.head_size
+
+    @property
+    def nope_dim(self) -> int:
+        """MLA: the query/key dims without rotary (qk_nope_head_dim, default head_dim)."""
+        return self.head_size if self.qk_nope_head_dim is None else self.qk_nope_head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """MLA: the rotary query/key dims, shared by all heads for k (default head_dim / 2)."""
+        return self.head_size // 2 if self.qk_rope_head_dim is None else self.qk_rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of one value head: head_dim, or MLA's v_head_dim (default head_dim)."""
+        if self.mla and self.v_head_dim is not None:
+            return self.v_head_dim
+        return self.head_size
+
+    @property
+    def attn_out_width(self) -> int:
+        """Input width of the attention output projection: H * value head width."""
+        return self.n_head * self.v_dim
+
+    @property
+    def expert_dim(self) -> int:
+        """Width of one routed expert: moe_ffn_dim, or d_ff."""
+        return self.ffn_dim if self.moe_ffn_dim is None else self.moe_ffn_dim
+
+    @property
+    def shared_dim(self) -> int:
+        """Width of the shared-expert MLP: shared_ffn_dim, or n_shared_expert * expert width."""
+        if self.shared_ffn_dim is not None:
+            return self.shared_ffn_dim if self.n_shared_expert else 0
+        return self.n_shared_expert * self.expert_dim
+
+    @property
+    def embd_dim(self) -> int:
+        """Width of the token embedding (OPT's word_embed_proj_dim), E unless set."""
+        return self.n_embd if self.embd_proj_dim is None else self.embd_proj_dim
+
+    @property
+    def dense_layer_indices(self) -> tuple[int, ...]:
+        """moe_dense_layers as sorted unique integers."""
+        return parse_layer_list(self.moe_dense_layers)
+
     @property
     def kv_heads(self) -> int:
         """Key/value heads: n_kv_head, or H for multi-head attention."""
@@ -82,8 +207,10 @@ class GPTConfig:
     @property
     def rotary_dims(self) -> int:
         """Dims of each query/key head that rotary rotates: int(head_dim * rotary_pct) (HF's
-        GPT-NeoX rounding); 0 without rotary positions."""
-        return int(self.head_size * self.rotary_pct) if self.pos_embedding == "rotary" else 0
+        GPT-NeoX rounding); MLA's qk_rope_head_dim; 0 without rotary positions."""
+        if self.pos_embedding != "rotary":
+            return 0
+        return self.rope_dim if self.mla else int(self.head_size * self.rotary_pct)
 
     @property
     def q_width(self) -> int:
@@ -146,6 +273,75 @@ def _choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(field, f"{field} must be one of {', '.join(choices)}; got {value!r}")
 
 
+def parse_layer_list(text: str) -> tuple[int, ...]:
+    """'0, 3,5' -> (0, 3, 5); raises ConfigError(moe_dense_layers) for anything else."""
+    out = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ConfigError("moe_dense_layers", "moe_dense_layers must be comma-separated "
+                                                  f"layer indices, got {text!r}")
+        out.add(int(part))
+    return tuple(sorted(out))
+
+
+def _nonneg(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"{field} must be an integer, got {value!r}")
+    if value < 0:
+        raise ConfigError(field, f"{field} must not be negative, got {value}")
+
+
+def _validate_modern(cfg: GPTConfig) -> None:
+    """The switches of MoE, MLA, sliding windows, q/k norms and the embedding variants."""
+    for name in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim", "moe_ffn_dim", "shared_ffn_dim", "embd_proj_dim",
+                 "sliding_window"):
+        if getattr(cfg, name) is not None:
+            _positive(name, getattr(cfg, name))
+    for name in ("n_expert", "n_shared_expert", "moe_first_dense", "pos_offset"):
+        _nonneg(name, getattr(cfg, name))
+    _positive("n_expert_active", cfg.n_expert_active)
+    _positive("moe_step", cfg.moe_step)
+    if cfg.moe and cfg.n_expert_active > cfg.n_expert:
+        raise ConfigError("n_expert_active", f"n_expert_active {cfg.n_expert_active} exceeds "
+                                             f"n_expert {cfg.n_expert}")
+    if not isinstance(cfg.moe_dense_layers, str):
+        raise ConfigError("moe_dense_layers", "moe_dense_layers must be text like '0,1'")
+    parse_layer_list(cfg.moe_dense_layers)
+    _choice("qk_norm", cfg.qk_norm, QK_NORMS)
+    if not isinstance(cfg.attn_pattern, str) or set(cfg.attn_pattern.upper()) - set(LAYER_KINDS):
+        raise ConfigError("attn_pattern", "attn_pattern must be letters G (global) and L "
+                                          f"(sliding window), e.g. LLLLLG; got "
+                                          f"{cfg.attn_pattern!r}")
+    if "L" in cfg.attn_pattern.upper() and cfg.sliding_window is None:
+        raise ConfigError("sliding_window", f"attn_pattern {cfg.attn_pattern!r} has sliding "
+                                            "layers (L): set sliding_window")
+    for name in ("shared_norm", "pre_norm", "post_norm", "embd_norm", "attn_sinks",
+                 "shared_expert_gate", "router_bias", "expert_bias"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
+    if cfg.shared_norm and not cfg.parallel_residual:
+        raise ConfigError("shared_norm", "shared_norm (one norm for both branches) needs "
+                                         "parallel_residual=true")
+    if not cfg.pre_norm and cfg.shared_norm:
+        raise ConfigError("shared_norm", "shared_norm is a pre-norm; it needs pre_norm=true")
+    if cfg.mla:
+        if cfg.qkv_layout == "per_head":
+            raise ConfigError("kv_lora_rank", "multi-head latent attention has its own "
+                                              "projections; use qkv_layout separate or fused")
+        if cfg.pos_embedding == "rotary" and cfg.rope_dim % 2:
+            raise ConfigError("qk_rope_head_dim", f"rotary needs an even qk_rope_head_dim, "
+                                                  f"got {cfg.rope_dim}")
+        if cfg.qk_norm != "none":
+            raise ConfigError("qk_norm", "q/k norms of multi-head latent attention are not "
+                                         "modelled (its latents have their own norms)")
+        for name in ("nope_dim", "rope_dim"):
+            if getattr(cfg, name) <= 0:
+                raise ConfigError("qk_rope_head_dim", "MLA head widths must be positive")
+
+
 def validate_config(cfg: GPTConfig) -> None:
     """Raise ConfigError naming the first invalid field of `cfg`."""
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "ffn_mult"):
@@ -164,10 +360,12 @@ def validate_config(cfg: GPTConfig) -> None:
     if (isinstance(cfg.rotary_pct, bool) or not isinstance(cfg.rotary_pct, (int, float))
             or not 0.0 < cfg.rotary_pct <= 1.0):  # NaN fails the comparison too
         raise ConfigError("rotary_pct", f"rotary_pct must be in (0, 1], got {cfg.rotary_pct!r}")
-    if cfg.pos_embedding == "rotary" and cfg.rotary_pct == 1.0 and cfg.head_size % 2:
+    _validate_modern(cfg)
+    rotary = cfg.pos_embedding == "rotary" and not cfg.mla
+    if rotary and cfg.rotary_pct == 1.0 and cfg.head_size % 2:
         raise ConfigError("head_dim",
                           f"rotary positions need an even head_dim, got {cfg.head_size}")
-    if cfg.pos_embedding == "rotary" and (cfg.rotary_dims % 2 or cfg.rotary_dims == 0):
+    if rotary and (cfg.rotary_dims % 2 or cfg.rotary_dims == 0):
         raise ConfigError("rotary_pct", f"rotary_pct {cfg.rotary_pct} of head_dim {cfg.head_size}"
                           f" gives {cfg.rotary_dims} rotary dims; it must be even and positive")
     if cfg.qkv_layout == "per_head" and cfg.kv_heads != cfg.n_head:
@@ -223,6 +421,32 @@ ARCHS: dict[str, dict[str, Any]] = {
         mlp="swiglu", final_norm=True, embd_dropout=False, dropout=0.0,
     ),
 }
+_LLAMA = ARCHS["llama"]
+ARCHS.update({
+    # Mistral 7B v0.1 (Jiang et al. 2023): Llama's switches; its sliding window is a size.
+    "mistral": dict(_LLAMA),
+    # Mixtral (Jiang et al. 2024): Llama's attention, every MLP a top-2 mixture of SwiGLU experts.
+    "mixtral": dict(_LLAMA, n_expert_active=2),
+    # Qwen3 (Qwen3 technical report 2025): Llama plus RMSNorm on each query and key head.
+    "qwen3": dict(_LLAMA, qk_norm="head"),
+    "qwen3_moe": dict(_LLAMA, qk_norm="head"),
+    # DeepSeek-V3 (DeepSeek-AI 2024): MLA, MoE with shared experts and dense first layers.
+    "deepseek": dict(_LLAMA),
+    # Families hold switches only: a window and its layer pattern are sizes of a preset.
+    # Gemma 2 (Gemma Team 2024): GeGLU, pre- and post-norms, tied head.
+    "gemma2": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True),
+    # Gemma 3 (Gemma Team 2025): Gemma 2 plus q/k RMSNorm over each head.
+    "gemma3": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True, qk_norm="head"),
+    # gpt-oss (OpenAI 2025 model card): biased attention with sinks, MoE with a biased router
+    # and biased experts.
+    "gpt_oss": dict(_LLAMA, qkv_bias=True, attn_out_bias=True, attn_sinks=True,
+                    router_bias=True, expert_bias=True),
+    # OLMo 2 (OLMo et al. 2024): RMSNorm after each branch instead of before, q/k RMSNorm over
+    # the whole projection.
+    "olmo2": dict(_LLAMA, pre_norm=False, post_norm=True, qk_norm="proj"),
+    # Phi-3 (Abdin et al. 2024): Llama's switches with fused qkv_proj and gate_up_proj.
+    "phi3": dict(_LLAMA, qkv_layout="fused"),
+})
 
 
 # --- how a model is trained ----------------------------------------------------------------------
@@ -250,7 +474,9 @@ class TrainingSetup:
     project's `reference` model, Hugging Face `transformers`' modules, or Korthikanti et al.
     2022's `paper` formula. Parallel layout: `dp` data-parallel replicas with ZeRO stage
     `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
-    (Korthikanti et al. 2022); `pp` pipeline stages (1F1B). `overhead`: bytes added to every
+    (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
+    holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard).
+    `overhead`: bytes added to every
     phase of the peak for what the model does not cover (framework context, allocator
     fragmentation, communication buckets); 0 unless given, always printed.
 
@@ -270,6 +496,7 @@ class TrainingSetup:
     tp: int = 1
     pp: int = 1
     sp: bool = False
+    ep: int = 1
     overhead: int = 0
 
     def __post_init__(self) -> None:
@@ -279,7 +506,7 @@ class TrainingSetup:
             if getattr(self, name) not in choices:
                 raise ConfigError(name, f"{name} must be one of {', '.join(choices)}; "
                                         f"got {getattr(self, name)!r}")
-        for name in ("dp", "tp", "pp"):
+        for name in ("dp", "tp", "pp", "ep"):
             _positive(name, getattr(self, name))
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
@@ -312,7 +539,7 @@ class TrainingSetup:
                 "mixed": f"mixed ({self.autocast_dtype} weights, fp32 master copy)",
                 "bf16": "pure bf16"}[self.mode]
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
-                 f" pp={self.pp}"
+                 f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
         return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, {self.device.upper()} "
                 f"kernels, {self.impl} implementation, recompute {self.recompute}, {layout}")
 

@@ -1,17 +1,35 @@
 """Hugging Face `config.json` -> `GPTConfig`, offline, without transformers.
 
-Supported `model_type`s: gpt2, gpt_neox (Pythia), llama (Llama 1, 2, 3), mistral, qwen2. Every
-field that changes a count is read; where a family hard-codes a choice instead of stating it (Qwen2's
-q/k/v bias, GPT-NeoX's MLP bias) or leaves a field out (each family's transformers default), the
-table below says what the modelling code does, from the transformers sources of each family:
+Every field that changes a count is read; where a family hard-codes a choice instead of stating
+it, or a config.json leaves a field out, gptcalc does what transformers does (its configuration
+classes' defaults, `gptcalc.hf_families.DEFAULTS`, and its modelling code):
 
-| model_type | q/k/v, out bias | MLP bias | norm | MLP | lm_head tied by default |
-|---|---|---|---|---|---|
-| gpt2 | yes, yes (Conv1D) | yes | LayerNorm + bias | GELU (`activation_function`) | yes |
-| gpt_neox | `attention_bias` (default true), same | yes | LayerNorm + bias | GELU (`hidden_act`) | no |
-| llama | `attention_bias` (default false), same | `mlp_bias` (default false) | RMSNorm | SwiGLU | no |
-| mistral | no, no (hard-coded) | no | RMSNorm | SwiGLU | no |
-| qwen2 | yes, no (hard-coded) | no | RMSNorm | SwiGLU | no |
+| model_type | attention | MLP | norms | other |
+|---|---|---|---|---|
+| gpt2 | fused c_attn, biased | GELU (`activation_function`), biased | LayerNorm | learned positions, tied |
+| gpt_bigcode | fused c_attn E -> E + 2 hd under `multi_query` (default true), biased | GELU tanh, biased | LayerNorm | learned positions, tied |
+| gpt_neox | fused, `attention_bias` (true) | GELU, biased | LayerNorm | partial rotary (0.25), parallel, untied |
+| llama, granite | q/k/v/o, `attention_bias` (false) | SwiGLU, `mlp_bias` (false) | RMSNorm | untied (granite's multipliers change no count) |
+| mistral | q/k/v/o, no bias | SwiGLU | RMSNorm | `sliding_window` (default 4096; null: none) on every block |
+| mixtral | as mistral (window default none) | `num_local_experts` (8) SwiGLU experts, top `num_experts_per_tok` (2), router without bias | RMSNorm | |
+| qwen2 | q/k/v biased, o not | SwiGLU | RMSNorm | window only with `use_sliding_window`, from `max_window_layers` |
+| qwen3 | q/k/v/o `attention_bias` (false), RMSNorm(head_dim) on q and k | SwiGLU | RMSNorm | head_dim default 128 |
+| qwen3_moe | as qwen3 | experts (128 x 768, top 8), `decoder_sparse_step`, `mlp_only_layers` | RMSNorm | |
+| qwen2_moe | `qkv_bias` (true) | experts (60 x 1408, top 4) + one shared expert (5632) with a sigmoid gate | RMSNorm | |
+| deepseek_v3 | MLA (`q_lora_rank` 1536 or null, `kv_lora_rank` 512, rope 64, nope 128, v 128) | `first_k_dense_replace` (3) dense blocks, then 256 routed experts of 2048 (top 8) + `n_shared_experts` (1) | RMSNorm | no multi-token-prediction layers (transformers builds none) |
+| gemma | q/k/v/o, head_dim 256 | GeGLU | RMSNorm | tied |
+| gemma2 | as gemma | GeGLU | pre- and post-norms | `layer_types` or sliding/global alternating, window 4096 |
+| gemma3_text (and gemma3's `text_config`) | + RMSNorm(head_dim) on q and k | GeGLU | pre- and post-norms | `layer_types` or 5 sliding : 1 global (`sliding_window_pattern` 6), vocabulary default 262208 |
+| gpt_oss | q/k/v/o biased, one sink per head | 128 experts (top 4) with biases, biased router | RMSNorm | `layer_types` or sliding(128)/global alternating |
+| phi | q/k/v/dense biased | GELU fc1/fc2, biased | one LayerNorm, parallel block | partial rotary (0.5), lm_head bias |
+| phi3 | fused qkv_proj | fused gate_up_proj SwiGLU | RMSNorm | `sliding_window` (none) on every block |
+| olmo2 | q/k/v/o, RMSNorm over the q and k projections | SwiGLU | post-norms only | |
+| starcoder2 | q/k/v/o `use_bias` (true) | GELU tanh c_fc/c_proj, `use_bias` | LayerNorm | `sliding_window` on every block, tied |
+| stablelm | q/k/v `use_qkv_bias` (false), o no bias, `qk_layernorm` per head | SwiGLU | LayerNorm; one when `use_parallel_residual` | partial rotary (0.25) |
+| cohere | q/k/v/o `attention_bias` (false), `use_qk_norm` per head | SwiGLU | one bias-free LayerNorm, parallel | tied; logit_scale changes no count |
+| falcon | fused query_key_value: `new_decoder_architecture` (`num_kv_heads`), `multi_query` (true: 1 kv head) | GELU 4E (`ffn_hidden_size`) | LayerNorm: one (parallel_attn), ln_attn + ln_mlp (new architecture), two (sequential) | `bias` (false) on every Linear, `alibi` (false: rotary), tied |
+| opt | q/k/v/out_proj, `enable_bias` (true) | ReLU fc1/fc2 (`ffn_dim`) | LayerNorm; no final norm when `do_layer_norm_before` is false | positions max_position_embeddings + 2, `word_embed_proj_dim` project_in/out, tied |
+| bloom | fused query_key_value, biased | GELU 4E, biased | LayerNorm, + word_embeddings_layernorm | ALiBi, tied |
 
 Spellings: newer (`hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 `max_position_embeddings`) and older (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_ctx`,
@@ -19,11 +37,15 @@ Spellings: newer (`hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 order transformers itself prefers wins. The sizes that fix the count (width, depth, heads,
 vocabulary, and the MLP width of the families that state it) are required: transformers would fill
 a missing one with a default from an unrelated model, which for a calculator means a silently
-wrong number, so a config.json without them is rejected as truncated.
+wrong number, so a config.json without them is rejected as truncated. Multimodal configs are read
+through their `text_config` (the language model only).
+
+Errors: an unknown model_type, an unsupported value (an activation, a norm without weights) or
+a field that means structure the family does not have (experts in a llama config, latent
+attention in a mistral one) is a ConfigError naming it; never a silent default.
 
 Not modelled, because they change neither a parameter nor a matmul count: rotary base and
-scaling, norm epsilons, sliding windows (FLOPs count the full S x S that dense kernels compute),
-cache settings, dtypes.
+scaling, norm epsilons, soft-capping, multipliers and scales, cache settings, dtypes.
 """
 
 from __future__ import annotations
@@ -33,26 +55,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .config import ConfigError, GPTConfig
+from .hf_families import (DEFAULTS, FAMILIES, HEADS, HIDDEN, LAYERS, STRUCTURE_FIELDS,
+                          TEXT_CONFIG_TYPES, VOCAB)
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
-
-# One quantity, its spellings, in the order transformers prefers them (GPT2Config's attribute_map
-# maps hidden_size -> n_embd, max_position_embeddings -> n_positions, ...).
-_HIDDEN = ("hidden_size", "n_embd", "d_model")
-_LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
-_HEADS = ("num_attention_heads", "n_head", "num_heads")
-_KV_HEADS = ("num_key_value_heads", "n_kv_head", "n_kv_heads")
-_POSITIONS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx")
-# wpe is n_positions long; GPT2Config keeps n_ctx but never reads it (absent: 1024)
-_GPT2_POSITIONS = ("n_positions", "max_position_embeddings")
-_VOCAB = ("vocab_size", "n_vocab")
-_INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim")
-_ROTARY_PCT = ("rotary_pct", "partial_rotary_factor")
-
-# Activation names of transformers' ACT2FN, mapped onto gptcalc's MLP kinds.
-_GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
-         "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-_GATED = {"silu": "swiglu", "swish": "swiglu"}  # gate_proj, up_proj, down_proj with SiLU
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES) + tuple(TEXT_CONFIG_TYPES)
+_MISSING = object()
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:
@@ -69,143 +76,171 @@ def read_hf_json(path: str | Path) -> dict[str, Any]:
 
 
 class _Reader:
-    """Typed access to a config.json's fields; every error names the field and the file."""
+    """Typed access to a config.json's fields with the family's transformers defaults; every
+    error names the field and the family. Records which fields it read."""
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    def __init__(self, raw: Mapping[str, Any], model_type: str) -> None:
         self.raw = raw
-        self.model_type = raw.get("model_type")
+        self.model_type = model_type
+        self.defaults = DEFAULTS.get(model_type, {})
+        self.read: set[str] = set()
 
-    def _fail(self, message: str) -> ConfigError:
+    def fail(self, message: str) -> ConfigError:
         return ConfigError("hf_config", f"{self.model_type}: {message}")
 
+    def has(self, name: str) -> bool:
+        return self.raw.get(name) is not None
+
     def _first(self, names: tuple[str, ...]) -> tuple[str, Any] | None:
+        self.read.update(names)
         for name in names:
             if self.raw.get(name) is not None:  # JSON null = absent, as transformers reads it
                 return name, self.raw[name]
+        for name in names:
+            if name in self.raw and name in ("sliding_window", "q_lora_rank", "head_dim"):
+                return name, None  # an explicit null means "none" for these (no window, ...)
+        for name in names:
+            if name in self.defaults:
+                return name, self.defaults[name]
         return None
 
-    def int(self, names: tuple[str, ...], default: int | None = None, required: bool = False
-            ) -> int | None:
+    def int(self, names: tuple[str, ...], default: int | None = None, required: bool = False,
+            allow_zero: bool = False) -> int | None:
         found = self._first(names)
-        if found is None:
-            if required:
-                raise self._fail(f"missing {' / '.join(names)}")
-            return default
+        if found is None or found[1] is None:
+            if required and found is None:
+                raise self.fail(f"missing {' / '.join(names)}")
+            return default if found is None else None
         name, value = found
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self._fail(f"{name} must be an integer, got {value!r}")
-        if value <= 0:
-            raise self._fail(f"{name} must be positive, got {value}")
+            raise self.fail(f"{name} must be an integer, got {value!r}")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise self.fail(f"{name} must be positive, got {value}")
         return value
 
-    def float(self, names: tuple[str, ...], default: float) -> float:
+    def size(self, names: tuple[str, ...]) -> int:
+        return self.int(names, required=True)
+
+    def float(self, names: tuple[str, ...]) -> float:
         found = self._first(names)
         if found is None:
-            return default
+            rope = self.raw.get("rope_parameters") or {}  # transformers 5 keeps it there
+            found = next(((n, rope[n]) for n in names if isinstance(rope, dict) and n in rope),
+                         None)
+        if found is None:
+            return 1.0
         name, value = found
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self._fail(f"{name} must be a finite number, got {value!r}")
+            raise self.fail(f"{name} must be a finite number, got {value!r}")
         return float(value)
 
-    def bool(self, name: str, default: bool) -> bool:
+    def bool(self, name: str, default: Any = _MISSING) -> bool:
+        self.read.add(name)
         value = self.raw.get(name)
         if value is None:
-            return default
+            return self.defaults[name] if default is _MISSING else default
         if not isinstance(value, bool):
-            raise self._fail(f"{name} must be true or false, got {value!r}")
+            raise self.fail(f"{name} must be true or false, got {value!r}")
         return value
 
-    def choice(self, name: str, default: str, table: dict[str, str]) -> str:
-        value = self.raw.get(name, default)
+    def choice(self, name: str, table: dict[str, str]) -> str:
+        self.read.add(name)
+        value = self.raw.get(name)
         if value is None:
-            value = default
+            value = self.defaults[name]
         if not isinstance(value, str):
-            raise self._fail(f"{name} must be a name, got {value!r}")
+            raise self.fail(f"{name} must be a name, got {value!r}")
         if value not in table:
-            raise self._fail(f"{name} {value!r} is not supported; supported: {', '.join(table)}")
+            raise self.fail(f"{name} {value!r} is not supported; supported: {', '.join(table)}")
         return table[value]
 
     def dropout(self, names: tuple[str, ...], default: float) -> float:
-        """GPTConfig has one dropout probability for every site: the largest the family sets."""
-        return max(self.float((name,), default) for name in names)
+        """GPTConfig has one dropout probability for every site: the largest the family sets
+        (`default` for a site the file leaves out)."""
+        values = []
+        for name in names:
+            value = self.raw.get(name)
+            if value is None:
+                values.append(default)
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise self.fail(f"{name} must be a finite number, got {value!r}")
+            else:
+                values.append(float(value))
+        return max(values)
+
+    def layer_types(self) -> str | None:
+        """`layer_types` as a G/L pattern, shortened to its period (LG, LLLLLG, ...)."""
+        self.read.add("layer_types")
+        types = self.raw.get("layer_types")
+        if types is None:
+            return None
+        kinds = {"full_attention": "G", "sliding_attention": "L"}
+        if not isinstance(types, list) or any(t not in kinds for t in types):
+            raise self.fail(f"layer_types must list {' / '.join(kinds)}, got {types!r}")
+        if len(types) != self.size(LAYERS):
+            raise self.fail(f"layer_types lists {len(types)} blocks, num_hidden_layers is "
+                            f"{self.size(LAYERS)}")
+        text = "".join(kinds[t] for t in types)
+        for period in range(1, len(text) + 1):  # reading a file's list, not a formula
+            if (text[:period] * (len(text) // period + 1))[:len(text)] == text:
+                return text[:period]
+        return text
+
+    def layer_list(self, name: str) -> str:
+        """A list of block indices (Qwen's mlp_only_layers) as text, '1,3'."""
+        self.read.add(name)
+        value = self.raw.get(name) or []
+        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int)
+                                              or i < 0 for i in value):
+            raise self.fail(f"{name} must be a list of block indices, got {value!r}")
+        return ",".join(str(i) for i in sorted(set(value)))
+
+
+def _language_model(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """The config and model_type of the language model: a multimodal config's `text_config`."""
+    model_type = raw.get("model_type")
+    if model_type in TEXT_CONFIG_TYPES:
+        text = raw.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise ConfigError("hf_config", f"{model_type}: text_config must be an object")
+        inner = text.get("model_type", TEXT_CONFIG_TYPES[model_type])
+        if inner != TEXT_CONFIG_TYPES[model_type]:
+            raise ConfigError("hf_config", f"{model_type}: text_config model_type {inner!r} is "
+                                           f"not {TEXT_CONFIG_TYPES[model_type]!r}")
+        merged = dict(text)
+        if "tie_word_embeddings" not in merged and "tie_word_embeddings" in raw:
+            merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
+        return merged, inner
+    return raw, model_type
 
 
 def hf_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
     """GPTConfig fields (all of them that change a count, and every switch) for a config.json."""
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    raw, model_type = _language_model(raw)
+    if model_type not in FAMILIES:
         shown = "missing" if model_type is None else repr(model_type)
         raise ConfigError("hf_config", f"model_type {shown} is not supported; supported: "
                                        f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    r = _Reader(raw)
-    E = r.int(_HIDDEN, required=True)
+    r = _Reader(raw, model_type)
     fields: dict[str, Any] = dict(
-        n_embd=E,
-        n_layer=r.int(_LAYERS, required=True),
-        n_head=r.int(_HEADS, required=True),
-        vocab_size=r.int(_VOCAB, required=True),
-        final_norm=True,
-        lm_head_bias=False,
-        ffn_mult=4,
+        n_embd=r.size(HIDDEN), n_layer=r.size(LAYERS), n_head=r.size(HEADS),
+        vocab_size=r.size(VOCAB), final_norm=True, lm_head_bias=False, ffn_mult=4,
     )
-    if model_type == "gpt2":
-        if r.bool("add_cross_attention", False):
-            raise r._fail("add_cross_attention is true: an encoder-decoder block, not a decoder-only GPT")
-        fields.update(
-            # GPT2Config defaults: n_positions 1024, n_inner None (= 4 * n_embd), gelu_new, 0.1
-            block_size=r.int(_GPT2_POSITIONS, default=1024),
-            d_ff=r.int(("n_inner",), default=None),
-            mlp=r.choice("activation_function", "gelu_new", _GELU),
-            dropout=r.dropout(("resid_pdrop", "embd_pdrop", "attn_pdrop"), 0.1),
-            qkv_layout="fused", qkv_bias=True, attn_out_bias=True, mlp_bias=True,
-            norm="layernorm", pos_embedding="learned", embd_dropout=True,
-            tie_embeddings=r.bool("tie_word_embeddings", True),
-        )
-    elif model_type == "gpt_neox":
-        attention_bias = r.bool("attention_bias", True)  # GPTNeoXConfig default; older: always
-        fields.update(
-            block_size=r.int(_POSITIONS, default=2048),
-            d_ff=r.int(_INTERMEDIATE, required=True),
-            mlp=r.choice("hidden_act", "gelu", _GELU),
-            dropout=r.dropout(("hidden_dropout", "attention_dropout"), 0.0),
-            rotary_pct=r.float(_ROTARY_PCT, 0.25),
-            parallel_residual=r.bool("use_parallel_residual", True),
-            # fused query_key_value and dense share attention_bias; the MLP is always biased
-            qkv_layout="fused", qkv_bias=attention_bias, attn_out_bias=attention_bias,
-            mlp_bias=True, norm="layernorm", pos_embedding="rotary",
-            embd_dropout=True,  # GPTNeoXModel.emb_dropout
-            tie_embeddings=r.bool("tie_word_embeddings", False),  # embed_out, no bias
-        )
-    else:  # llama, mistral, qwen2: q_proj, k_proj, v_proj, o_proj; gate, up, down; RMSNorm
-        H = fields["n_head"]
-        if model_type == "llama":
-            attention_bias = r.bool("attention_bias", False)
-            qkv_bias, out_bias = attention_bias, attention_bias  # o_proj uses it too
-            mlp_bias = r.bool("mlp_bias", False)
-        elif model_type == "qwen2":
-            qkv_bias, out_bias, mlp_bias = True, False, False  # hard-coded in Qwen2Attention
-        else:  # mistral: hard-coded bias=False everywhere
-            qkv_bias, out_bias, mlp_bias = False, False, False
-        head_dim = r.int(("head_dim",), default=None)
-        fields.update(
-            block_size=r.int(_POSITIONS, default=2048),
-            d_ff=r.int(_INTERMEDIATE, required=True),
-            n_kv_head=r.int(_KV_HEADS, default=None),  # absent: H (multi-head)
-            # transformers: head_dim or hidden_size // num_attention_heads; kept None when equal
-            head_dim=None if head_dim is None or head_dim * H == E else head_dim,
-            mlp=r.choice("hidden_act", "silu", _GATED),
-            dropout=r.dropout(("attention_dropout",), 0.0),
-            qkv_layout="separate", qkv_bias=qkv_bias, attn_out_bias=out_bias, mlp_bias=mlp_bias,
-            norm="rmsnorm", pos_embedding="rotary", embd_dropout=False,
-            tie_embeddings=r.bool("tie_word_embeddings", False),
-        )
-        if fields["n_kv_head"] == H:
-            fields["n_kv_head"] = None
-    if fields.get("d_ff") == 4 * E:
+    fields.update(FAMILIES[model_type](r))
+    unread = [name for name in STRUCTURE_FIELDS
+              if name not in r.read and raw.get(name) not in (None, False, 0, [])]
+    if unread:
+        raise r.fail(f"{unread[0]} is set but {model_type} has no such structure (is the "
+                     f"model_type right?)")
+    if fields.get("n_kv_head") == fields["n_head"]:
+        fields["n_kv_head"] = None
+    if fields.get("d_ff") == 4 * fields["n_embd"]:
         fields["d_ff"] = None  # the same model; keeps d_ff = F * E the way presets spell it
-    if model_type != "gpt_neox":
-        fields.setdefault("rotary_pct", 1.0)
-        fields.setdefault("parallel_residual", False)
+    if fields.get("block_size") is None:
+        fields["block_size"] = 2048
+    fields.setdefault("rotary_pct", 1.0)
+    fields.setdefault("parallel_residual", False)
     return fields
 
 

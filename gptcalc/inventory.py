@@ -14,17 +14,24 @@ up (and gate) matrices are column-parallel (weights and biases split); the atten
 the MLP's down matrix are row-parallel (weights split, biases replicated); the token embedding
 and lm_head are vocabulary-parallel (ceil(V/tp) rows, Megatron pads V); norms and a learned
 position table are replicated.
+
+Routed experts are entries with `expert=True` whose `copies` is the number of routed experts of
+one MoE block: expert parallelism (ep ranks) divides those copies, n_expert / ep per rank, and
+within an expert the column/row split applies as for a dense MLP (Megatron's expert-tensor
+parallelism). A token uses `n_expert_active` of the copies (`active_elements`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from .config import GPTConfig
+from .config import GATED_MLPS, GPTConfig
+from .layers import dense_mlp_layers, moe_layers
 
 PLACES = ("embedding", "block", "head")  # first pipeline stage, every stage, last stage
-ROLES = ("embedding", "matrix", "bias", "norm")
+ROLES = ("embedding", "matrix", "bias", "norm", "sink")
 SPLITS = ("column", "row", "vocab", "replicated")
 
 
@@ -41,6 +48,11 @@ class ParamTensor:
     place: str = "block"  # embedding | block | head
     copies: int = 1  # per block: per-head q/k/v modules hold H (or n_kv_head) of them
     layers: int = 1  # blocks holding it (1 outside blocks)
+    expert: bool = False  # copies are routed experts: expert parallelism divides them
+
+    def active_elements(self, k: int) -> int:
+        """Elements one token uses: all of them, or k of the `copies` routed experts."""
+        return self.numel * (min(k, self.copies) if self.expert else self.copies) * self.layers
 
     @property
     def numel(self) -> int:
@@ -91,44 +103,118 @@ def _linear(name: str, component: str, n_in: int, n_out: int, bias: bool, split:
     return out
 
 
-def block_tensors(cfg: GPTConfig) -> list[ParamTensor]:
-    """The tensors of the transformer blocks, each kind once with its `layers` count."""
-    E, L, H = cfg.n_embd, cfg.n_layer, cfg.n_head
-    Dq, Dkv, Dff, hd = cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.head_size
-    out = _norm(cfg, "ln_1", "norm/attention", "block", L)
-    qkv, b = "attention/qkv", cfg.qkv_bias
-    if cfg.qkv_layout == "fused":  # one E x (Dq + 2 Dkv) matrix (GPT-2's c_attn)
-        out += _linear("attn.c_attn", qkv, E, Dq + 2 * Dkv, b, "column", L)
+def _weight(name: str, component: str, shape: tuple[int, ...], layers: int, role: str = "norm"
+            ) -> list[ParamTensor]:
+    """A weight-only vector (a q/k or latent norm's weight, attention sinks), replicated."""
+    return [ParamTensor(f"{name}.weight" if role == "norm" else name, component, shape, role,
+                        "replicated", "block", layers=layers)]
+
+
+def _attention(cfg: GPTConfig, L: int) -> list[ParamTensor]:
+    """q/k/v (or MLA's projections), q/k norms, sinks and the output projection."""
+    E, H, Hkv, hd = cfg.n_embd, cfg.n_head, cfg.kv_heads, cfg.head_size
+    Dq, Dkv, b = cfg.q_width, cfg.kv_width, cfg.qkv_bias
+    qkv, norm = "attention/qkv", "attention/norm"
+    if cfg.mla:  # DeepSeek-V2/V3 multi-head latent attention (transformers' DeepseekV3Attention)
+        Dqk, r_kv, rope = H * cfg.qk_head_dim, cfg.kv_lora_rank, cfg.rope_dim
+        if cfg.q_lora_rank is None:  # DeepSeek-V2-Lite: one q_proj, no bias
+            out = _linear("attn.q_proj", qkv, E, Dqk, False, "column", L)
+        else:
+            out = _linear("attn.q_a_proj", qkv, E, cfg.q_lora_rank, b, "replicated", L)
+            out += _weight("attn.q_a_norm", norm, (cfg.q_lora_rank,), L)
+            out += _linear("attn.q_b_proj", qkv, cfg.q_lora_rank, Dqk, False, "column", L)
+        out += _linear("attn.kv_a_proj", qkv, E, r_kv + rope, b, "replicated", L)
+        out += _weight("attn.kv_a_norm", norm, (r_kv,), L)
+        out += _linear("attn.kv_b_proj", qkv, r_kv, H * (cfg.nope_dim + cfg.v_dim), False,
+                       "column", L)
+    elif cfg.qkv_layout == "fused":  # one E x (Dq + 2 Dkv) matrix (GPT-2's c_attn)
+        out = _linear("attn.c_attn", qkv, E, Dq + 2 * Dkv, b, "column", L)
     elif cfg.qkv_layout == "separate":  # three matrices (Llama's q_proj, k_proj, v_proj)
-        out += _linear("attn.q_proj", qkv, E, Dq, b, "column", L)
+        out = _linear("attn.q_proj", qkv, E, Dq, b, "column", L)
         out += _linear("attn.k_proj", qkv, E, Dkv, b, "column", L)
         out += _linear("attn.v_proj", qkv, E, Dkv, b, "column", L)
     else:  # per_head: one Linear(E, head_dim) per head and role (the tutorial's Head modules)
-        for role, heads in (("query", H), ("key", cfg.kv_heads), ("value", cfg.kv_heads)):
+        out = []
+        for role, heads in (("query", H), ("key", Hkv), ("value", Hkv)):
             out += _linear(f"attn.heads.{role}", qkv, E, hd, b, "column", L, copies=heads)
-    out += _linear("attn.c_proj", "attention/out", Dq, E, cfg.attn_out_bias, "row", L)
-    out += _norm(cfg, "ln_2", "norm/mlp", "block", L)
-    out += _linear("mlp.c_fc", "mlp/fc", E, Dff, cfg.mlp_bias, "column", L)
-    if cfg.mlp == "swiglu":  # SwiGLU (Shazeer 2020): a gate matrix the size of the up one
-        out += _linear("mlp.gate", "mlp/gate", E, Dff, cfg.mlp_bias, "column", L)
-    out += _linear("mlp.c_proj", "mlp/proj", Dff, E, cfg.mlp_bias, "row", L)
+    if cfg.qk_norm == "head":  # Qwen3, Gemma 3: RMSNorm(head_dim), shared by the heads
+        out += _weight("attn.q_norm", norm, (hd,), L) + _weight("attn.k_norm", norm, (hd,), L)
+    elif cfg.qk_norm in ("per_head", "proj"):  # StableLM/Cohere per head, OLMo 2 per projection
+        shape_q, shape_k = ((H, hd), (Hkv, hd)) if cfg.qk_norm == "per_head" else ((Dq,), (Dkv,))
+        out += _weight("attn.q_norm", norm, shape_q, L) + _weight("attn.k_norm", norm, shape_k, L)
+    if cfg.attn_sinks:  # gpt-oss: one learned logit per head
+        out += _weight("attn.sinks", "attention/sinks", (H,), L, role="sink")
+    out += _linear("attn.c_proj", "attention/out", cfg.attn_out_width, E, cfg.attn_out_bias,
+                   "row", L)
     return out
+
+
+def _mlp(cfg: GPTConfig, prefix: str, keys: tuple[str, str, str], width: int, bias: bool,
+         layers: int, copies: int = 1, expert: bool = False) -> list[ParamTensor]:
+    """An MLP of hidden `width`: up (c_fc), a gate for SwiGLU/GeGLU, down (c_proj); `keys` are
+    the components of the three matrices."""
+    E = cfg.n_embd
+    parts = [("c_fc", keys[0], E, width, "column")]
+    if cfg.mlp in GATED_MLPS:  # SwiGLU / GeGLU (Shazeer 2020): a gate the size of the up matrix
+        parts.append(("c_gate", keys[1], E, width, "column"))
+    parts.append(("c_proj", keys[2], width, E, "row"))
+    return [dataclasses.replace(t, expert=expert)
+            for name, key, n_in, n_out, split in parts
+            for t in _linear(f"{prefix}.{name}", key, n_in, n_out, bias, split, layers, copies)]
+
+
+def block_tensors(cfg: GPTConfig) -> list[ParamTensor]:
+    """The tensors of the transformer blocks, each kind once with its `layers` count."""
+    E, L = cfg.n_embd, cfg.n_layer
+    out: list[ParamTensor] = []
+    if cfg.pre_norm:  # ln_1 before attention; ln_2 before the MLP unless both share ln_1
+        out += _norm(cfg, "ln_1", "norm/attention", "block", L)
+    out += _attention(cfg, L)
+    if cfg.post_norm:  # Gemma 2/3 post_attention_layernorm, OLMo 2 post_attention_layernorm
+        out += _norm(cfg, "ln_attn_out", "norm/attention", "block", L)
+    if cfg.pre_norm and not cfg.shared_norm:
+        out += _norm(cfg, "ln_2", "norm/mlp", "block", L)
+    dense, sparse = dense_mlp_layers(cfg), moe_layers(cfg)
+    out += _mlp(cfg, "mlp", ("mlp/fc", "mlp/gate", "mlp/proj"), cfg.ffn_dim, cfg.mlp_bias, dense)
+    if sparse:
+        n = cfg.n_expert
+        out += _linear("moe.router", "moe/router", E, n, cfg.router_bias, "replicated", sparse)
+        out += _mlp(cfg, "moe.experts", ("moe/experts",) * 3, cfg.expert_dim, cfg.expert_bias,
+                    sparse, copies=n, expert=True)
+        if cfg.shared_dim:
+            out += _mlp(cfg, "moe.shared", ("moe/shared",) * 3, cfg.shared_dim, cfg.mlp_bias,
+                        sparse)
+        if cfg.shared_dim and cfg.shared_expert_gate:  # Qwen2-MoE: sigmoid(Linear(E, 1))
+            out += _linear("moe.shared_gate", "moe/shared", E, 1, False, "replicated", sparse)
+    if cfg.post_norm:  # Gemma 2/3, OLMo 2 post_feedforward_layernorm
+        out += _norm(cfg, "ln_mlp_out", "norm/mlp", "block", L)
+    return [t for t in out if t.layers]
 
 
 def embedding_tensors(cfg: GPTConfig) -> list[ParamTensor]:
     """Token embedding (vocabulary-parallel) and a learned position table (replicated)."""
-    out = [ParamTensor("wte.weight", "embedding/token", (cfg.vocab_size, cfg.n_embd),
+    out = [ParamTensor("wte.weight", "embedding/token", (cfg.vocab_size, cfg.embd_dim),
                        "embedding", "vocab", "embedding")]
     if cfg.pos_embedding == "learned":  # the one place the block size T enters the count
-        out.append(ParamTensor("wpe.weight", "embedding/position", (cfg.block_size, cfg.n_embd),
+        # OPT's table has pos_offset (2) more rows than max_position_embeddings
+        rows = cfg.block_size + cfg.pos_offset
+        out.append(ParamTensor("wpe.weight", "embedding/position", (rows, cfg.n_embd),
                                "embedding", "replicated", "embedding"))
+    if cfg.embd_dim != cfg.n_embd:  # OPT's project_in: Linear(word_embed_proj_dim, E)
+        out += _linear("proj_in", "embedding/proj", cfg.embd_dim, cfg.n_embd, False,
+                       "replicated", 1, place="embedding")
+    if cfg.embd_norm:  # BLOOM's word_embeddings_layernorm
+        out += _norm(cfg, "ln_emb", "norm/embedding", "embedding", 1)
     return out
 
 
 def head_tensors(cfg: GPTConfig) -> list[ParamTensor]:
     """Final norm and lm_head; a tied head's weight is the token embedding's tensor."""
     out = _norm(cfg, "ln_f", "norm/final", "head", 1) if cfg.final_norm else []
-    V, E = cfg.vocab_size, cfg.n_embd
+    V, E = cfg.vocab_size, cfg.embd_dim
+    if cfg.embd_dim != cfg.n_embd:  # OPT's project_out: Linear(E, word_embed_proj_dim)
+        out += _linear("proj_out", "embedding/proj", cfg.n_embd, E, False, "replicated", 1,
+                       place="head")
     if not cfg.tie_embeddings:
         out.append(ParamTensor("lm_head.weight", "lm_head", (V, E), "matrix", "vocab", "head"))
     if cfg.lm_head_bias:
@@ -146,5 +232,5 @@ def tied_head_weight(cfg: GPTConfig) -> ParamTensor | None:
     the head: autocast copies it, and a last pipeline stage holds its own copy of it)."""
     if not cfg.tie_embeddings:
         return None
-    return ParamTensor("wte.weight", "lm_head", (cfg.vocab_size, cfg.n_embd), "matrix", "vocab",
-                       "head")
+    return ParamTensor("wte.weight", "lm_head", (cfg.vocab_size, cfg.embd_dim), "matrix",
+                       "vocab", "head")

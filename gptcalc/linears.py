@@ -1,9 +1,11 @@
-"""The Linear modules of one transformer block, by the names LoRA and quantisation use.
+"""The Linear modules of the transformer blocks, by the names LoRA and quantisation use.
 
-q, k, v, o: attention's query, key, value and output projections (a fused layout has one `qkv`
-module instead of q, k, v; the per-head layout has H modules of each); up, gate, down: the MLP's
-input (c_fc), SwiGLU gate (c_gate, gated MLPs only) and output (c_proj) projections. Embeddings,
-the lm_head and norms are not block Linears.
+A view of the parameter inventory (`gptcalc.inventory`): every block matrix, with the target
+name PEFT-style configs use for it. q, k, v, o: attention's query, key, value and output
+projections (a fused layout has one `qkv` module instead; multi-head latent attention has
+`q_a`, `q_b`, `kv_a`, `kv_b`); up, gate, down: the MLP's input, gate (gated MLPs only) and
+output projections, of a dense MLP, of each routed expert and of the shared experts alike;
+router: a mixture of experts' gate. Embeddings, the lm_head and norms are not block Linears.
 """
 
 from __future__ import annotations
@@ -11,40 +13,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import GPTConfig
+from .inventory import inventory
+
+# the inventory's module names (their last two parts) -> the target name
+_TARGETS = {
+    "attn.c_attn": "qkv", "attn.q_proj": "q", "attn.k_proj": "k", "attn.v_proj": "v",
+    "heads.query": "q", "heads.key": "k", "heads.value": "v", "attn.c_proj": "o",
+    "attn.q_a_proj": "q_a", "attn.q_b_proj": "q_b", "attn.kv_a_proj": "kv_a",
+    "attn.kv_b_proj": "kv_b", "c_fc": "up", "c_gate": "gate", "gate": "gate", "c_proj": "down",
+    "router": "router",
+}
 
 
 @dataclass(frozen=True)
 class Linear:
-    """`count` modules Linear(in_features, out_features) in each block."""
+    """`count` modules Linear(in_features, out_features) in the whole model."""
 
+    name: str  # the inventory's module path, e.g. "moe.experts.c_fc"
+    target: str  # q, k, v, qkv, o, up, gate, down, ...
     in_features: int
     out_features: int
-    count: int = 1
+    count: int
     bias: bool = False
 
     @property
     def weights(self) -> int:
-        """Weight elements of one block's `count` modules (biases apart)."""
+        """Weight elements of the `count` modules (biases apart)."""
         return self.count * self.in_features * self.out_features
 
 
-def block_linears(cfg: GPTConfig) -> dict[str, Linear]:
-    """The Linear modules of one block, by name; their weights plus biases are the block's
-    parameters less its norms (a test checks this against gptcalc.params)."""
-    E, Dq, Dkv, Dff, H, hd = (cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.n_head,
-                              cfg.head_size)
-    out: dict[str, Linear] = {}
-    if cfg.qkv_layout == "fused":  # nanoGPT's c_attn: one E x (Dq + 2 Dkv) matrix
-        out["qkv"] = Linear(E, Dq + 2 * Dkv, 1, cfg.qkv_bias)
-    elif cfg.qkv_layout == "separate":  # Llama's q_proj, k_proj, v_proj
-        out.update(q=Linear(E, Dq, 1, cfg.qkv_bias), k=Linear(E, Dkv, 1, cfg.qkv_bias),
-                   v=Linear(E, Dkv, 1, cfg.qkv_bias))
-    else:  # per_head: H modules Linear(E, head_dim) each for query, key and value
-        out.update(q=Linear(E, hd, H, cfg.qkv_bias), k=Linear(E, hd, H, cfg.qkv_bias),
-                   v=Linear(E, hd, H, cfg.qkv_bias))
-    out["o"] = Linear(Dq, E, 1, cfg.attn_out_bias)
-    out["up"] = Linear(E, Dff, 1, cfg.mlp_bias)
-    if cfg.mlp == "swiglu":
-        out["gate"] = Linear(E, Dff, 1, cfg.mlp_bias)
-    out["down"] = Linear(Dff, E, 1, cfg.mlp_bias)
+def _target(module: str) -> str:
+    parts = module.split(".")
+    for key in (".".join(parts[-2:]), parts[-1]):
+        if key in _TARGETS:
+            return _TARGETS[key]
+    return parts[-1]
+
+
+def block_linears(cfg: GPTConfig) -> list[Linear]:
+    """Every block Linear kind of `cfg` (a test checks their weights and biases against the
+    blocks' parameters less their norms)."""
+    tensors = [t for t in inventory(cfg) if t.place == "block" and t.role in ("matrix", "bias")]
+    biased = {t.name.rsplit(".", 1)[0] for t in tensors if t.role == "bias"}
+    out = []
+    for t in tensors:
+        if t.role != "matrix":
+            continue
+        module = t.name.rsplit(".", 1)[0]
+        out.append(Linear(module, _target(module), t.shape[1], t.shape[0], t.count,
+                          module in biased))
     return out
+
+
+def targets(cfg: GPTConfig) -> tuple[str, ...]:
+    """The target names this architecture has, in module order."""
+    return tuple(dict.fromkeys(m.target for m in block_linears(cfg)))

@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 
 from .config import ConfigError, GPTConfig
-from .linears import block_linears
+from .linears import block_linears, targets as linear_targets
 from .params import count_params
 
-LORA_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down")
+LORA_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "q_a", "q_b", "kv_a", "kv_b",
+                "router")
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes blocksize for 4-bit)
 ABSMAX_BLOCK = 256  # double quantisation: absmax values per fp32 second-level scale
 
@@ -38,10 +39,10 @@ def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
         return default_targets(cfg)
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
     if names == ["all"]:
-        return tuple(block_linears(cfg))
+        return tuple(t for t in linear_targets(cfg) if t != "router")
     if not names:
         raise ConfigError("lora_targets", "give at least one target, e.g. q,v")
-    linears = block_linears(cfg)
+    linears = linear_targets(cfg)
     for t in names:
         if t not in LORA_TARGETS:
             raise ConfigError("lora_targets", f"unknown target {t!r}; targets: "
@@ -56,15 +57,15 @@ def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
 
 
 def lora_params(cfg: GPTConfig, rank: int, targets: tuple[str, ...]) -> dict[str, int]:
-    """Trainable LoRA parameters by target, summed over the L blocks: r x (in + out) per adapted
-    Linear (PEFT's lora_A and lora_B, no bias). The values sum to the trainable total."""
+    """Trainable LoRA parameters by target, summed over every block Linear of that target (all
+    layers; each routed expert's own): r x (in + out) per adapted Linear (PEFT's lora_A and
+    lora_B, no bias). The values sum to the trainable total."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ConfigError("lora_rank", f"must be a positive integer, got {rank!r}")
-    linears = block_linears(cfg)
-    out = {}
-    for t in targets:
-        m = linears[t]
-        out[t] = cfg.n_layer * m.count * rank * (m.in_features + m.out_features)
+    out = dict.fromkeys(targets, 0)
+    for m in block_linears(cfg):
+        if m.target in out:
+            out[m.target] += m.count * rank * (m.in_features + m.out_features)
     return out
 
 
@@ -96,7 +97,7 @@ def lora_state_bytes(cfg: GPTConfig, rank: int, targets: tuple[str, ...], base: 
     if base not in ("nf4", "bf16"):
         raise ConfigError("base", f"base must be nf4 or bf16, got {base!r}")
     n_lora = sum(lora_params(cfg, rank, targets).values())
-    n_matrix = cfg.n_layer * sum(m.weights for m in block_linears(cfg).values())
+    n_matrix = sum(m.weights for m in block_linears(cfg))
     q = qlora_weight_bytes(n_matrix, double_quant)
     return {
         "base/weights": q["nf4"] if base == "nf4" else 2 * n_matrix,

@@ -1,8 +1,14 @@
 """Exact parameter counts, by component.
 
 Every trainable tensor of the architecture is counted once (a tied lm_head adds only its bias).
-Buffers (causal masks, sinusoidal or rotary tables) are not parameters. The keys of
-`param_components` are stable and sum to the total.
+Buffers (causal masks, sinusoidal or rotary tables, DeepSeek-V3's e_score_correction_bias) are
+not parameters. The keys of `param_components` are stable and sum to the total.
+
+Active parameters (mixture of experts): the parameters one token uses in a forward pass: every
+parameter that is not a routed expert, plus n_expert_active of the n_expert routed experts of
+each MoE block (shared experts and routers are used by every token). Embeddings count as in the
+total (the whole token table, a tied head once), which is the convention of the Mixtral and
+DeepSeek-V3 announcements ("12.9B active" of 46.7B; "37B activated" of 671B).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ class ParamCount:
     total: int
     non_embedding: int  # Kaplan et al. 2020: excludes token and position embeddings
     components: dict[str, int]
+    active: int  # parameters one token uses: all but the routed experts it does not visit
 
 
 def norm_params(cfg: GPTConfig, width: int) -> int:
@@ -35,12 +42,17 @@ def _by_component(tensors: list[ParamTensor], per_block: bool = False) -> dict[s
     return out
 
 
+BLOCK_KEYS = ("attention/qkv", "attention/norm", "attention/sinks", "attention/out", "mlp/fc",
+              "mlp/gate", "mlp/proj", "moe/router", "moe/experts", "moe/shared",
+              "norm/attention", "norm/mlp")
+
+
 def layer_components(cfg: GPTConfig) -> dict[str, int]:
-    """Parameters of one transformer block, by component (the inventory's block tensors)."""
-    keys = ("attention/qkv", "attention/out", "mlp/fc", "mlp/gate", "mlp/proj",
-            "norm/attention", "norm/mlp")
+    """Parameters of one transformer block, by component (the inventory's block tensors). With
+    mixture of experts, blocks differ: this lists a dense block's MLP and an MoE block's
+    experts side by side; `param_components` weights each by its number of blocks."""
     got = _by_component(block_tensors(cfg), per_block=True)
-    return {k: got.get(k, 0) for k in keys}
+    return {k: got.get(k, 0) for k in BLOCK_KEYS}
 
 
 def param_components(cfg: GPTConfig) -> dict[str, int]:
@@ -49,9 +61,15 @@ def param_components(cfg: GPTConfig) -> dict[str, int]:
     A grouped sum over `inventory(cfg)`: a tied head reuses the token embedding, so its weight is
     counted once, under the embedding; only a learned position table depends on T."""
     got = _by_component(inventory(cfg))
-    keys = ("embedding/token", "embedding/position", *layer_components(cfg), "norm/final",
-            "lm_head")
+    keys = ("embedding/token", "embedding/position", "embedding/proj", "norm/embedding",
+            *BLOCK_KEYS, "norm/final", "lm_head")
     return {k: got.get(k, 0) for k in keys}
+
+
+def active_params(cfg: GPTConfig) -> int:
+    """Parameters one token uses: every tensor, routed experts only n_expert_active of n_expert
+    per MoE block (equal to the total without experts)."""
+    return sum(t.active_elements(cfg.n_expert_active) for t in inventory(cfg))
 
 
 def count_params(cfg: GPTConfig) -> ParamCount:
@@ -61,4 +79,5 @@ def count_params(cfg: GPTConfig) -> ParamCount:
         total=total,
         non_embedding=total - sum(comps[k] for k in EMBEDDING_KEYS),
         components=comps,
+        active=active_params(cfg),
     )

@@ -59,6 +59,68 @@ PRESETS: dict[str, Preset] = {
     # vocabulary 128256, 8192 context.
     "llama3-8b": Preset("llama", dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
                                        d_ff=14336, block_size=8192, vocab_size=128256)),
+    # Llama 3.1 405B (meta-llama/Llama-3.1-405B config.json): 126 layers, 16384 wide, 128 heads,
+    # 8 KV heads, intermediate_size 53248, vocabulary 128256, 131072 context.
+    "llama3.1-405b": Preset("llama", dict(n_layer=126, n_head=128, n_kv_head=8, n_embd=16384,
+                                           d_ff=53248, block_size=131072, vocab_size=128256)),
+    # Mistral 7B v0.1 (mistralai/Mistral-7B-v0.1 config.json; Jiang et al. 2023, Table 1):
+    # sliding window 4096 on every layer, 32768 positions.
+    "mistral-7b-v0.1": Preset("mistral", dict(
+        n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, d_ff=14336, block_size=32768,
+        vocab_size=32000, sliding_window=4096)),
+    # Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024): 8 experts of
+    # 14336, top 2, no sliding window.
+    "mixtral-8x7b": Preset("mixtral", dict(
+        n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, d_ff=14336, block_size=32768,
+        vocab_size=32000, n_expert=8, n_expert_active=2)),
+    # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json; DeepSeek-AI 2024, sec. 4.2): MLA with
+    # q_lora 1536, kv_lora 512, rope 64, nope 128, v 128; 3 dense layers of 18432, then 256
+    # routed experts of 2048 (top 8) and 1 shared expert. The multi-token-prediction module of
+    # the release is not part of the model transformers builds, nor of this preset.
+    "deepseek-v3": Preset("deepseek", dict(
+        n_layer=61, n_head=128, n_embd=7168, d_ff=18432, block_size=163840, vocab_size=129280,
+        kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_expert=256, n_expert_active=8, n_shared_expert=1, moe_ffn_dim=2048,
+        moe_first_dense=3)),
+    # Qwen3-8B (Qwen/Qwen3-8B config.json): head_dim 128, q/k RMSNorm, untied.
+    "qwen3-8b": Preset("qwen3", dict(n_layer=36, n_head=32, n_kv_head=8, n_embd=4096,
+                                      head_dim=128, d_ff=12288, block_size=40960,
+                                      vocab_size=151936)),
+    # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 128 experts of 768, top 8, every layer.
+    "qwen3-30b-a3b": Preset("qwen3_moe", dict(
+        n_layer=48, n_head=32, n_kv_head=4, n_embd=2048, head_dim=128, d_ff=6144,
+        block_size=40960, vocab_size=151936, n_expert=128, n_expert_active=8, moe_ffn_dim=768)),
+    # Gemma 2 9B (google/gemma-2-9b config.json; Gemma Team 2024, Table 1): head_dim 256,
+    # sliding window 4096 on every other layer (layer 0 sliding).
+    "gemma-2-9b": Preset("gemma2", dict(
+        n_layer=42, n_head=16, n_kv_head=8, n_embd=3584, head_dim=256, d_ff=14336,
+        block_size=8192, vocab_size=256000, sliding_window=4096, attn_pattern="LG")),
+    # Gemma 3 27B, language model (google/gemma-3-27b-it config.json text_config; vocabulary
+    # 262208 from Gemma3TextConfig's default; Gemma Team 2025): 5 local layers of window 1024
+    # per global one.
+    "gemma-3-27b": Preset("gemma3", dict(
+        n_layer=62, n_head=32, n_kv_head=16, n_embd=5376, head_dim=128, d_ff=21504,
+        block_size=131072, vocab_size=262208, sliding_window=1024, attn_pattern="LLLLLG")),
+    # gpt-oss-20b (openai/gpt-oss-20b config.json; OpenAI 2025 model card): 32 experts of 2880,
+    # top 4, head_dim 64, window 128 on every other layer (layer 0 sliding).
+    "gpt-oss-20b": Preset("gpt_oss", dict(
+        n_layer=24, n_head=64, n_kv_head=8, n_embd=2880, head_dim=64, d_ff=2880,
+        block_size=131072, vocab_size=201088, n_expert=32, n_expert_active=4,
+        sliding_window=128, attn_pattern="LG")),
+    # OLMo 2 7B (allenai/OLMo-2-1124-7B config.json).
+    "olmo2-7b": Preset("olmo2", dict(n_layer=32, n_head=32, n_embd=4096, d_ff=11008,
+                                      block_size=4096, vocab_size=100352)),
+    # Phi-3-mini 4k (microsoft/Phi-3-mini-4k-instruct config.json): sliding window 2047.
+    "phi-3-mini": Preset("phi3", dict(n_layer=32, n_head=32, n_embd=3072, d_ff=8192,
+                                       block_size=4096, vocab_size=32064, sliding_window=2047)),
+    # A tiny DeepSeek-shaped model for tests and `gptcalc verify` (not from a paper): latent
+    # attention, a dense first layer, then 4 routed experts (top 2) and a shared expert, and
+    # alternating sliding-window / global layers.
+    "debug-moe": Preset("deepseek", dict(
+        n_layer=3, n_head=2, n_embd=32, d_ff=48, block_size=16, vocab_size=97,
+        kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+        n_expert=4, n_expert_active=2, n_shared_expert=1, moe_ffn_dim=16, moe_first_dense=1,
+        sliding_window=6, attn_pattern="LG"), batch_size=2, note="tiny MoE + MLA debug model"),
 }
 
 DEFAULT_PRESET = "shakespeare-char"

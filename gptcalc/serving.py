@@ -66,14 +66,13 @@ def weight_bytes(cfg: GPTConfig, dtype: str = "bf16") -> dict[str, int]:
     if dtype not in WEIGHT_DTYPES:
         raise ConfigError("weights_dtype", f"must be one of {', '.join(WEIGHT_DTYPES)}; "
                                            f"got {dtype!r}")
-    L = cfg.n_layer
-    mats = block_linears(cfg).values()
-    n_matrix = L * sum(m.weights for m in mats)
+    mats = block_linears(cfg)
+    n_matrix = sum(m.weights for m in mats)
     if dtype in ("int8", "int4"):
-        scales = L * sum(m.count * math.ceil(m.in_features / GROUP_SIZE) * m.out_features
+        scales = sum(m.count * math.ceil(m.in_features / GROUP_SIZE) * m.out_features
                          for m in mats) * SCALE_BYTES
     elif dtype == "fp8":
-        scales = L * sum(m.count for m in mats) * FP8_SCALE_BYTES
+        scales = sum(m.count for m in mats) * FP8_SCALE_BYTES
     else:
         scales = 0
     return {

@@ -14,7 +14,20 @@ real module choice here, so the analytic counts can be checked against this mode
 - mlp: relu, gelu (exact erf), gelu_tanh, swiglu (Shazeer 2020: proj(silu(gate(x)) * fc(x)));
 - grouped-query attention (Ainslie et al. 2023): k and v heads repeated to H before the matmuls;
 - tied or untied lm_head with an optional bias; optional final norm; embedding dropout;
-- GPT-NeoX's partial rotary (rotary_pct) and parallel residual (attention and MLP both read x).
+- GPT-NeoX's partial rotary (rotary_pct) and parallel residual (attention and MLP both read x),
+  with one shared norm (Falcon-7B, Phi-2, Cohere) or two;
+- GeGLU (Gemma: proj(gelu_tanh(gate(x)) * fc(x))); norms after each branch (Gemma 2/3, OLMo 2)
+  with or without the pre-norms; q/k norms over each head (shared weight, or one per head) or
+  over the whole projection; BLOOM's embedding LayerNorm; OPT's position offset and
+  project_in/project_out;
+- ALiBi (Press et al. 2022; BLOOM's slopes), sliding-window attention (a query sees itself and
+  the window - 1 keys before it; its KV cache keeps window - 1 past tokens, as transformers'
+  does), attention sinks (gpt-oss: one learned logit per head joins each softmax);
+- multi-head latent attention (DeepSeek-V2/V3), run as transformers runs it: q through q_a /
+  norm / q_b (or q_proj), the kv latent and a shared rotary key through kv_a, k_nope and v
+  through kv_b; the cache holds the decompressed k and v;
+- mixture of experts: a router, top-k softmax weights, a dense Python loop over the experts
+  (each runs only on the tokens sent to it), shared experts (with Qwen2-MoE's sigmoid gate).
 
 Attention is `manual` (as the seeds write it: a `tril` buffer, masked_fill(-inf), softmax, dropout
 on the probabilities, att @ v) or `sdpa` (F.scaled_dot_product_attention). Every dropout goes
@@ -63,6 +76,46 @@ def make_norm(cfg: GPTConfig) -> nn.Module:
     return nn.LayerNorm(cfg.n_embd, bias=cfg.norm == "layernorm")
 
 
+class WeightNorm(nn.Module):
+    """A weight-only norm over the last dim written out by hand (so fvcore's layer_norm count
+    keeps to the E-wide norms): RMSNorm, or LayerNorm without bias for the LayerNorm families.
+    `shape` is the weight's: (d,) shared over leading dims, or (heads, d) one per head."""
+
+    def __init__(self, shape: tuple[int, ...], rms: bool, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.rms, self.eps = rms, eps
+        self.weight = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.rms:
+            x = x - x.mean(-1, keepdim=True)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """Press et al. 2022 (BLOOM's build_alibi_tensor): a geometric series per head, extended by
+    interleaving when H is not a power of two."""
+    closest = 2 ** math.floor(math.log2(n_head))
+    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = [base ** i for i in range(1, closest + 1)]
+    if closest != n_head:
+        extra = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra ** i for i in range(1, 2 * (n_head - closest) + 1, 2)]
+    return torch.tensor(slopes)
+
+
+def layer_is_sliding(cfg: GPTConfig, i: int) -> bool:
+    from gptcalc.layers import attn_pattern
+
+    pattern = attn_pattern(cfg)
+    return pattern[i % len(pattern)] == "L"
+
+
+def layer_is_moe(cfg: GPTConfig, i: int) -> bool:
+    return (cfg.moe and i >= cfg.moe_first_dense and (i + 1) % cfg.moe_step == 0
+            and i not in cfg.dense_layer_indices)
+
+
 def sinusoidal_table(T: int, E: int) -> torch.Tensor:
     """Vaswani et al. 2017, sec. 3.5: PE[t, 2i] = sin(t / 10000^(2i/E)), PE[t, 2i+1] = cos(...)."""
     pos = torch.arange(T, dtype=torch.float32)[:, None]
@@ -89,15 +142,34 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, attn_impl: str) -> None:
+    def __init__(self, cfg: GPTConfig, attn_impl: str, sliding: bool = False) -> None:
         super().__init__()
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
+        if cfg.attn_sinks and attn_impl == "sdpa":
+            raise ValueError("attention sinks are written out in the manual attention only")
         E, H, Hkv, hd = cfg.n_embd, cfg.n_head, cfg.kv_heads, cfg.head_size
         self.n_head, self.n_kv_head, self.head_dim = H, Hkv, hd
         self.layout, self.attn_impl, self.p = cfg.qkv_layout, attn_impl, cfg.dropout
         self.rotary = cfg.pos_embedding == "rotary"
-        if cfg.qkv_layout == "fused":  # nanoGPT: one matrix, chunked into q, k, v
+        self.window = cfg.sliding_window if sliding else None
+        self.mla, self.qk_norm = cfg.mla, cfg.qk_norm
+        self.qk_dim, self.v_dim = cfg.qk_head_dim, cfg.v_dim
+        rms = cfg.norm == "rmsnorm"
+        if cfg.mla:  # DeepSeek-V2/V3 (transformers' DeepseekV3Attention)
+            self.n_kv_head, self.head_dim = H, cfg.qk_head_dim
+            self.nope, self.rope, self.r_q = cfg.nope_dim, cfg.rope_dim, cfg.q_lora_rank
+            if cfg.q_lora_rank is None:
+                self.q_proj = nn.Linear(E, H * cfg.qk_head_dim, bias=False)
+            else:
+                self.q_a_proj = nn.Linear(E, cfg.q_lora_rank, bias=cfg.qkv_bias)
+                self.q_a_norm = WeightNorm((cfg.q_lora_rank,), rms=True)
+                self.q_b_proj = nn.Linear(cfg.q_lora_rank, H * cfg.qk_head_dim, bias=False)
+            self.kv_a_proj = nn.Linear(E, cfg.kv_lora_rank + cfg.rope_dim, bias=cfg.qkv_bias)
+            self.kv_a_norm = WeightNorm((cfg.kv_lora_rank,), rms=True)
+            self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, H * (cfg.nope_dim + cfg.v_dim),
+                                       bias=False)
+        elif cfg.qkv_layout == "fused":  # nanoGPT: one matrix, chunked into q, k, v
             self.c_attn = nn.Linear(E, H * hd + 2 * Hkv * hd, bias=cfg.qkv_bias)
         elif cfg.qkv_layout == "separate":  # Llama: three matrices (k, v narrower under GQA)
             self.q_proj = nn.Linear(E, H * hd, bias=cfg.qkv_bias)
@@ -107,12 +179,24 @@ class CausalSelfAttention(nn.Module):
             self.query = nn.ModuleList(nn.Linear(E, hd, bias=cfg.qkv_bias) for _ in range(H))
             self.key = nn.ModuleList(nn.Linear(E, hd, bias=cfg.qkv_bias) for _ in range(H))
             self.value = nn.ModuleList(nn.Linear(E, hd, bias=cfg.qkv_bias) for _ in range(H))
-        self.c_proj = nn.Linear(H * hd, E, bias=cfg.attn_out_bias)
+        if cfg.qk_norm == "head":  # Qwen3, Gemma 3: one weight of head_dim for every head
+            self.q_norm, self.k_norm = WeightNorm((hd,), rms), WeightNorm((hd,), rms)
+        elif cfg.qk_norm == "per_head":  # StableLM, Cohere: a weight per head
+            self.q_norm, self.k_norm = WeightNorm((H, hd), rms), WeightNorm((Hkv, hd), rms)
+        elif cfg.qk_norm == "proj":  # OLMo 2: over the whole q and k projections
+            self.q_norm, self.k_norm = WeightNorm((H * hd,), rms), WeightNorm((Hkv * hd,), rms)
+        if cfg.attn_sinks:  # gpt-oss
+            self.sinks = nn.Parameter(torch.zeros(H))
+        if cfg.pos_embedding == "alibi":
+            self.register_buffer("alibi", alibi_slopes(H), persistent=False)
+        self.alibi_on = cfg.pos_embedding == "alibi"
+        self.c_proj = nn.Linear(cfg.attn_out_width, E, bias=cfg.attn_out_bias)
         T = cfg.block_size
         # the seeds' causal mask: ones below the diagonal, compared with 0 at use
         self.register_buffer("tril", torch.tril(torch.ones(T, T)), persistent=False)
         if self.rotary:
-            self.rotary_dims = cfg.rotary_dims  # GPT-NeoX rotates only the first rotary_pct
+            # GPT-NeoX rotates only the first rotary_pct; MLA only the qk_rope dims (last)
+            self.rotary_dims = cfg.rotary_dims
             cos, sin = rotary_tables(T, cfg.rotary_dims)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
@@ -127,23 +211,57 @@ class CausalSelfAttention(nn.Module):
         cat = lambda mods: torch.cat([m(x) for m in mods], dim=-1)  # noqa: E731
         return cat(self.query), cat(self.key), cat(self.value)
 
+    def mla_qkv(self, x: torch.Tensor, cos, sin):
+        """MLA: q (B, H, S, nope+rope), k (B, H, S, nope+rope), v (B, H, S, v_dim)."""
+        B, S, _ = x.shape
+        H, nope, rope = self.n_head, self.nope, self.rope
+        q = self.q_proj(x) if self.r_q is None else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
+        q = q.view(B, S, H, nope + rope).transpose(1, 2)
+        c_kv, k_rope = self.kv_a_proj(x).split([self.kv_a_norm.weight.shape[0], rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_norm(c_kv)).view(B, S, H, nope + self.v_dim).transpose(1, 2)
+        k_nope, v = kv.split([nope, self.v_dim], dim=-1)
+        k_rope = k_rope.view(B, 1, S, rope)
+        q_nope, q_rope = q.split([nope, rope], dim=-1)
+        if self.rotary:
+            q_rope, k_rope = apply_rotary(q_rope, cos, sin), apply_rotary(k_rope, cos, sin)
+        q = torch.cat((q_nope, q_rope), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(B, H, S, rope)), dim=-1)  # one rotary key, all heads
+        return q, k, v
+
     def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
         """x (B, S, E). `cache`: None, or a list [k, v] of this block's cached keys/values (or
-        [None, None] before the prefill); it is updated in place."""
+        [None, None] before the prefill); it is updated in place (a third item records the
+        tokens seen, which a sliding window's truncated cache no longer shows)."""
         B, S, _ = x.shape
         H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
-        q, k, v = self.qkv(x)
-        q = q.view(B, S, H, hd).transpose(1, 2)  # (B, H, S, hd)
-        k = k.view(B, S, Hkv, hd).transpose(1, 2)  # (B, Hkv, S, hd)
-        v = v.view(B, S, Hkv, hd).transpose(1, 2)
-        past = 0 if cache is None or cache[0] is None else cache[0].shape[2]
+        past = 0 if cache is None or cache[0] is None else (
+            cache[2] if len(cache) > 2 else cache[0].shape[2])
+        cos = sin = None
         if self.rotary:
             cos, sin = self.rope_cos[past:past + S], self.rope_sin[past:past + S]
-            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        if self.mla:
+            q, k, v = self.mla_qkv(x, cos, sin)
+        else:
+            q, k, v = self.qkv(x)
+            if self.qk_norm == "proj":
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = q.view(B, S, H, hd).transpose(1, 2)  # (B, H, S, hd)
+            k = k.view(B, S, Hkv, hd).transpose(1, 2)  # (B, Hkv, S, hd)
+            v = v.view(B, S, Hkv, hd).transpose(1, 2)
+            if self.qk_norm == "head":
+                q, k = self.q_norm(q), self.k_norm(k)
+            elif self.qk_norm == "per_head":  # the (heads, hd) weight lines up with dims 1, 3
+                q = self.q_norm(q.transpose(1, 2)).transpose(1, 2)
+                k = self.k_norm(k.transpose(1, 2)).transpose(1, 2)
+            if self.rotary:
+                q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         if cache is not None:
-            if past:
+            if cache[0] is not None and cache[0].shape[2]:
                 k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
-            cache[0], cache[1] = k, v
+            keep = k.shape[2] if self.window is None else self.window - 1  # transformers' rule
+            cache[0], cache[1] = k[:, :, k.shape[2] - min(keep, k.shape[2]):], \
+                v[:, :, v.shape[2] - min(keep, v.shape[2]):]
+            cache[2:] = [past + S]
         if Hkv != H:  # grouped-query attention: each k/v head serves H / Hkv query heads
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
@@ -151,8 +269,23 @@ class CausalSelfAttention(nn.Module):
             y = self.manual_attention(q, k, v, past)
         else:
             y = self.sdpa_attention(q, k, v, past)
-        y = y.transpose(1, 2).contiguous().view(B, S, H * hd)
+        y = y.transpose(1, 2).contiguous().view(B, S, H * self.v_dim)
         return dropout(self.c_proj(y), self.p, self.training)
+
+    def extra_mask(self, S: int, total: int, past: int, device) -> torch.Tensor | None:
+        """The window's mask over (query, key) with keys at positions past+S-total .. past+S-1
+        (True = kept), or None for a global block."""
+        if self.window is None:
+            return None
+        qpos = torch.arange(past, past + S, device=device)[:, None]
+        kpos = torch.arange(past + S - total, past + S, device=device)[None, :]
+        return (kpos <= qpos) & (kpos > qpos - self.window)
+
+    def alibi_bias(self, S: int, total: int, past: int, device) -> torch.Tensor:
+        """slope_h * (key position - query position), (H, S, total)."""
+        qpos = torch.arange(past, past + S, device=device)[:, None]
+        kpos = torch.arange(past + S - total, past + S, device=device)[None, :]
+        return self.alibi[:, None, None] * (kpos - qpos)[None].to(self.alibi.dtype)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dims
@@ -164,14 +297,34 @@ class CausalSelfAttention(nn.Module):
     def manual_attention(self, q, k, v, past: int) -> torch.Tensor:
         S, total = q.shape[2], k.shape[2]
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, S, total)
-        att = att.masked_fill(self.tril[past:past + S, :total] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
+        if self.alibi_on:
+            att = att + self.alibi_bias(S, total, past, att.device)
+        window = self.extra_mask(S, total, past, att.device)
+        if window is None:
+            att = att.masked_fill(self.tril[past:past + S, :total] == 0, float("-inf"))
+        else:
+            att = att.masked_fill(~window, float("-inf"))
+        if hasattr(self, "sinks"):  # a sink logit per head joins the softmax, then is dropped
+            sink = self.sinks.view(1, -1, 1, 1).expand(att.shape[0], -1, S, 1)
+            att = F.softmax(torch.cat((att, sink.to(att.dtype)), dim=-1), dim=-1)[..., :-1]
+        else:
+            att = F.softmax(att, dim=-1)
         att = dropout(att, self.p, self.training)
         return att @ v  # (B, H, S, hd)
 
     def sdpa_attention(self, q, k, v, past: int) -> torch.Tensor:
         p = self.p if self.training else 0.0
         S, total = q.shape[2], k.shape[2]
+        scale = 1 / math.sqrt(self.head_dim)
+        if self.window is not None or self.alibi_on:
+            keep = self.extra_mask(S, total, past, q.device)
+            if keep is None:
+                keep = self.tril[past:past + S, :total] != 0
+            if self.alibi_on:
+                bias = self.alibi_bias(S, total, past, q.device).to(q.dtype)
+                keep = bias.masked_fill(~keep, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
+                                                  scale=scale)
         if past == 0:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         if S == 1:  # one new query sees every cached key and itself
@@ -182,18 +335,22 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, width: int | None = None, bias: bool | None = None,
+                 p: float | None = None) -> None:
         super().__init__()
-        E, Dff = cfg.n_embd, cfg.ffn_dim
-        self.kind, self.p = cfg.mlp, cfg.dropout
-        self.c_fc = nn.Linear(E, Dff, bias=cfg.mlp_bias)
-        if cfg.mlp == "swiglu":
-            self.c_gate = nn.Linear(E, Dff, bias=cfg.mlp_bias)
-        self.c_proj = nn.Linear(Dff, E, bias=cfg.mlp_bias)
+        E, Dff = cfg.n_embd, cfg.ffn_dim if width is None else width
+        bias = cfg.mlp_bias if bias is None else bias
+        self.kind, self.p = cfg.mlp, cfg.dropout if p is None else p
+        self.c_fc = nn.Linear(E, Dff, bias=bias)
+        if cfg.mlp in ("swiglu", "geglu"):
+            self.c_gate = nn.Linear(E, Dff, bias=bias)
+        self.c_proj = nn.Linear(Dff, E, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "swiglu":
             h = F.silu(self.c_gate(x)) * self.c_fc(x)
+        elif self.kind == "geglu":
+            h = F.gelu(self.c_gate(x), approximate="tanh") * self.c_fc(x)
         elif self.kind == "relu":
             h = F.relu(self.c_fc(x))
         elif self.kind == "gelu":
@@ -203,20 +360,65 @@ class MLP(nn.Module):
         return dropout(self.c_proj(h), self.p, self.training)
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, attn_impl: str) -> None:
+class MoE(nn.Module):
+    """Router, top-k routed experts (a loop: each expert runs on the tokens sent to it), shared
+    experts. Weights: softmax over the router logits, the top k kept (Mixtral renormalises
+    them, DeepSeek uses a sigmoid: neither changes a count)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg, attn_impl)
-        self.ln_2 = make_norm(cfg)
-        self.mlp = MLP(cfg)
-        self.parallel = cfg.parallel_residual
+        self.k, self.p = cfg.n_expert_active, cfg.dropout
+        self.router = nn.Linear(cfg.n_embd, cfg.n_expert, bias=cfg.router_bias)
+        self.experts = nn.ModuleList(MLP(cfg, cfg.expert_dim, cfg.expert_bias, p=0.0)
+                                     for _ in range(cfg.n_expert))
+        if cfg.shared_dim:
+            self.shared = MLP(cfg, cfg.shared_dim, cfg.mlp_bias, p=0.0)
+            if cfg.shared_expert_gate:  # Qwen2-MoE: sigmoid(x @ W) scales the shared expert
+                self.shared_gate = nn.Linear(cfg.n_embd, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, E = x.shape
+        flat = x.reshape(B * S, E)
+        weights, chosen = torch.topk(F.softmax(self.router(flat), dim=-1), self.k, dim=-1)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)  # the tokens sent to expert e
+            out = out.index_add(0, token, expert(flat[token]) * weights[token, slot, None])
+        if hasattr(self, "shared"):
+            shared = self.shared(flat)
+            if hasattr(self, "shared_gate"):
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            out = out + shared
+        return dropout(out.view(B, S, E), self.p, self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, attn_impl: str, index: int = 0) -> None:
+        super().__init__()
+        self.pre, self.post = cfg.pre_norm, cfg.post_norm
+        self.parallel, self.shared_norm = cfg.parallel_residual, cfg.shared_norm
+        if cfg.pre_norm:
+            self.ln_1 = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg, attn_impl, layer_is_sliding(cfg, index))
+        if cfg.post_norm:  # Gemma 2/3 and OLMo 2: a norm on the branch output
+            self.ln_attn_out = make_norm(cfg)
+        if cfg.pre_norm and not cfg.shared_norm:
+            self.ln_2 = make_norm(cfg)
+        self.mlp = MoE(cfg) if layer_is_moe(cfg, index) else MLP(cfg)
+        if cfg.post_norm:
+            self.ln_mlp_out = make_norm(cfg)
 
     def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
-        if self.parallel:  # GPT-NeoX / GPT-J: both branches read the block's input
-            return x + self.attn(self.ln_1(x), cache) + self.mlp(self.ln_2(x))
-        x = x + self.attn(self.ln_1(x), cache)
-        return x + self.mlp(self.ln_2(x))
+        h = self.ln_1(x) if self.pre else x
+        a = self.attn(h, cache)
+        if self.post:
+            a = self.ln_attn_out(a)
+        if self.parallel:  # GPT-NeoX / GPT-J / Falcon: both branches read the block's input
+            m = self.mlp(h if self.shared_norm else (self.ln_2(x) if self.pre else x))
+            return x + a + (self.ln_mlp_out(m) if self.post else m)
+        x = x + a
+        m = self.mlp(self.ln_2(x) if self.pre else x)
+        return x + (self.ln_mlp_out(m) if self.post else m)
 
 
 class GPT(nn.Module):
@@ -224,17 +426,22 @@ class GPT(nn.Module):
         super().__init__()
         cfg = self.config = config
         self.attn_impl = attn_impl
-        modules = dict(wte=nn.Embedding(cfg.vocab_size, cfg.n_embd))
-        if cfg.pos_embedding == "learned":
-            modules["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
-        modules["h"] = nn.ModuleList(Block(cfg, attn_impl) for _ in range(cfg.n_layer))
+        modules = dict(wte=nn.Embedding(cfg.vocab_size, cfg.embd_dim))
+        if cfg.embd_dim != cfg.n_embd:  # OPT's word_embed_proj_dim
+            modules["proj_in"] = nn.Linear(cfg.embd_dim, cfg.n_embd, bias=False)
+            modules["proj_out"] = nn.Linear(cfg.n_embd, cfg.embd_dim, bias=False)
+        if cfg.pos_embedding == "learned":  # OPT: pos_offset more rows, positions shifted
+            modules["wpe"] = nn.Embedding(cfg.block_size + cfg.pos_offset, cfg.n_embd)
+        if cfg.embd_norm:  # BLOOM's word_embeddings_layernorm
+            modules["ln_emb"] = make_norm(cfg)
+        modules["h"] = nn.ModuleList(Block(cfg, attn_impl, i) for i in range(cfg.n_layer))
         if cfg.final_norm:
             modules["ln_f"] = make_norm(cfg)
         self.transformer = nn.ModuleDict(modules)
         if cfg.pos_embedding == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(cfg.block_size, cfg.n_embd),
                                  persistent=False)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.lm_head = nn.Linear(cfg.embd_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
         if cfg.tie_embeddings:  # Press & Wolf 2017; named_parameters() lists it once, as wte
             self.lm_head.weight = self.transformer.wte.weight
 
@@ -246,20 +453,29 @@ class GPT(nn.Module):
         """
         cfg = self.config
         B, S = idx.shape
-        past = 0 if kv_cache is None or kv_cache[0][0] is None else kv_cache[0][0].shape[2]
+        first = None if kv_cache is None else kv_cache[0]
+        past = 0 if first is None or first[0] is None else (
+            first[2] if len(first) > 2 else first[0].shape[2])
         if past + S > cfg.block_size:
             raise ValueError(f"sequence of {past + S} exceeds block_size {cfg.block_size}")
         x = self.transformer.wte(idx)
+        if cfg.embd_dim != cfg.n_embd:
+            x = self.transformer.proj_in(x)
         if cfg.pos_embedding == "learned":
-            x = x + self.transformer.wpe(torch.arange(past, past + S, device=idx.device))
+            pos = torch.arange(past, past + S, device=idx.device) + cfg.pos_offset
+            x = x + self.transformer.wpe(pos)
         elif cfg.pos_embedding == "sinusoidal":
             x = x + self.pos_table[past:past + S]
+        if cfg.embd_norm:
+            x = self.transformer.ln_emb(x)
         if cfg.embd_dropout:
             x = dropout(x, cfg.dropout, self.training)
         for i, block in enumerate(self.transformer.h):
             x = block(x, None if kv_cache is None else kv_cache[i])
         if cfg.final_norm:
             x = self.transformer.ln_f(x)
+        if cfg.embd_dim != cfg.n_embd:
+            x = self.transformer.proj_out(x)
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
@@ -304,8 +520,18 @@ class GPT(nn.Module):
 _KEY_PATTERNS = [
     (r"transformer\.wte\.weight", "embedding/token"),
     (r"transformer\.wpe\.weight", "embedding/position"),
-    (r"transformer\.h\.\d+\.attn\.(c_attn|[qkv]_proj|query\.\d+|key\.\d+|value\.\d+)\.(weight|bias)",
-     "attention/qkv"),
+    (r"transformer\.proj_(in|out)\.weight", "embedding/proj"),
+    (r"transformer\.ln_emb\.(weight|bias)", "norm/embedding"),
+    (r"transformer\.h\.\d+\.attn\.(c_attn|[qkv]_proj|query\.\d+|key\.\d+|value\.\d+|q_a_proj"
+     r"|q_b_proj|kv_a_proj|kv_b_proj)\.(weight|bias)", "attention/qkv"),
+    (r"transformer\.h\.\d+\.attn\.(q_norm|k_norm|q_a_norm|kv_a_norm)\.weight", "attention/norm"),
+    (r"transformer\.h\.\d+\.attn\.sinks", "attention/sinks"),
+    (r"transformer\.h\.\d+\.mlp\.router\.(weight|bias)", "moe/router"),
+    (r"transformer\.h\.\d+\.mlp\.experts\.\d+\.c_(fc|gate|proj)\.(weight|bias)", "moe/experts"),
+    (r"transformer\.h\.\d+\.mlp\.(shared\.c_(fc|gate|proj)|shared_gate)\.(weight|bias)",
+     "moe/shared"),
+    (r"transformer\.h\.\d+\.ln_attn_out\.(weight|bias)", "norm/attention"),
+    (r"transformer\.h\.\d+\.ln_mlp_out\.(weight|bias)", "norm/mlp"),
     (r"transformer\.h\.\d+\.attn\.c_proj\.(weight|bias)", "attention/out"),
     (r"transformer\.h\.\d+\.mlp\.c_fc\.(weight|bias)", "mlp/fc"),
     (r"transformer\.h\.\d+\.mlp\.c_gate\.(weight|bias)", "mlp/gate"),

@@ -75,6 +75,29 @@ class Setup:
         return self.config.n_layer != self.requested.n_layer
 
 
+# Switches the memory model (gptcalc.memory and reference_model.memory) does not cover yet:
+# with any of them set, verify checks parameters and FLOPs and says memory was not checked.
+_MEMORY_NOT_MODELLED = (
+    ("mixture of experts", lambda c: c.moe),
+    ("multi-head latent attention", lambda c: c.mla),
+    ("q/k norms", lambda c: c.qk_norm != "none"),
+    ("post-norms", lambda c: c.post_norm or not c.pre_norm),
+    ("a shared parallel norm", lambda c: c.shared_norm),
+    ("sliding windows", lambda c: c.sliding_window is not None),
+    ("attention sinks", lambda c: c.attn_sinks),
+    ("ALiBi", lambda c: c.pos_embedding == "alibi"),
+    ("GeGLU", lambda c: c.mlp == "geglu"),
+    ("an embedding norm", lambda c: c.embd_norm),
+    ("OPT's embedding projections or position offset",
+     lambda c: c.embd_proj_dim is not None or c.pos_offset != 0),
+)
+
+
+def memory_not_modelled(cfg: GPTConfig) -> list[str]:
+    """The switches of `cfg` the memory checks do not model (empty: memory is checked)."""
+    return [name for name, used in _MEMORY_NOT_MODELLED if used(cfg)]
+
+
 # ---------------------------------------------------------------- planning
 def _phase_lines(cfg: GPTConfig, workload: Workload, device: str, attn_impl: str
                  ) -> dict[str, tuple[int, int]]:
@@ -189,12 +212,22 @@ def plan(cfg: GPTConfig, workload: Workload, device: str = "cpu", attn_impl: str
         setup.notes.append(f"REDUCED: verifying {max_layers} of {L} blocks (--max-layers); "
                            "widths unchanged, the analytic side uses the same reduced model")
     budget = (memory_bytes if memory_bytes is not None else available_bytes(device)) // 2
+    skipped = memory_not_modelled(cfg)
+    if skipped:
+        setup.notes.append(f"MEMORY NOT CHECKED: the memory model does not cover "
+                           f"{', '.join(skipped)} yet; parameters and FLOPs are checked")
+    if cfg.moe and tensors == "shape-only":
+        raise ConfigError("tensors", "mixture of experts routes tokens by value: its FLOPs "
+                                     "cannot be counted shape-only; use --tensors real")
+    if cfg.attn_sinks and attn_impl == "sdpa":
+        raise ConfigError("attn", "attention sinks are written out in the manual attention "
+                                  "only; use --attn manual")
     need = training_bytes_estimate(setup.config, workload, device, attn_impl)
     fits = need <= budget
     why = "--tensors shape-only"
     if tensors == "auto":
         cheap = real_work_flops(setup.config, workload) <= REAL_WORK_LIMIT_FLOPS[device]
-        tensors = "real" if fits and cheap else "shape-only"
+        tensors = "real" if (fits and cheap) or cfg.moe else "shape-only"
         why = ("the model is too large to run for real" if not fits
                else "the model is too slow to run for real in a few seconds")
     if tensors == "shape-only" and device == "cpu":
@@ -253,7 +286,8 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         checks += _flopcounter_checks(cfg, workload, model, idx, targets, decode_tokens)
         from .memory import memory_checks  # issue 4: memory checks (bytes)
 
-        checks += memory_checks(cfg, workload, device, attn_impl, training=training)
+        if not memory_not_modelled(cfg):
+            checks += memory_checks(cfg, workload, device, attn_impl, training=training)
         return checks
     from .memory import memory_checks
 
@@ -266,7 +300,7 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         idx = torch.randint(0, V, (B, S))
         targets = torch.randint(0, V, (B, S))
         checks += _flopcounter_checks(cfg, workload, model, idx, targets, decode_tokens)
-    if device == "cpu":  # on CUDA plan() says memory was not checked
+    if device == "cpu" and not memory_not_modelled(cfg):  # else plan() says it was not checked
         checks += memory_checks(cfg, workload, device, attn_impl, tensors="shape-only",
                                 training=training)
     return checks

@@ -17,7 +17,8 @@ from .render import emit_json, envelope, print_line, print_table
 @click.command("flops")
 @model_options
 @click.option("--causal", is_flag=True,
-              help="Count only the unmasked half of attention (default: the full S x S).")
+              help="Count only the pairs the mask keeps: the causal half, a sliding window's "
+                   "band (default: the full S x S).")
 @click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
               help="Activation recomputation; adds forward work (hardware FLOPs).")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=None,

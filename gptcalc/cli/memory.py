@@ -42,6 +42,8 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (default 1).")
 @click.option("--pp", type=int, default=None, help="Pipeline stages, 1F1B (default 1).")
 @click.option("--sp/--no-sp", default=None, help="Sequence parallel (with tp).")
+@click.option("--ep", type=int, default=None,
+              help="Expert-parallel ranks: each holds n_expert/ep routed experts (default 1).")
 @click.option("--gpu-memory", default=None, metavar="SIZE",
               help="Memory per device, e.g. 80GiB: the largest micro-batch and training "
                    "sequence that fit one step, and the longest inference context.")
@@ -71,7 +73,7 @@ def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **g
     _render(cfg, wl, setup, rep, fit)
 
 
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False}
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1}
 
 
 def _bytes(field: str, text: str) -> int:
@@ -168,8 +170,11 @@ def _render_fit(cfg, wl, rep: MemoryReport, fit) -> None:
         print_line(f"Training in {budget} per device: no micro-batch fits (peak "
                    f"{binary_bytes(rep.peak.bytes)} at B={wl.batch_size}; weights, gradients and "
                    f"optimizer states alone {binary_bytes(states)})")
-    ctx = f"{fit['max_context']:,} tokens"
-    if fit["max_context"] > cfg.block_size:
-        ctx += f" by memory (the model's block size is {cfg.block_size:,})"
+    if fit["max_context"] is None:
+        ctx = "no limit by memory (every block's cache is bounded by its sliding window)"
+    else:
+        ctx = f"{fit['max_context']:,} tokens"
+        if fit["max_context"] > cfg.block_size:
+            ctx += f" by memory (the model's block size is {cfg.block_size:,})"
     print_line(f"Inference in {budget} per device (weights + KV cache in the serving dtype, "
                f"batch {wl.batch_size}): longest context {ctx}")

@@ -65,8 +65,9 @@ _MODEL_OPTIONS = [
     click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
                  help="Set any architecture switch, e.g. --set qkv_bias=false --set norm=rmsnorm."),
     click.option("--hf-config", default=None, metavar="PATH",
-                 help="A Hugging Face config.json (or its directory): gpt2, gpt_neox, llama, "
-                      "mistral, qwen2. Read offline."),
+                 help="A Hugging Face config.json (or its directory), read offline: llama, "
+                      "mistral, mixtral, qwen2/3(-moe), deepseek_v3, gemma 1-3, gpt_oss, phi, "
+                      "phi3, olmo2, starcoder2, falcon, opt, bloom, ... (see README)."),
     click.option("--config", default=None, metavar="FILE",
                  help="A gptcalc config file (TOML or .json): [model], [workload], [training]."),
     click.option("--save-config", default=None, metavar="FILE",

@@ -32,7 +32,8 @@ def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targe
     trainable = p.total if lora is None else sum(lora.values())
     if as_json:
         emit_json({**envelope(cfg, wl), "total": p.total, "non_embedding": p.non_embedding,
-                   "components": p.components, "trainable": trainable,
+                   "active": p.active, "components": p.components,
+                   "trainable": trainable,
                    "lora": None if lora is None else {"rank": lora_rank, "targets": list(targets),
                                                       "components": lora}})
         return
@@ -41,7 +42,9 @@ def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targe
             for k, v in p.components.items() if v]
     print_table("Parameters", ["component", "exact", "SI", "share"], rows,
                 total_row=["total", f"{p.total:,}", si(p.total), "100.00%"],
-                caption=f"non-embedding (Kaplan): {p.non_embedding:,} ({si(p.non_embedding)})")
+                caption=f"non-embedding (Kaplan): {p.non_embedding:,} ({si(p.non_embedding)})"
+                + (f"; active per token (top-{cfg.n_expert_active} of {cfg.n_expert} experts, "
+                   f"embeddings included): {p.active:,} ({si(p.active)})" if cfg.moe else ""))
     if lora is not None:
         print_table(f"LoRA adapters, rank {lora_rank} (r x (in + out) per adapted Linear)",
                     ["target", "trainable", "SI"], [[k, f"{v:,}", si(v)] for k, v in lora.items()],

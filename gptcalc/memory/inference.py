@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from ..config import GPTConfig, TrainingSetup
+from ..layers import kv_cache_elements
 from .states import stage_params
 
 
 def kv_cache_bytes(cfg: GPTConfig, batch_size: int, context: int, dtype_bytes: int,
                    tp: int = 1, pp: int = 1) -> int:
-    """KV cache: 2 (K and V) x L x B x context x n_kv_head x head_dim x bytes.
+    """KV cache per device: B x `gptcalc.layers.kv_cache_elements` x bytes.
 
-    Grouped-query aware (only the n_kv_head key/value heads are cached); per device, tensor
-    parallel shards the KV heads and pipeline parallel the layers.
+    Dense attention: 2 (K and V) x L x context x n_kv_head x head_dim per sequence (only the
+    n_kv_head key/value heads of grouped-query attention); a sliding-window block caches at most
+    its window; multi-head latent attention caches its compressed latent. Per device, tensor
+    parallelism shards the KV heads (MLA's latent is shared by every head and is not sharded)
+    and pipeline parallelism the blocks (an even share of each kind per stage).
     """
-    return (2 * (cfg.n_layer // pp) * batch_size * context * (cfg.kv_heads // tp)
-            * cfg.head_size * dtype_bytes)
+    t = 1 if cfg.mla else tp
+    return batch_size * kv_cache_elements(cfg, context) * dtype_bytes // (t * pp)
 
 
 def serving_dtype_bytes(setup: TrainingSetup) -> int:
@@ -31,10 +35,24 @@ def inference_bytes(cfg: GPTConfig, batch_size: int, context: int, setup: Traini
     return n * w + kv_cache_bytes(cfg, batch_size, context, w, setup.tp, setup.pp)
 
 
-def max_context(cfg: GPTConfig, batch_size: int, setup: TrainingSetup, budget: int) -> int:
-    """The longest context whose inference memory fits `budget` bytes, exactly (0 if the
-    weights alone do not fit): the KV cache grows linearly, so the boundary is a division."""
-    fixed = inference_bytes(cfg, batch_size, 0, setup)
-    per_token = kv_cache_bytes(cfg, batch_size, 1, serving_dtype_bytes(setup), setup.tp,
-                               setup.pp)
-    return max(0, (budget - fixed) // per_token) if budget >= fixed else 0
+def max_context(cfg: GPTConfig, batch_size: int, setup: TrainingSetup, budget: int
+                ) -> int | None:
+    """The longest context whose inference memory fits `budget` bytes, exactly: 0 if the
+    weights alone do not fit; None when no context is too long (every block's cache is bounded
+    by a sliding window). The cache only grows with the context: a doubling search, then
+    bisection, with no ceiling."""
+    def fits(c: int) -> bool:
+        return inference_bytes(cfg, batch_size, c, setup) <= budget
+    if not fits(1):
+        return 0
+    from ..layers import global_layers
+
+    if global_layers(cfg) == 0:
+        return None
+    lo, hi = 1, 2
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

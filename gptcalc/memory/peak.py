@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import GPTConfig, TrainingSetup, Workload
+from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
 from .activations import device_activations, logits_bytes, transformers_loss
 from .states import STAGES, StateBytes, largest_tensor, state_bytes
 
@@ -77,7 +77,7 @@ def block_backward_transients(cfg: GPTConfig, workload: Workload, setup: Trainin
     else:
         m = a if setup.attn_impl == "manual" else 4
         attn = 2 * b * cfg.n_head * S * S * m + 2 * N * cfg.q_width * m
-    mlp = (3 if cfg.mlp == "swiglu" else 2) * N * cfg.ffn_dim * a
+    mlp = (3 if cfg.mlp in GATED_MLPS else 2) * N * cfg.ffn_dim * a
     return max(attn, mlp) // t + 2 * N * cfg.n_embd * r
 
 

@@ -7,7 +7,7 @@ parallel sharding (`gptcalc.memory.activations` shards the lines). Exact against
 
 from __future__ import annotations
 
-from ..config import GPTConfig, TrainingSetup, Workload
+from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
 from .states import autocast_weight_copies
 
 
@@ -128,7 +128,7 @@ def reference_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     # (autocast caches casts of parameters only): separate q/k/v projections make 3 copies,
     # per-head ones 3H, SwiGLU's gate and up projections 2
     qkv_linears = {"fused": 1, "separate": 3, "per_head": 3 * H}[cfg.qkv_layout] if amp else 1
-    up_linears = 2 if amp and cfg.mlp == "swiglu" else 1
+    up_linears = 2 if amp and cfg.mlp in GATED_MLPS else 1
     drop = cfg.dropout > 0
     att = b * H * S * S  # elements of one score matrix stack
     out: dict[str, int] = {
@@ -178,7 +178,7 @@ def reference_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
             ln_2["input"] = 0
         layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
         layer["mlp/fc_input"] = up_linears * N * E * a
-        hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
+        hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4, "geglu": 4}[cfg.mlp]
         layer["mlp/hidden"] = hidden * N * Dff * a  # incl. c_proj's input
         layer["mlp/dropout_mask"] = N * E if drop else 0
     out.update({f"layer/{k}": L * v for k, v in layer.items()})

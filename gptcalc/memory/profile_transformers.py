@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ConfigError, GPTConfig
+from ..config import GATED_MLPS, ConfigError, GPTConfig
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
@@ -81,7 +81,7 @@ def transformers_family(cfg: GPTConfig) -> str:
             return "gpt2"
         if cfg.pos_embedding == "rotary":
             return "gpt_neox"
-    if cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.qkv_layout == "separate":
+    if cfg.norm == "rmsnorm" and cfg.mlp in GATED_MLPS and cfg.qkv_layout == "separate":
         return "qwen2" if cfg.qkv_bias and not cfg.attn_out_bias else "llama"
     raise ConfigError("family", "no transformers class implements this GPTConfig: gpt2 needs "
                                 "learned positions, fused q/k/v and LayerNorm; gpt_neox rotary, "
@@ -174,7 +174,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     stats = 4 if (r == 4 or cuda) else a  # CPU LayerNorm keeps bf16 statistics in bf16
     n_out = r if amp else a  # amp: a norm's output is fp32 (the fp32 weight promotes it)
     qkv_casts = 3 if amp and cfg.qkv_layout != "fused" else 1  # autocast: a cast per Linear
-    up_casts = 2 if amp and cfg.mlp == "swiglu" else 1
+    up_casts = 2 if amp and cfg.mlp in GATED_MLPS else 1
     drop = cfg.dropout > 0
     mask = 1 if cuda else a  # nn.Dropout: float mask on CPU, bool on CUDA
     resid_drop = drop and fam in ("gpt2", "gpt_neox")  # Llama-shaped models drop attention only
@@ -198,7 +198,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
         layer["mlp/fc_input"] = up_casts * N * E * a
         gelu_new = fam == "gpt2" and cfg.mlp == "gelu_tanh"
-        hidden = 5 if gelu_new else {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4}[cfg.mlp]
+        hidden = 5 if gelu_new else {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4, "geglu": 4}[cfg.mlp]
         layer["mlp/hidden"] = hidden * N * Dff * a  # incl. the down projection's input
         layer["mlp/dropout_mask"] = N * E * mask if resid_drop else 0
     out.update({f"layer/{k}": L * v for k, v in layer.items()})

@@ -25,6 +25,9 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
                                 f"{workload.seq_len}")
     if cfg.n_layer % p:
         raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
+    if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):
+        raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
+                                f"({cfg.n_expert if cfg.moe else 0})")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Sharding: tensor parallel and pipeline parallel split the parameter inventory
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import GPTConfig, TrainingSetup
 from ..inventory import ParamTensor, inventory, tied_head_weight
@@ -55,27 +55,24 @@ def zero_bytes_per_param(setup: TrainingSetup, n_params: int) -> dict[str, int]:
 def stage_tensors(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> list[ParamTensor]:
     """The parameter tensors one device of pipeline stage `stage` ("first" or "last") holds.
 
-    Each stage holds L/pp blocks; the first also the embeddings, the last the final norm and the
+    Expert parallelism keeps n_expert / ep of each MoE block's routed experts. Each stage holds
+    L/pp blocks; the first also the embeddings, the last the final norm and the
     lm_head. With tied embeddings and pp > 1 the last stage keeps its own copy of the token
     embedding for the head (Megatron-LM's word-embedding copy on the last stage). With pp = 1
     both names are the one device.
     """
     p, out = setup.pp, []
     for t in inventory(cfg):
+        if t.expert and setup.ep > 1:  # expert parallelism: n_expert / ep experts per rank
+            t = replace(t, copies=t.copies // setup.ep)
         if t.place == "block":
-            out.append(_with_layers(t, t.layers // p))
+            out.append(replace(t, layers=t.layers // p))
         elif p == 1 or (t.place == "embedding") == (stage == "first"):
             out.append(t)
     tied = tied_head_weight(cfg)
     if p > 1 and stage == "last" and tied is not None:
         out.append(tied)
     return out
-
-
-def _with_layers(t: ParamTensor, layers: int) -> ParamTensor:
-    from dataclasses import replace
-
-    return replace(t, layers=layers)
 
 
 def stage_params(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, dict[str, int]]:

@@ -1,0 +1,386 @@
+"""The Hugging Face families `gptcalc.hf` reads: per family, transformers' defaults for fields a
+config.json leaves out, and the function that maps its fields onto GPTConfig switches.
+
+Defaults are those of transformers' configuration classes (transformers/models/<family>/
+configuration_<family>.py, v5.23) and what the modelling code (modeling_<family>.py) hard-codes.
+Sizes (width, depth, heads, vocabulary, MLP width) have no default here: a config.json without
+them is truncated, except where the table lists one (the multimodal Gemma 3 configs leave the
+text model's vocabulary to Gemma3TextConfig's default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+# --- field spellings -----------------------------------------------------------------------------
+HIDDEN = ("hidden_size", "n_embd", "d_model", "n_embed")
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
+HEADS = ("num_attention_heads", "n_head", "num_heads")
+KV_HEADS = ("num_key_value_heads", "n_kv_head", "n_kv_heads", "num_kv_heads")
+POSITIONS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx")
+# wpe is n_positions long; GPT2Config keeps n_ctx but never reads it (absent: 1024)
+GPT2_POSITIONS = ("n_positions", "max_position_embeddings")
+VOCAB = ("vocab_size", "n_vocab")
+INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+ROTARY_PCT = ("rotary_pct", "partial_rotary_factor")
+
+# transformers' ACT2FN names, onto gptcalc's MLP kinds: plain, and gated (gate_proj, up, down)
+GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
+        "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu",
+         "gelu_new": "geglu", "gelu_tanh": "geglu"}
+
+# Fields that mean structure (experts, latent attention, q/k norms, OPT's projections): present
+# with a value that is not None / false / 0 / [] in a family that does not read them, they are
+# an error, so that e.g. a Mixtral config relabelled "llama" cannot silently lose its experts.
+STRUCTURE_FIELDS = (
+    "num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size",
+    "n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace",
+    "num_experts_per_tok", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "v_head_dim", "qk_layernorm", "use_qk_norm", "word_embed_proj_dim",
+    "new_decoder_architecture", "use_sliding_window", "mlp_only_layers",
+)
+
+# transformers' defaults for the fields each family reads (configuration_<family>.py)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": dict(n_positions=1024, activation_function="gelu_new", tie_word_embeddings=True),
+    "gpt_neox": dict(max_position_embeddings=2048, hidden_act="gelu", attention_bias=True,
+                     rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False),
+    "llama": dict(max_position_embeddings=2048, hidden_act="silu", attention_bias=False,
+                  mlp_bias=False, tie_word_embeddings=False),
+    "granite": dict(max_position_embeddings=2048, hidden_act="silu", attention_bias=False,
+                    mlp_bias=False, tie_word_embeddings=False),
+    "mistral": dict(max_position_embeddings=131072, hidden_act="silu", num_key_value_heads=8,
+                    sliding_window=4096, tie_word_embeddings=False),
+    "mixtral": dict(max_position_embeddings=131072, hidden_act="silu", num_key_value_heads=8,
+                    sliding_window=None, tie_word_embeddings=False, num_local_experts=8,
+                    num_experts_per_tok=2),
+    "qwen2": dict(max_position_embeddings=32768, hidden_act="silu", num_key_value_heads=32,
+                  use_sliding_window=False, max_window_layers=28, tie_word_embeddings=False),
+    "qwen3": dict(max_position_embeddings=32768, hidden_act="silu", num_key_value_heads=32,
+                  head_dim=128, attention_bias=False, use_sliding_window=False,
+                  max_window_layers=28, tie_word_embeddings=False),
+    "qwen3_moe": dict(max_position_embeddings=32768, hidden_act="silu", num_key_value_heads=4,
+                      attention_bias=False, use_sliding_window=False, tie_word_embeddings=False,
+                      decoder_sparse_step=1, moe_intermediate_size=768, num_experts_per_tok=8,
+                      num_experts=128),
+    "qwen2_moe": dict(max_position_embeddings=32768, hidden_act="silu", num_key_value_heads=16,
+                      use_sliding_window=False, tie_word_embeddings=False, qkv_bias=True,
+                      decoder_sparse_step=1, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, num_experts_per_tok=4,
+                      num_experts=60),
+    "deepseek_v3": dict(max_position_embeddings=4096, hidden_act="silu", attention_bias=False,
+                        tie_word_embeddings=False, moe_intermediate_size=2048,
+                        n_shared_experts=1, n_routed_experts=256, num_experts_per_tok=8,
+                        first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536,
+                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+    "gemma": dict(max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh",
+                  num_key_value_heads=16, head_dim=256, attention_bias=False,
+                  tie_word_embeddings=True),
+    "gemma2": dict(max_position_embeddings=8192, hidden_activation="gelu_pytorch_tanh",
+                   num_key_value_heads=4, head_dim=256, attention_bias=False,
+                   sliding_window=4096, tie_word_embeddings=True),
+    "gemma3_text": dict(max_position_embeddings=131072, hidden_activation="gelu_pytorch_tanh",
+                        num_key_value_heads=4, head_dim=256, attention_bias=False,
+                        sliding_window=4096, sliding_window_pattern=6,
+                        tie_word_embeddings=True, vocab_size=262208),
+    "phi": dict(max_position_embeddings=2048, hidden_act="gelu_new", partial_rotary_factor=0.5,
+                qk_layernorm=False, tie_word_embeddings=False),
+    "phi3": dict(max_position_embeddings=4096, hidden_act="silu", partial_rotary_factor=1.0,
+                 sliding_window=None, tie_word_embeddings=False),
+    "olmo2": dict(max_position_embeddings=2048, hidden_act="silu", attention_bias=False,
+                  tie_word_embeddings=False),
+    "starcoder2": dict(max_position_embeddings=4096, hidden_act="gelu_pytorch_tanh",
+                       num_key_value_heads=2, use_bias=True, sliding_window=None,
+                       tie_word_embeddings=True),
+    "gpt_bigcode": dict(n_positions=1024, activation_function="gelu_pytorch_tanh",
+                        multi_query=True, tie_word_embeddings=True),
+    "gpt_oss": dict(max_position_embeddings=131072, hidden_act="silu", num_key_value_heads=8,
+                    head_dim=64, sliding_window=128, attention_bias=True,
+                    tie_word_embeddings=False, num_local_experts=128, num_experts_per_tok=4),
+    "falcon": dict(max_position_embeddings=2048, activation="gelu", bias=False, alibi=False,
+                   multi_query=True, parallel_attn=True, new_decoder_architecture=False,
+                   tie_word_embeddings=True),
+    "opt": dict(max_position_embeddings=2048, activation_function="relu",
+                do_layer_norm_before=True, _remove_final_layer_norm=False, enable_bias=True,
+                layer_norm_elementwise_affine=True, tie_word_embeddings=True),
+    "bloom": dict(tie_word_embeddings=True),
+    "stablelm": dict(max_position_embeddings=4096, hidden_act="silu", num_key_value_heads=32,
+                     partial_rotary_factor=0.25, use_qkv_bias=False, qk_layernorm=False,
+                     use_parallel_residual=False, tie_word_embeddings=False),
+    "cohere": dict(max_position_embeddings=8192, hidden_act="silu", attention_bias=False,
+                   use_qk_norm=False, tie_word_embeddings=True),
+}
+
+# the switches every Llama-shaped family starts from (q_proj/k_proj/v_proj/o_proj,
+# gate/up/down, RMSNorm, rotary, untied unless the config says so)
+LLAMA_SHAPED = dict(qkv_layout="separate", qkv_bias=False, attn_out_bias=False, mlp_bias=False,
+                    norm="rmsnorm", pos_embedding="rotary", embd_dropout=False)
+
+
+def llama_shaped(r, *, mlp_act: str = "hidden_act", head_dim: bool = True) -> dict[str, Any]:
+    """The fields of a Llama-shaped config: MLP width, kv heads, head_dim, gated activation."""
+    E, H = r.size(HIDDEN), r.size(HEADS)
+    hd = r.int(("head_dim",)) if head_dim else None
+    return dict(
+        LLAMA_SHAPED,
+        block_size=r.int(POSITIONS),
+        d_ff=r.int(INTERMEDIATE, required=True),
+        n_kv_head=r.int(KV_HEADS),  # absent and no default: H (multi-head)
+        # transformers: head_dim, or hidden_size // num_attention_heads
+        head_dim=None if hd is None or hd * H == E else hd,
+        mlp=r.choice(mlp_act, GATED),
+        dropout=r.dropout(("attention_dropout",), 0.0),
+        tie_embeddings=r.bool("tie_word_embeddings"),
+    )
+
+
+def sliding_all(r) -> dict[str, Any]:
+    """Mistral, Mixtral, Phi-3, StarCoder2: sliding_window (null: none) on every block."""
+    return dict(sliding_window=r.int(("sliding_window",)), attn_pattern="")
+
+
+def sliding_from_layer_types(r, default_period: int | None) -> dict[str, Any]:
+    """Gemma 2/3, gpt-oss: `layer_types`, or the family's default pattern, where block i is
+    sliding unless (i + 1) % period == 0 (Gemma 3: sliding_window_pattern, 6)."""
+    window = r.int(("sliding_window",))
+    types = r.layer_types()
+    if types is not None:
+        return dict(sliding_window=window if "L" in types else None, attn_pattern=types)
+    if window is None or default_period is None:
+        return dict(sliding_window=None, attn_pattern="")
+    period = r.int(("sliding_window_pattern",), default=default_period)
+    return dict(sliding_window=window, attn_pattern="L" * (period - 1) + "G")
+
+
+def sliding_qwen(r) -> dict[str, Any]:
+    """Qwen2/Qwen3: with use_sliding_window, blocks from max_window_layers on slide."""
+    types = r.layer_types()
+    window = r.int(("sliding_window",)) if r.bool("use_sliding_window") else None
+    if types is not None:
+        return dict(sliding_window=window if "L" in types else None, attn_pattern=types)
+    if window is None:
+        return dict(sliding_window=None, attn_pattern="")
+    L, first = r.size(LAYERS), r.int(("max_window_layers",), default=28)
+    pattern = "G" * min(first, L) + "L" * max(0, L - first)
+    return dict(sliding_window=window if "L" in pattern else None, attn_pattern=pattern)
+
+
+def moe_qwen(r) -> dict[str, Any]:
+    """Qwen2-MoE / Qwen3-MoE: num_experts, top-k, decoder_sparse_step, mlp_only_layers."""
+    return dict(n_expert=r.int(("num_experts",), allow_zero=True),
+                n_expert_active=r.int(("num_experts_per_tok",)),
+                moe_ffn_dim=r.int(("moe_intermediate_size",)),
+                moe_step=r.int(("decoder_sparse_step",)),
+                moe_dense_layers=r.layer_list("mlp_only_layers"))
+
+
+def _gpt2(r) -> dict[str, Any]:
+    if r.bool("add_cross_attention", False):
+        raise r.fail("add_cross_attention is true: an encoder-decoder block, not a decoder-only "
+                     "GPT")
+    return dict(  # GPT2Config: n_inner None = 4 * n_embd; dropouts 0.1
+        block_size=r.int(GPT2_POSITIONS), d_ff=r.int(("n_inner",)),
+        mlp=r.choice("activation_function", GELU),
+        dropout=r.dropout(("resid_pdrop", "embd_pdrop", "attn_pdrop"), 0.1),
+        qkv_layout="fused", qkv_bias=True, attn_out_bias=True, mlp_bias=True, norm="layernorm",
+        pos_embedding="learned", embd_dropout=True, tie_embeddings=r.bool("tie_word_embeddings"))
+
+
+def _gpt_bigcode(r) -> dict[str, Any]:
+    # GPTBigCodeAttention: c_attn E -> E + 2 head_dim under multi_query (one k/v head)
+    out = _gpt2(r)
+    out["n_kv_head"] = 1 if r.bool("multi_query") else None
+    return out
+
+
+def _gpt_neox(r) -> dict[str, Any]:
+    bias = r.bool("attention_bias")  # fused query_key_value and dense; the MLP always biased
+    return dict(
+        block_size=r.int(POSITIONS), d_ff=r.int(INTERMEDIATE, required=True),
+        mlp=r.choice("hidden_act", GELU),
+        dropout=r.dropout(("hidden_dropout", "attention_dropout"), 0.0),
+        rotary_pct=r.float(ROTARY_PCT), parallel_residual=r.bool("use_parallel_residual"),
+        qkv_layout="fused", qkv_bias=bias, attn_out_bias=bias, mlp_bias=True, norm="layernorm",
+        pos_embedding="rotary", embd_dropout=True, tie_embeddings=r.bool("tie_word_embeddings"))
+
+
+def _llama(r) -> dict[str, Any]:  # Llama 1-3; Granite's multipliers change no count
+    bias = r.bool("attention_bias")  # q, k, v and o_proj
+    return llama_shaped(r) | dict(qkv_bias=bias, attn_out_bias=bias, mlp_bias=r.bool("mlp_bias"))
+
+
+def _mistral(r) -> dict[str, Any]:  # bias=False hard-coded everywhere
+    return llama_shaped(r) | sliding_all(r)
+
+
+def _mixtral(r) -> dict[str, Any]:  # every MLP a mixture of SwiGLU experts, router without bias
+    return llama_shaped(r) | sliding_all(r) | dict(
+        n_expert=r.int(("num_local_experts",)), n_expert_active=r.int(("num_experts_per_tok",)))
+
+
+def _qwen2(r) -> dict[str, Any]:  # q/k/v biased, o_proj not (hard-coded in Qwen2Attention)
+    return llama_shaped(r) | sliding_qwen(r) | dict(qkv_bias=True)
+
+
+def _qwen3(r) -> dict[str, Any]:  # q_norm/k_norm: RMSNorm(head_dim)
+    bias = r.bool("attention_bias")
+    return llama_shaped(r) | sliding_qwen(r) | dict(qkv_bias=bias, attn_out_bias=bias,
+                                                    qk_norm="head")
+
+
+def _qwen3_moe(r) -> dict[str, Any]:
+    return _qwen3(r) | moe_qwen(r)
+
+
+def _qwen2_moe(r) -> dict[str, Any]:  # plus one shared expert with a sigmoid gate Linear(E, 1)
+    shared = r.int(("shared_expert_intermediate_size",), allow_zero=True)
+    return llama_shaped(r) | sliding_qwen(r) | moe_qwen(r) | dict(
+        qkv_bias=r.bool("qkv_bias"), n_shared_expert=1 if shared else 0,
+        shared_ffn_dim=shared or None, shared_expert_gate=bool(shared))
+
+
+def _deepseek_v3(r) -> dict[str, Any]:
+    """MLA and MoE. The router's e_score_correction_bias is a buffer, not a parameter; the
+    multi-token-prediction layers (num_nextn_predict_layers) are not built by transformers."""
+    E, H = r.size(HIDDEN), r.size(HEADS)
+    bias = r.bool("attention_bias")  # q_a_proj, kv_a_proj_with_mqa, o_proj
+    v = r.int(("v_head_dim",))
+    return llama_shaped(r, head_dim=False) | dict(
+        n_kv_head=None, head_dim=None if E % H == 0 else v, qkv_bias=bias, attn_out_bias=bias,
+        kv_lora_rank=r.int(("kv_lora_rank",)), q_lora_rank=r.int(("q_lora_rank",)),
+        qk_nope_head_dim=r.int(("qk_nope_head_dim",)),
+        qk_rope_head_dim=r.int(("qk_rope_head_dim",)), v_head_dim=v,
+        n_expert=r.int(("n_routed_experts",), allow_zero=True),
+        n_expert_active=r.int(("num_experts_per_tok",)),
+        n_shared_expert=r.int(("n_shared_experts",), allow_zero=True),
+        moe_ffn_dim=r.int(("moe_intermediate_size",)),
+        moe_first_dense=r.int(("first_k_dense_replace",), allow_zero=True))
+
+
+def _gemma(r) -> dict[str, Any]:  # GeGLU, tied; embeddings scaled by sqrt(E) (no count)
+    bias = r.bool("attention_bias")
+    # Gemma 2/3 name it hidden_activation, Gemma 1 hidden_act (either may be in the file)
+    act = next((n for n in ("hidden_activation", "hidden_act") if r.has(n)),
+               "hidden_activation" if "hidden_activation" in r.defaults else "hidden_act")
+    return llama_shaped(r, mlp_act=act) | dict(qkv_bias=bias, attn_out_bias=bias)
+
+
+def _gemma2(r) -> dict[str, Any]:  # + post-attention / post-feedforward norms, local/global
+    return _gemma(r) | sliding_from_layer_types(r, 2) | dict(post_norm=True)
+
+
+def _gemma3_text(r) -> dict[str, Any]:  # + q/k RMSNorm(head_dim), 5 local : 1 global
+    return _gemma(r) | sliding_from_layer_types(r, 6) | dict(post_norm=True, qk_norm="head")
+
+
+def _gpt_oss(r) -> dict[str, Any]:
+    """Biased attention with one sink per head; every MLP a mixture of experts with a biased
+    router and biased experts (gate_up_proj, down_proj and their biases)."""
+    bias = r.bool("attention_bias")
+    return llama_shaped(r) | sliding_from_layer_types(r, 2) | dict(
+        qkv_bias=bias, attn_out_bias=bias, attn_sinks=True,
+        n_expert=r.int(("num_local_experts",)), n_expert_active=r.int(("num_experts_per_tok",)),
+        router_bias=True, expert_bias=True)
+
+
+def _phi(r) -> dict[str, Any]:
+    """Phi-1/2: biased q/k/v/dense, fc1/fc2 with bias, one LayerNorm shared by the parallel
+    attention and MLP, partial rotary, lm_head with a bias."""
+    if r.bool("qk_layernorm"):
+        raise r.fail("qk_layernorm true (LayerNorms with bias over each head) is not supported")
+    return llama_shaped(r) | dict(
+        mlp=r.choice("hidden_act", GELU), qkv_bias=True, attn_out_bias=True, mlp_bias=True,
+        norm="layernorm", parallel_residual=True, shared_norm=True, lm_head_bias=True,
+        rotary_pct=r.float(ROTARY_PCT),
+        dropout=r.dropout(("resid_pdrop", "embd_pdrop", "attention_dropout"), 0.0))
+
+
+def _phi3(r) -> dict[str, Any]:  # fused qkv_proj and gate_up_proj (same counts as separate)
+    return llama_shaped(r) | sliding_all(r) | dict(qkv_layout="fused",
+                                                   rotary_pct=r.float(ROTARY_PCT))
+
+
+def _olmo2(r) -> dict[str, Any]:  # norms after each branch only; q/k RMSNorm over projections
+    bias = r.bool("attention_bias")
+    return llama_shaped(r) | dict(qkv_bias=bias, attn_out_bias=bias, pre_norm=False,
+                                  post_norm=True, qk_norm="proj")
+
+
+def _starcoder2(r) -> dict[str, Any]:  # biases (use_bias), LayerNorm, c_fc/c_proj GELU
+    bias = r.bool("use_bias")
+    return llama_shaped(r) | sliding_all(r) | dict(
+        qkv_bias=bias, attn_out_bias=bias, mlp_bias=bias, mlp=r.choice("hidden_act", GELU),
+        norm="layernorm")
+
+
+def _stablelm(r) -> dict[str, Any]:
+    parallel = r.bool("use_parallel_residual")  # then post_attention_layernorm is None
+    return llama_shaped(r) | dict(
+        qkv_bias=r.bool("use_qkv_bias"), norm="layernorm", rotary_pct=r.float(ROTARY_PCT),
+        qk_norm="per_head" if r.bool("qk_layernorm") else "none",
+        parallel_residual=parallel, shared_norm=parallel,
+        dropout=r.dropout(("hidden_dropout", "attention_dropout"), 0.0))
+
+
+def _cohere(r) -> dict[str, Any]:  # one bias-free LayerNorm, parallel block; logit_scale
+    bias = r.bool("attention_bias")
+    return llama_shaped(r) | dict(
+        qkv_bias=bias, attn_out_bias=bias, norm="layernorm_nobias", parallel_residual=True,
+        shared_norm=True, qk_norm="per_head" if r.bool("use_qk_norm") else "none")
+
+
+def _falcon(r) -> dict[str, Any]:
+    """Fused query_key_value: new_decoder_architecture (num_kv_heads groups, ln_attn and ln_mlp),
+    multi_query (one k/v head) or multi-head; parallel_attn; `bias` on every Linear."""
+    new, bias = r.bool("new_decoder_architecture"), r.bool("bias")
+    parallel = r.bool("parallel_attn")
+    kv = r.int(("num_kv_heads",)) if new else (1 if r.bool("multi_query") else None)
+    two_norms = new and r.int(("num_ln_in_parallel_attn",), default=2) == 2
+    return dict(
+        block_size=r.int(POSITIONS), d_ff=r.int(("ffn_hidden_size",)), n_kv_head=kv,
+        mlp=r.choice("activation", GELU), qkv_layout="fused", qkv_bias=bias,
+        attn_out_bias=bias, mlp_bias=bias, norm="layernorm",
+        pos_embedding="alibi" if r.bool("alibi") else "rotary",
+        parallel_residual=parallel or new, shared_norm=(parallel or new) and not two_norms,
+        dropout=r.dropout(("hidden_dropout", "attention_dropout"), 0.0), embd_dropout=False,
+        tie_embeddings=r.bool("tie_word_embeddings"))
+
+
+def _opt(r) -> dict[str, Any]:
+    """Learned positions with 2 extra rows, optional project_in/out (word_embed_proj_dim),
+    q/k/v/out_proj and fc1/fc2 biased by enable_bias; no final LayerNorm when the norms come
+    after the blocks (do_layer_norm_before false, OPT-350m: same count per block)."""
+    if not r.bool("layer_norm_elementwise_affine"):
+        raise r.fail("layer_norm_elementwise_affine false (norms without weights) is not supported")
+    bias, pre = r.bool("enable_bias"), r.bool("do_layer_norm_before")
+    E, P = r.size(HIDDEN), r.int(("word_embed_proj_dim",))
+    return dict(
+        block_size=r.int(POSITIONS), d_ff=r.int(("ffn_dim",), required=True), pos_offset=2,
+        embd_proj_dim=None if P in (None, E) else P, mlp=r.choice("activation_function", GELU),
+        qkv_layout="separate", qkv_bias=bias, attn_out_bias=bias, mlp_bias=bias,
+        norm="layernorm", pos_embedding="learned",
+        final_norm=pre and not r.bool("_remove_final_layer_norm"),
+        dropout=r.dropout(("dropout", "attention_dropout"), 0.1), embd_dropout=True,
+        tie_embeddings=r.bool("tie_word_embeddings"))
+
+
+def _bloom(r) -> dict[str, Any]:  # ALiBi, word_embeddings_layernorm, fused biased qkv, 4E GELU
+    return dict(
+        block_size=r.int(("seq_length",), default=2048), qkv_layout="fused", qkv_bias=True,
+        attn_out_bias=True, mlp_bias=True,
+        norm="layernorm", mlp="gelu_tanh", pos_embedding="alibi", embd_norm=True,
+        dropout=r.dropout(("hidden_dropout", "attention_dropout"), 0.0), embd_dropout=False,
+        tie_embeddings=r.bool("tie_word_embeddings"))
+
+
+FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "gpt2": _gpt2, "gpt_bigcode": _gpt_bigcode, "gpt_neox": _gpt_neox, "llama": _llama,
+    "granite": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe,
+    "deepseek_v3": _deepseek_v3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3_text,
+    "gpt_oss": _gpt_oss, "phi": _phi, "phi3": _phi3, "olmo2": _olmo2, "starcoder2": _starcoder2,
+    "stablelm": _stablelm, "cohere": _cohere, "falcon": _falcon, "opt": _opt, "bloom": _bloom,
+}
+# multimodal configs whose language model is their text_config (of this model_type)
+TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text"}
