@@ -544,10 +544,11 @@ class TrainingSetup:
                 f"kernels, {self.impl} implementation, recompute {self.recompute}, {layout}")
 
 
-# The families the seeds train in fp32 with a written-out attention on a CPU; everything else
+# The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's
+# "Let's build GPT" and the decoder-only notes); everything else
 # (GPT-2, Llama and every Hugging Face model) is trained the way people train today: bf16
 # autocast over fp32 weights, SDPA (flash attention), CUDA kernels.
-SEED_FAMILIES = ("tutorial", "notes")
+NOTEBOOK_FAMILIES = ("tutorial", "notes")
 
 
 def family_of(cfg: GPTConfig) -> str | None:
@@ -560,10 +561,10 @@ def family_of(cfg: GPTConfig) -> str | None:
 
 def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
     """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
-    `impl`. Seed families: fp32, manual attention, CPU (the reference model, as the seeds run
-    it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is counted as
-    transformers' modules save it."""
-    if not hf and family_of(cfg) in SEED_FAMILIES:
+    `impl`. The tutorial and notes families: fp32, manual attention, CPU (the reference model,
+    as their notebooks run it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is
+    counted as transformers' modules save it."""
+    if not hf and family_of(cfg) in NOTEBOOK_FAMILIES:
         return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
     return {"mode": "amp", "attn": "sdpa", "device": "cuda",
             "impl": "transformers" if hf else "reference"}

@@ -1,6 +1,6 @@
 """FLOPs of a decoder-only transformer, exact, by component.
 
-Conventions (DESIGN.md): one multiply-accumulate = 2 FLOPs; the default counts matmul FLOPs with
+Conventions: one multiply-accumulate = 2 FLOPs; the default counts matmul FLOPs with
 attention over the full S x S score matrix (what kernels compute and what FlopCounterMode and the
 PaLM/nanoGPT MFU formula count, in sliding-window blocks too, where a dense kernel computes the
 full matrix and masks it); `causal=True` counts only the pairs the mask keeps: S(S+1)/2 in a
@@ -271,8 +271,8 @@ class InferenceFlops:
     decode_per_token: one new token at context c with a KV cache: the token's projections and
     MLP, its query against the c keys (cached ones and its own; min(c, window) in a
     sliding-window block, whose cache keeps only the window), and its logits.
-    decode_per_token_no_cache: the seeds' generate, which runs the whole forward over the c
-    tokens of the context again for every new token.
+    decode_per_token_no_cache: a generate loop without a cache, which runs the whole forward over
+    the c tokens of the context again for every new token.
     """
 
     prompt_len: int

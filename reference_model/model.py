@@ -29,9 +29,9 @@ real module choice here, so the analytic counts can be checked against this mode
 - mixture of experts: a router, top-k softmax weights, a dense Python loop over the experts
   (each runs only on the tokens sent to it), shared experts (with Qwen2-MoE's sigmoid gate).
 
-Attention is `manual` (as the seeds write it: a `tril` buffer, masked_fill(-inf), softmax, dropout
+Attention is `manual` (as the tutorial writes it: a `tril` buffer, masked_fill(-inf), softmax, dropout
 on the probabilities, att @ v) or `sdpa` (F.scaled_dot_product_attention). Every dropout goes
-through `torch.native_dropout` so CPU and CUDA both save a 1-byte mask for backward (DESIGN.md);
+through `torch.native_dropout` so CPU and CUDA both save a 1-byte mask for backward;
 the call is skipped when p == 0 or the model is not training.
 """
 
@@ -192,7 +192,7 @@ class CausalSelfAttention(nn.Module):
         self.alibi_on = cfg.pos_embedding == "alibi"
         self.c_proj = nn.Linear(cfg.attn_out_width, E, bias=cfg.attn_out_bias)
         T = cfg.block_size
-        # the seeds' causal mask: ones below the diagonal, compared with 0 at use
+        # the tutorial's causal mask: ones below the diagonal, compared with 0 at use
         self.register_buffer("tril", torch.tril(torch.ones(T, T)), persistent=False)
         if self.rotary:
             # GPT-NeoX rotates only the first rotary_pct; MLA only the qk_rope dims (last)
@@ -490,7 +490,7 @@ class GPT(nn.Module):
                  greedy: bool = False) -> torch.Tensor:
         """Append `max_new_tokens` sampled tokens to idx (B, S).
 
-        Without a cache (the seeds' loop): every step runs forward over the context cropped to the
+        Without a cache (the tutorial's loop): every step runs forward over the context cropped to the
         last T tokens. With a cache: one forward over the prompt (the prefill, logits for every
         position), then one token at a time against the cached keys and values; prompt plus new
         tokens must fit in T. Either way the last sampled token is never fed back.

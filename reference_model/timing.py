@@ -2,7 +2,7 @@
 
 The measured twin of the decode roofline's shape: with a cache, one new token costs a constant
 (the weights) plus a term linear in the context (its query against the cached keys), small on a
-tiny model; without one (the seeds' generate) the whole context runs through the model again, so
+tiny model; without one (the tutorial's generate) the whole context runs through the model again, so
 the time per token grows with the context. Times are medians of `repeats` runs after a warm-up.
 """
 

@@ -284,7 +284,7 @@ def run_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         checks = _param_checks(cfg, model)
         checks += _fvcore_checks(cfg, workload, model, idx)
         checks += _flopcounter_checks(cfg, workload, model, idx, targets, decode_tokens)
-        from .memory import memory_checks  # issue 4: memory checks (bytes)
+        from .memory import memory_checks  # memory checks (bytes)
 
         if not memory_not_modelled(cfg):
             checks += memory_checks(cfg, workload, device, attn_impl, training=training)

@@ -349,12 +349,12 @@ def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: S
 
 
 def make_plots(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
-               measured_flops: Sequence[tuple[int, float]] = (), device: str = "cuda"
-               ) -> list[Plot]:
-    """Every analytic scaling plot of this model; `device` picks the kernels memory assumes."""
+               measured_flops: Sequence[tuple[int, float]] = (), setup=None) -> list[Plot]:
+    """Every analytic scaling plot of this model; `setup` (a TrainingSetup; default the
+    family's usual one) is the training the memory plots assume."""
     made = [plot_params(out_dir, cfg, name),
             plot_flops_vs_seq_len(out_dir, cfg, name, measured=measured_flops)]
-    made += memory_plots(out_dir, cfg, workload, name, device)
+    made += memory_plots(out_dir, cfg, workload, name, setup)
     made.append(plot_kv_cache(out_dir, cfg, name))
     return made
 
@@ -369,8 +369,9 @@ CATEGORY_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
 
 
 def memory_setup(cfg: GPTConfig, device: str | None = None):
-    """The training set-up the memory plots assume: the family's usual one (bf16 autocast,
-    SDPA, CUDA kernels; the seeds' models fp32 with their manual attention), on one device."""
+    """The training set-up the memory plots assume when none is given: the family's usual one
+    (bf16 autocast, SDPA, CUDA kernels; the tutorial and notes families fp32 with their manual
+    attention), on one device."""
     from gptcalc.config import default_setup
 
     return default_setup(cfg, **({"device": device} if device else {}))
@@ -407,12 +408,12 @@ def _stack(ax, xs, series: list[dict[str, int]], peaks: Sequence[int]) -> None:
 
 
 def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
-                         device: str | None = None) -> Plot:
+                         setup=None) -> Plot:
     """Training memory stacked by category vs batch size and vs sequence length."""
     from gptcalc.config import Workload
     from gptcalc.memory import step_peak
 
-    setup = memory_setup(cfg, device)
+    setup = setup or memory_setup(cfg)
     fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(12, 5))
     b_max = max(16, 4 * workload.batch_size)  # around this workload's batch
     batches = sorted({1, *range(max(1, b_max // 64), b_max + 1, max(1, b_max // 64))})
@@ -477,8 +478,8 @@ def plot_zero(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
 
 
 def memory_plots(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
-                 device: str = "cuda") -> list[Plot]:
-    return [plot_training_memory(out_dir, cfg, workload, name, device),
+                 setup=None) -> list[Plot]:
+    return [plot_training_memory(out_dir, cfg, workload, name, setup),
             plot_zero(out_dir, cfg, name)]
 
 

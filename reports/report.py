@@ -206,12 +206,13 @@ def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Bloc
     ]
 
 
-def _memory_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Block]:
-    """`gptcalc.memory.memory_report` for the family's usual training set-up of this workload."""
+def _memory_blocks(cfg: GPTConfig, wl: Workload, setup=None) -> list[Block]:
+    """`gptcalc.memory.memory_report` of this workload under `setup` (default: the family's
+    usual training set-up)."""
     from gptcalc.config import default_setup
     from gptcalc.memory import memory_report
 
-    setup = default_setup(cfg)
+    setup = setup or default_setup(cfg)
     r = memory_report(cfg, wl, setup)
     cats = r.categories()
     rows = [(k, f"{v:,}", binary_bytes(v)) for k, v in cats.items()]
@@ -447,20 +448,24 @@ def _crossover(cfg: GPTConfig) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def build_report(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str = "auto",
-                 name: str | None = None, progress: bool = True, gpu: str = "h100-sxm") -> Report:
+                 name: str | None = None, progress: bool = True, gpu: str = "h100-sxm",
+                 setup=None) -> Report:
+    """The whole report in `out_dir`. `setup` (a TrainingSetup; default the family's usual
+    one) is the training the memory section and plots assume; `device` is where the reference
+    model is measured."""
     from .output import moved, staged_output
 
     out_dir = Path(out_dir)
     device = pick_device(device)
     with staged_output(out_dir) as staging:
-        report = _build(cfg, wl, staging, device, name or "custom model", progress, gpu)
+        report = _build(cfg, wl, staging, device, name or "custom model", progress, gpu, setup)
     return dataclasses.replace(report, out_dir=out_dir, markdown=out_dir / report.markdown.name,
                                html=out_dir / report.html.name,
                                plots=[moved(p, staging, out_dir) for p in report.plots])
 
 
 def _build(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str, name: str,
-           progress: bool, gpu: str) -> Report:
+           progress: bool, gpu: str, setup) -> Report:
     from . import plots
 
     blocks: list[Block] = []
@@ -469,7 +474,7 @@ def _build(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str, name: str,
         blocks += _config_blocks(cfg, wl, name, device)
         blocks += _params_blocks(cfg)
         blocks += _flops_blocks(cfg, wl)
-        blocks += _memory_blocks(cfg, wl, device)
+        blocks += _memory_blocks(cfg, wl, setup)
         with prog.step("time and serving; decode timed on the CPU"):
             time_blocks, decode_plot = _time_blocks(cfg, wl, gpu, out_dir, name)
             blocks += time_blocks
@@ -488,7 +493,7 @@ def _build(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str, name: str,
             blocks += _claims_blocks(cfg, sizes, costs, cost_device, claim_plot.path.name)
             measured = [(p.block_size, p.per_token) for p in costs]
             made += plots.make_plots(out_dir, cfg, wl, name, measured_flops=measured,
-                                     device=device)
+                                     setup=setup)
             made.append(plots.plot_measured(out_dir, cfg, name))
     blocks.append(Heading(2, "Plots"))
     for p in made[1:]:

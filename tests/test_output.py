@@ -65,7 +65,7 @@ def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
 def test_plot_command_refuses_a_symlink_and_a_busy_directory(tmp_path, monkeypatch):
     from reports import plots
 
-    def one_plot(out_dir, cfg, wl, name):  # the real plots take seconds; one file will do
+    def one_plot(out_dir, cfg, wl, name, setup=None):  # the real plots take seconds; one file
         (out_dir / "kv_cache.png").write_bytes(b"png")
         return []
 

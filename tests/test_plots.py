@@ -30,7 +30,8 @@ def plots():
 def made(plots, tmp_path_factory):
     out = tmp_path_factory.mktemp("plots")
     cfg = from_name("debug")
-    return plots.make_plots(out, cfg, Workload(2, 16), "debug", device="cpu") + [
+    return plots.make_plots(out, cfg, Workload(2, 16), "debug",
+                            setup=plots.memory_setup(cfg, "cpu")) + [
         plots.plot_measured(out, cfg, "debug")]
 
 

@@ -6,44 +6,16 @@ import dataclasses
 
 import click
 
-from ..config import (ATTN_IMPLS, AUTOCAST_DTYPES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE,
-                      ConfigError, GPTConfig, TrainingSetup, Workload, training_defaults)
+from ..config import ConfigError, GPTConfig, TrainingSetup, Workload
 from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
 from ..units import binary_bytes, parse_bytes
-from .options import current_setup, describe, model_options, section_settings
+from .options import assumptions, describe, model_options, training_options, training_setup
 from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("memory")
 @model_options
-@click.option("--mode", type=click.Choice(MODES), default=None,
-              help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (ZeRO's 2+2+12), "
-                   "bf16 (pure). Default: amp, or fp32 for the seeds' tutorial/notes models.")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
-              help="adamw (default), sgd, sgd-momentum.")
-@click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default=None,
-              help="16-bit dtype of amp and mixed (default bf16).")
-@click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
-              help="Activation recomputation (default none).")
-@click.option("--attn", type=click.Choice(ATTN_IMPLS), default=None,
-              help="Attention: sdpa (flash-type kernel; default) or manual (S x S scores "
-                   "saved; the default of the seeds' models).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
-              help="Whose kernels decide what is saved: cuda (default) or cpu (the seeds' "
-                   "models' default; where the reference model is measured exactly).")
-@click.option("--impl", type=click.Choice(IMPLS), default=None,
-              help="Whose saved tensors: reference (this project's model; presets' default), "
-                   "transformers (--hf-config's default) or paper (Korthikanti et al. 2022).")
-@click.option("--overhead", default=None, metavar="SIZE",
-              help="Bytes added to every phase of the peak for what is not modelled (CUDA "
-                   "context, fragmentation, communication buffers), e.g. 2GiB; default 0.")
-@click.option("--zero", type=int, default=None, help="ZeRO stage 0-3 (default 0).")
-@click.option("--dp", type=int, default=None, help="Data-parallel replicas (default 1).")
-@click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (default 1).")
-@click.option("--pp", type=int, default=None, help="Pipeline stages, 1F1B (default 1).")
-@click.option("--sp/--no-sp", default=None, help="Sequence parallel (with tp).")
-@click.option("--ep", type=int, default=None,
-              help="Expert-parallel ranks: each holds n_expert/ep routed experts (default 1).")
+@training_options()
 @click.option("--gpu-memory", default=None, metavar="SIZE",
               help="Memory per device, e.g. 80GiB: the largest micro-batch and training "
                    "sequence that fit one step, and the longest inference context.")
@@ -57,7 +29,7 @@ def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **g
     as options come from the --config file's [training] and [parallel] tables, and
     --save-config writes them there."""
     cfg, wl = model
-    setup = _setup(cfg, given)
+    setup = training_setup(cfg, given)
     if context is not None and context <= 0:
         raise ConfigError("context", f"must be a positive number of tokens, got {context}")
     rep = memory_report(cfg, wl, setup, context)
@@ -73,43 +45,11 @@ def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **g
     _render(cfg, wl, setup, rep, fit)
 
 
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1}
-
-
 def _bytes(field: str, text: str) -> int:
     try:
         return parse_bytes(text)
     except ValueError as e:
         raise ConfigError(field, str(e)) from None
-
-
-def _setup(cfg: GPTConfig, given: dict) -> TrainingSetup:
-    """Options > the --config file's tables > the family's defaults."""
-    s = current_setup()
-    family = training_defaults(cfg, hf=bool(s and s.from_hf))
-    defaults = {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
-                "recompute": "none", "attn": family["attn"], "device": family["device"],
-                "impl": family["impl"], "overhead": 0}
-    training, filed = section_settings("training", given, defaults)
-    parallel, filed_p = section_settings("parallel", given, PARALLEL_DEFAULTS)
-    overhead = training.pop("overhead")
-    try:
-        overhead = overhead if isinstance(overhead, int) else _bytes("overhead", str(overhead))
-        return TrainingSetup(attn_impl=training.pop("attn"), overhead=overhead, **training,
-                             **parallel)
-    except ConfigError as e:
-        key = "attn" if e.field == "attn_impl" else e.field
-        if key in filed | filed_p:  # the bad value came from the file, not an option
-            table = "training" if key in filed else "parallel"
-            raise ConfigError("config", f"[{table}] {e.message}") from None
-        raise
-
-
-def assumptions(cfg: GPTConfig, wl: Workload, setup: TrainingSetup) -> str:
-    """The first line: every assumption behind the numbers."""
-    return (f"Assuming {setup.describe()}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
-            f"micro-batch {wl.batch_size} x grad_accum {wl.grad_accum} x dp {setup.dp} = global "
-            f"batch {wl.global_batch(setup.dp):,}; overhead {binary_bytes(setup.overhead)}")
 
 
 def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:

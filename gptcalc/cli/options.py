@@ -212,5 +212,112 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
     return " ".join(parts)
 
 
-__all__ = ["PRESETS", "config_section", "describe", "model_options", "option_for",
-           "record_section", "resolve_setup", "section_settings"]
+# --- the training set-up: memory, report and plot share these options ---------------------------
+
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1}
+
+
+def _training_option_list(with_device: bool) -> list[Callable]:
+    from ..config import ATTN_IMPLS, AUTOCAST_DTYPES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE
+
+    opts = [
+        click.option("--mode", type=click.Choice(MODES), default=None,
+                     help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (ZeRO's "
+                          "2+2+12), bf16 (pure). Default: amp, or fp32 for the tutorial and "
+                          "notes families."),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
+                     help="adamw (default), sgd, sgd-momentum."),
+        click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default=None,
+                     help="16-bit dtype of amp and mixed (default bf16)."),
+        click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
+                     help="Activation recomputation (default none)."),
+        click.option("--attn", type=click.Choice(ATTN_IMPLS), default=None,
+                     help="Attention: sdpa (flash-type kernel; default) or manual (S x S scores "
+                          "saved; the tutorial and notes families' default)."),
+        click.option("--impl", type=click.Choice(IMPLS), default=None,
+                     help="Whose saved tensors: reference (this project's model; presets' "
+                          "default), transformers (--hf-config's default) or paper (Korthikanti "
+                          "et al. 2022)."),
+        click.option("--overhead", default=None, metavar="SIZE",
+                     help="Bytes added to every phase of the peak for what is not modelled (CUDA "
+                          "context, fragmentation, communication buffers), e.g. 2GiB; default "
+                          "0."),
+        click.option("--zero", type=int, default=None, help="ZeRO stage 0-3 (default 0)."),
+        click.option("--dp", type=int, default=None, help="Data-parallel replicas (default 1)."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (default 1)."),
+        click.option("--pp", type=int, default=None, help="Pipeline stages, 1F1B (default 1)."),
+        click.option("--sp/--no-sp", default=None, help="Sequence parallel (with tp)."),
+        click.option("--ep", type=int, default=None,
+                     help="Expert-parallel ranks: each holds n_expert/ep routed experts "
+                          "(default 1)."),
+    ]
+    if with_device:
+        opts.append(click.option(
+            "--device", type=click.Choice(["cpu", "cuda"]), default=None,
+            help="The device trained on, whose kernels decide what is saved: cuda (default) or "
+                 "cpu (the tutorial and notes families' default; where the reference model is "
+                 "measured exactly)."))
+    return opts
+
+
+TRAINING_KEYS = ("mode", "optimizer", "autocast_dtype", "recompute", "attn", "impl", "overhead",
+                 "zero", "dp", "tp", "pp", "sp", "ep")
+
+
+def training_options(with_device: bool = True) -> Callable:
+    """Add the training set-up's options (precision, optimizer, recomputation, attention,
+    implementation profile, overhead, parallel layout, and optionally --device)."""
+    def decorate(command: Callable) -> Callable:
+        for option in reversed(_training_option_list(with_device)):
+            command = option(command)
+        return command
+    return decorate
+
+
+def pop_training(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The training options' values, removed from a command's keyword arguments."""
+    return {k: kwargs.pop(k) for k in (*TRAINING_KEYS, "device") if k in kwargs}
+
+
+def training_setup(cfg: GPTConfig, given: dict[str, Any]):
+    """The TrainingSetup of the running command: options > the --config file's [training] and
+    [parallel] tables > the family's defaults (`gptcalc.config.training_defaults`)."""
+    from ..config import TrainingSetup, training_defaults
+    from ..units import parse_bytes
+
+    s = current_setup()
+    family = training_defaults(cfg, hf=bool(s and s.from_hf))
+    defaults = {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
+                "recompute": "none", "attn": family["attn"], "device": family["device"],
+                "impl": family["impl"], "overhead": 0}
+    training, filed = section_settings("training", given, defaults)
+    parallel, filed_p = section_settings("parallel", given, PARALLEL_DEFAULTS)
+    overhead = training.pop("overhead")
+    try:
+        if not isinstance(overhead, int):
+            try:
+                overhead = parse_bytes(str(overhead))
+            except ValueError as e:
+                raise ConfigError("overhead", str(e)) from None
+        return TrainingSetup(attn_impl=training.pop("attn"), overhead=overhead, **training,
+                             **parallel)
+    except ConfigError as e:
+        key = "attn" if e.field == "attn_impl" else e.field
+        if key in filed | filed_p:  # the bad value came from the file, not an option
+            table = "training" if key in filed else "parallel"
+            raise ConfigError("config", f"[{table}] {e.message}") from None
+        raise
+
+
+def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:
+    """One line naming every assumption behind a memory figure."""
+    from ..units import binary_bytes
+
+    return (f"Assuming {setup.describe()}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
+            f"micro-batch {wl.batch_size} x grad_accum {wl.grad_accum} x dp {setup.dp} = global "
+            f"batch {wl.global_batch(setup.dp):,}; overhead {binary_bytes(setup.overhead)}")
+
+
+__all__ = ["PARALLEL_DEFAULTS", "PRESETS", "TRAINING_KEYS", "assumptions", "config_section",
+           "describe", "model_options", "option_for", "pop_training", "record_section",
+           "resolve_setup", "section_settings", "training_options", "training_setup"]

@@ -8,7 +8,8 @@ import click
 
 from ..config import GPTConfig, Workload
 from .extras import require
-from .options import model_options
+from .options import (assumptions, model_options, pop_training, training_options,
+                      training_setup)
 from .render import print_line
 from .report import model_name
 
@@ -19,19 +20,25 @@ from .report import model_name
               default=Path("gptcalc-plots"), show_default=True, help="Directory for the PNGs.")
 @click.option("--measure", is_flag=True,
               help="Overlay points measured on the reference model (small sizes, CPU).")
+@training_options()
 @click.pass_context
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path,
-            measure: bool) -> None:
-    """Parameters, FLOPs per token, training memory and KV cache vs the sizes that drive them."""
+            measure: bool, **given) -> None:
+    """Parameters, FLOPs per token, training memory and KV cache vs the sizes that drive them.
+
+    The training memory plot assumes the training options (default: the family's usual
+    set-up, printed first)."""
     require("plot", "matplotlib", *(("torch",) if measure else ()))
     from reports import plots  # matplotlib loads only here
 
     from reports.output import moved, staged_output
 
     cfg, wl = model
+    setup = training_setup(cfg, pop_training(given))
+    print_line(assumptions(cfg, wl, setup))
     name = model_name(ctx)
     with staged_output(out_dir) as staging:
-        made = plots.make_plots(staging, cfg, wl, name)
+        made = plots.make_plots(staging, cfg, wl, name, setup=setup)
         if measure:
             made.append(plots.plot_measured(staging, cfg, name))
     for p in (moved(p, staging, out_dir) for p in made):

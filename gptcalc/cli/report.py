@@ -10,7 +10,8 @@ from ..config import GPTConfig, Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..units import si
 from .extras import require
-from .options import model_options
+from .options import (assumptions, model_options, pop_training, training_options,
+                      training_setup)
 from .render import print_line
 
 
@@ -24,18 +25,26 @@ from .render import print_line
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator for the time and serving section (see `gptcalc gpus`).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@training_options(with_device=False)
 @click.pass_context
 def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path, device: str,
-            gpu_name: str, quiet: bool) -> None:
-    """Analyse a model: counts, conventions, memory, verification, context scaling, plots."""
+            gpu_name: str, quiet: bool, **given) -> None:
+    """Analyse a model: counts, conventions, memory, verification, context scaling, plots.
+
+    The memory section and plots assume the training options (default: the family's usual
+    set-up; with --device cpu or cuda, that device's kernels)."""
     require("report", "torch", "fvcore", "matplotlib")
     from reports.report import build_report  # torch and matplotlib load only here
 
     cfg, wl = model
+    training = pop_training(given)
+    training["device"] = None if device == "auto" else device
+    setup = training_setup(cfg, training)
+    print_line(assumptions(cfg, wl, setup))
     name = model_name(ctx)
     find_gpu(gpu_name)  # an unknown name fails here, before the slow part
     r = build_report(cfg, wl, out_dir, device=device, name=name, progress=not quiet,
-                     gpu=gpu_name)
+                     gpu=gpu_name, setup=setup)
     f = r.facts
     print_line(f"{name}: {r.facts['params']:,} parameters ({si(f['params'])}); measured on "
                f"{f['device']}; FLOPs per token ~ T^{f['exponent_per_token']:.2f} over the "
