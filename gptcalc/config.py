@@ -476,7 +476,9 @@ class TrainingSetup:
     `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
     (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
     holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard).
-    `overhead`: bytes added to every
+    `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
+    base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4. `overhead`: bytes
+    added to every
     phase of the peak for what the model does not cover (framework context, allocator
     fragmentation, communication buckets); 0 unless given, always printed.
 
@@ -498,6 +500,9 @@ class TrainingSetup:
     sp: bool = False
     ep: int = 1
     overhead: int = 0
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+    base_dtype: str = "same"
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
@@ -512,6 +517,17 @@ class TrainingSetup:
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.sp, bool):
             raise ConfigError("sp", f"sp must be true or false, got {self.sp!r}")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or (
+                self.lora_rank < 0):
+            raise ConfigError("lora_rank", f"must be a rank >= 0, got {self.lora_rank!r}")
+        if self.lora_rank and not self.lora_targets:
+            raise ConfigError("lora_targets", "a LoRA rank needs targets, e.g. q,v")
+        if self.base_dtype not in ("same", "nf4"):
+            raise ConfigError("base_dtype", f"base_dtype must be same or nf4, got "
+                                            f"{self.base_dtype!r}")
+        if self.base_dtype == "nf4" and not self.lora_rank:
+            raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
+                                               "--lora-rank")
         if isinstance(self.overhead, bool) or not isinstance(self.overhead, int) or (
                 self.overhead < 0):
             raise ConfigError("overhead", f"overhead must be a byte count >= 0, got "
@@ -535,13 +551,20 @@ class TrainingSetup:
 
     def describe(self) -> str:
         """One line naming every assumption of the set-up."""
-        prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, fp32 weights)",
+        amp_weights = "16-bit frozen base, fp32 adapters" if self.lora_rank else "fp32 weights"
+        prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, {amp_weights})",
                 "mixed": f"mixed ({self.autocast_dtype} weights, fp32 master copy)",
                 "bf16": "pure bf16"}[self.mode]
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
+        tune = ""
+        if self.lora_rank:
+            base = "NF4 (QLoRA)" if self.base_dtype == "nf4" else "frozen"
+            tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over a "
+                    f"{base} base")
         return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, {self.device.upper()} "
-                f"kernels, {self.impl} implementation, recompute {self.recompute}, {layout}")
+                f"kernels, {self.impl} implementation, recompute {self.recompute}{tune}, "
+                f"{layout}")
 
 
 # The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's

@@ -18,7 +18,8 @@ from .inventory import inventory
 # the inventory's module names (their last two parts) -> the target name
 _TARGETS = {
     "attn.c_attn": "qkv", "attn.q_proj": "q", "attn.k_proj": "k", "attn.v_proj": "v",
-    "heads.query": "q", "heads.key": "k", "heads.value": "v", "attn.c_proj": "o",
+    "heads.query": "q", "heads.key": "k", "heads.value": "v", "attn.query": "q",
+    "attn.key": "k", "attn.value": "v", "attn.c_proj": "o",
     "attn.q_a_proj": "q_a", "attn.q_b_proj": "q_b", "attn.kv_a_proj": "kv_a",
     "attn.kv_b_proj": "kv_b", "c_fc": "up", "c_gate": "gate", "gate": "gate", "c_proj": "down",
     "router": "router",
@@ -43,7 +44,8 @@ class Linear:
 
 
 def _target(module: str) -> str:
-    parts = module.split(".")
+    """The target name of a module path (a trailing index of a per-head module list dropped)."""
+    parts = [p for p in module.split(".") if not p.isdigit()]
     for key in (".".join(parts[-2:]), parts[-1]):
         if key in _TARGETS:
             return _TARGETS[key]

@@ -250,6 +250,15 @@ def _training_option_list(with_device: bool) -> list[Callable]:
         click.option("--ep", type=int, default=None,
                      help="Expert-parallel ranks: each holds n_expert/ep routed experts "
                           "(default 1)."),
+        click.option("--lora-rank", type=int, default=None,
+                     help="LoRA fine-tuning at this rank: a frozen base, trainable adapters "
+                          "(default 0: full training)."),
+        click.option("--lora-targets", default=None, metavar="LIST",
+                     help="Linears that get adapters: q,k,v,o,gate,up,down (qkv for a fused "
+                          "layout) or all; default q,v as PEFT does."),
+        click.option("--weights-dtype", type=click.Choice(["bf16", "int4"]), default=None,
+                     help="The frozen base under LoRA: bf16 (default) or int4 = QLoRA's NF4 with "
+                          "double-quantised constants."),
     ]
     if with_device:
         opts.append(click.option(
@@ -261,7 +270,8 @@ def _training_option_list(with_device: bool) -> list[Callable]:
 
 
 TRAINING_KEYS = ("mode", "optimizer", "autocast_dtype", "recompute", "attn", "impl", "overhead",
-                 "zero", "dp", "tp", "pp", "sp", "ep")
+                 "zero", "dp", "tp", "pp", "sp", "ep", "lora_rank", "lora_targets",
+                 "weights_dtype")
 
 
 def training_options(with_device: bool = True) -> Callable:
@@ -289,10 +299,13 @@ def training_setup(cfg: GPTConfig, given: dict[str, Any]):
     family = training_defaults(cfg, hf=bool(s and s.from_hf))
     defaults = {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
                 "recompute": "none", "attn": family["attn"], "device": family["device"],
-                "impl": family["impl"], "overhead": 0}
+                "impl": family["impl"], "overhead": 0, "lora_rank": 0, "lora_targets": "",
+                "weights_dtype": ""}
     training, filed = section_settings("training", given, defaults)
     parallel, filed_p = section_settings("parallel", given, PARALLEL_DEFAULTS)
     overhead = training.pop("overhead")
+    training.update(_lora(cfg, training.pop("lora_rank"), training.pop("lora_targets"),
+                          training.pop("weights_dtype"), training["mode"]))
     try:
         if not isinstance(overhead, int):
             try:
@@ -307,6 +320,27 @@ def training_setup(cfg: GPTConfig, given: dict[str, Any]):
             table = "training" if key in filed else "parallel"
             raise ConfigError("config", f"[{table}] {e.message}") from None
         raise
+
+
+def _lora(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mode: str
+          ) -> dict[str, Any]:
+    """The LoRA fields of a TrainingSetup from --lora-rank, --lora-targets, --weights-dtype."""
+    from ..lora import parse_targets
+
+    targets = targets or None  # "" (a saved file's default) is no targets
+    weights_dtype = weights_dtype or None
+    if not rank:
+        if targets is not None:
+            raise ConfigError("lora_targets", "give --lora-rank too")
+        if weights_dtype == "int4":
+            raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
+                                               "--lora-rank")
+        return {}
+    if weights_dtype is not None and mode == "fp32":
+        raise ConfigError("weights_dtype", "mode fp32 keeps an fp32 base; use --mode amp (a "
+                                           "16-bit base, fp32 adapters) with --weights-dtype")
+    return {"lora_rank": rank, "lora_targets": parse_targets(targets, cfg),
+            "base_dtype": "nf4" if weights_dtype == "int4" else "same"}
 
 
 def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:

@@ -132,13 +132,14 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     grads_early = st.gradients if workload.grad_accum > 1 else 0
     base = {"weights": st.weights, "optimizer states": st.optimizer, "overhead": setup.overhead}
     head_grads = 0
-    if holds_head:  # the lm_head's gradient (own or tied), made before the last block's
+    if holds_head and not setup.lora_rank:  # the lm_head's gradient (own or tied), made
+        # before the last block's
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
         head_grads = setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
     # a tied token embedding's backward makes its own gradient and sums it with the lm_head's
     # out of place (AccumulateGrad): two V x E tensors in flight at the end of backward
     tied_grad = 0
-    if cfg.tie_embeddings and stage == "first":
+    if cfg.tie_embeddings and stage == "first" and not setup.lora_rank:
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
         tied_grad = 2 * setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
     return {

@@ -25,6 +25,13 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
                                 f"{workload.seq_len}")
     if cfg.n_layer % p:
         raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
+    if setup.lora_rank and (t > 1 or p > 1):
+        raise ConfigError("lora_rank", "LoRA memory is modelled with data parallelism (and ZeRO) "
+                                       "only, not with tp or pp")
+    if setup.lora_rank:
+        from ..lora import parse_targets
+
+        parse_targets(",".join(setup.lora_targets), cfg)  # each target exists in this model
     if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")

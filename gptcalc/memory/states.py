@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ..config import GPTConfig, TrainingSetup
 from ..inventory import ParamTensor, inventory, tied_head_weight
+from ..linears import block_linears
 
 # Optimizer state bytes per parameter. fp32 and amp: exp_avg + exp_avg_sq in fp32 (AdamW),
 # momentum_buffer (SGD with momentum), nothing (SGD). mixed: the ZeRO paper's K (Rajbhandari et
@@ -110,6 +111,14 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
     4-byte step counter per parameter tensor (torch keeps `state["step"]` as a float32 scalar
     tensor), not sharded by ZeRO in this accounting.
     """
+    if setup.lora_rank:  # LoRA: a frozen base, trainable adapters (gptcalc.memory.finetune)
+        from .finetune import finetune_state_bytes
+
+        lines = finetune_state_bytes(cfg, setup)
+        grads, opt = lines["adapter/gradients"], lines["adapter/optimizer"]
+        weights = lines["base/weights"] + lines["adapter/weights"]
+        return StateBytes(stage=stage, params=lines["adapter/weights"] // setup.weight_bytes,
+                          weights=weights, gradients=grads, optimizer=opt, breakdown=lines)
     tensors = stage_tensors(cfg, setup, stage)
     n = sum(t.shard(setup.tp) * t.count for t in tensors)
     z = zero_bytes_per_param(setup, n)
@@ -122,7 +131,11 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
 
 
 def largest_tensor(cfg: GPTConfig, setup: TrainingSetup) -> int:
-    """Elements of the largest parameter tensor one device holds (tp-sharded)."""
+    """Elements of the largest trained parameter tensor one device holds (tp-sharded; with
+    LoRA the largest adapter matrix)."""
+    if setup.lora_rank:
+        return max(setup.lora_rank * max(m.in_features, m.out_features)
+                   for m in block_linears(cfg) if m.target in setup.lora_targets)
     return max(t.shard(setup.tp) for s in STAGES for t in stage_tensors(cfg, setup, s))
 
 

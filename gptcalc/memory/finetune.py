@@ -1,0 +1,157 @@
+"""Fine-tuning with LoRA or QLoRA: a frozen base, trainable rank-r adapters.
+
+LoRA (Hu et al. 2021) as PEFT adds it: a target Linear(in, out) keeps its weight frozen and gains
+lora_A = Linear(in, r) and lora_B = Linear(r, out) without bias (`gptcalc.lora`); every other
+parameter is frozen. QLoRA (Dettmers et al. 2023) stores the frozen block Linears in NF4
+(`gptcalc.lora.qlora_weight_bytes`).
+
+States: the frozen base in its dtype (the mode's; NF4 with `base_dtype="nf4"`), the adapters in
+the mode's weight dtype (fp32 under fp32 and amp: PEFT keeps adapters in fp32), and gradients and
+optimizer states for the adapters only.
+
+Saved activations: autograd keeps only what the gradients that are needed use. With a frozen
+weight a Linear keeps its weight, not its input, so (measured on the reference model with
+PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
+- a projection's input stays saved only where an adapter reads it (lora_A saves it); the MLP's
+  down projection input (the activation's output) only when `down` is adapted; the lm_head's
+  input never;
+- RMSNorm's normalised x * rsqrt (kept for the frozen weight's gradient) is not saved;
+  LayerNorm still saves its input and statistics;
+- the embeddings' index tensors are not saved;
+- each adapter adds lora_B's input, N x r in the activation dtype;
+- before the first adapter of the first block nothing requires a gradient (the embeddings are
+  frozen), so the first block saves nothing ahead of it (`_first_block_unsaved`).
+"""
+
+from __future__ import annotations
+
+from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
+from ..linears import block_linears
+from ..lora import lora_params, qlora_weight_bytes
+
+ATTN_INPUT_TARGETS = ("q", "k", "v", "qkv", "q_a", "kv_a")
+UP_TARGETS = ("up", "gate")
+
+
+def adapter_tensors(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Adapter parameter tensors (lora_A and lora_B per adapted Linear): AdamW's step counters."""
+    return sum(2 * m.count for m in block_linears(cfg) if m.target in setup.lora_targets)
+
+
+def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+    """Weights, gradients and optimizer bytes of LoRA fine-tuning on one device, by line.
+
+    base/weights: the frozen parameters in the mode's weight dtype, or (base_dtype nf4) the
+    block Linears in NF4 with their quantisation constants and the rest 16-bit. adapter/...:
+    r (in + out) per adapted Linear in the mode's weight dtype; gradients likewise; AdamW's two
+    moments per adapter parameter and a 4-byte step per adapter tensor. ZeRO stages 1-3 shard
+    the adapters' optimizer states, gradients and weights across dp; stage 3 also the base.
+    """
+    from ..params import count_params
+    from .states import OPTIMIZER_BYTES
+
+    n_lora = sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
+    n_total = count_params(cfg).total
+    d, z = setup.dp, setup.zero
+
+    def shard(n: int, stage: int) -> int:
+        return -(-n // d) if z >= stage else n
+    w = setup.weight_bytes
+    if setup.base_dtype == "nf4":
+        n_matrix = sum(m.weights for m in block_linears(cfg))
+        q = qlora_weight_bytes(n_matrix)
+        base = q["nf4"] + q["absmax"] + q["absmax_scales"] + 2 * (n_total - n_matrix)
+    else:
+        base = (2 if setup.mode == "amp" else w) * n_total  # amp: a 16-bit frozen base
+    steps = 4 * adapter_tensors(cfg, setup) if setup.optimizer == "adamw" else 0
+    return {
+        "base/weights": shard(base, 3),
+        "adapter/weights": w * shard(n_lora, 3),
+        "adapter/gradients": w * shard(n_lora, 2),
+        "adapter/optimizer": OPTIMIZER_BYTES[setup.mode][setup.optimizer] * shard(n_lora, 1)
+        + steps,
+    }
+
+
+def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                   lines: dict[str, int]) -> dict[str, int]:
+    """A profile's saved-tensor lines (full fine-tuning) as LoRA fine-tuning saves them."""
+    targets = set(setup.lora_targets)
+    out = dict(lines)
+    drop = ["final/lm_head_input", "input/idx", "embedding/positions"]
+    if not targets & set(ATTN_INPUT_TARGETS):
+        drop.append("layer/attn/qkv_input")
+    if not targets & set(UP_TARGETS):
+        drop.append("layer/mlp/fc_input")
+    if setup.attn_impl == "manual" and "o" not in targets:
+        drop.append("layer/attn/out_input")  # an SDPA kernel keeps its output itself
+    if cfg.norm == "rmsnorm":
+        drop += [k for k in out if k.endswith("/normalized")]
+    for k in drop:
+        out.pop(k, None)
+    N = workload.batch_size * workload.seq_len
+    for k in ("embedding/dropout_mask",):  # the frozen embeddings' output needs no gradient
+        out.pop(k, None)
+    if out.get("layer/mlp/hidden") and "down" not in targets and cfg.mlp != "relu":
+        # the down projection's input, unless ReLU saves it as its own output
+        out["layer/mlp/hidden"] -= cfg.n_layer * N * cfg.ffn_dim * setup.act_bytes
+    for key, nbytes in _first_block_unsaved(cfg, setup, targets, out, N * cfg.ffn_dim
+                                            * setup.act_bytes).items():
+        out[key] -= nbytes
+    for m in block_linears(cfg):
+        if m.target in targets:
+            key = f"lora/{m.target}/lora_B_input"
+            out[key] = out.get(key, 0) + m.count * N * setup.lora_rank * setup.act_bytes
+    return out
+
+
+# the first block's Linears in forward order, each with the adapter targets that read it and
+# the layer lines saved ahead of it
+_SITES = (
+    (ATTN_INPUT_TARGETS, ("layer/ln_1/",)),
+    (("o",), ("layer/attn/",)),
+    (UP_TARGETS, ("layer/ln_2/", "layer/attn/resid_dropout_mask")),
+    (("down",), ("layer/mlp/hidden",)),
+)
+
+
+def _first_block_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
+                         lines: dict[str, int], hidden_tensor: int) -> dict[str, int]:
+    """The first block's share of each layer line that it does not save: what it computes
+    ahead of its first adapted Linear reads only frozen inputs and needs no gradient.
+
+    Inputs that an adapter reads stay (lora_A saves them). In a gated MLP whose first adapted
+    Linear is gate or up, only the adapted branch needs a gradient: silu(gate) saves its input
+    only when gate is adapted, and the product saves the other factor of each branch that needs
+    one (up's output for gate, silu's output for up). Likewise a written-out attention whose
+    first block adapts only some of q, k, v: q @ k^T keeps q only for k's gradient and k only
+    for q's, and v and the mask are kept only when q or k needs a gradient."""
+    out: dict[str, int] = {}
+    L = cfg.n_layer
+    kept_inputs = {"layer/attn/qkv_input"} | ({"layer/attn/out_input"} if "o" in targets
+                                               else set())
+    for site_targets, prefixes in _SITES:
+        if targets & set(site_targets) and site_targets == UP_TARGETS and (
+                cfg.mlp in GATED_MLPS):
+            for k, v in lines.items():
+                if k.startswith(prefixes) and k not in kept_inputs:
+                    out[k] = v // L
+            # a gated MLP's hidden lines without down: gate's input, silu's output, up's output
+            saved = 2 * ("gate" in targets) + ("up" in targets)
+            out["layer/mlp/hidden"] = out.get("layer/mlp/hidden", 0) + (3 - saved) * (
+                hidden_tensor)
+            break
+        for k, v in lines.items():
+            if k.startswith(prefixes) and k not in kept_inputs:
+                keep = hidden_tensor if k == "layer/mlp/hidden" and "down" in targets else 0
+                out[k] = v // L - keep
+        if targets & set(site_targets):
+            if site_targets == ATTN_INPUT_TARGETS and setup.attn_impl == "manual" and (
+                    "qkv" not in targets):
+                q, k = "q" in targets, "k" in targets
+                for key, needed in (("layer/attn/q", k), ("layer/attn/k_t", q),
+                                    ("layer/attn/v", q or k), ("layer/attn/causal_mask", q or k)):
+                    if not needed and lines.get(key):
+                        out[key] = lines[key] // L
+            break
+    return out
