@@ -559,8 +559,8 @@ class TrainingSetup:
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
         tune = ""
         if self.lora_rank:
-            base = "NF4 (QLoRA)" if self.base_dtype == "nf4" else "frozen"
-            tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over a "
+            base = "an NF4 (QLoRA)" if self.base_dtype == "nf4" else "a frozen"
+            tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
         return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, {self.device.upper()} "
                 f"kernels, {self.impl} implementation, recompute {self.recompute}{tune}, "

@@ -91,6 +91,9 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
                 caption=f"peak at {rep.peak.why}")
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
+    if setup.lora_rank:
+        print_table("Model states: the frozen base and the adapters", ["line", "bytes", "binary"],
+                    _rows(rep.breakdown["state"]))
     print_table(f"Saved activations ({setup.impl}), one line per saved tensor kind",
                 ["tensor", "bytes", "binary"], _rows(rep.breakdown["activations"]))
     if fit:
