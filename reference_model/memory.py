@@ -434,7 +434,7 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
     from .replay import replay_peak
 
     from .measure import fake_mode
-    from .verify import Check
+    from .checks import Check
 
     fake = tensors == "shape-only"
     if fake and device != "cpu":
