@@ -83,8 +83,11 @@ def _ms(seconds: float) -> str:
 
 
 def _render(cfg, s: Serving) -> None:
-    print_line(f"{describe(cfg)}  B={s.batch_size} prompt={s.prompt_len} gen={s.gen_len} on "
-               f"{s.tp} x {s.gpu}, weights {s.weights_dtype}, KV cache {s.kv_dtype}")
+    print_line(f"Assuming {s.tp} x {s.gpu} (tensor parallel), batch {s.batch_size}, prompt "
+               f"{s.prompt_len:,} + {s.gen_len:,} generated tokens, weights {s.weights_dtype}, "
+               f"KV cache {s.kv_dtype}, efficiency {s.flops_efficiency:g} of the dense FLOP/s "
+               f"peak and {s.bandwidth_efficiency:g} of the memory bandwidth")
+    print_line(describe(cfg))
     mem = [["weights (incl. quantisation scales)", binary_bytes(s.weights_bytes)],
            [f"KV cache at {s.prompt_len + s.gen_len:,} tokens", binary_bytes(s.kv_cache_bytes)],
            [f"prefill activations ({s.prompt_len:,} tokens)", binary_bytes(s.activation_bytes)]]

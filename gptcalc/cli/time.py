@@ -97,6 +97,8 @@ def _json(cfg, wl, t: TrainingTime, measured) -> dict[str, Any]:
 
 
 def _render(cfg, wl, t: TrainingTime, measured) -> None:
+    print_line(f"Assuming {t.gpus:,} x {t.gpu} at its dense {t.precision} peak, MFU {t.mfu:g} "
+               f"(model FLOPs), recompute {t.recompute}, {t.tokens:,} tokens")
     print_line(describe(cfg, wl))
     rows = [
         ["model FLOPs per token (exact, forward + backward)", f"{t.flops_per_token:,}",
