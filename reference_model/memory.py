@@ -116,10 +116,11 @@ def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
-def _saving_nodes(root) -> dict[int, set[str]]:
-    """storage_key -> names of the autograd nodes holding it in a `_saved_*` attribute."""
+def saving_nodes(roots) -> dict[int, set[str]]:
+    """storage_key -> names of the autograd nodes reachable from `roots` (grad_fns) holding it
+    in a `_saved_*` attribute."""
     out: dict[int, set[str]] = {}
-    seen, stack = set(), [root]
+    seen, stack = set(), list(roots)
     while stack:
         node = stack.pop()
         if node is None or node in seen:
@@ -198,7 +199,7 @@ def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
     finally:
         for h in handles:
             h.remove()
-    nodes = _saving_nodes(loss.grad_fn) if setup.recompute == "none" else {}
+    nodes = saving_nodes([loss.grad_fn]) if setup.recompute == "none" else {}
     report = SavedReport([
         SavedTensor(saved_by="+".join(sorted(nodes.get(ptr, {"?"}))), **info)
         for ptr, info in seen.items()])

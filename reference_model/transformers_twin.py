@@ -32,6 +32,8 @@ import torch
 from gptcalc.config import ConfigError, GPTConfig
 from gptcalc.memory.profile_transformers import transformers_family
 
+from .memory import saving_nodes, storage_key
+
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
 _HF_GELU = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # gptcalc mlp -> HF act
 
@@ -168,40 +170,12 @@ class SavedReport:
         return out
 
 
-def _storage_key(t: torch.Tensor) -> int:
-    """Identity of the storage behind `t`, shared by all its views (its StorageImpl address)."""
-    return t.untyped_storage()._cdata
-
-
-def _saving_nodes(roots) -> dict[int, set[str]]:
-    """storage key -> names of the autograd nodes holding it in a `_saved_*` attribute."""
-    out: dict[int, set[str]] = {}
-    seen, stack = set(), list(roots)
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for name in dir(node):
-            if not name.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, name)
-            except Exception:  # noqa: BLE001 - freed or unreadable saved values
-                continue
-            for v in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(v, torch.Tensor) and v.numel():
-                    out.setdefault(_storage_key(v), set()).add(node.name())
-        stack.extend(fn for fn, _ in node.next_functions)
-    return out
-
-
 def saved_during(model: torch.nn.Module, run) -> tuple[SavedReport, Any]:
     """Every storage autograd saves while `run()` executes, deduplicated by storage, excluding
     `model`'s parameters and buffers; returns the report and run()'s result. The generic part of
     the measurement, independent of the model's class: `run` does the forward."""
-    excluded = {_storage_key(p) for p in model.parameters()}
-    excluded |= {_storage_key(b) for b in model.buffers()}
+    excluded = {storage_key(p) for p in model.parameters()}
+    excluded |= {storage_key(b) for b in model.buffers()}
     seen: dict[int, dict] = {}
     keep: list[torch.Tensor] = []  # keeps recorded storages (and their keys) alive
     stack = [""]
@@ -211,7 +185,7 @@ def saved_during(model: torch.nn.Module, run) -> tuple[SavedReport, Any]:
         handles.append(mod.register_forward_hook(lambda m, a, o: (stack.pop(), None)[1]))
 
     def pack(t: torch.Tensor):
-        key = _storage_key(t)
+        key = storage_key(t)
         st = t.untyped_storage()
         if key not in excluded and key not in seen and st.nbytes():
             seen[key] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
@@ -226,7 +200,7 @@ def saved_during(model: torch.nn.Module, run) -> tuple[SavedReport, Any]:
         for h in handles:
             h.remove()
     roots = [t.grad_fn for t in _tensors_in(result) if t.grad_fn is not None]
-    nodes = _saving_nodes(roots)
+    nodes = saving_nodes(roots)
     report = SavedReport([SavedTensor(saved_by="+".join(sorted(nodes.get(k, {"?"}))), **info)
                           for k, info in seen.items()])
     return report, result

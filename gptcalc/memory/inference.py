@@ -49,7 +49,13 @@ def max_context(cfg: GPTConfig, batch_size: int, setup: TrainingSetup, budget: i
 
     if global_layers(cfg) == 0:
         return None
-    lo, hi = 1, 2
+    return largest_fitting(fits, 1)
+
+
+def largest_fitting(fits, lo: int) -> int:
+    """The largest n >= lo with fits(n), for a monotone `fits` with fits(lo) true: doubling,
+    then bisection; exact, with no ceiling."""
+    hi = lo * 2
     while fits(hi):
         lo, hi = hi, hi * 2
     while hi - lo > 1:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..config import ConfigError, GPTConfig, TrainingSetup, Workload, validate_workload
 from .activations import activations_paper, device_activations, logits_bytes
-from .inference import kv_cache_bytes, serving_dtype_bytes
+from .inference import kv_cache_bytes, largest_fitting, serving_dtype_bytes
 from .peak import StepPeak, step_peak
 from .states import STAGES, state_bytes
 
@@ -93,24 +93,12 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     )
 
 
-def _largest(fits, lo: int) -> int:
-    """The largest n >= lo with fits(n), for a monotone `fits` with fits(lo) true: doubling,
-    then bisection; exact, with no ceiling."""
-    hi = lo * 2
-    while fits(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
 def max_batch(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> int:
     """The largest micro-batch whose step peak fits `budget` bytes per device; 0 if none."""
     def fits(b: int) -> bool:
         wl = Workload(b, workload.seq_len, workload.grad_accum)
         return step_peak(cfg, wl, setup).bytes <= budget
-    return _largest(fits, 1) if fits(1) else 0
+    return largest_fitting(fits, 1) if fits(1) else 0
 
 
 def max_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> int:
@@ -126,8 +114,8 @@ def max_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget
         return step_peak(big, wl, setup).bytes <= budget
     if setup.sp and setup.tp > 1:  # sequence parallel needs tp | S: search in steps of tp
         t = setup.tp
-        return t * (_largest(lambda k: fits(k * t), 1) if fits(t) else 0)
-    return _largest(fits, 1) if fits(1) else 0
+        return t * (largest_fitting(lambda k: fits(k * t), 1) if fits(t) else 0)
+    return largest_fitting(fits, 1) if fits(1) else 0
 
 
 __all__ = ["MemoryReport", "STAGES", "max_batch", "max_seq_len", "memory_report",
