@@ -408,6 +408,20 @@ PHASE_MODEL_TOLERANCE = 0.15
 PEAK_TOLERANCE_CUDA = 0.05
 
 
+def replay_not_modelled(cfg: GPTConfig) -> list[str]:
+    """The switches of `cfg` the CPU trace replay (reference_model/replay.py) does not walk: it
+    knows the classic block's nodes only. Saved bytes, states and the phase model are still
+    checked for them."""
+    used = (("mixture of experts", cfg.moe), ("multi-head latent attention", cfg.mla),
+            ("q/k norms", cfg.qk_norm != "none"), ("post-norms", cfg.post_norm),
+            ("no pre-norms", not cfg.pre_norm), ("a shared parallel norm", cfg.shared_norm),
+            ("sliding windows", cfg.sliding_window is not None),
+            ("attention sinks", cfg.attn_sinks), ("ALiBi", cfg.pos_embedding == "alibi"),
+            ("GeGLU", cfg.mlp == "geglu"), ("an embedding norm", cfg.embd_norm),
+            ("OPT's embedding projections", cfg.embd_proj_dim is not None))
+    return [name for name, on in used if on]
+
+
 def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
                   attn_impl: str = "manual", tensors: str = "real",
                   training: TrainingSetup | None = None):
@@ -479,15 +493,20 @@ def memory_checks(cfg: GPTConfig, workload: Workload, device: str = "cpu",
         if isinstance(rep, str):
             return checks + [Check("step peak bytes", predicted.bytes, -1, "CUDA", note=rep)]
         measured, tool = rep.requested_peak_bytes, "cuda requested_bytes"
+    unreplayed = replay_not_modelled(cfg) if device == "cpu" else []
     if device == "cpu":
-        replayed = replay_peak(cfg, workload, setup)
-        checks.append(Check("step peak bytes (CPU trace replay)", replayed.bytes, measured, tool,
-                            note=f"phase {replayed.phase}; node-by-node replay, tolerance "
-                                 f"{REPLAY_TOLERANCE:.0%}",
-                            tolerance=int(REPLAY_TOLERANCE * measured)))
+        if not unreplayed:
+            replayed = replay_peak(cfg, workload, setup)
+            checks.append(Check("step peak bytes (CPU trace replay)", replayed.bytes, measured,
+                                tool, note=f"phase {replayed.phase}; node-by-node replay, "
+                                           f"tolerance {REPLAY_TOLERANCE:.0%}",
+                                tolerance=int(REPLAY_TOLERANCE * measured)))
         tol, how = PHASE_MODEL_TOLERANCE, "phase model"
     else:
         tol, how = PEAK_TOLERANCE_CUDA, "phase model, CUDA not yet measured"
+    if unreplayed:  # the replay check is left out, and the peak's note says why
+        how += ("; no trace replay (it walks the classic block only, not "
+                f"{', '.join(unreplayed)})")
     checks.append(Check("step peak bytes", predicted.bytes, measured, tool,
                         note=f"{predicted.phase}; {how}, tolerance {tol:.0%}",
                         tolerance=int(tol * measured)))
