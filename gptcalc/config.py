@@ -562,11 +562,25 @@ def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
     """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
     `impl`. Seed families: fp32, manual attention, CPU (the reference model, as the seeds run
     it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is counted as
-    transformers' modules save it."""
+    transformers' modules save it where that profile models its switches, else as the
+    reference model saves it."""
     if not hf and family_of(cfg) in SEED_FAMILIES:
         return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
     return {"mode": "amp", "attn": "sdpa", "device": "cuda",
-            "impl": "transformers" if hf else "reference"}
+            "impl": "transformers" if hf and _transformers_modelled(cfg) else "reference"}
+
+
+def _transformers_modelled(cfg: GPTConfig) -> bool:
+    """False when the transformers profile has not measured a switch of `cfg` (MoE, MLA,
+    Gemma's norms, ...): such a Hugging Face config is then counted as the reference model
+    saves it, and the assumptions line says so."""
+    from .memory.profile_transformers import transformers_family  # torch-free
+
+    try:
+        transformers_family(cfg)
+    except ConfigError as e:
+        return e.field != "impl"
+    return True
 
 
 def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingSetup:
