@@ -586,11 +586,37 @@ def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
     """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
     `impl`. The tutorial and notes families: fp32, manual attention, CPU (the reference model,
     as their notebooks run it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is
-    counted as transformers' modules save it."""
+    counted as transformers' modules save it where that profile models its switches, else as
+    the reference model saves it."""
     if not hf and family_of(cfg) in NOTEBOOK_FAMILIES:
         return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
     return {"mode": "amp", "attn": "sdpa", "device": "cuda",
-            "impl": "transformers" if hf else "reference"}
+            "impl": "transformers" if hf and _transformers_modelled(cfg) else "reference"}
+
+
+def _transformers_modelled(cfg: GPTConfig) -> bool:
+    """False when the transformers profile has not measured a switch of `cfg` (MoE, MLA,
+    Gemma's norms, ...): such a Hugging Face config is then counted as the reference model
+    saves it, and the assumptions line says so."""
+    from .memory.profile_transformers import transformers_family  # torch-free
+
+    try:
+        transformers_family(cfg)
+    except ConfigError as e:
+        return e.field != "impl"
+    return True
+
+
+def modern_switches(cfg: GPTConfig) -> list[str]:
+    """The switches beyond the classic GPT-2 / Llama block that `cfg` uses, by name."""
+    used = (("mixture of experts", cfg.moe), ("multi-head latent attention", cfg.mla),
+            ("q/k norms", cfg.qk_norm != "none"), ("post-norms", cfg.post_norm),
+            ("no pre-norms", not cfg.pre_norm), ("a shared parallel norm", cfg.shared_norm),
+            ("sliding windows", cfg.sliding_window is not None),
+            ("attention sinks", cfg.attn_sinks), ("ALiBi", cfg.pos_embedding == "alibi"),
+            ("GeGLU", cfg.mlp == "geglu"), ("an embedding norm", cfg.embd_norm),
+            ("OPT's embedding projections", cfg.embd_proj_dim is not None))
+    return [name for name, on in used if on]
 
 
 def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingSetup:

@@ -383,7 +383,10 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             token, slot = torch.where(chosen == e)  # the tokens sent to expert e
-            out = out.index_add(0, token, expert(flat[token]) * weights[token, slot, None])
+            # cast back to the stream's dtype (fp32 under autocast), as transformers' MoE blocks
+            # do before their index_add_
+            y = expert(flat[token]) * weights[token, slot, None]
+            out = out.index_add(0, token, y.to(out.dtype))
         if hasattr(self, "shared"):
             shared = self.shared(flat)
             if hasattr(self, "shared_gate"):

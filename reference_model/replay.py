@@ -407,7 +407,7 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         # SDPA's fused kernel saves its own output for backward: c_proj's input is that very
         # tensor (unless partial rotary made c_proj's input a copy), freed only after the core;
         # selective recomputation makes the kernel's output anew, c_proj keeps the first
-        out_shared = flash and not acts_plain["layer/attn/sdpa_out"] and rec != "selective"
+        out_shared = flash and not acts_plain.get("layer/attn/sdpa_out", 0) and rec != "selective"
         # the dropout's gradient; in a parallel block also the block output's gradient, which
         # the attention branch was the last to hold
         w.free(grad_flow=N * E * a if (drop or owned) else 0,

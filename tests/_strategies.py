@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from gptcalc import GPTConfig, Workload
 from gptcalc.config import MLPS, NORMS, POSITIONS, QKV_LAYOUTS
 
-# the switches the memory model covers; the newer ones (ALiBi, GeGLU, MoE, MLA, windows, ...)
-# are drawn by `modern_configs` in tests/test_architectures.py
+# the classic switches; the newer ones (ALiBi, GeGLU, MoE, MLA, windows, ...) are drawn by
+# `modern_configs` in tests/test_memory_modern.py
 CLASSIC_POSITIONS = tuple(p for p in POSITIONS if p != "alibi")
 CLASSIC_MLPS = tuple(m for m in MLPS if m != "geglu")
 

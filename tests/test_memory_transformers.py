@@ -12,7 +12,7 @@ from gptcalc.cli import cli
 pytest.importorskip("transformers")
 tw = pytest.importorskip("reference_model.transformers_twin")
 
-# The targets; measured with torch 2.13 and transformers 5.23: the peak within 0.02%
+# The targets; measured with torch 2.13 and transformers 5.23: the peak within 0.02%
 # (MemTracker does not see the batch made before it starts; gptcalc counts it) and the saved
 # bytes exact (saved_tensors_hooks, deduplicated by storage).
 PEAK_TOLERANCE = 0.02
@@ -33,6 +33,15 @@ CASES = {
     "qwen2": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
               "intermediate_size": 160, "max_position_embeddings": 128},
+    # q/k RMSNorm over each head
+    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "vocab_size": 1000, "intermediate_size": 160, "max_position_embeddings": 128},
+    # a window shorter than both sequences: an explicit mask, and no enable_gqa with it
+    "mistral_window": {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+                       "intermediate_size": 160, "max_position_embeddings": 128,
+                       "sliding_window": 16},
 }
 
 
@@ -54,3 +63,22 @@ def test_memory_hf_config_matches_transformers_on_cpu(name, B, S, tmp_path):
     assert abs(predicted_saved - saved) <= SAVED_TOLERANCE * saved
     peak = tw.measure_step_peak(model, idx, labels).peak_bytes
     assert abs(out["peak"] - peak) <= PEAK_TOLERANCE * peak, (out["peak"], peak)
+
+
+@pytest.mark.parametrize("raw", [
+    {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "vocab_size": 1000, "intermediate_size": 96,
+     "num_local_experts": 4, "num_experts_per_tok": 2},
+    {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000, "intermediate_size": 160,
+     "sliding_window": 16}])
+def test_unmodelled_families_refuse_impl_transformers(raw, tmp_path):
+    # --impl transformers names itself rather than print a wrong number; the default falls
+    # back to the reference profile and says so
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    base = ["memory", "--hf-config", str(tmp_path), "-B", "2", "--seq-len", "32", "--json"]
+    r = CliRunner().invoke(cli, base + ["--impl", "transformers"])
+    assert r.exit_code != 0 and "--impl" in r.output and "use --impl reference" in r.output
+    r = CliRunner().invoke(cli, base)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["training"]["impl"] == "reference"

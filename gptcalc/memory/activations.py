@@ -107,8 +107,10 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 # are vocabulary-parallel. Index tensors and the manual path's S x S causal mask stay whole.
 _SEQUENCE_SHARDED = ("embedding/", "final/", "layer/ln_", "layer/block_input",
                      "layer/attn/qkv_input", "layer/attn/resid_dropout_mask",
-                     "layer/mlp/fc_input", "layer/mlp/dropout_mask", "layer/norm")
-_REPLICATED = ("input/", "layer/attn/causal_mask", "cross_entropy/total_weight",
+                     "layer/mlp/fc_input", "layer/mlp/dropout_mask", "layer/norm",
+                     "layer/moe/router", "layer/moe/topk")
+_REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
+               "cross_entropy/total_weight",
                "weight_copy/")  # weight copies arrive tensor-parallel sharded already
 
 

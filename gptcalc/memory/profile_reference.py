@@ -8,65 +8,10 @@ parallel sharding (`gptcalc.memory.activations` shards the lines). Exact against
 from __future__ import annotations
 
 from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
+from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
+from .profile_reference_modern import (SavedLines, mla_projections, mlp_lines, moe_lines,
+                                       weight_norm_lines)
 from .states import autocast_weight_copies
-
-
-def _qkv_storages(cfg: GPTConfig, N: int, a: int, rot: int | None = None) -> int:
-    """Bytes of the storages behind the q, k, v handed to the attention core.
-
-    Each is a view of the projection that made it unless something copied it: rotary (a new
-    tensor for q and k, `rot` bytes per element: fp32 under amp, where the fp32 cos/sin tables
-    promote the 16-bit q and k), grouped-query repeat_interleave (new k and v of H heads).
-    Views of the fused c_attn output keep all of it, N(Dq + 2Dkv), alive once.
-    """
-    Dq, Dkv = cfg.q_width, cfg.kv_width
-    rot = a if rot is None else rot
-    gqa, rotary = cfg.kv_heads != cfg.n_head, cfg.pos_embedding == "rotary"
-    own = {"q": Dq * rot if rotary else 0,
-           "k": Dq * (rot if rotary else a) if gqa else (Dkv * rot if rotary else 0),
-           "v": Dq * a if gqa else 0}
-    total = sum(own.values())
-    views = [r for r in own if not own[r]]
-    if cfg.qkv_layout == "fused":
-        total += (Dq + 2 * Dkv) * a if views else 0
-    else:  # separate projections (per_head: concatenated per role) are storages of their own
-        total += sum(Dq if r == "q" else Dkv for r in views) * a
-    return N * total
-
-
-def _matmul_operands(cfg: GPTConfig, b: int, N: int, a: int, m: int, math_path: bool
-                     ) -> dict[str, int]:
-    """Storages behind the q, k^T and v that the attention matmuls save, m bytes per element.
-
-    matmul folds (b, H, S, hd) operands to (b*H, S, hd). When b == 1 or H == 1 that reshape is
-    a view, so what is saved is the tensor q, k or v is a view of: the fused c_attn output
-    (N(Dq + 2Dkv), kept once however many roles share it), a separate projection's output, the
-    rotary or repeat_interleave result (N*Dq). Otherwise matmul saves a contiguous copy, N*Dq
-    each. (S == 1 can also fold as a view, but only where the source holds exactly N*Dq.)
-    SDPA's math path scales q and k first (fresh tensors either way) and, in 16-bit, upcasts v
-    to fp32, so only an fp32 v can be a view of its source.
-    """
-    Dq, Dkv, H = cfg.q_width, cfg.kv_width, cfg.n_head
-    gqa, rotary = cfg.kv_heads != H, cfg.pos_embedding == "rotary"
-    views = b == 1 or H == 1
-
-    def source(role: str) -> tuple[str, int]:
-        if (role == "q" and rotary) or (role == "k" and rotary and not gqa) or (
-                role in "kv" and gqa):
-            return role + "/own", N * Dq * a  # rotary / repeat_interleave made a new tensor
-        if cfg.qkv_layout == "fused":
-            return "c_attn", N * (Dq + 2 * Dkv) * a
-        return role + "/proj", N * (Dq if role == "q" else Dkv) * a
-
-    lines, seen = {}, set()
-    for role, key in (("q", "attn/q"), ("k", "attn/k_t"), ("v", "attn/v")):
-        if not views or (math_path and (role != "v" or a != 4)):
-            lines[key] = N * Dq * m  # a fresh contiguous copy
-            continue
-        name, nbytes = source(role)
-        lines[key] = 0 if name in seen else nbytes
-        seen.add(name)
-    return lines
 
 
 def _norm_lines(cfg: GPTConfig, N: int, a: int, stats: int) -> dict[str, int]:
@@ -78,113 +23,232 @@ def _norm_lines(cfg: GPTConfig, N: int, a: int, stats: int) -> dict[str, int]:
     return {"input": N * E * a, "mean": N * stats, "rstd": N * stats}
 
 
+
+def _qk_sources(cfg: GPTConfig, N: int, a: int, amp: bool, out: SavedLines
+                ) -> dict[str, tuple[str, int, int, int]]:
+    """q, k, v as the attention core receives them: role -> (storage, storage bytes, elements
+    per token, bytes per element); adds the q/k norms' lines to `out`.
+
+    Each starts as a view of the projection that made it: the fused c_attn output
+    (N(Dq + 2Dkv), one storage for all three roles), or a separate projection's output
+    (per_head: the concatenation of the heads' outputs). A q/k norm (`weight_norm_lines`;
+    rows per token: H or n_kv_head over each head, 1 over the whole projection) makes new q
+    and k, fp32 under amp (the fp32 weight promotes them); rotary too (fp32 cos/sin under amp);
+    grouped-query repeat_interleave makes new k and v of H heads.
+    """
+    if cfg.mla:
+        return mla_projections(cfg, N, a, amp, out)
+    Dq, Dkv, H, Hkv = cfg.q_width, cfg.kv_width, cfg.n_head, cfg.kv_heads
+    qkv_casts = {"fused": 1, "separate": 3, "per_head": 3 * H}[cfg.qkv_layout] if amp else 1
+    out.add("attn/qkv_input", qkv_casts * N * cfg.n_embd * a)
+    width = {"q": Dq, "k": Dkv, "v": Dkv}
+    if cfg.qkv_layout == "fused":
+        src = {r: ("c_attn", N * (Dq + 2 * Dkv) * a, width[r], a) for r in "qkv"}
+    else:
+        src = {r: (r + "/proj", N * width[r] * a, width[r], a) for r in "qkv"}
+    promoted = 4 if amp else a  # times an fp32 weight or table under amp
+    for role, heads in (("q", H), ("k", Hkv)):
+        if cfg.qk_norm != "none":
+            rows = N * (1 if cfg.qk_norm == "proj" else heads)
+            weight_norm_lines(out, f"attn/{role}_norm", rows, width[role] * N // rows, a,
+                              cfg.norm == "rmsnorm", src[role][:2])
+        if cfg.qk_norm != "none" or cfg.pos_embedding == "rotary":
+            src[role] = (role + "/own", N * width[role] * promoted, width[role], promoted)
+    if Hkv != H:
+        for role in "kv":
+            nbytes = src[role][3]
+            src[role] = (role + "/own", N * Dq * nbytes, Dq, nbytes)
+    return src
+
+
+def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, sliding: bool
+                     ) -> dict[str, int]:
+    """One attention block's saved bytes (its input norm excluded), global or sliding-window.
+
+      qkv_input, q/k norms, MLA's latents   `_qk_sources`
+      manual attention (and SDPA's CPU math path: dropout, ALiBi's float mask, MLA with
+      v_head_dim != q/k head width):
+        q, k_t, v        N*Dq each   contiguous copies matmul makes (b or H of 1: the source
+                                     storages instead; the math path scales q, k and upcasts
+                                     16-bit inputs to fp32)
+        causal_mask      S*S bool    masked_fill's mask (the window's mask on sliding blocks)
+        softmax          bHS(S+1)    its output; S + 1 columns with attention sinks; fp32 under
+                                     amp with ALiBi (fp32 slopes promote the scores)
+        dropout_mask     bHS^2       1 byte (SDPA's math path: a float mask)
+        dropped          bHS^2       what att @ v saves, when dropout or a cast made it new
+      SDPA flash kernel: q, k, v storages, an fp32 logsumexp bHS, a window's mask S*S (in the
+      compute dtype), its output when q was not laid out (b, S, H, hd) (partial rotary, MLA)
+      out_input        N*H*v_dim    c_proj's input
+      resid_dropout_mask N*E
+    """
+    N, a, H = b * S, setup.act_bytes, cfg.n_head
+    amp, drop = setup.mode == "amp", cfg.dropout > 0
+    out = SavedLines()
+    src = _qk_sources(cfg, N, a, amp, out)
+    alibi = cfg.pos_embedding == "alibi"
+    window = sliding and cfg.sliding_window is not None
+    flash = (setup.attn_impl == "sdpa" and (not drop or setup.device == "cuda") and not alibi
+             and cfg.qk_head_dim == cfg.v_dim)
+
+    def kernel_copy(role: str) -> tuple[str, int]:
+        """The tensor a kernel saves for `role` when it keeps the input itself: the source, or
+        autocast's 16-bit cast of an fp32 one."""
+        name, nbytes, width, elem = src[role]
+        return (role + "/cast", N * width * a) if elem != a else (name, nbytes)
+
+    if setup.recompute == "selective":
+        for role in "qkv":
+            out.add("attn/core_inputs", src[role][1], src[role][0])
+    elif flash:
+        for role in "qkv":
+            name, nbytes = kernel_copy(role)
+            out.add("attn/qkv", nbytes, name)
+        out.add("attn/logsumexp", b * H * S * 4)
+        if window:
+            out.add("attn/window_mask", S * S * a)
+        # the kernel lays its output out like q: a q made by a cat in (b, H, S, hd) order
+        # (partial rotary, MLA) gives an output that y.transpose(1, 2).contiguous() copies
+        partial = 0 < cfg.rotary_dims < cfg.head_size and not cfg.mla
+        if (partial or cfg.mla) and H > 1 and S > 1:
+            out.add("attn/sdpa_out", N * H * cfg.v_dim * a)
+    else:
+        math_path = setup.attn_impl == "sdpa"
+        m = 4 if math_path else a  # the math path computes 16-bit inputs in fp32 on CPU
+        views = b == 1 or H == 1  # matmul's (b, H) fold is then a view
+        for role, key in (("q", "attn/q"), ("k", "attn/k_t"), ("v", "attn/v")):
+            if not views or (math_path and (role != "v" or a != 4)):
+                out.add(key, N * src[role][2] * m)
+            else:
+                name, nbytes = kernel_copy(role)
+                out.add(key, nbytes, name)
+        cols = S + 1 if cfg.attn_sinks else S
+        att = b * H * S * S
+        if not math_path:
+            out.add("attn/causal_mask", S * S)
+        # CUDA autocast runs softmax in fp32 and att @ v casts the probabilities back to 16
+        # bit (kernel documentation; not measured here); on CPU under amp ALiBi's fp32 slopes
+        # promote the scores to fp32 and att @ v casts them
+        fp32_softmax = (setup.device == "cuda" and setup.mode in ("amp", "mixed") and m == a
+                        or amp and alibi and not math_path)
+        out.add("attn/softmax", b * H * S * cols * (4 if fp32_softmax else m))
+        if drop:
+            out.add("attn/dropout_mask", att * (1 if not math_path else m))
+        if drop or fp32_softmax:
+            out.add("attn/dropped", att * m)
+    out.add("attn/out_input", N * cfg.attn_out_width * a)
+    out.add("attn/resid_dropout_mask", N * cfg.n_embd if drop else 0)
+    return out.lines
+
+
+def _block_lines(cfg: GPTConfig, N: int, setup: TrainingSetup
+                 ) -> tuple[dict[str, int], bool]:
+    """The norms of one block and whether its MLP's input is a tensor the attention's
+    projections saved already (a parallel block whose branches read one tensor, outside amp).
+
+      ln_1, ln_2        pre-norms of the residual stream (`_norm_lines`; a parallel block's
+                        ln_2 reads the block input ln_1 saved already)
+      ln_attn_out,      post-norms of each branch's output (Gemma 2/3, OLMo 2), in the
+      ln_mlp_out        branch's dtype (16-bit under amp; an MoE block's output is the stream's)
+    """
+    a, r = setup.act_bytes, 4 if setup.mode in ("fp32", "amp") else setup.act_bytes
+    amp = setup.mode == "amp"
+    stats = 4 if (r == 4 or setup.device == "cuda") else a
+    lines: dict[str, int] = {}
+    if cfg.pre_norm:
+        lines.update({f"ln_1/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
+        if not cfg.shared_norm:
+            ln_2 = _norm_lines(cfg, N, r, stats)
+            if cfg.parallel_residual:  # ln_2 reads the block input ln_1 saved
+                ln_2["input"] = 0
+            lines.update({f"ln_2/{k}": v for k, v in ln_2.items()})
+    if cfg.post_norm:
+        lines.update({f"ln_attn_out/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()})
+    shared_input = cfg.parallel_residual and (cfg.shared_norm or not cfg.pre_norm) and not amp
+    return lines, shared_input
+
+
 def reference_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
                     ) -> dict[str, int]:
     """Bytes PyTorch saves for backward in one forward of the reference model, one line each.
 
     Exact (measured with saved_tensors_hooks, deduplicated by storage) on CPU for every mode
     (fp32, bf16, and under torch.autocast amp and mixed, bf16 or fp16), for every size (with b
-    or H equal to 1, matmul saves views instead of copies: `_matmul_operands`). One micro-batch
-    of b = B sequences on one device, before tensor/sequence-parallel sharding. Keys: `embedding/...`, `layer/...` (summed over L layers),
-    `final/...`, `cross_entropy/...`, `input/...` (the batch's own index tensors, saved by the
-    embedding and the loss), `weight_copy/...` (amp: `autocast_weight_copies`).
+    or H equal to 1, matmul saves views instead of copies), and every switch: q/k norms, post-
+    norms, shared parallel norms, sliding windows, sinks, ALiBi, GeGLU, MLA, MoE (any routing:
+    `moe_lines`), BLOOM's embedding norm, OPT's projections. One micro-batch of b = B
+    sequences on one device, before tensor/sequence-parallel sharding. Keys: `embedding/...`,
+    `layer/...` (summed over the blocks of each kind: global or sliding attention, dense or MoE
+    MLP, counted by `gptcalc.layers`), `final/...`, `cross_entropy/...`, `input/...` (the
+    batch's index tensors), `weight_copy/...` (amp: `autocast_weight_copies`).
 
     CPU autocast (measured, torch 2.13): Linear and matmul / bmm / SDPA run in the 16-bit dtype;
     layer_norm, softmax, GELU, SiLU, ReLU and the RMSNorm's pow / mean / rsqrt are not autocast
-    (they run in their input's dtype; softmax stays 16-bit, unlike CUDA autocast); cross
-    entropy runs in fp32. Under amp the weights, embeddings and buffers are fp32, so the
-    residual stream, every norm (input, statistics; RMSNorm's rsqrt and x * rsqrt) and rotary's
-    q and k (16-bit q, k times fp32 cos / sin) are fp32, while the Linear inputs are 16-bit
-    casts, one per Linear (autocast caches casts of parameters only). Under mixed the model is
-    16-bit throughout, as in bf16, except the cross entropy's fp32 log-probabilities and total
-    weight.
+    (they run in their input's dtype); cross entropy runs in fp32. Under amp the weights,
+    embeddings and buffers are fp32, so the residual stream, its norms and rotary's q and k are
+    fp32, while every Linear saves its own 16-bit cast of its input (autocast caches casts of
+    parameters only). Under mixed the model is 16-bit throughout, as in bf16, except the cross
+    entropy's fp32 log-probabilities and total weight. Not exact: amp with OPT's project_in
+    and no learned or sinusoidal positions (the first block then reads a 16-bit stream).
 
-    What each line is (N = bS tokens, a activation bytes, H heads, S sequence):
-      norm input, mean and rstd (LayerNorm; 4-byte stats for fp32, `a` bytes for bf16 on CPU,
-      fp32 on CUDA); RMSNorm written out saves x, rsqrt (N) and x*rsqrt;
-      the q/k/v projections' shared input; manual attention: contiguous copies of q, k^T and v
-      made by matmul (N*Dq each), the bool S x S causal mask masked_fill saves, the softmax
-      output (bHS^2), with dropout its 1-byte mask and the dropped probabilities; SDPA (CPU flash
-      kernel) without dropout: q, k, v storages, the output (shared with c_proj's input) and an
-      fp32 logsumexp of bHS; SDPA with dropout (CPU falls back to the math path): copies of q,
-      k^T, v, the softmax output, a float dropout mask, the dropped probabilities, all fp32
-      (the math path upcasts 16-bit inputs on CPU);
-      c_proj's input; the 1-byte masks of the residual dropouts; the MLP up projection's input,
-      ReLU's output or GELU's input and output or SwiGLU's gate, SiLU output, up output and
-      product; the lm_head input; the log-probabilities of the cross entropy (V per token).
+    Per token (N = bS, a activation bytes, r the stream's bytes):
+      embedding/positions   8S int64      the learned table's indices
+      embedding/proj_in     N*P           OPT's project_in input (the token embedding)
+      embedding/ln_emb      `_norm_lines` BLOOM's embedding norm
+      embedding/dropout     N bool*E
+      layer/ln_*            `_block_lines`
+      layer/attn/...        `_attention_lines` (global and sliding blocks)
+      layer/mlp/...         N*E, N*d_ff*k  `mlp_lines` (dense blocks), + N*E dropout mask
+      layer/moe/...         `moe_lines` (MoE blocks)
+      final/ln_f            `_norm_lines`; final/proj_out N*E (OPT's project_out input)
+      final/lm_head_input   N*P
+      cross_entropy         N*V log-probabilities, fp32 under autocast; the total weight
     recompute full: each block's input only (torch.utils.checkpoint); selective: the attention
     core (scores, softmax, dropout) is recomputed and only its q, k, v inputs are kept.
     """
     b, S = workload.batch_size, workload.seq_len
     N, a = b * S, setup.act_bytes
-    E, H, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer
-    Dq, Dff = cfg.q_width, cfg.ffn_dim
+    E, V, P = cfg.n_embd, cfg.vocab_size, cfg.embd_dim
     amp = setup.mode == "amp"
     # r: the residual stream's bytes, the weights' dtype: fp32 weights and embeddings keep it
     # fp32 under amp (a 16-bit branch output added to it promotes to fp32)
     r = 4 if setup.mode in ("fp32", "amp") else a
     stats = 4 if (r == 4 or setup.device == "cuda") else a
-    # under amp every Linear reading the fp32 stream casts its own 16-bit copy of the input
-    # (autocast caches casts of parameters only): separate q/k/v projections make 3 copies,
-    # per-head ones 3H, SwiGLU's gate and up projections 2
-    qkv_linears = {"fused": 1, "separate": 3, "per_head": 3 * H}[cfg.qkv_layout] if amp else 1
-    up_linears = 2 if amp and cfg.mlp in GATED_MLPS else 1
     drop = cfg.dropout > 0
-    att = b * H * S * S  # elements of one score matrix stack
     out: dict[str, int] = {
         "embedding/positions": 8 * S if cfg.pos_embedding == "learned" else 0,  # int64 arange
+        "embedding/proj_in": N * P * a if P != E else 0,
         "embedding/dropout_mask": N * E if drop and cfg.embd_dropout else 0,
     }
+    if cfg.embd_norm:
+        out.update({f"embedding/ln_emb/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
     layer: dict[str, int] = {}
+
+    def add(lines: dict[str, int], count: int, prefix: str = "") -> None:
+        for k, v in lines.items():
+            layer[prefix + k] = layer.get(prefix + k, 0) + count * v
+
     if setup.recompute == "full":
-        layer["block_input"] = N * E * r
+        layer["block_input"] = cfg.n_layer * N * E * r
     else:
-        layer.update({f"ln_1/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
-        layer["attn/qkv_input"] = qkv_linears * N * E * a
-        # CUDA's flash kernel handles dropout itself; CPU's falls back to the math path
-        sdpa_flash = setup.attn_impl == "sdpa" and (not drop or setup.device == "cuda")
-        if setup.recompute == "selective":
-            layer["attn/core_inputs"] = _qkv_storages(cfg, N, a, r)
-        elif sdpa_flash:
-            layer["attn/qkv"] = _qkv_storages(cfg, N, a)
-            layer["attn/logsumexp"] = b * H * S * 4
-            # the kernel lays its output out like q. Partial rotary (rotary_dims < head_dim)
-            # builds q with a cat in (b, H, S, hd) order, so the output is not already in
-            # (b, S, H, hd) order and y.transpose(1, 2).contiguous() copies it for c_proj: the
-            # output kept for backward is then a storage of its own.
-            partial = 0 < cfg.rotary_dims < cfg.head_size
-            layer["attn/sdpa_out"] = N * Dq * a if partial and H > 1 and S > 1 else 0
-        else:
-            # SDPA's CPU math path (taken with dropout) computes 16-bit inputs in fp32
-            m = a if setup.attn_impl == "manual" else 4
-            layer.update(_matmul_operands(cfg, b, N, a, m, math_path=setup.attn_impl == "sdpa"))
-            if setup.attn_impl == "manual":
-                layer["attn/causal_mask"] = S * S  # bool tril == 0, one per layer
-            # CUDA autocast runs softmax in fp32 and att @ v casts the probabilities back to 16
-            # bit (kernel documentation; not measured here): both are saved
-            fp32_softmax = setup.device == "cuda" and setup.mode in ("amp", "mixed") and m == a
-            layer["attn/softmax"] = att * (4 if fp32_softmax else m)
-            if drop:
-                # native_dropout's bool mask; SDPA's math path multiplies by a float mask
-                layer["attn/dropout_mask"] = att * (1 if setup.attn_impl == "manual" else m)
-            if drop or fp32_softmax:
-                layer["attn/dropped"] = att * m  # what att @ v saves
-        layer["attn/out_input"] = N * Dq * a  # c_proj's input (SDPA flash: its output)
-        layer["attn/dropout_mask"] = layer.get("attn/dropout_mask", 0)
-        layer["attn/resid_dropout_mask"] = N * E if drop else 0
-        ln_2 = _norm_lines(cfg, N, r, stats)
-        if cfg.parallel_residual:
-            # GPT-NeoX: ln_2 reads the block input, the very tensor ln_1 saved already
-            ln_2["input"] = 0
-        layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
-        layer["mlp/fc_input"] = up_linears * N * E * a
-        hidden = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4, "geglu": 4}[cfg.mlp]
-        layer["mlp/hidden"] = hidden * N * Dff * a  # incl. c_proj's input
-        layer["mlp/dropout_mask"] = N * E if drop else 0
-    out.update({f"layer/{k}": L * v for k, v in layer.items()})
+        norms, shared_input = _block_lines(cfg, N, setup)
+        add(norms, cfg.n_layer)
+        for sliding, count in ((False, global_layers(cfg)), (True, sliding_layers(cfg))):
+            if count:
+                add(_attention_lines(cfg, b, S, setup, sliding), count)
+        up_casts = 2 if amp and cfg.mlp in GATED_MLPS else 1
+        dense, moe = dense_mlp_layers(cfg), moe_layers(cfg)
+        add(mlp_lines(cfg, N, cfg.ffn_dim, a, up_casts, shared_input), dense, "mlp/")
+        if moe:
+            add(moe_lines(cfg, N, a, amp, shared_input), moe)
+        add({"mlp/dropout_mask": N * E if drop else 0}, cfg.n_layer)
+        if cfg.post_norm:  # the MLP's output: 16 bit under amp, an MoE block's the stream's
+            add({f"ln_mlp_out/{k}": v for k, v in _norm_lines(cfg, N, a, stats).items()}, dense)
+            add({f"ln_mlp_out/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()}, moe)
+    out.update({f"layer/{k}": v for k, v in layer.items()})
     if cfg.final_norm:
         out.update({f"final/ln_f/{k}": v for k, v in _norm_lines(cfg, N, r, stats).items()})
-    out["final/lm_head_input"] = N * E * a
+    out["final/proj_out_input"] = N * E * a if P != E else 0
+    out["final/lm_head_input"] = N * P * a
     # cross entropy autocasts to fp32: its log-probabilities and total weight are fp32
     autocast = setup.mode in ("amp", "mixed")
     out["cross_entropy/log_probs"] = N * V * (4 if autocast else a)

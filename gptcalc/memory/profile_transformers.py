@@ -3,7 +3,9 @@
 The `transformers` implementation profile: the same saved-tensor table as the reference model's
 (`embedding/...`, `layer/...` summed over the L layers, `final/...`, `cross_entropy/...`,
 `input/...`), for the classes people fine-tune: GPT2LMHeadModel, GPTNeoXForCausalLM,
-LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM, run as `model(input_ids,
+LlamaForCausalLM, MistralForCausalLM (with its sliding window), Qwen2ForCausalLM and
+Qwen3ForCausalLM (q/k norms); other families (MoE, MLA, Gemma's norms and GeGLU, ...) raise a
+ConfigError naming --impl, run as `model(input_ids,
 labels=labels)` in train mode with the config's defaults (`use_cache=True`: a DynamicCache holds a
 copy of every layer's key and value; `attn_implementation` "sdpa", or "eager" = attn_impl manual).
 
@@ -28,10 +30,14 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     layer/ln_1/...            LayerNorm: input N*E*r, mean N*4, rstd N*4;
                               RMSNorm: fp32 input N*E*4, rsqrt N*4, normalized N*E*a
     layer/attn/qkv_input      N * E * a      the q/k/v projections' shared input (the norm's output)
+    layer/attn/{q,k}_norm/... Qwen3's RMSNorm of each q (k) head: fp32 input N*Dq*4 (N*Dkv*4),
+                              rsqrt N*H*4 (N*n_kv_head*4), normalized N*Dq*a (N*Dkv*a)
     sdpa (fused kernel, dropout 0 on CPU):
     layer/attn/q              N * Dq * a     rotary output; GPT-2: a view of c_attn's N*3E output
     layer/attn/k, attn/v      N * Dkv * a    the cache's copies (torch.cat in DynamicCache.update)
     layer/attn/logsumexp      b * H * S * 4
+    layer/attn/window_mask    b * S^2 * a    Mistral's sliding-window mask once S >= window (then
+                              k and v are repeat_kv's N*Dq copies: no enable_gqa with a mask)
     layer/attn/sdpa_out       N * Dq * a     shared with o_proj's input, except NeoX (its rotary cat
                               lays q out as (b, H, S, hd): transpose(1, 2).contiguous() copies)
     eager, or sdpa with dropout on CPU (the math path; 16-bit inputs computed in fp32, m = 4):
@@ -67,26 +73,53 @@ from ..config import GATED_MLPS, ConfigError, GPTConfig
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
-FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3")
 _SDPA_GQA_MAX_HEAD_DIM = 256  # transformers' use_gqa_in_sdpa: enable_gqa only up to this head dim
+
+
+def _not_modelled(cfg: GPTConfig) -> list[str]:
+    """Switches of `cfg` whose transformers modules this profile has not measured."""
+    used = (("mixture of experts", cfg.moe), ("multi-head latent attention", cfg.mla),
+            ("post-norms", cfg.post_norm or not cfg.pre_norm),
+            ("a shared parallel norm", cfg.shared_norm),
+            (f"q/k norm {cfg.qk_norm!r}", cfg.qk_norm not in ("none", "head")),
+            ("a pattern of global and sliding layers", "G" in cfg.attn_pattern.upper()),
+            ("attention sinks", cfg.attn_sinks), ("ALiBi", cfg.pos_embedding == "alibi"),
+            ("GeGLU", cfg.mlp == "geglu"), ("an embedding norm", cfg.embd_norm),
+            ("OPT's embedding projections", cfg.embd_proj_dim is not None or cfg.pos_offset))
+    return [name for name, on in used if on]
 
 
 def transformers_family(cfg: GPTConfig) -> str:
     """The transformers model_type implementing `cfg`: gpt2 (learned positions, fused q/k/v,
     LayerNorm), gpt_neox (rotary, fused q/k/v, LayerNorm), qwen2 (RMSNorm, SwiGLU, separate
-    q/k/v with q/k/v bias and no output bias) or llama (the same without that bias pattern;
-    mistral is the same network). Raises ConfigError(field="family") otherwise."""
-    if cfg.qkv_layout == "fused" and cfg.norm == "layernorm":
+    q/k/v with q/k/v bias and no output bias), qwen3 (RMSNorm over each q and k head) or llama
+    (the same without that bias pattern; mistral is the same network, with or without its
+    sliding window). Raises ConfigError(field="impl") for switches the profile has not measured
+    (MoE, MLA, Gemma's norms and GeGLU, ...) and ConfigError(field="family") otherwise."""
+    missing = _not_modelled(cfg)
+    if missing:
+        raise ConfigError("impl", f"the transformers profile does not model {', '.join(missing)} "
+                                  "(its saved tensors are not measured); use --impl reference")
+    if cfg.qkv_layout == "fused" and cfg.norm == "layernorm" and cfg.qk_norm == "none":
         if cfg.pos_embedding == "learned":
             return "gpt2"
         if cfg.pos_embedding == "rotary":
             return "gpt_neox"
     if cfg.norm == "rmsnorm" and cfg.mlp in GATED_MLPS and cfg.qkv_layout == "separate":
+        if cfg.qk_norm == "head":
+            return "qwen3"
         return "qwen2" if cfg.qkv_bias and not cfg.attn_out_bias else "llama"
     raise ConfigError("family", "no transformers class implements this GPTConfig: gpt2 needs "
                                 "learned positions, fused q/k/v and LayerNorm; gpt_neox rotary, "
-                                "fused q/k/v and LayerNorm; llama / mistral / qwen2 RMSNorm, "
-                                "SwiGLU and separate q/k/v")
+                                "fused q/k/v and LayerNorm; llama / mistral / qwen2 / qwen3 "
+                                "RMSNorm, SwiGLU and separate q/k/v")
+
+
+def _window_mask(cfg: GPTConfig, S: int) -> bool:
+    """transformers builds an explicit sliding-window mask only when the window cuts keys off
+    (S >= window, as transformers 5.23 decides); otherwise SDPA runs causal without one."""
+    return cfg.sliding_window is not None and S >= cfg.sliding_window
 
 
 def _check(setup: Any) -> None:
@@ -118,7 +151,11 @@ def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> dict[str
         # q: rotary's output (a view of c_attn's output in GPT-2, which keeps all of it);
         # k, v: DynamicCache's torch.cat copies, or repeat_kv's H-head copies beyond head dim 256
         lines["attn/q"] = N * (3 * cfg.n_embd if fam == "gpt2" else Dq) * a
-        kv = Dq if gqa and hd > _SDPA_GQA_MAX_HEAD_DIM else Dkv
+        # with an explicit mask (a sliding window that cuts keys off) transformers does not
+        # pass enable_gqa: repeat_kv's H-head copies are saved, and the mask in q's dtype
+        masked = _window_mask(cfg, S)
+        kv = Dq if gqa and (hd > _SDPA_GQA_MAX_HEAD_DIM or masked) else Dkv
+        lines["attn/window_mask"] = b * S * S * a if masked else 0
         lines["attn/k"] = N * kv * a
         lines["attn/v"] = N * kv * a
         # fp32 logsumexp b x H x S; CUDA's memory-efficient kernel (fp32) pads S to 32
@@ -190,6 +227,12 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     else:
         layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
         layer["attn/qkv_input"] = qkv_casts * N * E * a
+        if fam == "qwen3":  # Qwen3RMSNorm on each q and k head, as the block's norms
+            for role, heads in (("q", cfg.n_head), ("k", cfg.kv_heads)):
+                W = heads * cfg.head_size
+                layer[f"attn/{role}_norm/input"] = N * W * 4
+                layer[f"attn/{role}_norm/rsqrt"] = N * heads * 4
+                layer[f"attn/{role}_norm/normalized"] = N * W * n_out
         layer.update(_attention(cfg, fam, b, S, setup))
         layer["attn/resid_dropout_mask"] = N * E * mask if resid_drop else 0
         ln_2 = _norm(cfg, N, n_out, r, stats)
@@ -275,7 +318,8 @@ def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> i
     one = N * cfg.kv_width * a
     fused = setup.attn_impl == "sdpa" and (setup.device == "cuda" or cfg.dropout == 0)
     if fused:
-        return 2 * one if gqa and cfg.head_size > _SDPA_GQA_MAX_HEAD_DIM else 0
+        repeated = cfg.head_size > _SDPA_GQA_MAX_HEAD_DIM or _window_mask(cfg, S)
+        return 2 * one if gqa and repeated else 0
     if setup.attn_impl == "manual":
         return 2 * one if gqa else 0
     return 2 * one if gqa else one

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ConfigError, GPTConfig, TrainingSetup, Workload, validate_workload
+from ..config import (ConfigError, GPTConfig, TrainingSetup, Workload, modern_switches,
+                      validate_workload)
 from .activations import activations_paper, device_activations, logits_bytes
 from .inference import kv_cache_bytes, largest_fitting, serving_dtype_bytes
 from .peak import StepPeak, step_peak
@@ -28,6 +29,9 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     if setup.lora_rank and (t > 1 or p > 1):
         raise ConfigError("lora_rank", "LoRA memory is modelled with data parallelism (and ZeRO) "
                                        "only, not with tp or pp")
+    if setup.lora_rank and modern_switches(cfg):
+        raise ConfigError("lora_rank", "LoRA memory is measured on the classic GPT-2 / Llama "
+                                       f"blocks, not with {', '.join(modern_switches(cfg))}")
     if setup.lora_rank:
         from ..lora import parse_targets
 

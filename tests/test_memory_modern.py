@@ -1,0 +1,145 @@
+"""Saved activations of the newer switches against the reference model, exact on CPU.
+
+Each example builds the reference model of a tiny config drawing GeGLU, q/k norms, post- and
+shared norms, sliding windows, sinks, ALiBi, OPT/BLOOM embeddings, MLA and MoE, runs one
+training forward under saved_tensors_hooks (deduplicated by storage) and compares the bytes
+with `gptcalc.memory.saved_activations`. The expected value is always the measurement.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from gptcalc import GPTConfig, Workload
+from gptcalc.memory import TrainingSetup, saved_activations
+from gptcalc.memory.profile_reference_modern import moe_lines
+from reference_model.memory import build_for, make_batch, measure_saved
+
+torch.set_num_threads(1)
+
+
+@st.composite
+def modern_configs(draw) -> GPTConfig:
+    """A tiny config (E <= 24, L <= 3, T = 8) with the newer switches drawn independently."""
+    H = draw(st.sampled_from([1, 2, 4]))
+    hd = draw(st.sampled_from([2, 4]))
+    layout = draw(st.sampled_from(["fused", "separate", "per_head"]))
+    mla = draw(st.booleans())
+    if mla:
+        layout = draw(st.sampled_from(["fused", "separate"]))
+    kv = H if layout == "per_head" or mla else draw(
+        st.sampled_from([d for d in (1, 2, 4) if d <= H and H % d == 0]))
+    parallel = draw(st.booleans())
+    shared_norm = parallel and draw(st.booleans())
+    pre_norm = shared_norm or draw(st.booleans())
+    fields = dict(
+        block_size=8, vocab_size=draw(st.integers(5, 30)), n_layer=draw(st.integers(1, 3)),
+        n_head=H, n_embd=H * hd, n_kv_head=kv, d_ff=draw(st.sampled_from([None, 6])),
+        dropout=draw(st.sampled_from([0.0, 0.1])), qkv_layout=layout,
+        qkv_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()),
+        tie_embeddings=draw(st.booleans()),
+        pos_embedding=draw(st.sampled_from(["learned", "rotary", "none", "alibi"])),
+        norm=draw(st.sampled_from(["layernorm", "layernorm_nobias", "rmsnorm"])),
+        mlp=draw(st.sampled_from(["gelu", "swiglu", "geglu"])),
+        final_norm=draw(st.booleans()), parallel_residual=parallel, shared_norm=shared_norm,
+        pre_norm=pre_norm, post_norm=draw(st.booleans()), embd_norm=draw(st.booleans()),
+        qk_norm="none" if mla else draw(st.sampled_from(["none", "head", "per_head", "proj"])),
+        attn_sinks=draw(st.booleans()))
+    if draw(st.booleans()):
+        fields.update(embd_proj_dim=draw(st.sampled_from([4, 6])),
+                      pos_offset=draw(st.sampled_from([0, 2])))
+    if draw(st.booleans()):
+        fields.update(sliding_window=draw(st.integers(1, 5)),
+                      attn_pattern=draw(st.sampled_from(["", "LG", "GL"])))
+    if mla:
+        fields.update(kv_lora_rank=draw(st.sampled_from([4, 6])),
+                      q_lora_rank=draw(st.sampled_from([None, 5])),
+                      qk_nope_head_dim=draw(st.sampled_from([2, 4])), qk_rope_head_dim=2,
+                      v_head_dim=draw(st.sampled_from([2, 4])))
+    if draw(st.booleans()):
+        fields.update(n_expert=draw(st.sampled_from([2, 4])),
+                      n_expert_active=draw(st.sampled_from([1, 2])),
+                      n_shared_expert=draw(st.sampled_from([0, 1])),
+                      moe_ffn_dim=draw(st.sampled_from([None, 5])),
+                      shared_expert_gate=draw(st.booleans()),
+                      moe_first_dense=draw(st.sampled_from([0, 1])))
+    return GPTConfig(**fields)
+
+
+def _measured(cfg: GPTConfig, wl: Workload, setup: TrainingSetup) -> int:
+    model = build_for(cfg, setup)
+    idx, targets = make_batch(cfg, wl)
+    return sum(t.nbytes for t in measure_saved(model, idx, targets, setup).tensors)
+
+
+def _check(cfg: GPTConfig, B: int, S: int, mode: str, attn: str, recompute: str) -> None:
+    if cfg.attn_sinks:
+        attn = "manual"  # the reference model writes sinks out in the manual attention only
+    wl, setup = Workload(B, S), TrainingSetup(mode=mode, attn_impl=attn, recompute=recompute)
+    assert sum(saved_activations(cfg, wl, setup).values()) == _measured(cfg, wl, setup)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(modern_configs(), st.integers(1, 2), st.integers(1, 8),
+       st.sampled_from(["fp32", "bf16"]), st.sampled_from(["manual", "sdpa"]))
+def test_modern_saved_bytes_exact_cpu(cfg, B, S, mode, attn):
+    _check(cfg, B, S, mode, attn, "none")
+
+
+@pytest.mark.slow
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(modern_configs(), st.integers(1, 2), st.integers(1, 8),
+       st.sampled_from(["fp32", "bf16", "amp", "mixed"]), st.sampled_from(["manual", "sdpa"]),
+       st.sampled_from(["none", "selective", "full"]))
+def test_modern_saved_bytes_exact_cpu_every_mode(cfg, B, S, mode, attn, recompute):
+    # amp with OPT's project_in and no additive positions: the first block reads a 16-bit
+    # stream, which the profile does not follow (its docstring says so)
+    if mode == "amp" and cfg.embd_proj_dim is not None and cfg.pos_embedding != "learned":
+        return
+    _check(cfg, B, S, mode, attn, recompute)
+
+
+@pytest.mark.parametrize("switch", [
+    dict(mlp="geglu"), dict(qk_norm="head"), dict(qk_norm="per_head"), dict(qk_norm="proj"),
+    dict(post_norm=True), dict(post_norm=True, pre_norm=False),
+    dict(parallel_residual=True, shared_norm=True), dict(sliding_window=3, attn_pattern="LG"),
+    dict(attn_sinks=True), dict(pos_embedding="alibi"), dict(embd_norm=True),
+    dict(embd_proj_dim=4, pos_offset=2, pos_embedding="learned"),
+    dict(kv_lora_rank=4, q_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4),
+    dict(n_expert=4, n_expert_active=2, n_shared_expert=1, moe_ffn_dim=6,
+         shared_expert_gate=True)])
+@pytest.mark.parametrize("mode, attn", [("fp32", "manual"), ("bf16", "sdpa"), ("amp", "manual")])
+def test_each_switch_alone_exact(switch, mode, attn):
+    switch = dict(switch)  # the parameter is shared by the modes
+    cfg = GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=8, d_ff=12,
+                    dropout=0.1, pos_embedding=switch.pop("pos_embedding", "rotary"),
+                    norm="rmsnorm", mlp=switch.pop("mlp", "swiglu"), **switch)
+    _check(cfg, 2, 7, mode, attn, "none")
+
+
+def test_moe_bytes_do_not_depend_on_routing():
+    # Two batches route differently through the same model (the realised expert loads differ)
+    # and save the same bytes; the counts only move rows between experts.
+    cfg = GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=8, d_ff=12,
+                    pos_embedding="rotary", norm="rmsnorm", mlp="swiglu", n_expert=4,
+                    n_expert_active=2, moe_ffn_dim=6)
+    setup, wl = TrainingSetup(), Workload(2, 16)
+    model = build_for(cfg, setup)
+    loads, saved = [], []
+    for seed in (0, 1):
+        idx, targets = make_batch(cfg, wl, seed=seed)
+        moe = model.transformer.h[0].mlp
+        with torch.no_grad():
+            h = model.transformer.wte(idx)
+            block = model.transformer.h[0]
+            x = h + block.attn(block.ln_1(h))
+            chosen = torch.topk(moe.router(block.ln_2(x).reshape(-1, 8)), 2, dim=-1).indices
+        loads.append(torch.bincount(chosen.flatten(), minlength=4).tolist())
+        saved.append(sum(t.nbytes for t in measure_saved(model, idx, targets, setup).tensors))
+    assert loads[0] != loads[1] and saved[0] == saved[1]
+    assert sum(saved_activations(cfg, wl, setup).values()) == saved[0]
+    # the formula given the realised counts is the same as the one for balanced routing
+    assert moe_lines(cfg, 32, 4, False, False, tuple(loads[0])) == moe_lines(cfg, 32, 4, False,
+                                                                                False)
