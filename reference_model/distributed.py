@@ -541,7 +541,7 @@ def _parallelize(model: _Model, mesh, sp: bool) -> None:
                                                      desired_input_layouts=(seq, None),
                                                      use_local_output=True)
     parallelize_module(gpt, mesh, plan)
-    for i, block in enumerate(gpt.transformer.h):
+    for block in gpt.transformer.h:
         attn = block.attn
         if attn.layout == "fused":
             hd = attn.head_dim
