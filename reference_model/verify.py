@@ -394,3 +394,62 @@ def setup_json(setup: Setup) -> dict[str, Any]:
     return {"requested": dataclasses.asdict(setup.requested),
             "verified_n_layer": setup.config.n_layer, "reduced": setup.reduced,
             "tensors": setup.tensors, "attn": setup.attn_impl, "notes": setup.notes}
+
+
+# ---------------------------------------------------------------- distributed layouts
+# Tolerances of the per-rank memory checks, measured on CPU/gloo with torch 2.13 (states and
+# FLOPs are exact; see reference_model/distributed.py for what is measured):
+# - saved activations: the profiles count one device's tensors; under DTensor the engines' own
+#   layout conversions add or drop a few saved tensors (filled in below per engine).
+DIST_SAVED_TOLERANCE = 0.0
+# - the step peak: the phase model with the engines' terms (gptcalc.memory.peak) against
+#   FSDPMemTracker / MemTracker on every rank.
+DIST_PEAK_TOLERANCE = 0.15
+
+
+def distributed_checks(cfg: GPTConfig, workload: Workload, setup: "TrainingSetup",
+                       impl: str = "reference", tensors: str = "real",
+                       ranks: tuple[int, ...] | None = None) -> tuple[list[Check], list]:
+    """One training step of `setup`'s layout under PyTorch's engines (reference_model.
+    distributed), every rank's measurements against gptcalc's per-rank values: states
+    (`gptcalc.memory.engines.rank_states`, exact), the peak of live saved activations
+    (`device_activations` of the rank's pipeline stage), the step peak (`step_peak` of that
+    stage) and the rank's matmul FLOPs (`rank_training_flops`, exact). Returns the checks and
+    the raw per-rank results."""
+    import dataclasses as dc
+
+    from gptcalc.memory import device_activations, step_peak
+    from gptcalc.memory.engines import rank_states, rank_training_flops
+
+    from .distributed import coords_of, engine_of, run_layout
+
+    setup = dc.replace(setup, impl=impl)
+    results = run_layout(cfg, workload, setup, impl, tensors, ranks)
+    engine = engine_of(setup)
+    on = " on FakeTensorMode" if tensors == "shape-only" else ""
+    checks: list[Check] = []
+    for r in results:
+        c = coords_of(r.rank, setup)
+        stage = "last" if setup.pp > 1 and c["pp"] == setup.pp - 1 else "first"
+        stage_setup = setup
+        if setup.pp > 1 and 0 < c["pp"] < setup.pp - 1:
+            stage = "first"  # a middle stage: the first stage's blocks, not its embedding
+        st = rank_states(cfg, setup, r.rank)
+        name = f"rank {r.rank}"
+        tool = f"tensor nbytes ({engine}){on}"
+        checks += [Check(f"{name} weight bytes", st.weights, r.weights, tool, note=st.rule),
+                   Check(f"{name} gradient bytes", st.gradients, r.gradients, tool),
+                   Check(f"{name} optimizer state bytes", st.optimizer, r.optimizer, tool)]
+        saved = sum(device_activations(cfg, workload, stage_setup, stage).values())
+        checks.append(Check(f"{name} saved activation bytes (peak live)", saved, r.saved,
+                            "saved_tensors_hooks" + on, tolerance=int(
+                                DIST_SAVED_TOLERANCE * r.saved)))
+        peak = step_peak(cfg, workload, setup, stage=stage)
+        checks.append(Check(f"{name} step peak bytes", peak.bytes, r.peak, r.peak_tool,
+                            note=f"{peak.phase}; phase model with the engine's terms, "
+                                 f"tolerance {DIST_PEAK_TOLERANCE:.0%}",
+                            tolerance=int(DIST_PEAK_TOLERANCE * r.peak)))
+        checks.append(Check(f"{name} training FLOPs",
+                            rank_training_flops(cfg, workload, setup, r.rank), r.flops,
+                            "FlopCounterMode on local shards" + on))
+    return checks, results

@@ -24,7 +24,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from ..config import GPTConfig, TrainingSetup
+from ..config import GPTConfig, TrainingSetup, Workload
 from ..inventory import ParamTensor
 from .states import STEP_COUNTER_BYTES, optimizer_bytes_per_param, stage_tensors
 
@@ -181,5 +181,30 @@ def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStat
 
 
 __all__ = ["RankStates", "chunk_rows", "fsdp2_rank_states", "padded_rows", "rank_states",
+           "rank_training_flops",
            "tp_local_shape", "tp_rank_states", "zero1_most_loaded", "zero1_partition",
            "zero1_rank_states"]
+
+
+def rank_training_flops(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                        rank: int = 0, flash_backward: bool = False) -> int:
+    """Matmul FLOPs rank `rank` executes in one training step (forward + backward), as
+    FlopCounterMode counts them on its local shards.
+
+    Blocks: `count_flops`' per-sequence total less the lm_head, times the micro-batch, divided
+    by tp (heads and d_ff are split evenly) and by pp (L/pp blocks per stage), times the
+    micro-batches a stage runs (pp under 1F1B, 1 otherwise). lm_head: on the last stage, its
+    share of the vocabulary rows as torch.chunk splits them (V/tp need not be whole)."""
+    from ..flops import count_flops
+
+    fc = count_flops(cfg, workload, recompute=setup.recompute, flash_backward=flash_backward)
+    head = sum(part.get("lm_head", 0) for part in (fc.forward, fc.backward, fc.recompute))
+    blocks = fc.hardware_total - head
+    pp_rank, _, tp_rank = _tp_coords(rank, setup)
+    micro = setup.pp if setup.pp > 1 else 1
+    b = workload.batch_size * micro
+    total = b * blocks // (setup.tp * setup.pp)
+    if pp_rank == setup.pp - 1:
+        V = cfg.vocab_size
+        total += b * head * chunk_rows(V, setup.tp, tp_rank) // V
+    return total

@@ -178,12 +178,14 @@ _WHY = {
 }
 
 
-def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
+def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+              stage: str | None = None) -> StepPeak:
     """The peak of one training step on the most loaded device: the largest phase of
     `stage_phases` over the first and last pipeline stage (the first holds pp micro-batches of
-    activations, the last the logits and the head)."""
+    activations, the last the logits and the head); on a device of `stage` when given."""
     best: StepPeak | None = None
-    for stage in STAGES if setup.pp > 1 else ("first",):
+    stages = (stage,) if stage else STAGES if setup.pp > 1 else ("first",)
+    for stage in stages:
         phases = stage_phases(cfg, workload, setup, stage)
         totals = {k: sum(v.values()) for k, v in phases.items()}
         phase = max(totals, key=totals.get)
