@@ -62,6 +62,7 @@ class RankResult:
     peak_tool: str
     flops: int
     seconds: float
+    peak_categories: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -360,8 +361,10 @@ def _rank_step(spec: dict, rank: int, world: int, fake: bool) -> RankResult:
     tracker = runner.tracker()
     with tracker:
         runner.step(live)
-    peak = next(v for k, v in tracker.get_tracker_snapshot("peak").items()
-                if getattr(k, "type", str(k)) == "cpu")["Total"]
+    snap = next(v for k, v in tracker.get_tracker_snapshot("peak").items()
+                if getattr(k, "type", str(k)) == "cpu")
+    peak = snap["Total"]
+    cats = {getattr(k, "value", str(k)): v for k, v in snap.items() if k != "Total" and v}
     weights, grads, opt = runner.states()
     counter = _flop_counter()
     with counter:
@@ -370,7 +373,7 @@ def _rank_step(spec: dict, rank: int, world: int, fake: bool) -> RankResult:
                       optimizer=opt, saved=live.peak, peak=peak,
                       peak_tool=type(tracker).__name__ + (" on FakeTensorMode" if fake else ""),
                       flops=counter.get_total_flops(),
-                      seconds=round(time.perf_counter() - start, 3))
+                      seconds=round(time.perf_counter() - start, 3), peak_categories=cats)
 
 
 class _Engine:

@@ -399,12 +399,19 @@ def setup_json(setup: Setup) -> dict[str, Any]:
 # ---------------------------------------------------------------- distributed layouts
 # Tolerances of the per-rank memory checks, measured on CPU/gloo with torch 2.13 (states and
 # FLOPs are exact; see reference_model/distributed.py for what is measured):
-# - saved activations: the profiles count one device's tensors; under DTensor the engines' own
-#   layout conversions add or drop a few saved tensors (filled in below per engine).
-DIST_SAVED_TOLERANCE = 0.0
-# - the step peak: the phase model with the engines' terms (gptcalc.memory.peak) against
-#   FSDPMemTracker / MemTracker on every rank.
-DIST_PEAK_TOLERANCE = 0.15
+# - saved activations, by engine: FSDP2 and ZeroRedundancyOptimizer save exactly what one device
+#   saves (0 B off on the debug preset and a transformers Llama). The pipeline's last stage also
+#   saves the target micro-batch the schedule split off for the loss (+256 B of 91,780 on the
+#   debug preset): 1%. DTensor tensor parallel saves, beside the profile's sharded tensors, the
+#   transposed weight shards and layout copies its dispatch makes (+10,368 B of 92,036 = 11.3%
+#   on the debug preset with sp, +10.2% without): 12%.
+DIST_SAVED_TOLERANCE = {"fsdp2": 0.0, "zero1": 0.0, "pipeline": 0.01, "tp": 0.12}
+# - the step peak: the phase model with the engines' terms (gptcalc.memory.peak,
+#   gptcalc.memory.engines) against FSDPMemTracker / MemTracker on every rank: FSDP2 within
+#   0.7% (debug preset and a transformers Llama at dp 2 and 4), ZeroRedundancyOptimizer 0.5%,
+#   the pipeline 2.4%, tensor parallel 4.7% (the DTensor copies above): 5%, as the single-device
+#   phase model's bound is stated for the worst of its configurations.
+DIST_PEAK_TOLERANCE = 0.05
 
 
 def distributed_checks(cfg: GPTConfig, workload: Workload, setup: "TrainingSetup",
@@ -443,13 +450,15 @@ def distributed_checks(cfg: GPTConfig, workload: Workload, setup: "TrainingSetup
         saved = sum(device_activations(cfg, workload, stage_setup, stage).values())
         checks.append(Check(f"{name} saved activation bytes (peak live)", saved, r.saved,
                             "saved_tensors_hooks" + on, tolerance=int(
-                                DIST_SAVED_TOLERANCE * r.saved)))
+                                DIST_SAVED_TOLERANCE[engine] * r.saved)))
         peak = step_peak(cfg, workload, setup, stage=stage)
         checks.append(Check(f"{name} step peak bytes", peak.bytes, r.peak, r.peak_tool,
                             note=f"{peak.phase}; phase model with the engine's terms, "
                                  f"tolerance {DIST_PEAK_TOLERANCE:.0%}",
                             tolerance=int(DIST_PEAK_TOLERANCE * r.peak)))
+        # CPU SDPA without dropout runs the fused kernel, whose backward is 2.5x attention
+        fused = setup.attn_impl == "sdpa" and cfg.dropout == 0
         checks.append(Check(f"{name} training FLOPs",
-                            rank_training_flops(cfg, workload, setup, r.rank), r.flops,
+                            rank_training_flops(cfg, workload, setup, r.rank, fused), r.flops,
                             "FlopCounterMode on local shards" + on))
     return checks, results

@@ -181,7 +181,7 @@ def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStat
 
 
 __all__ = ["RankStates", "chunk_rows", "fsdp2_rank_states", "padded_rows", "rank_states",
-           "rank_training_flops",
+           "fsdp2_phase_terms", "fsdp2_unsharded", "pipeline_phase_terms", "rank_training_flops",
            "tp_local_shape", "tp_rank_states", "zero1_most_loaded", "zero1_partition",
            "zero1_rank_states"]
 
@@ -208,3 +208,80 @@ def rank_training_flops(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         V = cfg.vocab_size
         total += b * head * chunk_rows(V, setup.tp, tp_rank) // V
     return total
+
+
+def _padded_elements(t: ParamTensor, setup: TrainingSetup) -> int:
+    """Elements of one tensor of `t` unsharded by FSDP2: the tp shard (rank 0's), dim 0 padded
+    to a multiple of dp (the all-gather output is padded)."""
+    shape = tp_local_shape(t, setup.tp, 0)
+    return _rows_times_rest(shape, padded_rows(shape[0], setup.dp) * setup.dp)
+
+
+def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                    ) -> dict[str, int]:
+    """Bytes of the parameters FSDP2 all-gathers, per group: `root` (everything outside the
+    blocks: embeddings, final norm, head; `fully_shard` at the root groups them) and `block`
+    (one transformer block, each wrapped on its own), unsharded and padded."""
+    wb = setup.weight_bytes
+    root = block = 0
+    for t in stage_tensors(cfg, setup, stage):
+        n = _padded_elements(t, setup) * t.copies
+        if t.place == "block":
+            block += n * t.layers // max(1, cfg.n_layer // setup.pp)
+        else:
+            root += n
+    return {"root": wb * root, "block": wb * block}
+
+
+def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                      ) -> dict[str, dict[str, int]]:
+    """What FSDP2 holds beyond the sharded states at each phase of the step peak
+    (torch.distributed.fsdp.fully_shard on every block and at the root; measured with
+    FSDPMemTracker on CPU/gloo, torch 2.13):
+
+    - the root's parameters are all-gathered before the forward and stay unsharded until the
+      end of backward (the root is never resharded after forward);
+    - ZeRO-3 (reshard_after_forward=True): a block is unsharded while it computes and freed
+      after its forward; in backward the block being computed is unsharded and the next one's
+      all-gather output (backward prefetch) is alive beside it;
+    - ZeRO-2 (reshard_after_forward=False): every block stays unsharded from its forward to its
+      backward;
+    - at the end of backward the root's unsharded gradients are the input of its reduce-scatter.
+    Empty unless dp > 1 and ZeRO >= 2."""
+    if setup.dp == 1 or setup.zero < 2:
+        return {}
+    u = fsdp2_unsharded(cfg, setup, stage)
+    root, block = u["root"], u["block"]
+    blocks = cfg.n_layer // setup.pp
+    held = blocks * block if setup.zero == 2 else 0
+    last = {"FSDP2 unsharded root parameters": root,
+            "FSDP2 unsharded block (computing)": block if setup.zero == 3 else 0,
+            "FSDP2 all-gather of the next block (prefetch)": block if setup.zero == 3 else 0,
+            "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
+    fwd = {"FSDP2 unsharded root parameters": root,
+           "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
+    return {"forward end": fwd, "backward start": fwd, "backward, last block": last,
+            "backward end": {"FSDP2 unsharded root parameters": root,
+                             "FSDP2 reduce-scatter input (root gradients)": root},
+            "optimizer step": {}}
+
+
+def pipeline_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                         stage: str, logits: int, gradients: int) -> dict[str, dict[str, int]]:
+    """What torch.distributed.pipelining's Schedule1F1B (pp micro-batches) holds on the last
+    stage beyond one micro-batch's tensors (measured with MemTracker on CPU/gloo, torch 2.13):
+
+    - the schedule keeps every micro-batch's output (the logits) to return them merged at the
+      end of the step: pp - 1 earlier micro-batches' logits beside the current one;
+    - the last stage runs each micro-batch's backward right after its forward, so from the
+      second micro-batch on the stage's gradients of the earlier ones are alive (the first
+      stage runs all pp forwards before its first backward: it holds none at its peak).
+    Empty unless pp > 1."""
+    if setup.pp == 1 or stage != "last":
+        return {}
+    kept = {"pipeline: earlier micro-batches' logits (kept for the merged output)":
+            (setup.pp - 1) * logits}
+    grads = {"gradients (accumulating over micro-batches)": gradients}
+    return {"forward end": {**kept, **grads}, "backward start": {**kept, **grads},
+            "backward, last block": {**kept, "gradients": gradients},
+            "backward end": kept, "optimizer step": {}}

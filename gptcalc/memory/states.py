@@ -109,8 +109,9 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
     Sharding as `stage_params` (tp, pp) then ZeRO over dp as PyTorch's engines shard
     (`engines`): ZeRO-1 as ZeroRedundancyOptimizer (whole tensors, greedily; its most loaded
     rank), ZeRO-2/3 as FSDP2 (every tensor's dim 0 padded to a multiple of dp; rank 0, which
-    owns the most rows). ZeRO-2 keeps the weights whole (the paper's stage 2; FSDP2 holds them
-    unsharded from forward to the end of backward). AdamW adds a 4-byte step counter per
+    owns the most rows). ZeRO-2 as FSDP2 runs it (reshard_after_forward=False) shards the
+    weights at rest too and holds them unsharded from forward to the end of backward (a term
+    of the step peak, `engines.fsdp2_phase_terms`). AdamW adds a 4-byte step counter per
     parameter tensor (torch keeps `state["step"]` as a float32 scalar tensor), not sharded.
     """
     tensors = stage_tensors(cfg, setup, stage)
@@ -127,7 +128,7 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
             r = engines.zero1_rank_states(cfg, setup, rank)
         else:
             r = engines.fsdp2_rank_states(cfg, setup, rank)
-        z = {"weights": z["weights"] if setup.zero < 3 else r.weights,
+        z = {"weights": z["weights"] if setup.zero < 2 else r.weights,
              "gradients": z["gradients"] if setup.zero < 2 else r.gradients,
              "optimizer": r.optimizer - r.steps}
         steps = r.steps
