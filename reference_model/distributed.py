@@ -212,8 +212,7 @@ def _fake_rank(spec: dict, rank: int, world: int) -> RankResult:
 
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
-        with fake_mode():
-            return _rank_step(spec, rank, world, fake=True)
+        return _rank_step(spec, rank, world, fake=True, mode=fake_mode)
     finally:
         dist.destroy_process_group()
 
@@ -348,14 +347,40 @@ def _flop_counter():
     return LocalFlopCounter(display=False, custom_mapping=CPU_SDPA_FLOPS)
 
 
-def _rank_step(spec: dict, rank: int, world: int, fake: bool) -> RankResult:
+def _meshes(setup: TrainingSetup) -> dict[str, Any]:
+    """The device meshes and process groups of the layout, made before any fake tensor mode
+    (a mesh is made of real rank tensors)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if setup.pp > 1:
+        return {"tied": dist.new_group([0, setup.pp - 1])}
+    if setup.dp > 1 and setup.tp > 1:
+        mesh = init_device_mesh("cpu", (setup.dp, setup.tp), mesh_dim_names=("dp", "tp"))
+        return {"dp": mesh["dp"], "tp": mesh["tp"]}
+    if setup.tp > 1:
+        return {"tp": init_device_mesh("cpu", (setup.tp,), mesh_dim_names=("tp",))}
+    return {"dp": init_device_mesh("cpu", (setup.dp,), mesh_dim_names=("dp",))}
+
+
+def _rank_step(spec: dict, rank: int, world: int, fake: bool,
+               mode=contextlib.nullcontext) -> RankResult:
     start = time.perf_counter()
     cfg, wl, setup, impl = spec["cfg"], spec["workload"], spec["setup"], spec["impl"]
     engine = engine_of(setup)
     coords = coords_of(rank, setup)
     torch.manual_seed(0)
+    meshes = _meshes(setup)
+    with mode():
+        return _run_rank(spec, rank, world, fake, meshes, engine, coords, start)
+
+
+def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankResult:
+    cfg, wl, setup, impl = spec["cfg"], spec["workload"], spec["setup"], spec["impl"]
     runner = {"fsdp2": _FSDP2, "zero1": _Zero1, "tp": _TensorParallel,
               "pipeline": _Pipeline}[engine](cfg, wl, setup, impl, rank, world)
+    runner.meshes = meshes
+    runner.build()
     runner.step()  # warm-up: the optimizer states exist after it
     live = LiveSaved(runner.tracked_module)
     tracker = runner.tracker()
@@ -428,19 +453,14 @@ class _Engine:
 
 
 class _FSDP2(_Engine):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        from torch.distributed.device_mesh import init_device_mesh
+    def build(self) -> None:
         from torch.distributed.fsdp import fully_shard
 
         s = self.setup
         reshard = s.zero == 3
         if s.tp > 1:
-            mesh = init_device_mesh("cpu", (s.dp, s.tp), mesh_dim_names=("dp", "tp"))
-            _parallelize(self.model, mesh["tp"], s.sp)
-            dp_mesh = mesh["dp"]
-        else:
-            dp_mesh = init_device_mesh("cpu", (s.dp,), mesh_dim_names=("dp",))
+            _parallelize(self.model, self.meshes["tp"], s.sp)
+        dp_mesh = self.meshes["dp"]
         for block in self.model.blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(self.model.module, mesh=dp_mesh, reshard_after_forward=reshard)
@@ -462,8 +482,7 @@ class _FSDP2(_Engine):
 
 
 class _Zero1(_Engine):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    def build(self) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         self.opt = ZeroRedundancyOptimizer(self.model.module.parameters(),
@@ -490,12 +509,8 @@ class _Zero1(_Engine):
 
 
 class _TensorParallel(_Engine):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cpu", (self.setup.tp,), mesh_dim_names=("tp",))
-        _parallelize(self.model, mesh, self.setup.sp)
+    def build(self) -> None:
+        _parallelize(self.model, self.meshes["tp"], self.setup.sp)
         self.opt = self.optimizer(self.model.module.parameters())
 
     def context(self):
@@ -574,8 +589,7 @@ def _parallelize(model: _Model, mesh, sp: bool) -> None:
 
 
 class _Pipeline(_Engine):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    def build(self) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         pp, stage = self.setup.pp, self.coords["pp"]
@@ -588,11 +602,7 @@ class _Pipeline(_Engine):
         self.opt = self.optimizer(self.stage_module.parameters())
         # a tied head: the last stage holds its own copy of the token embedding and the two
         # stages all-reduce its gradient after backward (Megatron-LM's word-embedding group)
-        self.tied_group = None
-        if self.cfg.tie_embeddings and pp > 1:
-            import torch.distributed as dist
-
-            self.tied_group = dist.new_group([0, pp - 1])
+        self.tied_group = self.meshes["tied"] if self.cfg.tie_embeddings else None
 
     def after_backward(self) -> None:
         import torch.distributed as dist
