@@ -280,13 +280,13 @@ def storage_bytes(tensors) -> int:
 class LiveSaved:
     """The peak of live saved-for-backward bytes: every tensor autograd saves is held in a
     small box until autograd drops it (after its node's backward); boxes are counted by
-    storage, parameters (and FSDP2's unsharded parameters) excluded."""
+    storage, parameters (and FSDP2's unsharded parameters) and buffers excluded."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.live, self.refs, self.peak = model, 0, {}, 0
 
     def _params(self) -> set[int]:
-        return {_storage_key(p) for p in self.model.parameters()}
+        return {_storage_key(p) for p in (*self.model.parameters(), *self.model.buffers())}
 
     def pack(self, t: torch.Tensor):
         box = _Box(t)
@@ -366,7 +366,7 @@ def _meshes(setup: TrainingSetup) -> dict[str, Any]:
 def _rank_step(spec: dict, rank: int, world: int, fake: bool,
                mode=contextlib.nullcontext) -> RankResult:
     start = time.perf_counter()
-    cfg, wl, setup, impl = spec["cfg"], spec["workload"], spec["setup"], spec["impl"]
+    setup = spec["setup"]
     engine = engine_of(setup)
     coords = coords_of(rank, setup)
     torch.manual_seed(0)
