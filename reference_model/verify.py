@@ -365,3 +365,79 @@ def setup_json(setup: Setup) -> dict[str, Any]:
     return {"requested": dataclasses.asdict(setup.requested),
             "verified_n_layer": setup.config.n_layer, "reduced": setup.reduced,
             "tensors": setup.tensors, "attn": setup.attn_impl, "notes": setup.notes}
+
+
+# ---------------------------------------------------------------- distributed layouts
+# Tolerances of the per-rank memory checks, measured on CPU/gloo with torch 2.13 (states and
+# FLOPs are exact; see reference_model/distributed.py for what is measured):
+# - saved activations, by engine: FSDP2 and ZeroRedundancyOptimizer save exactly what one device
+#   saves (0 B off on the debug preset and a transformers Llama). The pipeline's last stage also
+#   saves the target micro-batch the schedule split off for the loss (+256 B of 91,780 on the
+#   debug preset): 1%. DTensor tensor parallel saves, beside the profile's sharded tensors, the
+#   transposed weight shards and layout copies its dispatch makes (+10,368 B of 92,036 = 11.3%
+#   on the debug preset with sp, +10.2% without): 12%.
+DIST_SAVED_TOLERANCE = {"fsdp2": 0.0, "zero1": 0.0, "pipeline": 0.01, "tp": 0.12}
+# - the step peak (the tracker's Buffer category left out): the phase model with the engines'
+#   terms (gptcalc.memory.peak, gptcalc.memory.engines) against FSDPMemTracker / MemTracker on
+#   every rank. FSDP2: +0.05% on the debug preset, +0.65% / +0.70% on a transformers Llama
+#   (E 128, L 4, GQA, V 8192, 4 x 128 tokens) at dp 2 / 4, +1.1% / +1.2% on the reference
+#   Llama of that size, +4.2% on Llama-3-8B shape-only at dp 8 (a constant 2.04 GB, about one
+#   V x E fp32 tensor, not yet attributed); ZeroRedundancyOptimizer 0.06%; the pipeline 2.1%;
+#   tensor parallel 4.0% (the DTensor copies above). 5% covers them all.
+DIST_PEAK_TOLERANCE = 0.05
+
+
+def distributed_checks(cfg: GPTConfig, workload: Workload, setup: "TrainingSetup",
+                       impl: str = "reference", tensors: str = "real",
+                       ranks: tuple[int, ...] | None = None) -> tuple[list[Check], list]:
+    """One training step of `setup`'s layout under PyTorch's engines (reference_model.
+    distributed), every rank's measurements against gptcalc's per-rank values: states
+    (`gptcalc.memory.engines.rank_states`, exact), the peak of live saved activations
+    (`device_activations` of the rank's pipeline stage), the step peak (`step_peak` of that
+    stage) and the rank's matmul FLOPs (`rank_training_flops`, exact). Returns the checks and
+    the raw per-rank results."""
+    import dataclasses as dc
+
+    from gptcalc.memory import device_activations, step_peak
+    from gptcalc.memory.engines import rank_states, rank_training_flops
+
+    from .distributed import coords_of, engine_of, run_layout
+
+    setup = dc.replace(setup, impl=impl)
+    results = run_layout(cfg, workload, setup, impl, tensors, ranks)
+    engine = engine_of(setup)
+    on = " on FakeTensorMode" if tensors == "shape-only" else ""
+    checks: list[Check] = []
+    for r in results:
+        c = coords_of(r.rank, setup)
+        stage = "last" if setup.pp > 1 and c["pp"] == setup.pp - 1 else "first"
+        stage_setup = setup
+        if setup.pp > 1 and 0 < c["pp"] < setup.pp - 1:
+            stage = "first"  # a middle stage: the first stage's blocks, not its embedding
+        st = rank_states(cfg, setup, r.rank)
+        name = f"rank {r.rank}"
+        tool = f"tensor nbytes ({engine}){on}"
+        checks += [Check(f"{name} weight bytes", st.weights, r.weights, tool, note=st.rule),
+                   Check(f"{name} gradient bytes", st.gradients, r.gradients, tool),
+                   Check(f"{name} optimizer state bytes", st.optimizer, r.optimizer, tool)]
+        saved = sum(device_activations(cfg, workload, stage_setup, stage).values())
+        checks.append(Check(f"{name} saved activation bytes (peak live)", saved, r.saved,
+                            "saved_tensors_hooks" + on, tolerance=int(
+                                DIST_SAVED_TOLERANCE[engine] * r.saved)))
+        peak = step_peak(cfg, workload, setup, stage=stage)
+        # the reference model's buffers (a T x T causal mask and rotary tables per block) are
+        # an artefact of the test model, not of training: the tracker's Buffer category is
+        # left out of the measured peak
+        buffers = r.peak_categories.get("Buffer", 0)
+        measured = r.peak - buffers
+        checks.append(Check(f"{name} step peak bytes", peak.bytes, measured, r.peak_tool,
+                            note=f"{peak.phase}; phase model with the engine's terms, "
+                                 f"tolerance {DIST_PEAK_TOLERANCE:.0%}; the model's buffers "
+                                 f"({buffers:,} B) left out of the measurement",
+                            tolerance=int(DIST_PEAK_TOLERANCE * measured)))
+        # CPU SDPA without dropout runs the fused kernel, whose backward is 2.5x attention
+        fused = setup.attn_impl == "sdpa" and cfg.dropout == 0
+        checks.append(Check(f"{name} training FLOPs",
+                            rank_training_flops(cfg, workload, setup, r.rank, fused), r.flops,
+                            "FlopCounterMode on local shards" + on))
+    return checks, results

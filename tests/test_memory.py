@@ -37,8 +37,18 @@ def test_zero_sharding_is_exact_for_a_model():
     n = base.params  # 124,439,808 (GPT-2 small, tied), divisible by 8
     assert n % 8 == 0
     z3 = state_bytes(cfg, TrainingSetup(mode="mixed", dp=8, zero=3))
-    assert (z3.weights, z3.gradients) == (2 * n // 8, 2 * n // 8)
-    assert z3.breakdown["optimizer/states"] == 12 * n // 8
+    # FSDP2 shards each tensor's dim 0, padded to a multiple of dp: only the token embedding's
+    # 50,257 rows are uneven, ceil(50257 / 8) = 6,283 rows on rank 0, 7 x 96 elements of padding
+    shard = n // 8 + (6283 * 8 - 50257) * 768 // 8
+    assert (z3.weights, z3.gradients) == (2 * shard, 2 * shard)
+    assert z3.breakdown["optimizer/states"] == 12 * shard
+
+
+def test_zero1_shards_whole_tensors_greedily():
+    # ZeroRedundancyOptimizer's rule: largest tensor first, each to the least loaded rank
+    from gptcalc.memory.engines import zero1_partition
+    assert zero1_partition((5, 3, 3, 2), 2) == ((0, 3), (1, 2))
+    assert zero1_partition((1, 1, 1), 2) == ((0, 2), (1,))
 
 
 # Korthikanti et al. 2022, Table 2, per layer; GPT-3 175B's shape (their Table 3): a = 96,

@@ -31,18 +31,42 @@ from .render import emit_json, envelope, print_line, print_table
               help="Activation recomputation in the memory checks (torch.utils.checkpoint).")
 @click.option("--max-layers", type=int, default=None,
               help="Verify at most this many blocks (same widths); the output says so.")
+@click.option("--dp", type=int, default=1, show_default=True,
+              help="Data-parallel ranks: a distributed step under PyTorch's engines (gloo).")
+@click.option("--zero", type=int, default=0, show_default=True,
+              help="ZeRO stage with --dp: 1 ZeroRedundancyOptimizer, 2/3 FSDP2 fully_shard.")
+@click.option("--tp", type=int, default=1, show_default=True,
+              help="Tensor-parallel ranks (DTensor, Megatron's layout).")
+@click.option("--sp/--no-sp", default=False, help="Sequence parallel norms (with --tp).")
+@click.option("--pp", type=int, default=1, show_default=True,
+              help="Pipeline stages (torch.distributed.pipelining, 1F1B, pp micro-batches).")
+@click.option("--impl", type=click.Choice(["reference", "transformers"]), default="reference",
+              show_default=True,
+              help="The model trained by a distributed verify: this project's reference "
+                   "model or the transformers model of the same config.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
             mode: str, optimizer: str, recompute: str, max_layers: int | None,
+            dp: int, zero: int, tp: int, sp: bool, pp: int, impl: str,
             as_json: bool) -> int:
     """Analytic params, FLOPs and memory against a real PyTorch GPT (fvcore, FlopCounterMode,
-    saved_tensors_hooks, MemTracker); exit 1 if any check fails."""
+    saved_tensors_hooks, MemTracker); exit 1 if any check fails. With --dp, --tp or --pp above
+    1: one training step per rank under FSDP2, ZeroRedundancyOptimizer, DTensor tensor/sequence
+    parallel or 1F1B pipelining, every rank's states, saved activations, step peak and FLOPs
+    checked."""
     require("verify", "torch", "fvcore")
+    cfg, wl = model
+    if dp > 1 or tp > 1 or pp > 1 or zero or sp or impl != "reference":
+        from .verify_distributed import run
+
+        return run(cfg, wl, device=device, attn=attn, tensors=tensors, mode=mode,
+                   optimizer=optimizer, recompute=recompute, max_layers=max_layers,
+                   layout=dict(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp), impl=impl,
+                   as_json=as_json)
     import torch
 
     from reference_model.verify import setup_json, verify
 
-    cfg, wl = model
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():

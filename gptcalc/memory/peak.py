@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
 from .activations import device_activations, logits_bytes, transformers_loss
+from . import engines
 from .states import STAGES, StateBytes, largest_tensor, state_bytes
 
 
@@ -132,17 +133,20 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     grads_early = st.gradients if workload.grad_accum > 1 else 0
     base = {"weights": st.weights, "optimizer states": st.optimizer, "overhead": setup.overhead}
     head_grads = 0
+    fsdp = engines.fsdp2_phase_terms(cfg, setup, stage)
     if holds_head and not setup.lora_rank:  # the lm_head's gradient (own or tied), made
-        # before the last block's
+        # before the last block's; FSDP2 keeps the root's gradients unsharded until the root's
+        # reduce-scatter
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
-        head_grads = setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
+        head_grads = setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 and not fsdp
+                                                       else 1))
     # a tied token embedding's backward makes its own gradient and sums it with the lm_head's
     # out of place (AccumulateGrad): two V x E tensors in flight at the end of backward
     tied_grad = 0
     if cfg.tie_embeddings and stage == "first" and not setup.lora_rank:
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
         tied_grad = 2 * setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
-    return {
+    phases = {
         "forward end": {**base, "saved activations": saved, "logits": logits,
                         "loss (fp32 logits copy)": loss["forward"],
                         "gradients (accumulating)": grads_early},
@@ -163,6 +167,10 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                            "optimizer temporaries": optimizer_temporaries(cfg, setup, st),
                            "targets": 8 * workload.tokens if holds_head else 0},
     }
+    pipe = engines.pipeline_phase_terms(cfg, workload, setup, stage, logits, st.gradients)
+    for phase, terms in (*fsdp.items(), *pipe.items()):
+        phases[phase].update(terms)
+    return phases
 
 
 _WHY = {
@@ -179,12 +187,14 @@ _WHY = {
 }
 
 
-def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
+def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+              stage: str | None = None) -> StepPeak:
     """The peak of one training step on the most loaded device: the largest phase of
     `stage_phases` over the first and last pipeline stage (the first holds pp micro-batches of
-    activations, the last the logits and the head)."""
+    activations, the last the logits and the head); on a device of `stage` when given."""
     best: StepPeak | None = None
-    for stage in STAGES if setup.pp > 1 else ("first",):
+    stages = (stage,) if stage else STAGES if setup.pp > 1 else ("first",)
+    for stage in stages:
         phases = stage_phases(cfg, workload, setup, stage)
         totals = {k: sum(v.values()) for k, v in phases.items()}
         phase = max(totals, key=totals.get)

@@ -1,0 +1,700 @@
+"""The engines: one training step of a sharded layout under PyTorch's own distributed engines.
+
+`run_layout` launches dp x tp x pp ranks on this machine (torch.multiprocessing, the gloo
+backend, a rendezvous on a free 127.0.0.1 port) or, shape-only, runs every rank in this process
+on FakeTensorMode tensors with a fake process group (`FakeStore`, as torchtitan's memory
+estimator does). Each rank builds the same model (the reference model, or the transformers
+model of the same config), applies the layout and trains:
+
+- ZeRO-3: FSDP2 `fully_shard` on every block and at the root; ZeRO-2: the same with
+  `reshard_after_forward=False` (parameters stay unsharded from forward to backward);
+- ZeRO-1: `torch.distributed.optim.ZeroRedundancyOptimizer` over AdamW (whole parameters
+  assigned greedily by size), gradients all-reduced in place after backward;
+- tensor / sequence parallel: DTensor `parallelize_module` with Megatron's layout (column-parallel
+  q/k/v and MLP up/gate, row-parallel output projections, vocabulary-parallel embedding and
+  head, `SequenceParallel` norms, a vocabulary-parallel cross entropy with `loss_parallel`);
+- pipeline: `torch.distributed.pipelining` with `Schedule1F1B` over pp stages and pp
+  micro-batches (the first stage holds the embeddings, the last the final norm and the head).
+
+Per rank it measures the state bytes (the storages of local parameter shards, gradients and
+optimizer states), the peak of live saved-for-backward bytes (saved_tensors_hooks; a tensor is
+live until autograd drops it), the step peak (FSDPMemTracker under FSDP2, MemTracker otherwise)
+and the FLOPs the rank executes (FlopCounterMode counting DTensor ops on their local shards).
+
+A failed rank, a timeout or Ctrl-C terminates every child in a `finally`; process groups carry
+a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import socket
+import time
+import traceback
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gptcalc.config import ConfigError, GPTConfig, TrainingSetup, Workload
+
+MAX_RANKS = 8  # ranks a real run may launch on this machine
+PG_TIMEOUT_S = 120  # a collective waiting longer than this fails the rank
+JOIN_DEADLINE_S = 600  # the whole real run
+ENGINES = ("fsdp2", "zero1", "tp", "pipeline")
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank measured in its tracked step."""
+
+    rank: int
+    coords: dict[str, int]  # {"dp": i, "tp": j, "pp": k}
+    weights: int
+    gradients: int
+    optimizer: int
+    saved: int  # the peak of live saved-for-backward bytes
+    peak: int
+    peak_tool: str
+    flops: int
+    seconds: float
+    peak_categories: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def engine_of(setup: TrainingSetup) -> str:
+    """The engine a layout runs under; raises ConfigError for a layout not wired up."""
+    if setup.pp > 1:
+        if setup.dp > 1 or setup.tp > 1:
+            raise ConfigError("pp", "the pipeline engine runs pp alone (dp = tp = 1)")
+        return "pipeline"
+    if setup.dp > 1 and setup.zero in (2, 3):
+        return "fsdp2"
+    if setup.tp > 1:
+        if setup.dp > 1:
+            raise ConfigError("tp", "tensor parallel with dp > 1 is verified under FSDP2 only "
+                                    "(--zero 2 or 3)")
+        return "tp"
+    if setup.dp > 1 and setup.zero == 1:
+        return "zero1"
+    if setup.dp > 1:
+        raise ConfigError("zero", "dp > 1 needs --zero 1 (ZeroRedundancyOptimizer), 2 or 3 "
+                                  "(FSDP2); plain DDP is not verified")
+    raise ConfigError("dp", "a distributed verify needs --dp, --tp or --pp above 1")
+
+
+def check_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl: str,
+                 tensors: str) -> str:
+    """Raise ConfigError (one line, naming the option) when the layout does not divide the
+    model or this machine cannot hold the ranks; return the engine."""
+    from gptcalc.memory import validate_setup
+
+    validate_setup(cfg, workload, setup)
+    engine = engine_of(setup)
+    world = setup.dp * setup.tp * setup.pp
+    if tensors == "real" and world > MAX_RANKS:
+        raise ConfigError("dp", f"{world} ranks: a real run launches at most {MAX_RANKS} on this "
+                                f"machine; use --tensors shape-only")
+    if tensors == "real" and world > 4 * (os.cpu_count() or 1):
+        raise ConfigError("dp", f"{world} ranks on {os.cpu_count()} cores: use --tensors "
+                                f"shape-only")
+    if engine in ("tp", "pipeline") and impl == "transformers":
+        raise ConfigError("impl", f"the {engine} engine runs the reference model only; "
+                                  "transformers models are verified under ZeRO/FSDP2")
+    if engine == "tp" and (cfg.moe or cfg.mla or cfg.qkv_layout == "per_head"):
+        raise ConfigError("tp", "tensor parallel is wired for fused or separate q/k/v, dense "
+                                "MLPs")
+    if engine == "tp" and cfg.dropout > 0:
+        raise ConfigError("dropout", "tensor parallel verify needs dropout 0 (ranks would draw "
+                                     "different masks from one seed)")
+    return engine
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (127.0.0.1 only)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl: str = "reference",
+               tensors: str = "real", ranks: tuple[int, ...] | None = None,
+               deadline_s: float = JOIN_DEADLINE_S) -> list[RankResult]:
+    """One measured training step of `setup`'s layout, per rank (sorted by rank).
+
+    tensors="real": world size processes over gloo; "shape-only": `ranks` (default all) one
+    after another in this process on FakeTensorMode tensors with a fake process group."""
+    check_layout(cfg, workload, setup, impl, tensors)
+    world = setup.dp * setup.tp * setup.pp
+    spec = dict(cfg=cfg, workload=workload, setup=setup, impl=impl)
+    if tensors == "shape-only":
+        return [_fake_rank(spec, r, world) for r in (ranks or range(world))]
+    return _launch(spec, world, deadline_s)
+
+
+def _launch(spec: dict, world: int, deadline_s: float) -> list[RankResult]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = []
+    try:
+        for rank in range(world):
+            p = ctx.Process(target=_worker, args=(rank, world, port, spec, queue), daemon=True)
+            p.start()
+            procs.append(p)
+        results: dict[int, RankResult] = {}
+        end = time.monotonic() + deadline_s
+        while len(results) < world:
+            if time.monotonic() > end:
+                raise RuntimeError(f"distributed step did not finish within {deadline_s:.0f} s")
+            if not queue.empty():
+                kind, rank, payload = queue.get()
+                if kind == "error":
+                    raise RuntimeError(f"rank {rank} failed: {payload}")
+                results[rank] = payload
+                continue
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead and queue.empty():
+                raise RuntimeError(f"rank {procs.index(dead[0])} exited with code "
+                                   f"{dead[0].exitcode}")
+            time.sleep(0.02)
+        for p in procs:
+            p.join(timeout=30)
+        return [results[r] for r in sorted(results)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+
+def _worker(rank: int, world: int, port: int, spec: dict, queue) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world,
+                                timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+        try:
+            result = _rank_step(spec, rank, world, fake=False)
+        finally:
+            dist.destroy_process_group()
+        queue.put(("ok", rank, result))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the run
+        root = e
+        while root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__
+        last = traceback.format_exception_only(type(root), root)[-1].strip()
+        if os.environ.get("GPTCALC_DEBUG"):
+            last += "\n" + traceback.format_exc()
+        queue.put(("error", rank, last))
+        raise SystemExit(1) from None
+
+
+def _fake_rank(spec: dict, rank: int, world: int) -> RankResult:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from .measure import fake_mode
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        return _rank_step(spec, rank, world, fake=True, mode=fake_mode)
+    finally:
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- one rank
+
+
+def coords_of(rank: int, setup: TrainingSetup) -> dict[str, int]:
+    """A rank's place in the (pp, dp, tp) mesh, tp fastest."""
+    return {"pp": rank // (setup.dp * setup.tp), "dp": rank // setup.tp % setup.dp,
+            "tp": rank % setup.tp}
+
+
+class _Model:
+    """The model of one implementation: its blocks, embedding and head, and its loss."""
+
+    def __init__(self, cfg: GPTConfig, impl: str, attn: str) -> None:
+        self.impl = impl
+        if impl == "transformers":
+            from .transformers_twin import build, hf_config_for
+
+            self.module = build(hf_config_for(cfg), "eager" if attn == "manual" else "sdpa")
+            self.blocks = self.module.model.layers
+        else:
+            from .model import build_model
+
+            self.module = build_model(cfg, attn).train()
+            self.blocks = self.module.transformer.h
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor):
+        """(output to hold through backward, loss)."""
+        if self.impl == "transformers":
+            out = self.module(input_ids=idx, labels=targets)
+            return out, out.loss
+        out = self.module(idx, targets)
+        return out, out[1]
+
+
+def _batch(cfg: GPTConfig, rows: int, seq: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, cfg.vocab_size, (rows, seq), generator=g)
+    return idx, torch.randint(0, cfg.vocab_size, (rows, seq), generator=g)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage()._cdata
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (DTensors: their local shards)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            loc = _local(t)
+            seen.setdefault(_storage_key(loc), loc.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+class LiveSaved:
+    """The peak of live saved-for-backward bytes: every tensor autograd saves is held in a
+    small box until autograd drops it (after its node's backward); boxes are counted by
+    storage, parameters (and FSDP2's unsharded parameters) and buffers excluded."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.live, self.refs, self.peak = model, 0, {}, 0
+
+    def _params(self) -> set[int]:
+        return {_storage_key(p) for p in (*self.model.parameters(), *self.model.buffers())}
+
+    def pack(self, t: torch.Tensor):
+        box = _Box(t)
+        loc = _local(t)
+        key = loc.untyped_storage()._cdata
+        if loc.untyped_storage().nbytes() and key not in self._params():
+            if key not in self.refs:
+                self.refs[key] = [0, loc.untyped_storage().nbytes()]
+                self.live += self.refs[key][1]
+                self.peak = max(self.peak, self.live)
+            self.refs[key][0] += 1
+            weakref.finalize(box, self._drop, key)
+        return box
+
+    def _drop(self, key: int) -> None:
+        ref = self.refs[key]
+        ref[0] -= 1
+        if ref[0] == 0:
+            self.live -= ref[1]
+            del self.refs[key]
+
+    @staticmethod
+    def unpack(box):
+        return box.t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Box:
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def _flop_counter():
+    """FlopCounterMode that counts a DTensor op by its local shards' shapes (what the rank
+    computes), with the CPU SDPA kernels registered."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map_only
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .measure import CPU_SDPA_FLOPS
+
+    class LocalFlopCounter(FlopCounterMode):
+        def _count_flops(self, func_packet, out, args, kwargs):
+            if func_packet in self.flop_registry:
+                loc = lambda t: t._local_tensor  # noqa: E731
+                args = tree_map_only(DTensor, loc, args)
+                kwargs = tree_map_only(DTensor, loc, kwargs)
+                n = self.flop_registry[func_packet](*args, **kwargs,
+                                                   out_val=tree_map_only(DTensor, loc, out))
+                for par in set(self.mod_tracker.parents):
+                    self.flop_counts[par][func_packet] += n
+            return out
+
+    return LocalFlopCounter(display=False, custom_mapping=CPU_SDPA_FLOPS)
+
+
+def _meshes(setup: TrainingSetup) -> dict[str, Any]:
+    """The device meshes and process groups of the layout, made before any fake tensor mode
+    (a mesh is made of real rank tensors)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if setup.pp > 1:
+        return {"tied": dist.new_group([0, setup.pp - 1])}
+    if setup.dp > 1 and setup.tp > 1:
+        mesh = init_device_mesh("cpu", (setup.dp, setup.tp), mesh_dim_names=("dp", "tp"))
+        return {"dp": mesh["dp"], "tp": mesh["tp"]}
+    if setup.tp > 1:
+        return {"tp": init_device_mesh("cpu", (setup.tp,), mesh_dim_names=("tp",))}
+    return {"dp": init_device_mesh("cpu", (setup.dp,), mesh_dim_names=("dp",))}
+
+
+def _rank_step(spec: dict, rank: int, world: int, fake: bool,
+               mode=contextlib.nullcontext) -> RankResult:
+    start = time.perf_counter()
+    setup = spec["setup"]
+    engine = engine_of(setup)
+    coords = coords_of(rank, setup)
+    torch.manual_seed(0)
+    meshes = _meshes(setup)
+    with mode():
+        return _run_rank(spec, rank, world, fake, meshes, engine, coords, start)
+
+
+def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankResult:
+    cfg, wl, setup, impl = spec["cfg"], spec["workload"], spec["setup"], spec["impl"]
+    runner = {"fsdp2": _FSDP2, "zero1": _Zero1, "tp": _TensorParallel,
+              "pipeline": _Pipeline}[engine](cfg, wl, setup, impl, rank, world)
+    runner.meshes = meshes
+    runner.build()
+    runner.step()  # warm-up: the optimizer states exist after it
+    live = LiveSaved(runner.tracked_module)
+    tracker = runner.tracker()
+    with tracker:
+        runner.step(live)
+    snap = next(v for k, v in tracker.get_tracker_snapshot("peak").items()
+                if getattr(k, "type", str(k)) == "cpu")
+    peak = snap["Total"]
+    cats = {getattr(k, "value", str(k)): v for k, v in snap.items() if k != "Total" and v}
+    weights, grads, opt = runner.states()
+    counter = _flop_counter()
+    with counter:
+        runner.step(flops=True)
+    return RankResult(rank=rank, coords=coords, weights=weights, gradients=grads,
+                      optimizer=opt, saved=live.peak, peak=peak,
+                      peak_tool=type(tracker).__name__ + (" on FakeTensorMode" if fake else ""),
+                      flops=counter.get_total_flops(),
+                      seconds=round(time.perf_counter() - start, 3), peak_categories=cats)
+
+
+class _Engine:
+    """One rank's model, optimizer and step under an engine."""
+
+    def __init__(self, cfg, wl, setup, impl, rank, world) -> None:
+        self.cfg, self.wl, self.setup, self.rank, self.world = cfg, wl, setup, rank, world
+        self.coords = coords_of(rank, setup)
+        self.model = _Model(cfg, impl, setup.attn_impl)
+        self.idx, self.targets = _batch(cfg, wl.batch_size, wl.seq_len,
+                                        seed=1000 + self.coords["dp"])
+
+    @property
+    def tracked_module(self) -> torch.nn.Module:
+        return self.model.module
+
+    def optimizer(self, params):
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+
+    def tracker(self):
+        from .memory import _global_peak_tracker
+
+        t = _global_peak_tracker()
+        t.track_external(self.tracked_module, self.opt)
+        return t
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def step(self, live: LiveSaved | None = None, flops: bool = False) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        with live.hooks() if live else contextlib.nullcontext(), self.context():
+            out, loss = self.model.loss(self.idx, self.targets)
+            loss.backward()
+        del out, loss
+        self.after_backward()
+        if not flops:
+            self.opt.step()
+        else:
+            self.opt.zero_grad(set_to_none=True)
+
+    def after_backward(self) -> None:
+        pass
+
+    def opt_state(self):
+        return [v for s in self.opt.state.values() for v in s.values()]
+
+    def states(self) -> tuple[int, int, int]:
+        params = list(self.tracked_module.parameters())
+        return (storage_bytes(params), storage_bytes(p.grad for p in params),
+                storage_bytes(self.opt_state()))
+
+
+class _FSDP2(_Engine):
+    def build(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        s = self.setup
+        reshard = s.zero == 3
+        if s.tp > 1:
+            _parallelize(self.model, self.meshes["tp"], s.sp)
+        dp_mesh = self.meshes["dp"]
+        for block in self.model.blocks:
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(self.model.module, mesh=dp_mesh, reshard_after_forward=reshard)
+        self.loss_parallel = s.tp > 1
+        self.opt = self.optimizer(self.model.module.parameters())
+
+    def context(self):
+        if self.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def tracker(self):
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        t = FSDPMemTracker(self.model.module, self.opt)
+        t.track_inputs((self.idx, self.targets))
+        return t
+
+
+class _Zero1(_Engine):
+    def build(self) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.opt = ZeroRedundancyOptimizer(self.model.module.parameters(),
+                                           optimizer_class=torch.optim.AdamW, lr=1e-4,
+                                           weight_decay=0.1)
+
+    def tracker(self):
+        from .memory import _global_peak_tracker
+
+        t = _global_peak_tracker()
+        t.track_external(self.tracked_module, self.opt.optim)
+        return t
+
+    def after_backward(self) -> None:
+        import torch.distributed as dist
+
+        for p in self.model.module.parameters():  # DDP's all-reduce, in place
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(self.world)
+
+    def opt_state(self):
+        return [v for s in self.opt.optim.state.values() for v in s.values()]
+
+
+class _TensorParallel(_Engine):
+    def build(self) -> None:
+        _parallelize(self.model, self.meshes["tp"], self.setup.sp)
+        self.opt = self.optimizer(self.model.module.parameters())
+
+    def context(self):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
+
+def _regroup_fused_qkv(linear: torch.nn.Linear, widths: list[int], tp: int) -> None:
+    """Reorder a fused q/k/v Linear's output rows so that each of `tp` contiguous row chunks
+    holds its own q, k and v heads, as Megatron-LM stores its fused QKV: column-parallel
+    sharding then gives every rank [q_r; k_r; v_r]."""
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            p = getattr(linear, name)
+            if p is None:
+                continue
+            parts = [c.chunk(tp, dim=0) for c in p.split(widths, dim=0)]
+            p.copy_(torch.cat([parts[j][r] for r in range(tp) for j in range(3)], dim=0))
+
+
+def _parallelize(model: _Model, mesh, sp: bool) -> None:
+    """Megatron's tensor-parallel layout on the reference model (Shoeybi et al. 2019), with
+    sequence parallel norms (Korthikanti et al. 2022) when `sp`."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    gpt, tp = model.module, mesh.size()
+    cfg = gpt.config
+    seq = Shard(1) if sp else Replicate()
+    learned = cfg.pos_embedding == "learned"
+    plan: dict[str, Any] = {
+        # vocabulary-parallel embedding; with learned positions the sum is scattered to the
+        # sequence shards at the first block (Megatron-LM adds positions before its scatter)
+        "transformer.wte": RowwiseParallel(input_layouts=Replicate(),
+                                           output_layouts=Replicate() if learned else seq),
+        "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1),
+                                   use_local_output=False),
+    }
+    if cfg.final_norm and sp:
+        plan["transformer.ln_f"] = SequenceParallel()
+    if learned and sp:
+        plan["transformer.h.0"] = PrepareModuleInput(input_layouts=(Replicate(), None),
+                                                     desired_input_layouts=(seq, None),
+                                                     use_local_output=True)
+    parallelize_module(gpt, mesh, plan)
+    for block in gpt.transformer.h:
+        attn = block.attn
+        if attn.layout == "fused":
+            hd = attn.head_dim
+            _regroup_fused_qkv(attn.c_attn, [attn.n_head * hd, attn.n_kv_head * hd,
+                                             attn.n_kv_head * hd], tp)
+            qkv = {"attn.c_attn": ColwiseParallel()}
+        else:
+            qkv = {f"attn.{n}_proj": ColwiseParallel() for n in "qkv"}
+        layer: dict[str, Any] = {
+            **qkv,
+            "attn": PrepareModuleInput(input_layouts=(seq, None),
+                                       desired_input_layouts=(Replicate(), None)),
+            "attn.c_proj": RowwiseParallel(output_layouts=seq),
+            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "mlp.c_fc": ColwiseParallel(),
+            "mlp.c_proj": RowwiseParallel(output_layouts=seq),
+        }
+        if hasattr(block.mlp, "c_gate"):
+            layer["mlp.c_gate"] = ColwiseParallel()
+        if sp:
+            layer.update({n: SequenceParallel() for n in ("ln_1", "ln_2") if hasattr(block, n)})
+        parallelize_module(block, mesh, layer)
+        attn.n_head //= tp  # the heads this rank computes (views use the local count)
+        attn.n_kv_head //= tp
+    if cfg.tie_embeddings:  # both shard V rows (Shard(0)): one parameter again
+        gpt.lm_head.weight = gpt.transformer.wte.weight
+
+
+class _Pipeline(_Engine):
+    def build(self) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        pp, stage = self.setup.pp, self.coords["pp"]
+        self.n_micro = pp
+        self.idx, self.targets = _batch(self.cfg, self.wl.batch_size * self.n_micro,
+                                        self.wl.seq_len, seed=1000)
+        self.stage_module = _StageModule(self.model.module, stage, pp)
+        self.pipe = PipelineStage(self.stage_module, stage, pp, torch.device("cpu"))
+        self.schedule = Schedule1F1B(self.pipe, self.n_micro, loss_fn=_cross_entropy)
+        self.opt = self.optimizer(self.stage_module.parameters())
+        # a tied head: the last stage holds its own copy of the token embedding and the two
+        # stages all-reduce its gradient after backward (Megatron-LM's word-embedding group)
+        self.tied_group = self.meshes["tied"] if self.cfg.tie_embeddings else None
+
+    def after_backward(self) -> None:
+        import torch.distributed as dist
+
+        if self.tied_group is not None and self.coords["pp"] in (0, self.setup.pp - 1):
+            m = self.stage_module
+            w = m.wte.weight if m.first else m.lm_head.weight
+            dist.all_reduce(w.grad, group=self.tied_group)
+
+    @property
+    def tracked_module(self) -> torch.nn.Module:
+        return self.stage_module
+
+    def tracker(self):
+        from .memory import _global_peak_tracker_class
+
+        class StepPeakTracker(_global_peak_tracker_class()):
+            """The device-wide peak only: MemTracker's per-module statistics refuse a module
+            called once per micro-batch (its root-module check), and 1F1B interleaves forwards
+            with backwards, which its module hooks would read as recomputation."""
+
+            def _pre_fw_hook(self, *args) -> None:
+                pass
+
+            _post_fw_hook = _pre_bw_hook = _post_bw_hook = _pre_fw_hook
+
+        t = StepPeakTracker()
+        t.track_external(self.stage_module, self.opt)
+        return t
+
+    def step(self, live: LiveSaved | None = None, flops: bool = False) -> None:
+        stage, last = self.coords["pp"], self.setup.pp - 1
+        self.opt.zero_grad(set_to_none=True)
+        with live.hooks() if live else contextlib.nullcontext():
+            if stage == 0:
+                self.schedule.step(self.idx)
+            elif stage == last:
+                self.schedule.step(target=self.targets)
+            else:
+                self.schedule.step()
+        self.after_backward()
+        if not flops:
+            self.opt.step()
+        else:
+            self.opt.zero_grad(set_to_none=True)
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+class _StageModule(torch.nn.Module):
+    """L/pp consecutive blocks of the reference model; the first stage also embeds (as
+    GPT.forward does), the last also applies the final norm and the head."""
+
+    def __init__(self, gpt, stage: int, pp: int) -> None:
+        super().__init__()
+        cfg = gpt.config
+        n = cfg.n_layer // pp
+        self.cfg, self.first, self.last = cfg, stage == 0, stage == pp - 1
+        self.h = torch.nn.ModuleList(gpt.transformer.h[stage * n:(stage + 1) * n])
+        if self.first:
+            self.wte = gpt.transformer.wte
+            self.wpe = getattr(gpt.transformer, "wpe", None)
+        if self.last:
+            self.ln_f = getattr(gpt.transformer, "ln_f", None)
+            self.lm_head = gpt.lm_head
+            if cfg.tie_embeddings and pp > 1:  # the last stage's own copy of the embedding
+                self.lm_head.weight = torch.nn.Parameter(gpt.transformer.wte.weight.detach()
+                                                         .clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .model import dropout
+
+        cfg = self.cfg
+        if self.first:
+            S = x.shape[1]
+            x = self.wte(x)
+            if self.wpe is not None:
+                x = x + self.wpe(torch.arange(S, device=x.device) + cfg.pos_offset)
+            if cfg.embd_dropout:
+                x = dropout(x, cfg.dropout, self.training)
+        for block in self.h:
+            x = block(x)
+        if self.last:
+            if self.ln_f is not None:
+                x = self.ln_f(x)
+            x = self.lm_head(x)
+        return x
+
+
+__all__ = ["ENGINES", "MAX_RANKS", "RankResult", "check_layout", "coords_of", "engine_of",
+           "free_port", "run_layout", "storage_bytes"]

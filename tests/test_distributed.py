@@ -1,0 +1,129 @@
+"""Sharded training under PyTorch's engines (FSDP2, ZeroRedundancyOptimizer, DTensor TP/SP,
+1F1B pipelining) against gptcalc's per-rank states, activations, step peak and FLOPs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gptcalc import TrainingSetup, Workload, from_name
+from gptcalc.memory import state_bytes
+from gptcalc.memory.engines import (chunk_rows, fsdp2_rank_states, rank_training_flops,
+                                    tp_rank_states, zero1_partition, zero1_rank_states)
+
+DEBUG = from_name("debug")  # gpt2 family: tied head, learned positions, fused c_attn, V = 97
+
+
+def test_chunk_rows_is_torch_chunk():
+    # torch.chunk(97 rows, 2) -> 49 + 48; chunk(3, 4) -> 1, 1, 1, 0
+    assert [chunk_rows(97, 2, r) for r in range(2)] == [49, 48]
+    assert [chunk_rows(3, 4, r) for r in range(4)] == [1, 1, 1, 0]
+
+
+def test_fsdp2_states_of_the_debug_model():
+    # measured with FSDP2 (fully_shard per block and at the root) on 2 gloo ranks, torch 2.13:
+    # 58,240 B of padded weight shards on both ranks; AdamW states over each rank's own rows
+    setup = TrainingSetup(dp=2, zero=3)
+    r0, r1 = (fsdp2_rank_states(DEBUG, setup, r) for r in range(2))
+    assert (r0.weights, r0.gradients, r0.optimizer) == (58_240, 58_240, 116_592)
+    assert (r1.weights, r1.gradients, r1.optimizer) == (58_240, 58_240, 116_336)
+    # the memory command reports the most loaded rank, rank 0
+    st = state_bytes(DEBUG, setup)
+    assert (st.weights, st.gradients, st.optimizer) == (58_240, 58_240, 116_592)
+
+
+def test_zero1_and_tensor_parallel_states_of_the_debug_model():
+    # measured with ZeroRedundancyOptimizer and with DTensor tp=2 + sp on gloo, torch 2.13
+    z = TrainingSetup(dp=2, zero=1)
+    assert [zero1_rank_states(DEBUG, z, r).optimizer for r in range(2)] == [116_552, 116_264]
+    t = TrainingSetup(tp=2, sp=True)
+    assert [(s.weights, s.gradients, s.optimizer) for s in
+            (tp_rank_states(DEBUG, t, r) for r in range(2))] == [
+        (60_160, 60_160, 120_432), (60_160, 60_032, 120_176)]
+
+
+def test_zero1_partition_is_greedy_by_size():
+    assert zero1_partition((5, 3, 3, 2), 2) == ((0, 3), (1, 2))
+    assert zero1_partition((4, 4, 4), 2) == ((0, 2), (1,))
+
+
+def test_rank_flops_split_the_head_by_vocabulary_chunks():
+    # FlopCounterMode on the local shards, 2 gloo ranks, torch 2.13: the 97-row head splits
+    # 49 / 48, the blocks evenly; the pipeline's first stage runs 2 micro-batches of 1 block
+    w = Workload(2, 16)
+    assert [rank_training_flops(DEBUG, w, TrainingSetup(tp=2), r) for r in range(2)] == [
+        2_856_960, 2_850_816]
+    assert [rank_training_flops(DEBUG, w, TrainingSetup(pp=2), r) for r in range(2)] == [
+        5_111_808, 6_303_744]
+
+
+def test_memory_zero3_peak_has_fsdp2_terms():
+    from gptcalc.memory import step_peak
+    p = step_peak(DEBUG, Workload(2, 16), TrainingSetup(dp=2, zero=3))
+    assert p.lines["FSDP2 unsharded root parameters"] == 4 * (98 * 32 + 16 * 32 + 2 * 32)
+    assert p.bytes == 494_576
+
+
+# --------------------------------------------------------------------------- real engines
+
+torch = pytest.importorskip("torch")
+
+
+def _checks(**layout):
+    from reference_model.verify import distributed_checks
+    return distributed_checks(DEBUG, Workload(2, 16), TrainingSetup(**layout))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [dict(dp=2, zero=3), dict(dp=2, zero=1),
+                                    dict(tp=2, sp=True), dict(pp=2)],
+                         ids=["zero3-fsdp2", "zero1", "tp2-sp", "pp2-1f1b"])
+def test_every_rank_passes_under_the_engine(layout):
+    checks, results = _checks(**layout)
+    assert len(results) == 2
+    bad = [c.as_dict() for c in checks if not c.ok]
+    assert not bad, bad
+    exact = ("weight bytes", "gradient bytes", "optimizer state bytes", "training FLOPs")
+    assert all(c.difference == 0 for c in checks if c.name.endswith(exact))
+
+
+@pytest.mark.slow
+def test_shape_only_fsdp_on_fake_ranks_equals_the_real_run():
+    from reference_model.distributed import run_layout
+    setup = TrainingSetup(dp=2, zero=3)
+    fake = run_layout(DEBUG, Workload(2, 16), setup, tensors="shape-only")
+    real = run_layout(DEBUG, Workload(2, 16), setup)
+    for f, r in zip(fake, real):
+        assert (f.weights, f.gradients, f.optimizer, f.saved, f.flops) == (
+            r.weights, r.gradients, r.optimizer, r.saved, r.flops)
+
+
+@pytest.mark.slow
+def test_cli_json_names_checks_by_rank():
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+    r = CliRunner().invoke(cli, ["verify", "--preset", "debug", "--device", "cpu", "--dp", "4",
+                                 "--zero", "3", "--tensors", "shape-only", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["world_size"] == 4 and out["engine"] == "fsdp2"
+    assert {"rank 0 step peak bytes", "rank 3 weight bytes"} <= {c["name"] for c in out["checks"]}
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--tp", "3"], "--tp"),  # 2 heads
+    (["--pp", "3"], "--pp"),  # 2 layers
+    (["--dp", "2"], "--zero"),  # plain DDP is not wired
+    (["--dp", "16", "--zero", "3", "--tensors", "real"], "--dp"),  # more ranks than allowed
+    (["--sp"], "--sp"),
+])
+def test_a_layout_that_does_not_fit_is_one_line(args, option):
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+    r = CliRunner().invoke(cli, ["verify", "--preset", "debug", "--device", "cpu", *args])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert option in r.stderr
