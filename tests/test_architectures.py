@@ -40,6 +40,7 @@ def hf_model(raw: dict, device: str = "meta"):
 
 # --- (a) parameter totals at the published sizes ---------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PUBLISHED)
 def test_published_totals_match_transformers(name):
     raw = PUBLISHED[name]
@@ -268,6 +269,7 @@ def test_hf_structure_errors(raw, needle):
     assert e.value.field == "hf_config" and needle in e.value.message
 
 
+@pytest.mark.slow
 def test_reference_model_checks_modern_switches_exactly():
     # the reference model against the formulas (parameters by component, fvcore and
     # FlopCounterMode forward, training and decode) on a handful of small modern configs

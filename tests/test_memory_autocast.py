@@ -28,6 +28,7 @@ def _split(lines: dict[str, int]) -> tuple[int, int]:
     return sum(lines.values()) - copies, copies
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(configs_and_workloads(), setups)
 def test_autocast_saved_bytes_exact_cpu(cw, setup):

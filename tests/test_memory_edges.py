@@ -55,6 +55,7 @@ def test_saved_activation_bytes_exact_at_layout_edges(d):
        attn=st.sampled_from(["manual", "sdpa"]),
        optimizer=st.sampled_from(["adamw", "sgd", "sgd-momentum"]),
        recompute=st.sampled_from(["none", "selective", "full"]))
+@pytest.mark.slow
 def test_step_peak_within_tolerance_over_the_strategy(case, mode, attn, optimizer, recompute):
     cfg, wl = case
     setup = TrainingSetup(mode=mode, attn_impl=attn, optimizer=optimizer, recompute=recompute)

@@ -182,12 +182,13 @@ def test_step_peak_selective_sdpa_math_exact(arch_kw, mode, BS):
 @given(st.fixed_dictionaries({
     "arch": st.sampled_from(["tutorial", "gpt2", "notes", "llama"]),
     "attn": st.sampled_from(["manual", "sdpa"]), "dropout": st.sampled_from([0.0, 0.1]),
-    # amp / mixed too since the forward's end is a phase (gptcalc.memory.forward_end: with a
+    # amp / mixed too since the forward's end is a phase (reference_model.replay.forward_end: a
     # small V the fp32 copy of the logits, amp's cached bias casts and fp32 x can hold the peak)
     "mode": st.sampled_from(["fp32", "bf16", "amp", "mixed"]), "B": st.integers(2, 8),
     "autocast_dtype": st.just("bf16"),
     "S": st.integers(2, 16), "n_layer": st.integers(1, 3), "V": st.sampled_from([32, 128]),
     "optimizer": st.just("adamw")}))
+@pytest.mark.slow
 def test_step_peak_exact_cpu(d):
     """Families x manual/SDPA x dropout x fp32/bf16 x B x S x L: the predicted peak equals
     MemTracker's to the byte (both phases). AdamW only: SGD with momentum measured 120-2,700 bytes
@@ -234,6 +235,7 @@ def _saved_rows(report):
                   for t in report.tensors)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(variants, st.sampled_from(["fp32", "amp", "bf16", "mixed"]))
 def test_saved_tensors_same_on_fake_tensors_and_by_data_ptr(d, mode):
