@@ -70,7 +70,7 @@ def test_model_name(tmp_path, args, name):
     from click.testing import CliRunner
 
     from gptcalc.cli.options import model_options
-    from gptcalc.cli.report import model_name
+    from gptcalc.cli.options import model_name
 
     from .test_hf import QWEN2_05B
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -352,6 +353,50 @@ def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:
             f"batch {wl.global_batch(setup.dp):,}; overhead {binary_bytes(setup.overhead)}")
 
 
+# options that name the model rather than change it
+_SOURCES = ("preset", "sets", "hf_config", "config", "save_config")
+
+
+def model_name(ctx: click.Context) -> str:
+    """The model's name, with the options that changed it: `gpt2 (n_layer=6)`.
+
+    The name is the preset's, else the Hugging Face model's (`_name_or_path`, else the folder
+    holding its config.json), else the config file's preset or model, else the default preset."""
+    from ..presets import DEFAULT_PRESET
+
+    params = ctx.params
+    changed = [f"{k}={params[k]}" for k in MODEL_KEYS
+               if k not in _SOURCES and params.get(k) is not None]
+    changed += list(params.get("sets") or ())
+    name = params.get("preset") or _file_model_name(params) or DEFAULT_PRESET
+    return f"{name} ({', '.join(changed)})" if changed else name
+
+
+def _file_model_name(params: dict) -> str | None:
+    from ..configfile import read_config_file
+
+    hf, config = params.get("hf_config"), params.get("config")
+    if hf is None and config is not None:
+        model = read_config_file(config).model
+        if "preset" in model:
+            return model["preset"]
+        hf = model.get("hf_config")
+        if hf is None:
+            return Path(config).stem
+    return _hf_name(hf) if hf is not None else None
+
+
+def _hf_name(path: str) -> str:
+    from ..hf import read_hf_json
+
+    raw = read_hf_json(path)
+    name = raw.get("_name_or_path")
+    if isinstance(name, str) and name.strip():
+        return name.strip()
+    p = Path(path).resolve()
+    return (p if p.is_dir() else p.parent).name or p.stem
+
+
 __all__ = ["PARALLEL_DEFAULTS", "PRESETS", "TRAINING_KEYS", "assumptions", "config_section",
-           "describe", "model_options", "option_for", "pop_training", "record_section",
+           "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
            "resolve_setup", "section_settings", "training_options", "training_setup"]

@@ -8,10 +8,9 @@ import click
 
 from ..config import GPTConfig, Workload
 from .extras import require
-from .options import (assumptions, model_options, pop_training, training_options,
+from .options import (assumptions, model_name, model_options, pop_training, training_options,
                       training_setup)
 from .render import print_line
-from .report import model_name
 
 
 @click.command("plot")

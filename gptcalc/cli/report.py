@@ -10,7 +10,7 @@ from ..config import GPTConfig, Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..units import si
 from .extras import require
-from .options import (assumptions, model_options, pop_training, training_options,
+from .options import (assumptions, model_name, model_options, pop_training, training_options,
                       training_setup)
 from .render import print_line
 
@@ -52,48 +52,3 @@ def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path
                f"cache T^{f['exponent_no_cache']:.2f}")
     print_line(f"wrote {r.markdown}, {r.html} and {len(r.plots)} plots: "
                + ", ".join(p.path.name for p in r.plots))
-
-
-# options that name the model rather than change it
-_SOURCES = ("preset", "sets", "hf_config", "config", "save_config")
-
-
-def model_name(ctx: click.Context) -> str:
-    """The model's name, with the options that changed it: `gpt2 (n_layer=6)`.
-
-    The name is the preset's, else the Hugging Face model's (`_name_or_path`, else the folder
-    holding its config.json), else the config file's preset or model, else the default preset."""
-    from ..presets import DEFAULT_PRESET
-    from .options import MODEL_KEYS
-
-    params = ctx.params
-    changed = [f"{k}={params[k]}" for k in MODEL_KEYS
-               if k not in _SOURCES and params.get(k) is not None]
-    changed += list(params.get("sets") or ())
-    name = params.get("preset") or _file_model_name(params) or DEFAULT_PRESET
-    return f"{name} ({', '.join(changed)})" if changed else name
-
-
-def _file_model_name(params: dict) -> str | None:
-    from ..configfile import read_config_file
-
-    hf, config = params.get("hf_config"), params.get("config")
-    if hf is None and config is not None:
-        model = read_config_file(config).model
-        if "preset" in model:
-            return model["preset"]
-        hf = model.get("hf_config")
-        if hf is None:
-            return Path(config).stem
-    return _hf_name(hf) if hf is not None else None
-
-
-def _hf_name(path: str) -> str:
-    from ..hf import read_hf_json
-
-    raw = read_hf_json(path)
-    name = raw.get("_name_or_path")
-    if isinstance(name, str) and name.strip():
-        return name.strip()
-    p = Path(path).resolve()
-    return (p if p.is_dir() else p.parent).name or p.stem
