@@ -10,13 +10,15 @@ from .flops import FlopCount, InferenceFlops, published_estimates
 from .hf import SUPPORTED_MODEL_TYPES, config_from_hf
 from .params import ParamCount, count_params
 from .presets import PRESETS, from_name
+from .training import resolve_training, training_for
 
 __all__ = [
     "ARCHS", "PRESETS", "SUPPORTED_MODEL_TYPES", "ConfigError", "FlopCount", "GPTConfig",
     "InferenceFlops", "ParamCount", "Setup", "Summary", "Workload", "config_from_hf",
     "count_flops", "count_params", "from_name", "inference_flops", "load", "published_estimates",
     "resolve_setup", "save_config", "summarize", "to_dict",
-    "MemoryReport", "TrainingSetup", "default_setup", "memory_report", "step_peak",
+    "MemoryReport", "TrainingSetup", "default_setup", "memory_report", "resolve_training",
+    "step_peak", "training_for",
 ]
 __version__ = "0.1.0"
 

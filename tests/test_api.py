@@ -41,3 +41,23 @@ def test_memory_names_load_lazily():
             "'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "True", "False"], out.stderr
+
+
+def test_a_config_file_sizes_the_same_training_step_in_the_api_and_the_cli(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\npreset = "llama2-7b"\n[workload]\nbatch_size = 2\nseq_len = 1024\n'
+                    '[training]\nmode = "mixed"\nrecompute = "full"\n[parallel]\nzero = 3\n'
+                    'dp = 8\n')
+    setup = gptcalc.resolve_setup(config=path)
+    training = gptcalc.training_for(setup)
+    assert (training.mode, training.recompute, training.zero, training.dp) == ("mixed", "full",
+                                                                               3, 8)
+    api_peak = gptcalc.summarize(setup.config, setup.workload, training=training).memory.peak
+    out = CliRunner().invoke(cli, ["memory", "--config", str(path), "--json"])
+    assert json.loads(out.output)["peak"] == api_peak.bytes

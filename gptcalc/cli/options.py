@@ -14,6 +14,7 @@ from ..api import Setup
 from ..config import ARCHS, ConfigError, GPTConfig, Workload, coerce_field, field_kinds
 from ..configfile import FORMATS, write_config_file
 from ..presets import DEFAULT_PRESET, PRESETS
+from ..training import PARALLEL_DEFAULTS
 
 _SECTIONS_KEY = "gptcalc.config_sections"
 _SETUP_KEY = "gptcalc.setup"
@@ -158,48 +159,6 @@ def record_section(name: str, values: dict[str, Any]) -> None:
         ctx.meta.setdefault(_SECTIONS_KEY, {})[name] = dict(values)
 
 
-def section_settings(section: str, given: dict[str, Any], defaults: dict[str, Any]
-                     ) -> tuple[dict[str, Any], set[str]]:
-    """A command's settings from its options, else the --config file's [section], else the
-    defaults; recorded so --save-config writes them. Returns the settings and the keys that came
-    from the file (so an invalid one is reported against --config, not an option)."""
-    from_file = config_section(section)
-    unknown = sorted(set(from_file) - set(defaults))
-    if unknown:
-        raise ConfigError("config", f"[{section}] has unknown keys {', '.join(unknown)}; "
-                                    f"known: {', '.join(defaults)}")
-    out, filed = {}, set()
-    for key, default in defaults.items():
-        if given.get(key) is not None:
-            out[key] = given[key]
-        elif key in from_file:
-            out[key], _ = _typed(section, key, from_file[key], default), filed.add(key)
-        else:
-            out[key] = default
-    record_section(section, out)
-    return out, filed
-
-
-def _typed(section: str, key: str, value: Any, default: Any) -> Any:
-    """A [section] value of the --config file, which must have its default's type: TOML and
-    JSON have real booleans and integers, so `sp = "false"` is a mistake, not false."""
-    kind = type(default)
-    if kind is bool:
-        ok, wanted = isinstance(value, bool), "true or false"
-    elif kind is int:
-        ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif kind is str:
-        ok, wanted = isinstance(value, str), "a name (a string)"
-    else:
-        ok, wanted = True, ""
-    if not ok:
-        ctx = click.get_current_context(silent=True)
-        path = ctx.params.get("config") if ctx else None
-        where = f"{path}: " if path else ""
-        raise ConfigError("config", f"{where}[{section}] {key} must be {wanted}, got {value!r}")
-    return value
-
-
 def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
     """One line naming the model's sizes and, when given, the workload."""
     parts = [f"L={cfg.n_layer}", f"H={cfg.n_head}", f"E={cfg.n_embd}", f"T={cfg.block_size}",
@@ -215,7 +174,6 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
 
 # --- the training set-up: memory, report and plot share these options ---------------------------
 
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1}
 
 
 def _training_option_list(with_device: bool) -> list[Callable]:
@@ -291,57 +249,20 @@ def pop_training(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def training_setup(cfg: GPTConfig, given: dict[str, Any]):
-    """The TrainingSetup of the running command: options > the --config file's [training] and
-    [parallel] tables > the family's defaults (`gptcalc.config.training_defaults`)."""
-    from ..config import TrainingSetup, training_defaults
-    from ..units import parse_bytes
+    """The TrainingSetup of the running command (`gptcalc.training.resolve_training`: options >
+    the --config file's [training] and [parallel] tables > the family's defaults), recorded so
+    --save-config writes it."""
+    from ..training import resolve_training
 
     s = current_setup()
-    family = training_defaults(cfg, hf=bool(s and s.from_hf))
-    defaults = {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
-                "recompute": "none", "attn": family["attn"], "device": family["device"],
-                "impl": family["impl"], "overhead": 0, "lora_rank": 0, "lora_targets": "",
-                "weights_dtype": ""}
-    training, filed = section_settings("training", given, defaults)
-    parallel, filed_p = section_settings("parallel", given, PARALLEL_DEFAULTS)
-    overhead = training.pop("overhead")
-    training.update(_lora(cfg, training.pop("lora_rank"), training.pop("lora_targets"),
-                          training.pop("weights_dtype"), training["mode"]))
-    try:
-        if not isinstance(overhead, int):
-            try:
-                overhead = parse_bytes(str(overhead))
-            except ValueError as e:
-                raise ConfigError("overhead", str(e)) from None
-        return TrainingSetup(attn_impl=training.pop("attn"), overhead=overhead, **training,
-                             **parallel)
-    except ConfigError as e:
-        key = "attn" if e.field == "attn_impl" else e.field
-        if key in filed | filed_p:  # the bad value came from the file, not an option
-            table = "training" if key in filed else "parallel"
-            raise ConfigError("config", f"[{table}] {e.message}") from None
-        raise
-
-
-def _lora(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mode: str
-          ) -> dict[str, Any]:
-    """The LoRA fields of a TrainingSetup from --lora-rank, --lora-targets, --weights-dtype."""
-    from ..lora import parse_targets
-
-    targets = targets or None  # "" (a saved file's default) is no targets
-    weights_dtype = weights_dtype or None
-    if not rank:
-        if targets is not None:
-            raise ConfigError("lora_targets", "give --lora-rank too")
-        if weights_dtype == "int4":
-            raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
-                                               "--lora-rank")
-        return {}
-    if weights_dtype is not None and mode == "fp32":
-        raise ConfigError("weights_dtype", "mode fp32 keeps an fp32 base; use --mode amp (a "
-                                           "16-bit base, fp32 adapters) with --weights-dtype")
-    return {"lora_rank": rank, "lora_targets": parse_targets(targets, cfg),
-            "base_dtype": "nf4" if weights_dtype == "int4" else "same"}
+    ctx = click.get_current_context(silent=True)
+    path = ctx.params.get("config") if ctx else None
+    setup, tables = resolve_training(cfg, {k: config_section(k) for k in ("training", "parallel")},
+                                     given, from_hf=bool(s and s.from_hf),
+                                     where=f"{path}: " if path else "")
+    for name, table in tables.items():
+        record_section(name, table)
+    return setup
 
 
 def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:
@@ -399,4 +320,4 @@ def _hf_name(path: str) -> str:
 
 __all__ = ["PARALLEL_DEFAULTS", "PRESETS", "TRAINING_KEYS", "assumptions", "config_section",
            "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
-           "resolve_setup", "section_settings", "training_options", "training_setup"]
+           "resolve_setup", "training_options", "training_setup"]

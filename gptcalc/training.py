@@ -1,0 +1,128 @@
+"""The training set-up of a command or a script: explicit values > a config file's [training]
+and [parallel] tables > the family's usual set-up (`gptcalc.config.training_defaults`).
+
+The CLI's `memory`, `report` and `plot` and the Python API resolve it here, so the same inputs
+size the same training step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .config import ConfigError, GPTConfig, TrainingSetup, training_defaults
+
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1}
+
+
+def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, Any]:
+    """The [training] table's keys and their values when nothing sets them."""
+    family = training_defaults(cfg, hf=from_hf)
+    return {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
+            "recompute": "none", "attn": family["attn"], "device": family["device"],
+            "impl": family["impl"], "overhead": 0, "lora_rank": 0, "lora_targets": "",
+            "weights_dtype": ""}
+
+
+def typed_value(section: str, key: str, value: Any, default: Any, where: str = "") -> Any:
+    """A [section] value of a config file, which must have its default's type: TOML and JSON
+    have real booleans and integers, so `sp = "false"` is a mistake, not false."""
+    kind = type(default)
+    if kind is bool:
+        ok, wanted = isinstance(value, bool), "true or false"
+    elif kind is int:
+        ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif kind is str:
+        ok, wanted = isinstance(value, str), "a name (a string)"
+    else:
+        ok, wanted = True, ""
+    if not ok:
+        raise ConfigError("config", f"{where}[{section}] {key} must be {wanted}, got {value!r}")
+    return value
+
+
+def merge_section(section: str, given: Mapping[str, Any], from_file: Mapping[str, Any],
+                  defaults: Mapping[str, Any], where: str = "") -> tuple[dict[str, Any], set]:
+    """given (not None) > the file's [section] > defaults; returns the values and the keys that
+    came from the file. Unknown file keys are an error naming the table."""
+    unknown = sorted(set(from_file) - set(defaults))
+    if unknown:
+        raise ConfigError("config", f"{where}[{section}] has unknown keys {', '.join(unknown)}; "
+                                    f"known: {', '.join(defaults)}")
+    out, filed = {}, set()
+    for key, default in defaults.items():
+        if given.get(key) is not None:
+            out[key] = given[key]
+        elif key in from_file:
+            out[key] = typed_value(section, key, from_file[key], default, where)
+            filed.add(key)
+        else:
+            out[key] = default
+    return out, filed
+
+
+def lora_fields(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mode: str
+                ) -> dict[str, Any]:
+    """The LoRA fields of a TrainingSetup from a rank, a target list ("q,v", "all") and the
+    frozen base's dtype ("bf16" or "int4" = QLoRA's NF4)."""
+    from .lora import parse_targets
+
+    targets = targets or None  # "" (a saved file's default) is no targets
+    weights_dtype = weights_dtype or None
+    if not rank:
+        if targets is not None:
+            raise ConfigError("lora_targets", "give --lora-rank too")
+        if weights_dtype == "int4":
+            raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
+                                               "--lora-rank")
+        return {}
+    if weights_dtype is not None and mode == "fp32":
+        raise ConfigError("weights_dtype", "mode fp32 keeps an fp32 base; use --mode amp (a "
+                                           "16-bit base, fp32 adapters) with --weights-dtype")
+    return {"lora_rank": rank, "lora_targets": parse_targets(targets, cfg),
+            "base_dtype": "nf4" if weights_dtype == "int4" else "same"}
+
+
+def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
+                     given: Mapping[str, Any] | None = None, from_hf: bool = False,
+                     where: str = "") -> tuple[TrainingSetup, dict[str, dict[str, Any]]]:
+    """The TrainingSetup and the effective [training] and [parallel] tables (for writing a
+    config file back). `given` uses the option names (`attn`, `weights_dtype`, ...); a bad value
+    from the file is reported against the config file and its table."""
+    from .units import parse_bytes
+
+    sections, given = sections or {}, given or {}
+    training, filed = merge_section("training", given, sections.get("training", {}),
+                                    training_table_defaults(cfg, from_hf), where)
+    parallel, filed_p = merge_section("parallel", given, sections.get("parallel", {}),
+                                      PARALLEL_DEFAULTS, where)
+    tables = {"training": dict(training), "parallel": dict(parallel)}
+    fields = dict(training)
+    overhead = fields.pop("overhead")
+    try:
+        fields.update(lora_fields(cfg, fields.pop("lora_rank"), fields.pop("lora_targets"),
+                                  fields.pop("weights_dtype"), fields["mode"]))
+        if not isinstance(overhead, int):
+            try:
+                overhead = parse_bytes(str(overhead))
+            except ValueError as e:
+                raise ConfigError("overhead", str(e)) from None
+        setup = TrainingSetup(attn_impl=fields.pop("attn"), overhead=overhead, **fields,
+                              **parallel)
+    except ConfigError as e:
+        key = "attn" if e.field == "attn_impl" else e.field
+        if key in filed | filed_p:  # the bad value came from the file, not an option
+            table = "training" if key in filed else "parallel"
+            raise ConfigError("config", f"{where}[{table}] {e.message}") from None
+        raise
+    return setup, tables
+
+
+def training_for(setup: Any, **given: Any) -> TrainingSetup:
+    """The TrainingSetup of a resolved model (`gptcalc.resolve_setup` / the CLI's model): its
+    config file's [training] and [parallel] tables and the family's defaults, overridden by
+    `given` (option names: mode, attn, device, impl, dp, zero, lora_rank, ...)."""
+    return resolve_training(setup.config, setup.sections, given, setup.from_hf)[0]
+
+
+__all__ = ["PARALLEL_DEFAULTS", "lora_fields", "merge_section", "resolve_training",
+           "training_for", "training_table_defaults", "typed_value"]
