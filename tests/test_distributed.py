@@ -65,6 +65,21 @@ def test_memory_zero3_peak_has_fsdp2_terms():
     assert p.bytes == 494_576
 
 
+def test_zero3_regathers_the_root_for_backward():
+    # FSDPMemTracker, shape-only, Llama-3-8B at dp 8 (1 x 2048 tokens), torch 2.13: the peak is
+    # the root's pre-backward all-gather (output and unsharded copies of the untied embedding
+    # and head, 2 x 4.2 GB) beside every saved activation and the logits; 8 B off at L 2 and 32
+    from gptcalc.memory import step_peak
+    from gptcalc.memory.engines import ROOT_REGATHER
+    cfg = from_name("llama3-8b").replace(n_layer=2)
+    p = step_peak(cfg, Workload(1, 2048), TrainingSetup(dp=8, zero=3, attn_impl="sdpa"))
+    assert p.phase == ROOT_REGATHER and p.bytes == 14_448_990_296
+    root = (2 * 128_256 * 4096 + 4096) * 4  # embedding, head and the final norm
+    assert p.lines["FSDP2 root all-gather output (re-gathered for backward)"] == root
+    z2 = step_peak(cfg, Workload(1, 2048), TrainingSetup(dp=8, zero=2, attn_impl="sdpa"))
+    assert ROOT_REGATHER not in z2.phases  # ZeRO-2 keeps the root unsharded
+
+
 # --------------------------------------------------------------------------- real engines
 
 torch = pytest.importorskip("torch")

@@ -233,6 +233,9 @@ def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     return {"root": wb * root, "block": wb * block}
 
 
+ROOT_REGATHER = "backward start, root all-gather"  # a phase of FSDP2 ZeRO-3 only
+
+
 def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
                       ) -> dict[str, dict[str, int]]:
     """What FSDP2 holds beyond the sharded states at each phase of the step peak
@@ -246,7 +249,19 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
       all-gather output (backward prefetch) is alive beside it;
     - ZeRO-2 (reshard_after_forward=False): every block stays unsharded from its forward to its
       backward;
-    - at the end of backward the root's unsharded gradients are the input of its reduce-scatter.
+    - FSDP2 keeps each forward all-gather's output until the next all-gather is issued: the
+      last block's is still alive when the loss is computed inside the root's forward, and
+      freed by the root's post-forward (measured: FSDPMemTracker's root BEF_POST_FW);
+    - ZeRO-3: the root is resharded after its forward too (FSDP2 reshards it when the root is
+      given reshard_after_forward=True), so its pre-backward hook all-gathers it again before
+      the loss's backward runs: the all-gather output and the unsharded parameters copied out
+      of it are alive together beside every saved activation and the logits (phase "backward
+      start, root all-gather"; measured: the whole 2 V E of an untied Llama-3-8B's embedding
+      and head, 4.2 GB at dp 8, with no loss gradient yet);
+    - at the end of backward, as the root's post-backward hook starts: its unsharded parameters
+      and gradients, the blocks' sharded gradients (the root's shards are its reduce-scatter's
+      output, not made yet) and the first block's reduce-scatter input, which FSDP2 keeps
+      until the next reduce-scatter is issued (measured: FSDPMemTracker's root BEF_POST_BW).
     Empty unless dp > 1 and ZeRO >= 2."""
     if setup.dp == 1 or setup.zero < 2:
         return {}
@@ -260,10 +275,18 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
             "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
     fwd = {"FSDP2 unsharded root parameters": root,
            "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
-    return {"forward end": fwd, "backward start": fwd, "backward, last block": last,
+    kept = {"FSDP2 all-gather output of the last block (kept to the root's post-forward)": block}
+    terms = {"forward end": {**fwd, **kept}, "backward start": fwd, "backward, last block": last,
             "backward end": {"FSDP2 unsharded root parameters": root,
-                             "FSDP2 reduce-scatter input (root gradients)": root},
+                             "FSDP2 unsharded root gradients (before its reduce-scatter)": root,
+                             "gradients": fsdp2_rank_states(cfg, setup).gradients - root // setup.dp,
+                             "FSDP2 reduce-scatter input of the first block (kept until the "
+                             "next reduce-scatter)": block},
             "optimizer step": {}}
+    if setup.zero == 3:
+        terms[ROOT_REGATHER] = {"FSDP2 unsharded root parameters": root,
+                                "FSDP2 root all-gather output (re-gathered for backward)": root}
+    return terms
 
 
 def pipeline_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
