@@ -242,8 +242,8 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     (torch.distributed.fsdp.fully_shard on every block and at the root; measured with
     FSDPMemTracker on CPU/gloo, torch 2.13):
 
-    - the root's parameters are all-gathered before the forward and stay unsharded until the
-      end of backward (the root is never resharded after forward);
+    - the root's parameters are all-gathered before the forward and stay unsharded through
+      it (ZeRO-2: until the end of backward);
     - ZeRO-3 (reshard_after_forward=True): a block is unsharded while it computes and freed
       after its forward; in backward the block being computed is unsharded and the next one's
       all-gather output (backward prefetch) is alive beside it;
@@ -252,6 +252,8 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     - FSDP2 keeps each forward all-gather's output until the next all-gather is issued: the
       last block's is still alive when the loss is computed inside the root's forward, and
       freed by the root's post-forward (measured: FSDPMemTracker's root BEF_POST_FW);
+    - ZeRO-3: the root's pre-backward hook prefetches the last block: its all-gather output is
+      alive while the loss's backward makes the logits' gradient;
     - ZeRO-3: the root is resharded after its forward too (FSDP2 reshards it when the root is
       given reshard_after_forward=True), so its pre-backward hook all-gathers it again before
       the loss's backward runs: the all-gather output and the unsharded parameters copied out
@@ -276,7 +278,9 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     fwd = {"FSDP2 unsharded root parameters": root,
            "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
     kept = {"FSDP2 all-gather output of the last block (kept to the root's post-forward)": block}
-    terms = {"forward end": {**fwd, **kept}, "backward start": fwd, "backward, last block": last,
+    prefetch = {"FSDP2 all-gather of the last block (the root's pre-backward prefetch)":
+                block if setup.zero == 3 else 0}
+    terms = {"forward end": {**fwd, **kept}, "backward start": {**fwd, **prefetch}, "backward, last block": last,
             "backward end": {"FSDP2 unsharded root parameters": root,
                              "FSDP2 unsharded root gradients (before its reduce-scatter)": root,
                              "gradients": fsdp2_rank_states(cfg, setup).gradients - root // setup.dp,
