@@ -91,9 +91,9 @@ def _checks(**layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [dict(dp=2, zero=3), dict(dp=2, zero=1),
+@pytest.mark.parametrize("layout", [dict(dp=2, zero=3), dict(dp=2, zero=2), dict(dp=2, zero=1),
                                     dict(tp=2, sp=True), dict(pp=2)],
-                         ids=["zero3-fsdp2", "zero1", "tp2-sp", "pp2-1f1b"])
+                         ids=["zero3-fsdp2", "zero2-fsdp2", "zero1", "tp2-sp", "pp2-1f1b"])
 def test_every_rank_passes_under_the_engine(layout):
     checks, results = _checks(**layout)
     assert len(results) == 2
