@@ -65,6 +65,20 @@ def test_memory_zero3_peak_has_fsdp2_terms():
     assert p.bytes == 494_576
 
 
+def test_ddp_holds_its_gradient_buckets_beside_the_gradients():
+    # DistributedDataParallel on 2 gloo ranks, torch 2.13, defaults (gradient_as_bucket_view=
+    # False): its flat buckets, 116,352 B, are a second copy of the debug model's gradients;
+    # the step peak measured 668,792 B (8 B off)
+    from gptcalc.memory import step_peak
+    from gptcalc.memory.engines import ddp_gradient_buckets
+    setup = TrainingSetup(dp=2, zero=0)
+    assert ddp_gradient_buckets(DEBUG, setup) == state_bytes(DEBUG, setup).gradients == 116_352
+    assert ddp_gradient_buckets(DEBUG, TrainingSetup(dp=2, zero=1)) == 0
+    p = step_peak(DEBUG, Workload(2, 16), setup)
+    assert p.lines["DDP gradient buckets (a second copy of the gradients)"] == 116_352
+    assert p.bytes == 668_784
+
+
 def test_zero3_regathers_the_root_for_backward():
     # FSDPMemTracker, shape-only, Llama-3-8B at dp 8 (1 x 2048 tokens), torch 2.13: the peak is
     # the root's pre-backward all-gather (output and unsharded copies of the untied embedding
@@ -92,8 +106,9 @@ def _checks(**layout):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [dict(dp=2, zero=3), dict(dp=2, zero=2), dict(dp=2, zero=1),
-                                    dict(tp=2, sp=True), dict(pp=2)],
-                         ids=["zero3-fsdp2", "zero2-fsdp2", "zero1", "tp2-sp", "pp2-1f1b"])
+                                    dict(dp=2, zero=0), dict(tp=2, sp=True), dict(pp=2)],
+                         ids=["zero3-fsdp2", "zero2-fsdp2", "zero1", "ddp", "tp2-sp",
+                              "pp2-1f1b"])
 def test_every_rank_passes_under_the_engine(layout):
     checks, results = _checks(**layout)
     assert len(results) == 2
@@ -130,7 +145,7 @@ def test_cli_json_names_checks_by_rank():
 @pytest.mark.parametrize("args, option", [
     (["--tp", "3"], "--tp"),  # 2 heads
     (["--pp", "3"], "--pp"),  # 2 layers
-    (["--dp", "2"], "--zero"),  # plain DDP is not wired
+    (["--dp", "2", "--zero", "0", "--tensors", "shape-only"], "--tensors"),  # DDP: real only
     (["--dp", "16", "--zero", "3", "--tensors", "real"], "--dp"),  # more ranks than allowed
     (["--sp"], "--sp"),
 ])

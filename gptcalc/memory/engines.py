@@ -11,6 +11,8 @@ shard differently, and per rank:
 - DTensor tensor parallel (`distribute_tensor` with Shard(0) / Shard(1)): the same chunking of
   the split dim over the tp ranks; the scattered parameter keeps the padded receive buffer as its
   storage, its gradient and AdamW's states hold the rank's own rows.
+- `DistributedDataParallel` (ZeRO 0, dp > 1) replicates every state and, with its default
+  gradient_as_bucket_view=False, holds its flat gradient buckets beside `.grad`.
 - `ZeroRedundancyOptimizer` (ZeRO-1) assigns whole parameter tensors to ranks greedily by size
   (`zero1_partition`): optimizer states of a rank are those of its tensors; weights and gradients
   are replicated.
@@ -172,7 +174,8 @@ def zero1_most_loaded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
 
 def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
     """The states of `rank` under the engine PyTorch runs the layout with: FSDP2 for ZeRO-2/3,
-    ZeroRedundancyOptimizer for ZeRO-1 (dp > 1), DTensor otherwise."""
+    ZeroRedundancyOptimizer for ZeRO-1 (dp > 1), DTensor otherwise (DistributedDataParallel
+    replicates every state: its gradient buckets are a peak term, `ddp_gradient_buckets`)."""
     if setup.dp > 1 and setup.zero >= 2:
         return fsdp2_rank_states(cfg, setup, rank)
     if setup.dp > 1 and setup.zero == 1:
@@ -180,7 +183,7 @@ def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStat
     return tp_rank_states(cfg, setup, rank)
 
 
-__all__ = ["RankStates", "chunk_rows", "fsdp2_rank_states", "padded_rows", "rank_states",
+__all__ = ["RankStates", "chunk_rows", "ddp_gradient_buckets", "ddp_phase_terms", "fsdp2_rank_states", "padded_rows", "rank_states",
            "fsdp2_phase_terms", "fsdp2_unsharded", "pipeline_phase_terms", "rank_training_flops",
            "tp_local_shape", "tp_rank_states", "zero1_most_loaded", "zero1_partition",
            "zero1_rank_states"]
@@ -291,6 +294,31 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
         terms[ROOT_REGATHER] = {"FSDP2 unsharded root parameters": root,
                                 "FSDP2 root all-gather output (re-gathered for backward)": root}
     return terms
+
+
+def ddp_gradient_buckets(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Bytes of DistributedDataParallel's gradient buckets on one rank: the reducer allocates
+    flat bucket buffers for every parameter that requires a gradient at construction
+    (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb 25, the first bucket 1 MB) and,
+    with PyTorch's default gradient_as_bucket_view=False, `.grad` stays a tensor of its own:
+    the buffers are a second copy of the gradients, alive for the whole step. Each bucket
+    packs its parameters' elements without padding (measured on CPU/gloo, torch 2.13), so the
+    buffers total the rank's gradient bytes. Zero unless dp > 1 and ZeRO 0."""
+    if setup.dp == 1 or setup.zero != 0:
+        return 0
+    return tp_rank_states(cfg, setup).gradients
+
+
+def ddp_phase_terms(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, dict[str, int]]:
+    """DDP's gradient buckets (`ddp_gradient_buckets`) in every phase of the step. Empty unless
+    dp > 1 and ZeRO 0."""
+    buckets = ddp_gradient_buckets(cfg, setup)
+    if not buckets:
+        return {}
+    name = "DDP gradient buckets (a second copy of the gradients)"
+    return {phase: {name: buckets} for phase in ("forward end", "backward start",
+                                                "backward, last block", "backward end",
+                                                "optimizer step")}
 
 
 def pipeline_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,

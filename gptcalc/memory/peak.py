@@ -168,7 +168,8 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                            "targets": 8 * workload.tokens if holds_head else 0},
     }
     pipe = engines.pipeline_phase_terms(cfg, workload, setup, stage, logits, st.gradients)
-    for phase, terms in (*fsdp.items(), *pipe.items()):
+    ddp = engines.ddp_phase_terms(cfg, setup)
+    for phase, terms in (*fsdp.items(), *pipe.items(), *ddp.items()):
         # an engine's own moment (FSDP2's root all-gather at backward start): the forward's
         # tensors without the loss's transients
         phases.setdefault(phase, {**base, "saved activations": saved, "logits": logits,
