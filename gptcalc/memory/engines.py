@@ -183,7 +183,8 @@ def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStat
     return tp_rank_states(cfg, setup, rank)
 
 
-__all__ = ["RankStates", "chunk_rows", "ddp_gradient_buckets", "ddp_phase_terms", "fsdp2_rank_states", "padded_rows", "rank_states",
+__all__ = ["RankStates", "chunk_rows", "ddp_gradient_buckets", "ddp_phase_terms",
+           "fsdp2_rank_states", "padded_rows", "rank_states",
            "fsdp2_phase_terms", "fsdp2_unsharded", "pipeline_phase_terms", "rank_training_flops",
            "tp_local_shape", "tp_rank_states", "zero1_most_loaded", "zero1_partition",
            "zero1_rank_states"]
@@ -281,15 +282,19 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     fwd = {"FSDP2 unsharded root parameters": root,
            "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
     kept = {"FSDP2 all-gather output of the last block (kept to the root's post-forward)": block}
+    # the blocks' sharded gradients: the root's shards are its reduce-scatter's output
+    rank = 0 if stage == "first" else (setup.pp - 1) * setup.dp * setup.tp
+    blocks_grads = fsdp2_rank_states(cfg, setup, rank).gradients - root // setup.dp
     prefetch = {"FSDP2 all-gather of the last block (the root's pre-backward prefetch)":
                 block if setup.zero == 3 else 0}
-    terms = {"forward end": {**fwd, **kept}, "backward start": {**fwd, **prefetch}, "backward, last block": last,
-            "backward end": {"FSDP2 unsharded root parameters": root,
-                             "FSDP2 unsharded root gradients (before its reduce-scatter)": root,
-                             "gradients": fsdp2_rank_states(cfg, setup).gradients - root // setup.dp,
-                             "FSDP2 reduce-scatter input of the first block (kept until the "
-                             "next reduce-scatter)": block},
-            "optimizer step": {}}
+    terms = {"forward end": {**fwd, **kept}, "backward start": {**fwd, **prefetch},
+             "backward, last block": last,
+             "backward end": {"FSDP2 unsharded root parameters": root,
+                              "FSDP2 unsharded root gradients (before its reduce-scatter)": root,
+                              "gradients": blocks_grads,
+                              "FSDP2 reduce-scatter input of the first block (kept until the "
+                              "next reduce-scatter)": block},
+             "optimizer step": {}}
     if setup.zero == 3:
         terms[ROOT_REGATHER] = {"FSDP2 unsharded root parameters": root,
                                 "FSDP2 root all-gather output (re-gathered for backward)": root}

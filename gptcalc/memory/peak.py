@@ -17,7 +17,8 @@ its first and last block live memory moves linearly and the largest value sits a
 phases above cover both ends. `overhead` (framework context, allocator fragmentation,
 communication buckets) is added to every phase and always printed: nothing is hidden in a
 tolerance. Engines add their own terms and moments (`engines.fsdp2_phase_terms`,
-`engines.pipeline_phase_terms`). What is not modelled: allocator rounding; the measured error against PyTorch's trackers is stated by the tests.
+`engines.pipeline_phase_terms`, `engines.ddp_phase_terms`). What is not modelled: allocator
+rounding; the measured error against PyTorch's trackers is stated by the tests.
 """
 
 from __future__ import annotations
