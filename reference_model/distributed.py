@@ -8,6 +8,8 @@ model of the same config), applies the layout and trains:
 
 - ZeRO-3: FSDP2 `fully_shard` on every block and at the root; ZeRO-2: the same with
   `reshard_after_forward=False` (parameters stay unsharded from forward to backward);
+- plain data parallel (ZeRO 0): `DistributedDataParallel` with PyTorch's defaults (real
+  tensors only: its C++ reducer does not run on FakeTensorMode);
 - ZeRO-1: `torch.distributed.optim.ZeroRedundancyOptimizer` over AdamW (whole parameters
   assigned greedily by size), gradients all-reduced in place after backward;
 - tensor / sequence parallel: DTensor `parallelize_module` with Megatron's layout (column-parallel
@@ -45,7 +47,7 @@ from gptcalc.config import ConfigError, GPTConfig, TrainingSetup, Workload
 MAX_RANKS = 8  # ranks a real run may launch on this machine
 PG_TIMEOUT_S = 120  # a collective waiting longer than this fails the rank
 JOIN_DEADLINE_S = 600  # the whole real run
-ENGINES = ("fsdp2", "zero1", "tp", "pipeline")
+ENGINES = ("fsdp2", "zero1", "ddp", "tp", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,7 @@ def engine_of(setup: TrainingSetup) -> str:
     if setup.dp > 1 and setup.zero == 1:
         return "zero1"
     if setup.dp > 1:
-        raise ConfigError("zero", "dp > 1 needs --zero 1 (ZeroRedundancyOptimizer), 2 or 3 "
-                                  "(FSDP2); plain DDP is not verified")
+        return "ddp"
     raise ConfigError("dp", "a distributed verify needs --dp, --tp or --pp above 1")
 
 
@@ -104,6 +105,10 @@ def check_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl:
     if tensors == "real" and world > 4 * (os.cpu_count() or 1):
         raise ConfigError("dp", f"{world} ranks on {os.cpu_count()} cores: use --tensors "
                                 f"shape-only")
+    if engine == "ddp" and tensors == "shape-only":
+        raise ConfigError("tensors", "plain data parallel (--zero 0) runs real tensors only: "
+                                     "DistributedDataParallel's reducer cannot run on "
+                                     "FakeTensorMode; use --max-layers or --zero 1, 2 or 3")
     if engine in ("tp", "pipeline") and impl == "transformers":
         raise ConfigError("impl", f"the {engine} engine runs the reference model only; "
                                   "transformers models are verified under ZeRO/FSDP2")
@@ -377,7 +382,7 @@ def _rank_step(spec: dict, rank: int, world: int, fake: bool,
 
 def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankResult:
     cfg, wl, setup, impl = spec["cfg"], spec["workload"], spec["setup"], spec["impl"]
-    runner = {"fsdp2": _FSDP2, "zero1": _Zero1, "tp": _TensorParallel,
+    runner = {"fsdp2": _FSDP2, "zero1": _Zero1, "ddp": _DDP, "tp": _TensorParallel,
               "pipeline": _Pipeline}[engine](cfg, wl, setup, impl, rank, world)
     runner.meshes = meshes
     runner.build()
@@ -506,6 +511,42 @@ class _Zero1(_Engine):
 
     def opt_state(self):
         return [v for s in self.opt.optim.state.values() for v in s.values()]
+
+
+class _DDP(_Engine):
+    """Plain data parallel: DistributedDataParallel with PyTorch's defaults (bucket_cap_mb 25,
+    the first bucket 1 MB, gradient_as_bucket_view=False: the reducer's flat bucket buffers are
+    allocated at construction and hold a second copy of every gradient beside `.grad`)."""
+
+    def build(self) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.buckets: dict[int, torch.Tensor] = {}
+
+        def hook(state, bucket):  # PyTorch's own all-reduce hook, the buffers recorded
+            buf = bucket.buffer()
+            self.buckets.setdefault(_storage_key(buf), buf)
+            return allreduce_hook(state, bucket)
+
+        self.ddp = DistributedDataParallel(self.model.module)
+        self.ddp.register_comm_hook(None, hook)
+        self.model.module = self.ddp
+        self.opt = self.optimizer(self.ddp.parameters())
+
+    def step(self, live: LiveSaved | None = None, flops: bool = False) -> None:
+        # DDP rebuilds its buckets once, in the second forward, in the order the first backward
+        # made the gradients: the warm-up runs two steps so that the tracked one is steady
+        warm_up = not self.buckets and live is None and not flops
+        for _ in range(2 if warm_up else 1):
+            self.buckets = {}  # the buffers of this step's backward only
+            super().step(live, flops)
+
+    def tracker(self):
+        # the buckets are made by the reducer before the tracker exists: named so it counts them
+        t = super().tracker()
+        t.track_external(*self.buckets.values())
+        return t
 
 
 class _TensorParallel(_Engine):

@@ -11,6 +11,8 @@ shard differently, and per rank:
 - DTensor tensor parallel (`distribute_tensor` with Shard(0) / Shard(1)): the same chunking of
   the split dim over the tp ranks; the scattered parameter keeps the padded receive buffer as its
   storage, its gradient and AdamW's states hold the rank's own rows.
+- `DistributedDataParallel` (ZeRO 0, dp > 1) replicates every state and, with its default
+  gradient_as_bucket_view=False, holds its flat gradient buckets beside `.grad`.
 - `ZeroRedundancyOptimizer` (ZeRO-1) assigns whole parameter tensors to ranks greedily by size
   (`zero1_partition`): optimizer states of a rank are those of its tensors; weights and gradients
   are replicated.
@@ -172,7 +174,8 @@ def zero1_most_loaded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
 
 def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
     """The states of `rank` under the engine PyTorch runs the layout with: FSDP2 for ZeRO-2/3,
-    ZeroRedundancyOptimizer for ZeRO-1 (dp > 1), DTensor otherwise."""
+    ZeroRedundancyOptimizer for ZeRO-1 (dp > 1), DTensor otherwise (DistributedDataParallel
+    replicates every state: its gradient buckets are a peak term, `ddp_gradient_buckets`)."""
     if setup.dp > 1 and setup.zero >= 2:
         return fsdp2_rank_states(cfg, setup, rank)
     if setup.dp > 1 and setup.zero == 1:
@@ -180,7 +183,8 @@ def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStat
     return tp_rank_states(cfg, setup, rank)
 
 
-__all__ = ["RankStates", "chunk_rows", "fsdp2_rank_states", "padded_rows", "rank_states",
+__all__ = ["RankStates", "chunk_rows", "ddp_gradient_buckets", "ddp_phase_terms",
+           "fsdp2_rank_states", "padded_rows", "rank_states",
            "fsdp2_phase_terms", "fsdp2_unsharded", "pipeline_phase_terms", "rank_training_flops",
            "tp_local_shape", "tp_rank_states", "zero1_most_loaded", "zero1_partition",
            "zero1_rank_states"]
@@ -233,20 +237,37 @@ def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     return {"root": wb * root, "block": wb * block}
 
 
+ROOT_REGATHER = "backward start, root all-gather"  # a phase of FSDP2 ZeRO-3 only
+
+
 def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
                       ) -> dict[str, dict[str, int]]:
     """What FSDP2 holds beyond the sharded states at each phase of the step peak
     (torch.distributed.fsdp.fully_shard on every block and at the root; measured with
     FSDPMemTracker on CPU/gloo, torch 2.13):
 
-    - the root's parameters are all-gathered before the forward and stay unsharded until the
-      end of backward (the root is never resharded after forward);
+    - the root's parameters are all-gathered before the forward and stay unsharded through
+      it (ZeRO-2: until the end of backward);
     - ZeRO-3 (reshard_after_forward=True): a block is unsharded while it computes and freed
       after its forward; in backward the block being computed is unsharded and the next one's
       all-gather output (backward prefetch) is alive beside it;
     - ZeRO-2 (reshard_after_forward=False): every block stays unsharded from its forward to its
       backward;
-    - at the end of backward the root's unsharded gradients are the input of its reduce-scatter.
+    - FSDP2 keeps each forward all-gather's output until the next all-gather is issued: the
+      last block's is still alive when the loss is computed inside the root's forward, and
+      freed by the root's post-forward (measured: FSDPMemTracker's root BEF_POST_FW);
+    - ZeRO-3: the root's pre-backward hook prefetches the last block: its all-gather output is
+      alive while the loss's backward makes the logits' gradient;
+    - ZeRO-3: the root is resharded after its forward too (FSDP2 reshards it when the root is
+      given reshard_after_forward=True), so its pre-backward hook all-gathers it again before
+      the loss's backward runs: the all-gather output and the unsharded parameters copied out
+      of it are alive together beside every saved activation and the logits (phase "backward
+      start, root all-gather"; measured: the whole 2 V E of an untied Llama-3-8B's embedding
+      and head, 4.2 GB at dp 8, with no loss gradient yet);
+    - at the end of backward, as the root's post-backward hook starts: its unsharded parameters
+      and gradients, the blocks' sharded gradients (the root's shards are its reduce-scatter's
+      output, not made yet) and the first block's reduce-scatter input, which FSDP2 keeps
+      until the next reduce-scatter is issued (measured: FSDPMemTracker's root BEF_POST_BW).
     Empty unless dp > 1 and ZeRO >= 2."""
     if setup.dp == 1 or setup.zero < 2:
         return {}
@@ -260,10 +281,49 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
             "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
     fwd = {"FSDP2 unsharded root parameters": root,
            "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
-    return {"forward end": fwd, "backward start": fwd, "backward, last block": last,
-            "backward end": {"FSDP2 unsharded root parameters": root,
-                             "FSDP2 reduce-scatter input (root gradients)": root},
-            "optimizer step": {}}
+    kept = {"FSDP2 all-gather output of the last block (kept to the root's post-forward)": block}
+    # the blocks' sharded gradients: the root's shards are its reduce-scatter's output
+    rank = 0 if stage == "first" else (setup.pp - 1) * setup.dp * setup.tp
+    blocks_grads = fsdp2_rank_states(cfg, setup, rank).gradients - root // setup.dp
+    prefetch = {"FSDP2 all-gather of the last block (the root's pre-backward prefetch)":
+                block if setup.zero == 3 else 0}
+    terms = {"forward end": {**fwd, **kept}, "backward start": {**fwd, **prefetch},
+             "backward, last block": last,
+             "backward end": {"FSDP2 unsharded root parameters": root,
+                              "FSDP2 unsharded root gradients (before its reduce-scatter)": root,
+                              "gradients": blocks_grads,
+                              "FSDP2 reduce-scatter input of the first block (kept until the "
+                              "next reduce-scatter)": block},
+             "optimizer step": {}}
+    if setup.zero == 3:
+        terms[ROOT_REGATHER] = {"FSDP2 unsharded root parameters": root,
+                                "FSDP2 root all-gather output (re-gathered for backward)": root}
+    return terms
+
+
+def ddp_gradient_buckets(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Bytes of DistributedDataParallel's gradient buckets on one rank: the reducer allocates
+    flat bucket buffers for every parameter that requires a gradient at construction
+    (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb 25, the first bucket 1 MB) and,
+    with PyTorch's default gradient_as_bucket_view=False, `.grad` stays a tensor of its own:
+    the buffers are a second copy of the gradients, alive for the whole step. Each bucket
+    packs its parameters' elements without padding (measured on CPU/gloo, torch 2.13), so the
+    buffers total the rank's gradient bytes. Zero unless dp > 1 and ZeRO 0."""
+    if setup.dp == 1 or setup.zero != 0:
+        return 0
+    return tp_rank_states(cfg, setup).gradients
+
+
+def ddp_phase_terms(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, dict[str, int]]:
+    """DDP's gradient buckets (`ddp_gradient_buckets`) in every phase of the step. Empty unless
+    dp > 1 and ZeRO 0."""
+    buckets = ddp_gradient_buckets(cfg, setup)
+    if not buckets:
+        return {}
+    name = "DDP gradient buckets (a second copy of the gradients)"
+    return {phase: {name: buckets} for phase in ("forward end", "backward start",
+                                                "backward, last block", "backward end",
+                                                "optimizer step")}
 
 
 def pipeline_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,

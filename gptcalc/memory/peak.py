@@ -16,8 +16,9 @@ Saved activations go down and gradients up through backward one block at a time,
 its first and last block live memory moves linearly and the largest value sits at one end: the
 phases above cover both ends. `overhead` (framework context, allocator fragmentation,
 communication buckets) is added to every phase and always printed: nothing is hidden in a
-tolerance. What is not modelled: FSDP's unsharded parameters and communication buffers, and
-allocator rounding; the measured error against PyTorch's trackers is stated by the tests.
+tolerance. Engines add their own terms and moments (`engines.fsdp2_phase_terms`,
+`engines.pipeline_phase_terms`, `engines.ddp_phase_terms`). What is not modelled: allocator
+rounding; the measured error against PyTorch's trackers is stated by the tests.
 """
 
 from __future__ import annotations
@@ -168,8 +169,12 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                            "targets": 8 * workload.tokens if holds_head else 0},
     }
     pipe = engines.pipeline_phase_terms(cfg, workload, setup, stage, logits, st.gradients)
-    for phase, terms in (*fsdp.items(), *pipe.items()):
-        phases[phase].update(terms)
+    ddp = engines.ddp_phase_terms(cfg, setup)
+    for phase, terms in (*fsdp.items(), *pipe.items(), *ddp.items()):
+        # an engine's own moment (FSDP2's root all-gather at backward start): the forward's
+        # tensors without the loss's transients
+        phases.setdefault(phase, {**base, "saved activations": saved, "logits": logits,
+                                  "gradients (accumulating)": grads_early}).update(terms)
     return phases
 
 
@@ -178,6 +183,10 @@ _WHY = {
                    "copy of them",
     "backward start": "the start of backward: every saved activation and the logits, while the "
                       "cross entropy makes the logits' gradient",
+    engines.ROOT_REGATHER: "the start of backward under FSDP2 ZeRO-3: the root's parameters "
+                           "all-gathered again before the loss's backward (the all-gather "
+                           "output beside the unsharded parameters), every saved activation "
+                           "and the logits",
     "backward, last block": "the last block's backward: the saved activations beside that "
                             "block's gradients in flight",
     "backward end": "the end of backward: every gradient, with the embedding's gradient "
