@@ -85,6 +85,11 @@ class GPTConfig:
     # --- attention variants ----------------------------------------------------------------
     # gpt-oss: one learned logit per head and layer that joins every softmax (a "sink")
     attn_sinks: bool = False
+    # Gemma 2's tanh soft-capping, cap * tanh(x / cap): of the attention scores (HF
+    # attn_logit_softcapping) and of the logits (final_logit_softcapping). No parameter or
+    # matmul count changes; each tanh saves its output for backward.
+    attn_softcap: bool = False
+    logit_softcap: bool = False
     # Sliding-window attention (Child et al. 2019; Mistral, Gemma 2/3, gpt-oss, StarCoder2):
     # a query attends itself and the window-1 keys before it (transformers' mask: key position
     # > query position - window). attn_pattern: the layer kinds, G (global, full causal) and
@@ -319,7 +324,8 @@ def _validate_modern(cfg: GPTConfig) -> None:
         raise ConfigError("sliding_window", f"attn_pattern {cfg.attn_pattern!r} has sliding "
                                             "layers (L): set sliding_window")
     for name in ("shared_norm", "pre_norm", "post_norm", "embd_norm", "attn_sinks",
-                 "shared_expert_gate", "router_bias", "expert_bias"):
+                 "attn_softcap", "logit_softcap", "shared_expert_gate", "router_bias",
+                 "expert_bias"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
     if cfg.shared_norm and not cfg.parallel_residual:
@@ -434,7 +440,8 @@ ARCHS.update({
     "deepseek": dict(_LLAMA),
     # Families hold switches only: a window and its layer pattern are sizes of a preset.
     # Gemma 2 (Gemma Team 2024): GeGLU, pre- and post-norms, tied head.
-    "gemma2": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True),
+    "gemma2": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True,
+                   attn_softcap=True, logit_softcap=True),
     # Gemma 3 (Gemma Team 2025): Gemma 2 plus q/k RMSNorm over each head.
     "gemma3": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True, qk_norm="head"),
     # gpt-oss (OpenAI 2025 model card): biased attention with sinks, MoE with a biased router
@@ -586,12 +593,17 @@ def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
     """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
     `impl`. The tutorial and notes families: fp32, manual attention, CPU (the reference model,
     as their notebooks run it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is
-    counted as transformers' modules save it where that profile models its switches, else as
-    the reference model saves it."""
+    counted as transformers' modules save it where that profile models its switches (with the
+    class's default attention: eager for Gemma 2), else as the reference model saves it."""
     if not hf and family_of(cfg) in NOTEBOOK_FAMILIES:
         return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
-    return {"mode": "amp", "attn": "sdpa", "device": "cuda",
-            "impl": "transformers" if hf and _transformers_modelled(cfg) else "reference"}
+    impl = "transformers" if hf and _transformers_modelled(cfg) else "reference"
+    attn = "sdpa"
+    if impl == "transformers":  # the class's own default (Gemma 2: eager, no SDPA path)
+        from .memory.profile_transformers import default_attention  # torch-free
+
+        attn = default_attention(cfg)
+    return {"mode": "amp", "attn": attn, "device": "cuda", "impl": impl}
 
 
 def _transformers_modelled(cfg: GPTConfig) -> bool:

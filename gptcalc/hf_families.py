@@ -79,7 +79,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                   tie_word_embeddings=True),
     "gemma2": dict(max_position_embeddings=8192, hidden_activation="gelu_pytorch_tanh",
                    num_key_value_heads=4, head_dim=256, attention_bias=False,
-                   sliding_window=4096, tie_word_embeddings=True),
+                   sliding_window=4096, tie_word_embeddings=True,
+                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
     "gemma3_text": dict(max_position_embeddings=131072, hidden_activation="gelu_pytorch_tanh",
                         num_key_value_heads=4, head_dim=256, attention_bias=False,
                         sliding_window=4096, sliding_window_pattern=6,
@@ -266,12 +267,29 @@ def _gemma(r) -> dict[str, Any]:  # GeGLU, tied; embeddings scaled by sqrt(E) (n
     return llama_shaped(r, mlp_act=act) | dict(qkv_bias=bias, attn_out_bias=bias)
 
 
+def softcaps(r, attention: bool = True) -> dict[str, Any]:
+    """Gemma 2/3's tanh soft-capping (a float, null: none; Gemma 2 defaults to 50 and 30).
+    `attention` False: the class never applies attn_logit_softcapping (transformers' Gemma 3)."""
+    on = {"attn_softcap": False}
+    names = (("attn_logit_softcapping", "attn_softcap"),) if attention else ()
+    for name, key in names + (("final_logit_softcapping", "logit_softcap"),):
+        r.read.add(name)
+        value = r.raw[name] if name in r.raw else r.defaults.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value <= 0):
+            raise r.fail(f"{name} must be a positive number or null, got {value!r}")
+        on[key] = value is not None
+    return on
+
+
 def _gemma2(r) -> dict[str, Any]:  # + post-attention / post-feedforward norms, local/global
-    return _gemma(r) | sliding_from_layer_types(r, 2) | dict(post_norm=True)
+    return _gemma(r) | sliding_from_layer_types(r, 2) | dict(post_norm=True) | softcaps(r)
 
 
 def _gemma3_text(r) -> dict[str, Any]:  # + q/k RMSNorm(head_dim), 5 local : 1 global
-    return _gemma(r) | sliding_from_layer_types(r, 6) | dict(post_norm=True, qk_norm="head")
+    # transformers' Gemma3Attention does not pass attn_logit_softcapping on: never applied
+    return (_gemma(r) | sliding_from_layer_types(r, 6) | dict(post_norm=True, qk_norm="head")
+            | softcaps(r, attention=False))
 
 
 def _gpt_oss(r) -> dict[str, Any]:

@@ -45,6 +45,18 @@ CASES = {
                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
                        "intermediate_size": 160, "max_position_embeddings": 128,
                        "sliding_window": 16},
+    # Gemma 2: eager (its default), soft-capped scores and logits, sandwich norms, GeGLU,
+    # sliding/global layers
+    "gemma2": {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+               "vocab_size": 1000, "intermediate_size": 160, "max_position_embeddings": 128,
+               "sliding_window": 16},
+    # Gemma 3: SDPA, q/k norms, a local and a global rotary, windowed layers with a mask
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 3,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                    "vocab_size": 1000, "intermediate_size": 160,
+                    "max_position_embeddings": 128, "sliding_window": 16,
+                    "sliding_window_pattern": 2},
 }
 
 
@@ -72,9 +84,9 @@ def test_memory_hf_config_matches_transformers_on_cpu(name, B, S, tmp_path):
     {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
      "num_key_value_heads": 2, "vocab_size": 1000, "intermediate_size": 96,
      "num_local_experts": 4, "num_experts_per_tok": 2},
-    {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000, "intermediate_size": 160,
-     "sliding_window": 16}])
+    # Gemma 1: GeGLU without Gemma 2's post-norms
+    {"model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000, "intermediate_size": 160}])
 def test_unmodelled_families_refuse_impl_transformers(raw, tmp_path):
     # --impl transformers names itself rather than print a wrong number; the default falls
     # back to the reference profile and says so
