@@ -125,6 +125,9 @@ class GPTConfig:
     shared_ffn_dim: int | None = None  # the shared MLP's width; None: n_shared_expert * moe width
     shared_expert_gate: bool = False  # Qwen2-MoE's shared_expert_gate
     router_bias: bool = False  # gpt-oss's router has a bias
+    # the top-k routing weights renormalised to sum to 1 (Mixtral; Qwen's norm_topk_prob): no
+    # count changes, the division saves tensors for backward
+    router_norm_topk: bool = False
     expert_bias: bool = False  # gpt-oss's experts have biases
     moe_first_dense: int = 0
     moe_step: int = 1
@@ -325,7 +328,7 @@ def _validate_modern(cfg: GPTConfig) -> None:
                                             "layers (L): set sliding_window")
     for name in ("shared_norm", "pre_norm", "post_norm", "embd_norm", "attn_sinks",
                  "attn_softcap", "logit_softcap", "shared_expert_gate", "router_bias",
-                 "expert_bias"):
+                 "expert_bias", "router_norm_topk"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
     if cfg.shared_norm and not cfg.parallel_residual:
@@ -432,7 +435,7 @@ ARCHS.update({
     # Mistral 7B v0.1 (Jiang et al. 2023): Llama's switches; its sliding window is a size.
     "mistral": dict(_LLAMA),
     # Mixtral (Jiang et al. 2024): Llama's attention, every MLP a top-2 mixture of SwiGLU experts.
-    "mixtral": dict(_LLAMA, n_expert_active=2),
+    "mixtral": dict(_LLAMA, n_expert_active=2, router_norm_topk=True),
     # Qwen3 (Qwen3 technical report 2025): Llama plus RMSNorm on each query and key head.
     "qwen3": dict(_LLAMA, qk_norm="head"),
     "qwen3_moe": dict(_LLAMA, qk_norm="head"),

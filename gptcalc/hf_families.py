@@ -173,7 +173,8 @@ def moe_qwen(r) -> dict[str, Any]:
                 n_expert_active=r.int(("num_experts_per_tok",)),
                 moe_ffn_dim=r.int(("moe_intermediate_size",)),
                 moe_step=r.int(("decoder_sparse_step",)),
-                moe_dense_layers=r.layer_list("mlp_only_layers"))
+                moe_dense_layers=r.layer_list("mlp_only_layers"),
+                router_norm_topk=r.bool("norm_topk_prob", default=False))
 
 
 def _gpt2(r) -> dict[str, Any]:
@@ -217,7 +218,8 @@ def _mistral(r) -> dict[str, Any]:  # bias=False hard-coded everywhere
 
 def _mixtral(r) -> dict[str, Any]:  # every MLP a mixture of SwiGLU experts, router without bias
     return llama_shaped(r) | sliding_all(r) | dict(
-        n_expert=r.int(("num_local_experts",)), n_expert_active=r.int(("num_experts_per_tok",)))
+        n_expert=r.int(("num_local_experts",)), n_expert_active=r.int(("num_experts_per_tok",)),
+        router_norm_topk=True)  # MixtralTopKRouter always renormalises the top-k weights
 
 
 def _qwen2(r) -> dict[str, Any]:  # q/k/v biased, o_proj not (hard-coded in Qwen2Attention)

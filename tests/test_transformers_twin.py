@@ -159,7 +159,7 @@ def _gemma_raw(family: str, H: int = 4, kv: int = 2, L: int = 3, dropout: float 
     return {**raw, **extra}
 
 
-def _gemma_saved(raw: dict, attn: str | None, mode: str, B: int, S: int) -> tuple[int, int]:
+def _raw_saved(raw: dict, attn: str | None, mode: str, B: int, S: int) -> tuple[int, int]:
     from gptcalc.hf import config_from_hf
 
     cfg = config_from_hf(raw)
@@ -180,7 +180,7 @@ def test_saved_bytes_exact_gemma(family, attn, mode, dropout, B, S, H, kv):
     # S 32 and 17 reach the window (16): Gemma 3's SDPA sliding layers get a mask, and no
     # enable_gqa; S 12 stays inside it
     raw = _gemma_raw(family, H, kv, dropout=dropout)
-    predicted, measured = _gemma_saved(raw, attn, mode, B, S)
+    predicted, measured = _raw_saved(raw, attn, mode, B, S)
     assert predicted == measured
 
 
@@ -192,7 +192,7 @@ def test_saved_bytes_exact_gemma(family, attn, mode, dropout, B, S, H, kv):
 def test_saved_bytes_exact_gemma_switches(raw):
     # soft-capping off (Gemma 2) and on (Gemma 3: transformers applies only the final one),
     # a window longer than the sequence, only sliding layers (one rotary embedding)
-    predicted, measured = _gemma_saved(raw, None, "fp32", 2, 20)
+    predicted, measured = _raw_saved(raw, None, "fp32", 2, 20)
     assert predicted == measured
 
 
@@ -209,3 +209,38 @@ def test_gemma_defaults_and_refusals():
     assert transformers_family(g3) == "gemma3_text" and not g3.attn_softcap
     assert training_defaults(g3, hf=True) == {"mode": "amp", "attn": "sdpa", "device": "cuda",
                                               "impl": "transformers"}
+
+
+def _moe_raw(family: str, X: int, k: int, H: int = 4, kv: int = 2, dropout: float = 0.0,
+             **extra) -> dict:
+    raw = {"model_type": family, "hidden_size": 64, "num_hidden_layers": 3,
+           "num_attention_heads": H, "num_key_value_heads": kv, "vocab_size": 300,
+           "max_position_embeddings": 128, "num_experts_per_tok": k,
+           "attention_dropout": dropout}
+    if family == "mixtral":
+        raw.update(intermediate_size=48, num_local_experts=X)
+    else:
+        raw.update(intermediate_size=96, moe_intermediate_size=32, num_experts=X, head_dim=16)
+    return {**raw, **extra}
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("attn,dropout", [(None, 0.0), ("eager", 0.1)])
+@pytest.mark.parametrize("X,k,B,S,H,kv", [(4, 2, 2, 24, 4, 2), (16, 1, 1, 5, 1, 1),
+                                          (8, 3, 3, 17, 2, 2)])
+def test_saved_bytes_exact_moe(family, mode, attn, dropout, X, k, B, S, H, kv):
+    # grouped_mm experts (transformers' default); (16, 1, 1, 5): most experts get no token,
+    # and the saved bytes do not depend on the routing
+    raw = _moe_raw(family, X, k, H, kv, dropout)
+    predicted, measured = _raw_saved(raw, attn, mode, B, S)
+    assert predicted == measured
+
+
+@pytest.mark.parametrize("raw", [
+    _moe_raw("qwen3_moe", 8, 2, norm_topk_prob=True, mlp_only_layers=[0, 2]),
+    _moe_raw("qwen3_moe", 8, 2, decoder_sparse_step=2),
+    _moe_raw("mixtral", 4, 2, sliding_window=8)])
+def test_saved_bytes_exact_moe_switches(raw):
+    predicted, measured = _raw_saved(raw, None, "fp32", 2, 20)
+    assert predicted == measured

@@ -6,7 +6,9 @@ The `transformers` implementation profile: the same saved-tensor table as the re
 LlamaForCausalLM, MistralForCausalLM (with its sliding window), Qwen2ForCausalLM,
 Qwen3ForCausalLM (q/k norms), Gemma2ForCausalLM (eager, its only path: soft-capped scores and
 logits) and Gemma3ForCausalLM (gemma3_text: q/k norms, a local and a global rotary embedding,
-sliding layers with a mask once S >= window); other families (MoE, MLA, Gemma 1, ...) raise a
+sliding layers with a mask once S >= window), MixtralForCausalLM and Qwen3MoeForCausalLM (their
+experts on transformers' default grouped_mm path, not experts_implementation="eager"); other
+families (shared experts, MLA, Gemma 1, ...) raise a
 ConfigError naming --impl, run as `model(input_ids,
 labels=labels)` in train mode with the config's defaults (`use_cache=True`: a DynamicCache holds a
 copy of every layer's key and value; `attn_implementation` "sdpa", or "eager" = attn_impl manual).
@@ -65,6 +67,19 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
                               SwiGLU 4 (gate output, silu output, up output, product),
                               GeGLU (gelu_pytorch_tanh, one fused op) 4 likewise
     layer/mlp/dropout_mask    N * E * a      GPT-2 mlp.dropout, NeoX post_mlp_dropout
+    MoE layers (Mixtral, Qwen3-MoE; X experts, top k, Nk = N*k, F expert width), instead of
+    mlp/hidden (mlp/fc_input is the router's and the experts' shared input):
+    layer/moe/router_probs    N * X * 4      softmax of the fp32 router logits
+    layer/moe/topk_indices    Nk * 8         topk's int64 indices
+    layer/moe/topk_norm       N*4 + Nk*4     the renormalising sum and top-k values (Mixtral;
+                              Qwen with norm_topk_prob)
+    layer/moe/gather_index    3 * Nk * 8     int64 index of the sorted token copies, of the
+                              sorted weights, and of the inverse permutation
+    layer/moe/offsets         X * 4          grouped_mm's int32 offsets
+    layer/moe/expert_input    Nk * E * a     the token copies sorted by expert
+    layer/moe/hidden          4 * Nk * F * a  gate_up output (2F), silu output, product
+    layer/moe/routing_weights Nk * 4         sorted weights (Qwen3-MoE: Nk * a)
+    layer/moe/expert_output   Nk * E * a     down_proj's output, weighted
     layer/ln_post_mlp/...     Gemma's post_feedforward_layernorm (its pre_feedforward is ln_2)
     final/ln_f/...            as ln_1
     final/lm_head_input       N * E * a
@@ -82,11 +97,12 @@ import math
 from typing import Any
 
 from ..config import GATED_MLPS, ConfigError, GPTConfig
-from ..layers import sliding_layers
+from ..layers import moe_layers, sliding_layers
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
-FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
+            "mixtral", "qwen3_moe")
 _SDPA_GQA_MAX_HEAD_DIM = 256  # transformers' use_gqa_in_sdpa: enable_gqa only up to this head dim
 
 
@@ -100,7 +116,10 @@ def _gemma(cfg: GPTConfig) -> bool:
 def _not_modelled(cfg: GPTConfig) -> list[str]:
     """Switches of `cfg` whose transformers modules this profile has not measured."""
     gemma = _gemma(cfg)
-    used = (("mixture of experts", cfg.moe), ("multi-head latent attention", cfg.mla),
+    moe = cfg.moe and not (cfg.n_shared_expert or cfg.shared_expert_gate or cfg.router_bias
+                           or cfg.expert_bias or cfg.moe_first_dense or cfg.mlp != "swiglu")
+    used = (("a mixture of experts beyond Mixtral's and Qwen3-MoE's", cfg.moe and not moe),
+            ("multi-head latent attention", cfg.mla),
             ("post-norms", (cfg.post_norm or not cfg.pre_norm) and not gemma),
             ("a shared parallel norm", cfg.shared_norm),
             (f"q/k norm {cfg.qk_norm!r}", cfg.qk_norm not in ("none", "head")),
@@ -133,6 +152,8 @@ def transformers_family(cfg: GPTConfig) -> str:
         if cfg.pos_embedding == "rotary":
             return "gpt_neox"
     if cfg.norm == "rmsnorm" and cfg.mlp in GATED_MLPS and cfg.qkv_layout == "separate":
+        if cfg.moe:
+            return "qwen3_moe" if cfg.qk_norm == "head" else "mixtral"
         if cfg.qk_norm == "head":
             return "qwen3"
         return "qwen2" if cfg.qkv_bias and not cfg.attn_out_bias else "llama"
@@ -188,6 +209,28 @@ def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int) -> dict[str, int]:
         # the weight multiply saves (x * rsqrt).to(input dtype)
         return {"input": N * E * 4, "rsqrt": N * 4, "normalized": N * E * a}
     return {"input": N * E * r, "mean": N * stats, "rstd": N * stats}  # native_layer_norm
+
+
+def _moe(cfg: GPTConfig, fam: str, N: int, a: int) -> dict[str, int]:
+    """Per MoE layer: the router and the experts of transformers' default grouped_mm path
+    (tokens sorted by expert, one torch._grouped_mm per projection). Routing-independent: the
+    experts see N * k rows in all, however the router splits them."""
+    X, k, F, E = cfg.n_expert, cfg.n_expert_active, cfg.expert_dim, cfg.n_embd
+    Nk = N * k
+    return {
+        "router_probs": N * X * 4,  # softmax of the fp32 router logits
+        "topk_indices": Nk * 8,  # topk's int64 indices
+        # top_k /= top_k.sum(-1, keepdim): the sum (N x 1) and the fp32 top-k values
+        "topk_norm": N * 4 + Nk * 4 if cfg.router_norm_topk else 0,
+        # int64 gathers: hidden[perm // k], weights[perm], out[inv_perm]
+        "gather_index": 3 * Nk * 8,
+        "offsets": X * 4,  # grouped_mm's int32 cumulative tokens per expert
+        "expert_input": Nk * E * a,  # the sorted token copies
+        "hidden": 4 * Nk * F * a,  # gate_up output (2F), silu output, the product
+        # the sorted routing weights: fp32 in Mixtral, cast to the logits' dtype in Qwen3-MoE
+        "routing_weights": Nk * (4 if fam == "mixtral" else a),
+        "expert_output": Nk * E * a,  # down_proj's output, multiplied by the weights
+    }
 
 
 def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: bool
@@ -288,7 +331,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     else:
         layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
         layer["attn/qkv_input"] = qkv_casts * N * E * a
-        if fam in ("qwen3", "gemma3_text"):  # RMSNorm on each q and k head, as the block's norms
+        if fam in ("qwen3", "qwen3_moe", "gemma3_text"):  # RMSNorm on each q and k head, as the block's norms
             for role, heads in (("q", cfg.n_head), ("k", cfg.kv_heads)):
                 W = heads * cfg.head_size
                 layer[f"attn/{role}_norm/input"] = N * W * 4
@@ -306,11 +349,16 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         layer["mlp/fc_input"] = up_casts * N * E * a
         gelu_new = fam == "gpt2" and cfg.mlp == "gelu_tanh"
         hidden = 5 if gelu_new else {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4, "geglu": 4}[cfg.mlp]
-        layer["mlp/hidden"] = hidden * N * Dff * a  # incl. the down projection's input
+        dense_hidden = hidden * N * Dff * a  # incl. the down projection's input
         layer["mlp/dropout_mask"] = N * E * mask if resid_drop else 0
         if gemma:  # post_feedforward_layernorm on the MLP's output
             layer.update({f"ln_post_mlp/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
     out.update({f"layer/{k}": L * v for k, v in layer.items()})
+    if setup.recompute != "full":  # dense MLP layers only; the others: moe/...
+        out["layer/mlp/hidden"] = (L - moe_layers(cfg)) * dense_hidden
+    if setup.recompute != "full" and cfg.moe:
+        out.update({f"layer/moe/{k}": moe_layers(cfg) * v
+                    for k, v in _moe(cfg, fam, N, a).items()})
     if setup.recompute != "full":  # the attention core, by layer kind (sliding or global)
         for n, masked in kinds:
             for k, v in _attention(cfg, fam, b, S, setup, masked).items():
