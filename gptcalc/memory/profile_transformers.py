@@ -195,7 +195,7 @@ def _check(setup: Any) -> None:
 def _check_attention(cfg: GPTConfig, fam: str, setup: Any) -> None:
     if fam == "gemma2" and setup.attn_impl == "sdpa":
         raise ConfigError("attn_impl", "transformers' Gemma2 has no SDPA path (soft-capping): "
-                                       "its default is eager attention, --attn manual")
+                                       "its default is eager attention (attn_impl manual)")
 
 
 def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int) -> dict[str, int]:
