@@ -128,6 +128,10 @@ class GPTConfig:
     # the top-k routing weights renormalised to sum to 1 (Mixtral; Qwen's norm_topk_prob): no
     # count changes, the division saves tensors for backward
     router_norm_topk: bool = False
+    # DeepSeek-V3's group-limited routing: experts in router_groups groups (n_group), tokens
+    # routed within the best router_topk_groups (topk_group); saved index tensors only
+    router_groups: int = 1
+    router_topk_groups: int = 1
     expert_bias: bool = False  # gpt-oss's experts have biases
     moe_first_dense: int = 0
     moe_step: int = 1

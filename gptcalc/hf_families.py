@@ -73,7 +73,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                         tie_word_embeddings=False, moe_intermediate_size=2048,
                         n_shared_experts=1, n_routed_experts=256, num_experts_per_tok=8,
                         first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536,
-                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                        n_group=8, topk_group=4, norm_topk_prob=True),
     "gemma": dict(max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh",
                   num_key_value_heads=16, head_dim=256, attention_bias=False,
                   tie_word_embeddings=True),
@@ -258,7 +259,9 @@ def _deepseek_v3(r) -> dict[str, Any]:
         n_expert_active=r.int(("num_experts_per_tok",)),
         n_shared_expert=r.int(("n_shared_experts",), allow_zero=True),
         moe_ffn_dim=r.int(("moe_intermediate_size",)),
-        moe_first_dense=r.int(("first_k_dense_replace",), allow_zero=True))
+        moe_first_dense=r.int(("first_k_dense_replace",), allow_zero=True),
+        router_norm_topk=r.bool("norm_topk_prob"), router_groups=r.int(("n_group",)),
+        router_topk_groups=r.int(("topk_group",)))
 
 
 def _gemma(r) -> dict[str, Any]:  # GeGLU, tied; embeddings scaled by sqrt(E) (no count)

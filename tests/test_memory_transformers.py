@@ -69,6 +69,15 @@ CASES = {
                   "vocab_size": 1000, "intermediate_size": 160, "moe_intermediate_size": 48,
                   "max_position_embeddings": 128, "num_experts": 8, "num_experts_per_tok": 3,
                   "mlp_only_layers": [1]},
+    # MLA with q LoRA (SDPA's math path: q/k and v heads differ), a dense first layer, then
+    # group-limited sigmoid routing and a shared expert
+    "deepseek_v3": {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
+                    "num_attention_heads": 4, "vocab_size": 1000, "intermediate_size": 160,
+                    "moe_intermediate_size": 32, "n_routed_experts": 8,
+                    "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "n_group": 2, "topk_group": 1, "q_lora_rank": 48, "kv_lora_rank": 32,
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                    "max_position_embeddings": 128},
 }
 
 

@@ -244,3 +244,27 @@ def test_saved_bytes_exact_moe(family, mode, attn, dropout, X, k, B, S, H, kv):
 def test_saved_bytes_exact_moe_switches(raw):
     predicted, measured = _raw_saved(raw, None, "fp32", 2, 20)
     assert predicted == measured
+
+
+def _deepseek_raw(H: int = 4, dropout: float = 0.0, **extra) -> dict:
+    raw = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
+           "num_attention_heads": H, "num_key_value_heads": H, "vocab_size": 300,
+           "intermediate_size": 96, "moe_intermediate_size": 32, "n_routed_experts": 8,
+           "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+           "n_group": 2, "topk_group": 1, "q_lora_rank": 48, "kv_lora_rank": 32,
+           "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+           "max_position_embeddings": 128, "attention_dropout": dropout}
+    return {**raw, **extra}
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("attn,dropout", [(None, 0.0), ("eager", 0.0), (None, 0.1)])
+@pytest.mark.parametrize("extra", [
+    {},  # q LoRA; q/k heads 24 wide, values 16: SDPA's math path
+    {"q_lora_rank": None, "v_head_dim": 24},  # one q_proj; equal widths: the fused kernel
+    {"n_group": 4, "topk_group": 2, "norm_topk_prob": False, "n_shared_experts": 2}])
+@pytest.mark.parametrize("B,S,H", [(2, 24, 4), (1, 7, 1)])
+def test_saved_bytes_exact_deepseek_v3(mode, attn, dropout, extra, B, S, H):
+    raw = _deepseek_raw(H, dropout, **extra)
+    predicted, measured = _raw_saved(raw, attn, mode, B, S)
+    assert predicted == measured

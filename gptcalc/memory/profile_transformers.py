@@ -7,8 +7,9 @@ LlamaForCausalLM, MistralForCausalLM (with its sliding window), Qwen2ForCausalLM
 Qwen3ForCausalLM (q/k norms), Gemma2ForCausalLM (eager, its only path: soft-capped scores and
 logits) and Gemma3ForCausalLM (gemma3_text: q/k norms, a local and a global rotary embedding,
 sliding layers with a mask once S >= window), MixtralForCausalLM and Qwen3MoeForCausalLM (their
-experts on transformers' default grouped_mm path, not experts_implementation="eager"); other
-families (shared experts, MLA, Gemma 1, ...) raise a
+experts on transformers' default grouped_mm path, not experts_implementation="eager") and
+DeepseekV3ForCausalLM (MLA, dense first layers, group-limited sigmoid routing, shared experts);
+other families (Qwen2-MoE's gated shared expert, gpt-oss, Gemma 1, OLMo 2, ...) raise a
 ConfigError naming --impl, run as `model(input_ids,
 labels=labels)` in train mode with the config's defaults (`use_cache=True`: a DynamicCache holds a
 copy of every layer's key and value; `attn_implementation` "sdpa", or "eager" = attn_impl manual).
@@ -80,6 +81,19 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     layer/moe/hidden          4 * Nk * F * a  gate_up output (2F), silu output, product
     layer/moe/routing_weights Nk * 4         sorted weights (Qwen3-MoE: Nk * a)
     layer/moe/expert_output   Nk * E * a     down_proj's output, weighted
+    DeepSeek-V3 (G = n_group, T = topk_group; its router is a sigmoid, weights fp32):
+    layer/moe/group_topk      N*G*2*8 + N*T*8 + N*X  the per-group top-2 and chosen-group int64
+                              indices, masked_fill's bool mask
+    layer/moe/router_fp32_copies (N*E + X*E) * 4  F.linear(x.float(), weight.float()), 16-bit
+    layer/moe/shared_hidden   4 * N * Fs * a  the shared experts' SwiGLU (Fs = n_shared * F)
+    layer/attn/... MLA (ql q_lora_rank, kvl kv_lora_rank, qk = nope + rope, v head widths):
+      q_a_norm/..., q_b_input  Llama RMSNorm of N*ql, q_b_proj's input N*ql*a (with q LoRA)
+      kv_a_norm/input          N*(kvl + rope)*4 in fp32 (a view of kv_a_proj's output),
+                               N*kvl*4 when 16-bit; rsqrt N*4, normalized N*kvl*a
+      kv_b_input               N * kvl * a   the cache's copy of the latent
+      fused SDPA (qk = v): q, k N*H*qk*a, v N*H*(nope+v)*a (a view of kv_b_proj's output),
+      logsumexp, sdpa_out and o_proj's copy N*H*v*a; otherwise the math/eager lines above,
+      with v the whole kv_b_proj output where b or H = 1 and nothing casts it
     layer/ln_post_mlp/...     Gemma's post_feedforward_layernorm (its pre_feedforward is ln_2)
     final/ln_f/...            as ln_1
     final/lm_head_input       N * E * a
@@ -102,7 +116,7 @@ from ..layers import moe_layers, sliding_layers
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
-            "mixtral", "qwen3_moe")
+            "mixtral", "qwen3_moe", "deepseek_v3")
 _SDPA_GQA_MAX_HEAD_DIM = 256  # transformers' use_gqa_in_sdpa: enable_gqa only up to this head dim
 
 
@@ -116,10 +130,14 @@ def _gemma(cfg: GPTConfig) -> bool:
 def _not_modelled(cfg: GPTConfig) -> list[str]:
     """Switches of `cfg` whose transformers modules this profile has not measured."""
     gemma = _gemma(cfg)
-    moe = cfg.moe and not (cfg.n_shared_expert or cfg.shared_expert_gate or cfg.router_bias
-                           or cfg.expert_bias or cfg.moe_first_dense or cfg.mlp != "swiglu")
-    used = (("a mixture of experts beyond Mixtral's and Qwen3-MoE's", cfg.moe and not moe),
-            ("multi-head latent attention", cfg.mla),
+    deepseek = (cfg.mla and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.pre_norm
+                and not cfg.post_norm and cfg.qk_norm == "none" and cfg.sliding_window is None)
+    moe = cfg.moe and not (cfg.shared_expert_gate or cfg.router_bias or cfg.expert_bias
+                           or cfg.mlp != "swiglu")
+    moe = moe and (deepseek or not (cfg.n_shared_expert or cfg.moe_first_dense))
+    used = (("a mixture of experts beyond Mixtral's, Qwen3-MoE's and DeepSeek-V3's",
+             cfg.moe and not moe),
+            ("multi-head latent attention outside DeepSeek-V3", cfg.mla and not deepseek),
             ("post-norms", (cfg.post_norm or not cfg.pre_norm) and not gemma),
             ("a shared parallel norm", cfg.shared_norm),
             (f"q/k norm {cfg.qk_norm!r}", cfg.qk_norm not in ("none", "head")),
@@ -146,6 +164,8 @@ def transformers_family(cfg: GPTConfig) -> str:
                                   "(its saved tensors are not measured); use --impl reference")
     if _gemma(cfg):
         return "gemma3_text" if cfg.qk_norm == "head" else "gemma2"
+    if cfg.mla:
+        return "deepseek_v3"
     if cfg.qkv_layout == "fused" and cfg.norm == "layernorm" and cfg.qk_norm == "none":
         if cfg.pos_embedding == "learned":
             return "gpt2"
@@ -217,8 +237,17 @@ def _moe(cfg: GPTConfig, fam: str, N: int, a: int) -> dict[str, int]:
     experts see N * k rows in all, however the router splits them."""
     X, k, F, E = cfg.n_expert, cfg.n_expert_active, cfg.expert_dim, cfg.n_embd
     Nk = N * k
+    ds = fam == "deepseek_v3"
     return {
-        "router_probs": N * X * 4,  # softmax of the fp32 router logits
+        # DeepSeek-V3: F.linear(x.float(), weight.float()) saves both fp32 copies when 16-bit
+        "router_fp32_copies": (N * E + X * E) * 4 if ds and a != 4 else 0,
+        # DeepSeek-V3's group-limited top-k: the per-group top-2 indices (N x groups x 2), the
+        # chosen groups (N x topk_group) and the bool mask masked_fill saves (N x X)
+        "group_topk": (N * cfg.router_groups * 2 * 8 + N * cfg.router_topk_groups * 8 + N * X
+                       if ds else 0),
+        # the shared experts: SwiGLU's 4 hidden tensors on every token
+        "shared_hidden": 4 * N * cfg.shared_dim * a if ds and cfg.n_shared_expert else 0,
+        "router_probs": N * X * 4,  # softmax (DeepSeek: sigmoid) of the fp32 router logits
         "topk_indices": Nk * 8,  # topk's int64 indices
         # top_k /= top_k.sum(-1, keepdim): the sum (N x 1) and the fp32 top-k values
         "topk_norm": N * 4 + Nk * 4 if cfg.router_norm_topk else 0,
@@ -228,9 +257,55 @@ def _moe(cfg: GPTConfig, fam: str, N: int, a: int) -> dict[str, int]:
         "expert_input": Nk * E * a,  # the sorted token copies
         "hidden": 4 * Nk * F * a,  # gate_up output (2F), silu output, the product
         # the sorted routing weights: fp32 in Mixtral, cast to the logits' dtype in Qwen3-MoE
-        "routing_weights": Nk * (4 if fam == "mixtral" else a),
+        "routing_weights": Nk * (4 if fam in ("mixtral", "deepseek_v3") else a),
         "expert_output": Nk * E * a,  # down_proj's output, multiplied by the weights
     }
+
+
+def _mla(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, int]:
+    """Per-layer saved bytes of DeepSeek-V3's latent attention, from the q/kv down-projections'
+    shared input to o_proj's input. SDPA runs its fused kernel only when query/key and value
+    heads are equally wide (and no dropout on CPU); otherwise the decomposed math path."""
+    N, a, H = b * S, setup.act_bytes, cfg.n_head
+    qk, v, kvl, ql = cfg.qk_head_dim, cfg.v_dim, cfg.kv_lora_rank, cfg.q_lora_rank
+    att = b * H * S * S
+    lines: dict[str, int] = {}
+    if ql is not None:  # q_a_proj -> q_a_layernorm (Llama's RMSNorm) -> q_b_proj
+        lines.update({"q_a_norm/input": N * ql * 4, "q_a_norm/rsqrt": N * 4,
+                      "q_a_norm/normalized": N * ql * a, "q_b_input": N * ql * a})
+    # kv_a_layernorm reads a split of kv_a_proj's output: in fp32, x.float() is that view and
+    # keeps the whole kv_lora_rank + rope storage; 16-bit: an fp32 copy of the split
+    lines["kv_a_norm/input"] = N * (kvl + cfg.rope_dim if a == 4 else kvl) * 4
+    lines["kv_a_norm/rsqrt"] = N * 4
+    lines["kv_a_norm/normalized"] = N * kvl * a
+    lines["kv_b_input"] = N * kvl * a  # the cache's torch.cat copy of the latent
+    fused = setup.attn_impl == "sdpa" and qk == v and (setup.device == "cuda" or cfg.dropout == 0)
+    if fused:
+        lines["q"] = N * H * qk * a  # torch.cat((q_pass, q_rot))
+        lines["k"] = N * H * qk * a  # expand_kv's new key tensor
+        lines["v"] = N * H * (cfg.nope_dim + v) * a  # a split view of kv_b_proj's output
+        lines["logsumexp"] = b * H * S * 4
+        lines["sdpa_out"] = N * H * v * a
+        # q comes from a cat in (b, H, S, hd) order, and the kernel lays its output out like
+        # q: transpose(1, 2).contiguous() copies it for o_proj (as in NeoX)
+        lines["out_input"] = N * H * v * a if H > 1 and S > 1 else 0
+        return lines
+    math_path = setup.attn_impl == "sdpa"
+    m = 4 if math_path else a
+    drop = cfg.dropout > 0
+    lines["q"] = N * H * qk * m
+    lines["k_t"] = N * H * qk * m
+    # v is a split view of kv_b_proj's (b, S, H, nope + v) output: where matmul folds (b, H)
+    # as a view too (b or H = 1) and nothing casts it (m = a), it saves that whole storage
+    v_view = (b == 1 or H == 1) and m == a
+    lines["v"] = N * H * (cfg.nope_dim + v if v_view else v) * m
+    lines["softmax"] = att * m if math_path else att * 4
+    lines["probs"] = att * a if not math_path and a != 4 and not drop else 0
+    if drop:
+        lines["dropout_mask"] = att * (1 if setup.device == "cuda" else m)
+        lines["dropped"] = att * m
+    lines["out_input"] = N * H * v * a
+    return lines
 
 
 def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: bool
@@ -359,7 +434,9 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     if setup.recompute != "full" and cfg.moe:
         out.update({f"layer/moe/{k}": moe_layers(cfg) * v
                     for k, v in _moe(cfg, fam, N, a).items()})
-    if setup.recompute != "full":  # the attention core, by layer kind (sliding or global)
+    if setup.recompute != "full" and fam == "deepseek_v3":
+        out.update({f"layer/attn/{k}": L * v for k, v in _mla(cfg, b, S, setup).items()})
+    elif setup.recompute != "full":  # the attention core, by layer kind (sliding or global)
         for n, masked in kinds:
             for k, v in _attention(cfg, fam, b, S, setup, masked).items():
                 out[f"layer/{k}"] = out.get(f"layer/{k}", 0) + n * v
