@@ -85,6 +85,11 @@ class GPTConfig:
     # --- attention variants ----------------------------------------------------------------
     # gpt-oss: one learned logit per head and layer that joins every softmax (a "sink")
     attn_sinks: bool = False
+    # Gemma 2's tanh soft-capping, cap * tanh(x / cap): of the attention scores (HF
+    # attn_logit_softcapping) and of the logits (final_logit_softcapping). No parameter or
+    # matmul count changes; each tanh saves its output for backward.
+    attn_softcap: bool = False
+    logit_softcap: bool = False
     # Sliding-window attention (Child et al. 2019; Mistral, Gemma 2/3, gpt-oss, StarCoder2):
     # a query attends itself and the window-1 keys before it (transformers' mask: key position
     # > query position - window). attn_pattern: the layer kinds, G (global, full causal) and
@@ -120,6 +125,13 @@ class GPTConfig:
     shared_ffn_dim: int | None = None  # the shared MLP's width; None: n_shared_expert * moe width
     shared_expert_gate: bool = False  # Qwen2-MoE's shared_expert_gate
     router_bias: bool = False  # gpt-oss's router has a bias
+    # the top-k routing weights renormalised to sum to 1 (Mixtral; Qwen's norm_topk_prob): no
+    # count changes, the division saves tensors for backward
+    router_norm_topk: bool = False
+    # DeepSeek-V3's group-limited routing: experts in router_groups groups (n_group), tokens
+    # routed within the best router_topk_groups (topk_group); saved index tensors only
+    router_groups: int = 1
+    router_topk_groups: int = 1
     expert_bias: bool = False  # gpt-oss's experts have biases
     moe_first_dense: int = 0
     moe_step: int = 1
@@ -319,7 +331,8 @@ def _validate_modern(cfg: GPTConfig) -> None:
         raise ConfigError("sliding_window", f"attn_pattern {cfg.attn_pattern!r} has sliding "
                                             "layers (L): set sliding_window")
     for name in ("shared_norm", "pre_norm", "post_norm", "embd_norm", "attn_sinks",
-                 "shared_expert_gate", "router_bias", "expert_bias"):
+                 "attn_softcap", "logit_softcap", "shared_expert_gate", "router_bias",
+                 "expert_bias", "router_norm_topk"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
     if cfg.shared_norm and not cfg.parallel_residual:
@@ -426,7 +439,7 @@ ARCHS.update({
     # Mistral 7B v0.1 (Jiang et al. 2023): Llama's switches; its sliding window is a size.
     "mistral": dict(_LLAMA),
     # Mixtral (Jiang et al. 2024): Llama's attention, every MLP a top-2 mixture of SwiGLU experts.
-    "mixtral": dict(_LLAMA, n_expert_active=2),
+    "mixtral": dict(_LLAMA, n_expert_active=2, router_norm_topk=True),
     # Qwen3 (Qwen3 technical report 2025): Llama plus RMSNorm on each query and key head.
     "qwen3": dict(_LLAMA, qk_norm="head"),
     "qwen3_moe": dict(_LLAMA, qk_norm="head"),
@@ -434,7 +447,8 @@ ARCHS.update({
     "deepseek": dict(_LLAMA),
     # Families hold switches only: a window and its layer pattern are sizes of a preset.
     # Gemma 2 (Gemma Team 2024): GeGLU, pre- and post-norms, tied head.
-    "gemma2": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True),
+    "gemma2": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True,
+                   attn_softcap=True, logit_softcap=True),
     # Gemma 3 (Gemma Team 2025): Gemma 2 plus q/k RMSNorm over each head.
     "gemma3": dict(_LLAMA, mlp="geglu", post_norm=True, tie_embeddings=True, qk_norm="head"),
     # gpt-oss (OpenAI 2025 model card): biased attention with sinks, MoE with a biased router
@@ -586,12 +600,17 @@ def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
     """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
     `impl`. The tutorial and notes families: fp32, manual attention, CPU (the reference model,
     as their notebooks run it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is
-    counted as transformers' modules save it where that profile models its switches, else as
-    the reference model saves it."""
+    counted as transformers' modules save it where that profile models its switches (with the
+    class's default attention: eager for Gemma 2), else as the reference model saves it."""
     if not hf and family_of(cfg) in NOTEBOOK_FAMILIES:
         return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
-    return {"mode": "amp", "attn": "sdpa", "device": "cuda",
-            "impl": "transformers" if hf and _transformers_modelled(cfg) else "reference"}
+    impl = "transformers" if hf and _transformers_modelled(cfg) else "reference"
+    attn = "sdpa"
+    if impl == "transformers":  # the class's own default (Gemma 2: eager, no SDPA path)
+        from .memory.profile_transformers import default_attention  # torch-free
+
+        attn = default_attention(cfg)
+    return {"mode": "amp", "attn": attn, "device": "cuda", "impl": impl}
 
 
 def _transformers_modelled(cfg: GPTConfig) -> bool:

@@ -45,7 +45,8 @@ a field that means structure the family does not have (experts in a llama config
 attention in a mistral one) is a ConfigError naming it; never a silent default.
 
 Not modelled, because they change neither a parameter nor a matmul count: rotary base and
-scaling, norm epsilons, soft-capping, multipliers and scales, cache settings, dtypes.
+scaling, norm epsilons, multipliers and scales, cache settings, dtypes. Soft-capping is read as
+a switch only (`attn_softcap`, `logit_softcap`: its tanh saves a tensor for backward).
 """
 
 from __future__ import annotations

@@ -73,13 +73,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                         tie_word_embeddings=False, moe_intermediate_size=2048,
                         n_shared_experts=1, n_routed_experts=256, num_experts_per_tok=8,
                         first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536,
-                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                        n_group=8, topk_group=4, norm_topk_prob=True),
     "gemma": dict(max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh",
                   num_key_value_heads=16, head_dim=256, attention_bias=False,
                   tie_word_embeddings=True),
     "gemma2": dict(max_position_embeddings=8192, hidden_activation="gelu_pytorch_tanh",
                    num_key_value_heads=4, head_dim=256, attention_bias=False,
-                   sliding_window=4096, tie_word_embeddings=True),
+                   sliding_window=4096, tie_word_embeddings=True,
+                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
     "gemma3_text": dict(max_position_embeddings=131072, hidden_activation="gelu_pytorch_tanh",
                         num_key_value_heads=4, head_dim=256, attention_bias=False,
                         sliding_window=4096, sliding_window_pattern=6,
@@ -172,7 +174,8 @@ def moe_qwen(r) -> dict[str, Any]:
                 n_expert_active=r.int(("num_experts_per_tok",)),
                 moe_ffn_dim=r.int(("moe_intermediate_size",)),
                 moe_step=r.int(("decoder_sparse_step",)),
-                moe_dense_layers=r.layer_list("mlp_only_layers"))
+                moe_dense_layers=r.layer_list("mlp_only_layers"),
+                router_norm_topk=r.bool("norm_topk_prob", default=False))
 
 
 def _gpt2(r) -> dict[str, Any]:
@@ -216,7 +219,8 @@ def _mistral(r) -> dict[str, Any]:  # bias=False hard-coded everywhere
 
 def _mixtral(r) -> dict[str, Any]:  # every MLP a mixture of SwiGLU experts, router without bias
     return llama_shaped(r) | sliding_all(r) | dict(
-        n_expert=r.int(("num_local_experts",)), n_expert_active=r.int(("num_experts_per_tok",)))
+        n_expert=r.int(("num_local_experts",)), n_expert_active=r.int(("num_experts_per_tok",)),
+        router_norm_topk=True)  # MixtralTopKRouter always renormalises the top-k weights
 
 
 def _qwen2(r) -> dict[str, Any]:  # q/k/v biased, o_proj not (hard-coded in Qwen2Attention)
@@ -255,7 +259,9 @@ def _deepseek_v3(r) -> dict[str, Any]:
         n_expert_active=r.int(("num_experts_per_tok",)),
         n_shared_expert=r.int(("n_shared_experts",), allow_zero=True),
         moe_ffn_dim=r.int(("moe_intermediate_size",)),
-        moe_first_dense=r.int(("first_k_dense_replace",), allow_zero=True))
+        moe_first_dense=r.int(("first_k_dense_replace",), allow_zero=True),
+        router_norm_topk=r.bool("norm_topk_prob"), router_groups=r.int(("n_group",)),
+        router_topk_groups=r.int(("topk_group",)))
 
 
 def _gemma(r) -> dict[str, Any]:  # GeGLU, tied; embeddings scaled by sqrt(E) (no count)
@@ -266,12 +272,29 @@ def _gemma(r) -> dict[str, Any]:  # GeGLU, tied; embeddings scaled by sqrt(E) (n
     return llama_shaped(r, mlp_act=act) | dict(qkv_bias=bias, attn_out_bias=bias)
 
 
+def softcaps(r, attention: bool = True) -> dict[str, Any]:
+    """Gemma 2/3's tanh soft-capping (a float, null: none; Gemma 2 defaults to 50 and 30).
+    `attention` False: the class never applies attn_logit_softcapping (transformers' Gemma 3)."""
+    on = {"attn_softcap": False}
+    names = (("attn_logit_softcapping", "attn_softcap"),) if attention else ()
+    for name, key in names + (("final_logit_softcapping", "logit_softcap"),):
+        r.read.add(name)
+        value = r.raw[name] if name in r.raw else r.defaults.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value <= 0):
+            raise r.fail(f"{name} must be a positive number or null, got {value!r}")
+        on[key] = value is not None
+    return on
+
+
 def _gemma2(r) -> dict[str, Any]:  # + post-attention / post-feedforward norms, local/global
-    return _gemma(r) | sliding_from_layer_types(r, 2) | dict(post_norm=True)
+    return _gemma(r) | sliding_from_layer_types(r, 2) | dict(post_norm=True) | softcaps(r)
 
 
 def _gemma3_text(r) -> dict[str, Any]:  # + q/k RMSNorm(head_dim), 5 local : 1 global
-    return _gemma(r) | sliding_from_layer_types(r, 6) | dict(post_norm=True, qk_norm="head")
+    # transformers' Gemma3Attention does not pass attn_logit_softcapping on: never applied
+    return (_gemma(r) | sliding_from_layer_types(r, 6) | dict(post_norm=True, qk_norm="head")
+            | softcaps(r, attention=False))
 
 
 def _gpt_oss(r) -> dict[str, Any]:

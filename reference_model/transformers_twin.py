@@ -119,7 +119,9 @@ def hf_config_for(cfg: GPTConfig, family: str | None = None) -> dict[str, Any]:
 def build(raw_hf_config: Mapping[str, Any], attn_implementation: str | None = None,
           dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
     """An `AutoModelForCausalLM` with random weights from config.json fields, offline, in
-    train mode. attn_implementation None: transformers' default ("sdpa")."""
+    train mode. attn_implementation None: the class's default ("sdpa"; Gemma 2: "eager").
+    Any family transformers knows builds from its fields (the tests build Gemma 2/3, Mixtral and
+    Qwen3-MoE this way; MoE experts on transformers' default "grouped_mm" path)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = dict(raw_hf_config)

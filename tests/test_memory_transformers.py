@@ -45,6 +45,39 @@ CASES = {
                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
                        "intermediate_size": 160, "max_position_embeddings": 128,
                        "sliding_window": 16},
+    # Gemma 2: eager (its default), soft-capped scores and logits, sandwich norms, GeGLU,
+    # sliding/global layers
+    "gemma2": {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+               "vocab_size": 1000, "intermediate_size": 160, "max_position_embeddings": 128,
+               "sliding_window": 16},
+    # Gemma 3: SDPA, q/k norms, a local and a global rotary, windowed layers with a mask
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 3,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                    "vocab_size": 1000, "intermediate_size": 160,
+                    "max_position_embeddings": 128, "sliding_window": 16,
+                    "sliding_window_pattern": 2},
+    # MoE on transformers' default grouped_mm experts: router softmax, top-k renormalised,
+    # tokens sorted by expert
+    "mixtral": {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+                "intermediate_size": 96, "max_position_embeddings": 128,
+                "num_local_experts": 4, "num_experts_per_tok": 2},
+    # q/k norms, top-3 of 8 without renormalising, a dense layer among the MoE ones
+    "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 3,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                  "vocab_size": 1000, "intermediate_size": 160, "moe_intermediate_size": 48,
+                  "max_position_embeddings": 128, "num_experts": 8, "num_experts_per_tok": 3,
+                  "mlp_only_layers": [1]},
+    # MLA with q LoRA (SDPA's math path: q/k and v heads differ), a dense first layer, then
+    # group-limited sigmoid routing and a shared expert
+    "deepseek_v3": {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
+                    "num_attention_heads": 4, "vocab_size": 1000, "intermediate_size": 160,
+                    "moe_intermediate_size": 32, "n_routed_experts": 8,
+                    "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "n_group": 2, "topk_group": 1, "q_lora_rank": 48, "kv_lora_rank": 32,
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                    "max_position_embeddings": 128},
 }
 
 
@@ -69,12 +102,14 @@ def test_memory_hf_config_matches_transformers_on_cpu(name, B, S, tmp_path):
 
 
 @pytest.mark.parametrize("raw", [
-    {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-     "num_key_value_heads": 2, "vocab_size": 1000, "intermediate_size": 96,
-     "num_local_experts": 4, "num_experts_per_tok": 2},
-    {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000, "intermediate_size": 160,
-     "sliding_window": 16}])
+    # Qwen2-MoE: a shared expert with a sigmoid gate beside the routed ones
+    {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+     "intermediate_size": 96, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+     "num_experts": 4, "num_experts_per_tok": 2},
+    # Gemma 1: GeGLU without Gemma 2's post-norms
+    {"model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000, "intermediate_size": 160}])
 def test_unmodelled_families_refuse_impl_transformers(raw, tmp_path):
     # --impl transformers names itself rather than print a wrong number; the default falls
     # back to the reference profile and says so

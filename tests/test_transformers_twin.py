@@ -144,3 +144,127 @@ def test_profile_imports_without_torch():
     code = ("import sys, gptcalc.memory.profile_transformers; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Gemma 2 / 3 from config.json dicts (the twin builds them from the same fields): every switch
+# the profile reads, against the model's saved tensors.
+def _gemma_raw(family: str, H: int = 4, kv: int = 2, L: int = 3, dropout: float = 0.0,
+               **extra) -> dict:
+    raw = {"model_type": family, "hidden_size": 64, "num_hidden_layers": L,
+           "num_attention_heads": H, "num_key_value_heads": kv, "head_dim": 16,
+           "vocab_size": 300, "intermediate_size": 96, "max_position_embeddings": 128,
+           "sliding_window": 16, "attention_dropout": dropout}
+    if family == "gemma3_text":
+        raw["sliding_window_pattern"] = 2
+    return {**raw, **extra}
+
+
+def _raw_saved(raw: dict, attn: str | None, mode: str, B: int, S: int) -> tuple[int, int]:
+    from gptcalc.hf import config_from_hf
+
+    cfg = config_from_hf(raw)
+    dtype = torch.float32 if mode == "fp32" else torch.bfloat16
+    model = tw.build(raw, attn, dtype=dtype)
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    measured = tw.measure_saved(model, idx, labels).activation_bytes
+    setup = _setup("sdpa" if attn is None and raw["model_type"] != "gemma2" else "manual", mode)
+    return sum(transformers_saved(cfg, B, S, setup).values()), measured
+
+
+@pytest.mark.parametrize("family,attn", [("gemma2", None), ("gemma3_text", None),
+                                         ("gemma3_text", "eager")])
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("B,S,H,kv", [(2, 32, 4, 2), (1, 12, 1, 1), (3, 17, 2, 2)])
+def test_saved_bytes_exact_gemma(family, attn, mode, dropout, B, S, H, kv):
+    # S 32 and 17 reach the window (16): Gemma 3's SDPA sliding layers get a mask, and no
+    # enable_gqa; S 12 stays inside it
+    raw = _gemma_raw(family, H, kv, dropout=dropout)
+    predicted, measured = _raw_saved(raw, attn, mode, B, S)
+    assert predicted == measured
+
+
+@pytest.mark.parametrize("raw", [
+    _gemma_raw("gemma2", attn_logit_softcapping=None, final_logit_softcapping=None),
+    _gemma_raw("gemma2", L=2, sliding_window=64),
+    _gemma_raw("gemma3_text", final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
+    _gemma_raw("gemma3_text", layer_types=["sliding_attention"] * 3)])
+def test_saved_bytes_exact_gemma_switches(raw):
+    # soft-capping off (Gemma 2) and on (Gemma 3: transformers applies only the final one),
+    # a window longer than the sequence, only sliding layers (one rotary embedding)
+    predicted, measured = _raw_saved(raw, None, "fp32", 2, 20)
+    assert predicted == measured
+
+
+def test_gemma_defaults_and_refusals():
+    from gptcalc.config import training_defaults
+    from gptcalc.hf import config_from_hf
+
+    g2 = config_from_hf(_gemma_raw("gemma2"))
+    assert transformers_family(g2) == "gemma2" and g2.attn_softcap and g2.logit_softcap
+    assert training_defaults(g2, hf=True)["attn"] == "manual"  # Gemma2 has no SDPA path
+    with pytest.raises(ConfigError, match="no SDPA path"):
+        transformers_saved(g2, 1, 8, _setup("sdpa"))
+    g3 = config_from_hf(_gemma_raw("gemma3_text", attn_logit_softcapping=50.0))
+    assert transformers_family(g3) == "gemma3_text" and not g3.attn_softcap
+    assert training_defaults(g3, hf=True) == {"mode": "amp", "attn": "sdpa", "device": "cuda",
+                                              "impl": "transformers"}
+
+
+def _moe_raw(family: str, X: int, k: int, H: int = 4, kv: int = 2, dropout: float = 0.0,
+             **extra) -> dict:
+    raw = {"model_type": family, "hidden_size": 64, "num_hidden_layers": 3,
+           "num_attention_heads": H, "num_key_value_heads": kv, "vocab_size": 300,
+           "max_position_embeddings": 128, "num_experts_per_tok": k,
+           "attention_dropout": dropout}
+    if family == "mixtral":
+        raw.update(intermediate_size=48, num_local_experts=X)
+    else:
+        raw.update(intermediate_size=96, moe_intermediate_size=32, num_experts=X, head_dim=16)
+    return {**raw, **extra}
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("attn,dropout", [(None, 0.0), ("eager", 0.1)])
+@pytest.mark.parametrize("X,k,B,S,H,kv", [(4, 2, 2, 24, 4, 2), (16, 1, 1, 5, 1, 1),
+                                          (8, 3, 3, 17, 2, 2)])
+def test_saved_bytes_exact_moe(family, mode, attn, dropout, X, k, B, S, H, kv):
+    # grouped_mm experts (transformers' default); (16, 1, 1, 5): most experts get no token,
+    # and the saved bytes do not depend on the routing
+    raw = _moe_raw(family, X, k, H, kv, dropout)
+    predicted, measured = _raw_saved(raw, attn, mode, B, S)
+    assert predicted == measured
+
+
+@pytest.mark.parametrize("raw", [
+    _moe_raw("qwen3_moe", 8, 2, norm_topk_prob=True, mlp_only_layers=[0, 2]),
+    _moe_raw("qwen3_moe", 8, 2, decoder_sparse_step=2),
+    _moe_raw("mixtral", 4, 2, sliding_window=8)])
+def test_saved_bytes_exact_moe_switches(raw):
+    predicted, measured = _raw_saved(raw, None, "fp32", 2, 20)
+    assert predicted == measured
+
+
+def _deepseek_raw(H: int = 4, dropout: float = 0.0, **extra) -> dict:
+    raw = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
+           "num_attention_heads": H, "num_key_value_heads": H, "vocab_size": 300,
+           "intermediate_size": 96, "moe_intermediate_size": 32, "n_routed_experts": 8,
+           "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+           "n_group": 2, "topk_group": 1, "q_lora_rank": 48, "kv_lora_rank": 32,
+           "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+           "max_position_embeddings": 128, "attention_dropout": dropout}
+    return {**raw, **extra}
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("attn,dropout", [(None, 0.0), ("eager", 0.0), (None, 0.1)])
+@pytest.mark.parametrize("extra", [
+    {},  # q LoRA; q/k heads 24 wide, values 16: SDPA's math path
+    {"q_lora_rank": None, "v_head_dim": 24},  # one q_proj; equal widths: the fused kernel
+    {"n_group": 4, "topk_group": 2, "norm_topk_prob": False, "n_shared_experts": 2}])
+@pytest.mark.parametrize("B,S,H", [(2, 24, 4), (1, 7, 1)])
+def test_saved_bytes_exact_deepseek_v3(mode, attn, dropout, extra, B, S, H):
+    raw = _deepseek_raw(H, dropout, **extra)
+    predicted, measured = _raw_saved(raw, attn, mode, B, S)
+    assert predicted == measured

@@ -3,14 +3,20 @@
 The `transformers` implementation profile: the same saved-tensor table as the reference model's
 (`embedding/...`, `layer/...` summed over the L layers, `final/...`, `cross_entropy/...`,
 `input/...`), for the classes people fine-tune: GPT2LMHeadModel, GPTNeoXForCausalLM,
-LlamaForCausalLM, MistralForCausalLM (with its sliding window), Qwen2ForCausalLM and
-Qwen3ForCausalLM (q/k norms); other families (MoE, MLA, Gemma's norms and GeGLU, ...) raise a
+LlamaForCausalLM, MistralForCausalLM (with its sliding window), Qwen2ForCausalLM,
+Qwen3ForCausalLM (q/k norms), Gemma2ForCausalLM (eager, its only path: soft-capped scores and
+logits) and Gemma3ForCausalLM (gemma3_text: q/k norms, a local and a global rotary embedding,
+sliding layers with a mask once S >= window), MixtralForCausalLM and Qwen3MoeForCausalLM (their
+experts on transformers' default grouped_mm path, not experts_implementation="eager") and
+DeepseekV3ForCausalLM (MLA, dense first layers, group-limited sigmoid routing, shared experts);
+other families (Qwen2-MoE's gated shared expert, gpt-oss, Gemma 1, OLMo 2, ...) raise a
 ConfigError naming --impl, run as `model(input_ids,
 labels=labels)` in train mode with the config's defaults (`use_cache=True`: a DynamicCache holds a
 copy of every layer's key and value; `attn_implementation` "sdpa", or "eager" = attn_impl manual).
 
 Measured (saved_tensors_hooks deduplicated by storage; transformers 5.23, torch 2.13, CPU):
-fp32 and bf16 weights, sdpa and eager, dropout 0 and > 0, b and H 1 or more, every family:
+fp32 and bf16 weights, sdpa and eager, dropout 0 and > 0, b and H 1 or more, every family
+(Gemma 2: eager only, as transformers runs it; Gemma 3: both):
 exact (tests/test_transformers_twin.py). Documented only (not measurable here): device cuda,
 where nn.Dropout saves a 1-byte bool mask (native_dropout), LayerNorm statistics are fp32, and
 SDPA always runs a fused kernel (flash for 16-bit: q, k, v, out and an fp32 logsumexp b x H x S;
@@ -26,12 +32,16 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
 
     embedding/positions       S * 8          GPT-2 wpe's position ids (1, S) int64
     embedding/rotary_cos_sin  2 * S * R * r  cos, sin (1, 1, S, R) shared by all layers, R = rotary dims
+                              (Gemma 3: one pair per layer type present, sliding and global)
     embedding/dropout_mask    N * E * a      nn.Dropout's float mask (GPT-2, NeoX)
     layer/ln_1/...            LayerNorm: input N*E*r, mean N*4, rstd N*4;
-                              RMSNorm: fp32 input N*E*4, rsqrt N*4, normalized N*E*a
+                              RMSNorm: fp32 input N*E*4, rsqrt N*4, normalized N*E*a;
+                              Gemma's RMSNorm, all fp32: input N*E*4, rsqrt N*4,
+                              normalized N*E*4, weight E*4 (its 1 + weight.float())
     layer/attn/qkv_input      N * E * a      the q/k/v projections' shared input (the norm's output)
     layer/attn/{q,k}_norm/... Qwen3's RMSNorm of each q (k) head: fp32 input N*Dq*4 (N*Dkv*4),
-                              rsqrt N*H*4 (N*n_kv_head*4), normalized N*Dq*a (N*Dkv*a)
+                              rsqrt N*H*4 (N*n_kv_head*4), normalized N*Dq*a (N*Dkv*a);
+                              Gemma 3: Gemma's norm, normalized fp32, weight hd*4
     sdpa (fused kernel, dropout 0 on CPU):
     layer/attn/q              N * Dq * a     rotary output; GPT-2: a view of c_attn's N*3E output
     layer/attn/k, attn/v      N * Dkv * a    the cache's copies (torch.cat in DynamicCache.update)
@@ -43,20 +53,51 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     eager, or sdpa with dropout on CPU (the math path; 16-bit inputs computed in fp32, m = 4):
     layer/attn/q, k_t, v      N * Dq * m     matmul's contiguous copies (or repeat_kv's outputs);
                               GPT-2 eager with b or H = 1: q is c_attn's N*3E output
+    layer/attn/softcap_tanh   b * H * S^2 * a  Gemma 2's tanh(scores / cap) output (eager only)
     layer/attn/softmax        b * H * S^2 * 4  eager softmax(dtype=float32) (GPT-2: in its input dtype)
     layer/attn/probs          b * H * S^2 * a  eager .to(query.dtype) when 16-bit, without dropout
     layer/attn/dropout_mask   b * H * S^2 * a  float mask (CPU), 1 byte on CUDA
     layer/attn/dropped        b * H * S^2 * a  the dropped probabilities att @ v saves
     layer/attn/out_input      N * Dq * a     o_proj's input (a copy unless shared with sdpa_out)
     layer/attn/resid_dropout_mask N * E * a  GPT-2 resid_dropout, NeoX post_attention_dropout
+    layer/ln_post_attn/...    Gemma's post_attention_layernorm on o_proj's output, as its ln_1
     layer/ln_2/...            as ln_1; NeoX's parallel residual reads the block input ln_1 saved
     layer/mlp/fc_input        N * E * a      up (and gate) projection input
     layer/mlp/hidden          k * N * Dff * a  relu 1 (its output), gelu 2 (input, output),
                               gelu_new 5 (x for pow, tanh output, 0.5x, 1 + tanh, output),
-                              SwiGLU 4 (gate output, silu output, up output, product)
+                              SwiGLU 4 (gate output, silu output, up output, product),
+                              GeGLU (gelu_pytorch_tanh, one fused op) 4 likewise
     layer/mlp/dropout_mask    N * E * a      GPT-2 mlp.dropout, NeoX post_mlp_dropout
+    MoE layers (Mixtral, Qwen3-MoE; X experts, top k, Nk = N*k, F expert width), instead of
+    mlp/hidden (mlp/fc_input is the router's and the experts' shared input):
+    layer/moe/router_probs    N * X * 4      softmax of the fp32 router logits
+    layer/moe/topk_indices    Nk * 8         topk's int64 indices
+    layer/moe/topk_norm       N*4 + Nk*4     the renormalising sum and top-k values (Mixtral;
+                              Qwen with norm_topk_prob)
+    layer/moe/gather_index    3 * Nk * 8     int64 index of the sorted token copies, of the
+                              sorted weights, and of the inverse permutation
+    layer/moe/offsets         X * 4          grouped_mm's int32 offsets
+    layer/moe/expert_input    Nk * E * a     the token copies sorted by expert
+    layer/moe/hidden          4 * Nk * F * a  gate_up output (2F), silu output, product
+    layer/moe/routing_weights Nk * 4         sorted weights (Qwen3-MoE: Nk * a)
+    layer/moe/expert_output   Nk * E * a     down_proj's output, weighted
+    DeepSeek-V3 (G = n_group, T = topk_group; its router is a sigmoid, weights fp32):
+    layer/moe/group_topk      N*G*2*8 + N*T*8 + N*X  the per-group top-2 and chosen-group int64
+                              indices, masked_fill's bool mask
+    layer/moe/router_fp32_copies (N*E + X*E) * 4  F.linear(x.float(), weight.float()), 16-bit
+    layer/moe/shared_hidden   4 * N * Fs * a  the shared experts' SwiGLU (Fs = n_shared * F)
+    layer/attn/... MLA (ql q_lora_rank, kvl kv_lora_rank, qk = nope + rope, v head widths):
+      q_a_norm/..., q_b_input  Llama RMSNorm of N*ql, q_b_proj's input N*ql*a (with q LoRA)
+      kv_a_norm/input          N*(kvl + rope)*4 in fp32 (a view of kv_a_proj's output),
+                               N*kvl*4 when 16-bit; rsqrt N*4, normalized N*kvl*a
+      kv_b_input               N * kvl * a   the cache's copy of the latent
+      fused SDPA (qk = v): q, k N*H*qk*a, v N*H*(nope+v)*a (a view of kv_b_proj's output),
+      logsumexp, sdpa_out and o_proj's copy N*H*v*a; otherwise the math/eager lines above,
+      with v the whole kv_b_proj output where b or H = 1 and nothing casts it
+    layer/ln_post_mlp/...     Gemma's post_feedforward_layernorm (its pre_feedforward is ln_2)
     final/ln_f/...            as ln_1
     final/lm_head_input       N * E * a
+    final/logit_softcap_tanh  N * V * a      Gemma 2's tanh(logits / cap) output
     cross_entropy/log_probs   N * V * 4      ForCausalLMLoss upcasts logits to fp32: log_softmax's output
     cross_entropy/total_weight 4             nll_loss's fp32 scalar
     input/idx                 N * 8          the embedding's int64 indices
@@ -70,22 +111,42 @@ import math
 from typing import Any
 
 from ..config import GATED_MLPS, ConfigError, GPTConfig
+from ..layers import moe_layers, sliding_layers
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
-FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
+            "mixtral", "qwen3_moe", "deepseek_v3")
 _SDPA_GQA_MAX_HEAD_DIM = 256  # transformers' use_gqa_in_sdpa: enable_gqa only up to this head dim
+
+
+def _gemma(cfg: GPTConfig) -> bool:
+    """Gemma 2/3's block: RMSNorm (1 + weight) before and after each branch, GeGLU, rotary."""
+    return (cfg.norm == "rmsnorm" and cfg.mlp == "geglu" and cfg.pre_norm and cfg.post_norm
+            and cfg.qkv_layout == "separate" and cfg.pos_embedding == "rotary"
+            and not cfg.parallel_residual)
 
 
 def _not_modelled(cfg: GPTConfig) -> list[str]:
     """Switches of `cfg` whose transformers modules this profile has not measured."""
-    used = (("mixture of experts", cfg.moe), ("multi-head latent attention", cfg.mla),
-            ("post-norms", cfg.post_norm or not cfg.pre_norm),
+    gemma = _gemma(cfg)
+    deepseek = (cfg.mla and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.pre_norm
+                and not cfg.post_norm and cfg.qk_norm == "none" and cfg.sliding_window is None)
+    moe = cfg.moe and not (cfg.shared_expert_gate or cfg.router_bias or cfg.expert_bias
+                           or cfg.mlp != "swiglu")
+    moe = moe and (deepseek or not (cfg.n_shared_expert or cfg.moe_first_dense))
+    used = (("a mixture of experts beyond Mixtral's, Qwen3-MoE's and DeepSeek-V3's",
+             cfg.moe and not moe),
+            ("multi-head latent attention outside DeepSeek-V3", cfg.mla and not deepseek),
+            ("post-norms", (cfg.post_norm or not cfg.pre_norm) and not gemma),
             ("a shared parallel norm", cfg.shared_norm),
             (f"q/k norm {cfg.qk_norm!r}", cfg.qk_norm not in ("none", "head")),
-            ("a pattern of global and sliding layers", "G" in cfg.attn_pattern.upper()),
+            ("a pattern of global and sliding layers",
+             "G" in cfg.attn_pattern.upper() and not gemma),
             ("attention sinks", cfg.attn_sinks), ("ALiBi", cfg.pos_embedding == "alibi"),
-            ("GeGLU", cfg.mlp == "geglu"), ("an embedding norm", cfg.embd_norm),
+            ("GeGLU without Gemma's post-norms", cfg.mlp == "geglu" and not gemma),
+            ("soft-capping outside Gemma", (cfg.attn_softcap or cfg.logit_softcap) and not gemma),
+            ("an embedding norm", cfg.embd_norm),
             ("OPT's embedding projections", cfg.embd_proj_dim is not None or cfg.pos_offset))
     return [name for name, on in used if on]
 
@@ -101,12 +162,18 @@ def transformers_family(cfg: GPTConfig) -> str:
     if missing:
         raise ConfigError("impl", f"the transformers profile does not model {', '.join(missing)} "
                                   "(its saved tensors are not measured); use --impl reference")
+    if _gemma(cfg):
+        return "gemma3_text" if cfg.qk_norm == "head" else "gemma2"
+    if cfg.mla:
+        return "deepseek_v3"
     if cfg.qkv_layout == "fused" and cfg.norm == "layernorm" and cfg.qk_norm == "none":
         if cfg.pos_embedding == "learned":
             return "gpt2"
         if cfg.pos_embedding == "rotary":
             return "gpt_neox"
     if cfg.norm == "rmsnorm" and cfg.mlp in GATED_MLPS and cfg.qkv_layout == "separate":
+        if cfg.moe:
+            return "qwen3_moe" if cfg.qk_norm == "head" else "mixtral"
         if cfg.qk_norm == "head":
             return "qwen3"
         return "qwen2" if cfg.qkv_bias and not cfg.attn_out_bias else "llama"
@@ -122,14 +189,41 @@ def _window_mask(cfg: GPTConfig, S: int) -> bool:
     return cfg.sliding_window is not None and S >= cfg.sliding_window
 
 
+def _layer_kinds(cfg: GPTConfig, S: int) -> list[tuple[int, bool]]:
+    """(number of layers, whether their attention gets an explicit window mask): the sliding
+    layers (L in the pattern) and the global ones."""
+    n_slide = sliding_layers(cfg)
+    masked = _window_mask(cfg, S)
+    return [(n, m) for n, m in ((n_slide, masked), (cfg.n_layer - n_slide, False)) if n]
+
+
+def default_attention(cfg: GPTConfig) -> str:
+    """transformers' default attention for `cfg`'s class: Gemma 2 has no SDPA path (its
+    soft-capping), eager = "manual"; every other family here defaults to "sdpa"."""
+    try:
+        return "manual" if transformers_family(cfg) == "gemma2" else "sdpa"
+    except ConfigError:
+        return "sdpa"
+
+
 def _check(setup: Any) -> None:
     if setup.recompute not in ("none", "full"):
         raise ConfigError("recompute", "transformers checkpoints whole decoder layers only "
                                        "(gradient_checkpointing_enable): recompute none or full")
 
 
+def _check_attention(cfg: GPTConfig, fam: str, setup: Any) -> None:
+    if fam == "gemma2" and setup.attn_impl == "sdpa":
+        raise ConfigError("attn_impl", "transformers' Gemma2 has no SDPA path (soft-capping): "
+                                       "its default is eager attention (attn_impl manual)")
+
+
 def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int) -> dict[str, int]:
     E = cfg.n_embd
+    if _gemma(cfg):
+        # Gemma's RMSNorm computes in fp32 throughout: x.float() (pow and mul save it), the
+        # rsqrt, x * rsqrt and (1 + weight.float()) (the product saves both), then type_as(x)
+        return {"input": N * E * 4, "rsqrt": N * 4, "normalized": N * E * 4, "weight": E * 4}
     if cfg.norm == "rmsnorm":
         # LlamaRMSNorm: x.to(fp32) (pow and mul save it), rsqrt(mean(x^2) + eps) (N x 1), and
         # the weight multiply saves (x * rsqrt).to(input dtype)
@@ -137,8 +231,87 @@ def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int) -> dict[str, int]:
     return {"input": N * E * r, "mean": N * stats, "rstd": N * stats}  # native_layer_norm
 
 
-def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> dict[str, int]:
-    """Per-layer saved bytes of the attention core (q/k/v storages to o_proj's input)."""
+def _moe(cfg: GPTConfig, fam: str, N: int, a: int) -> dict[str, int]:
+    """Per MoE layer: the router and the experts of transformers' default grouped_mm path
+    (tokens sorted by expert, one torch._grouped_mm per projection). Routing-independent: the
+    experts see N * k rows in all, however the router splits them."""
+    X, k, F, E = cfg.n_expert, cfg.n_expert_active, cfg.expert_dim, cfg.n_embd
+    Nk = N * k
+    ds = fam == "deepseek_v3"
+    return {
+        # DeepSeek-V3: F.linear(x.float(), weight.float()) saves both fp32 copies when 16-bit
+        "router_fp32_copies": (N * E + X * E) * 4 if ds and a != 4 else 0,
+        # DeepSeek-V3's group-limited top-k: the per-group top-2 indices (N x groups x 2), the
+        # chosen groups (N x topk_group) and the bool mask masked_fill saves (N x X)
+        "group_topk": (N * cfg.router_groups * 2 * 8 + N * cfg.router_topk_groups * 8 + N * X
+                       if ds else 0),
+        # the shared experts: SwiGLU's 4 hidden tensors on every token
+        "shared_hidden": 4 * N * cfg.shared_dim * a if ds and cfg.n_shared_expert else 0,
+        "router_probs": N * X * 4,  # softmax (DeepSeek: sigmoid) of the fp32 router logits
+        "topk_indices": Nk * 8,  # topk's int64 indices
+        # top_k /= top_k.sum(-1, keepdim): the sum (N x 1) and the fp32 top-k values
+        "topk_norm": N * 4 + Nk * 4 if cfg.router_norm_topk else 0,
+        # int64 gathers: hidden[perm // k], weights[perm], out[inv_perm]
+        "gather_index": 3 * Nk * 8,
+        "offsets": X * 4,  # grouped_mm's int32 cumulative tokens per expert
+        "expert_input": Nk * E * a,  # the sorted token copies
+        "hidden": 4 * Nk * F * a,  # gate_up output (2F), silu output, the product
+        # the sorted routing weights: fp32 in Mixtral, cast to the logits' dtype in Qwen3-MoE
+        "routing_weights": Nk * (4 if fam in ("mixtral", "deepseek_v3") else a),
+        "expert_output": Nk * E * a,  # down_proj's output, multiplied by the weights
+    }
+
+
+def _mla(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, int]:
+    """Per-layer saved bytes of DeepSeek-V3's latent attention, from the q/kv down-projections'
+    shared input to o_proj's input. SDPA runs its fused kernel only when query/key and value
+    heads are equally wide (and no dropout on CPU); otherwise the decomposed math path."""
+    N, a, H = b * S, setup.act_bytes, cfg.n_head
+    qk, v, kvl, ql = cfg.qk_head_dim, cfg.v_dim, cfg.kv_lora_rank, cfg.q_lora_rank
+    att = b * H * S * S
+    lines: dict[str, int] = {}
+    if ql is not None:  # q_a_proj -> q_a_layernorm (Llama's RMSNorm) -> q_b_proj
+        lines.update({"q_a_norm/input": N * ql * 4, "q_a_norm/rsqrt": N * 4,
+                      "q_a_norm/normalized": N * ql * a, "q_b_input": N * ql * a})
+    # kv_a_layernorm reads a split of kv_a_proj's output: in fp32, x.float() is that view and
+    # keeps the whole kv_lora_rank + rope storage; 16-bit: an fp32 copy of the split
+    lines["kv_a_norm/input"] = N * (kvl + cfg.rope_dim if a == 4 else kvl) * 4
+    lines["kv_a_norm/rsqrt"] = N * 4
+    lines["kv_a_norm/normalized"] = N * kvl * a
+    lines["kv_b_input"] = N * kvl * a  # the cache's torch.cat copy of the latent
+    fused = setup.attn_impl == "sdpa" and qk == v and (setup.device == "cuda" or cfg.dropout == 0)
+    if fused:
+        lines["q"] = N * H * qk * a  # torch.cat((q_pass, q_rot))
+        lines["k"] = N * H * qk * a  # expand_kv's new key tensor
+        lines["v"] = N * H * (cfg.nope_dim + v) * a  # a split view of kv_b_proj's output
+        lines["logsumexp"] = b * H * S * 4
+        lines["sdpa_out"] = N * H * v * a
+        # q comes from a cat in (b, H, S, hd) order, and the kernel lays its output out like
+        # q: transpose(1, 2).contiguous() copies it for o_proj (as in NeoX)
+        lines["out_input"] = N * H * v * a if H > 1 and S > 1 else 0
+        return lines
+    math_path = setup.attn_impl == "sdpa"
+    m = 4 if math_path else a
+    drop = cfg.dropout > 0
+    lines["q"] = N * H * qk * m
+    lines["k_t"] = N * H * qk * m
+    # v is a split view of kv_b_proj's (b, S, H, nope + v) output: where matmul folds (b, H)
+    # as a view too (b or H = 1) and nothing casts it (m = a), it saves that whole storage
+    v_view = (b == 1 or H == 1) and m == a
+    lines["v"] = N * H * (cfg.nope_dim + v if v_view else v) * m
+    lines["softmax"] = att * m if math_path else att * 4
+    lines["probs"] = att * a if not math_path and a != 4 and not drop else 0
+    if drop:
+        lines["dropout_mask"] = att * (1 if setup.device == "cuda" else m)
+        lines["dropped"] = att * m
+    lines["out_input"] = N * H * v * a
+    return lines
+
+
+def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: bool
+               ) -> dict[str, int]:
+    """Per-layer saved bytes of the attention core (q/k/v storages to o_proj's input);
+    `masked`: the layer's attention gets an explicit sliding-window mask."""
     N, a, H = b * S, setup.act_bytes, cfg.n_head
     Dq, Dkv, hd = cfg.q_width, cfg.kv_width, cfg.head_size
     att = b * H * S * S
@@ -153,7 +326,6 @@ def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> dict[str
         lines["attn/q"] = N * (3 * cfg.n_embd if fam == "gpt2" else Dq) * a
         # with an explicit mask (a sliding window that cuts keys off) transformers does not
         # pass enable_gqa: repeat_kv's H-head copies are saved, and the mask in q's dtype
-        masked = _window_mask(cfg, S)
         kv = Dq if gqa and (hd > _SDPA_GQA_MAX_HEAD_DIM or masked) else Dkv
         lines["attn/window_mask"] = b * S * S * a if masked else 0
         lines["attn/k"] = N * kv * a
@@ -178,6 +350,8 @@ def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> dict[str
     lines["attn/q"] = N * (3 * cfg.n_embd if q_view else Dq) * m
     lines["attn/k_t"] = N * Dq * m
     lines["attn/v"] = N * Dq * m
+    # Gemma's eager soft-capping, cap * tanh(scores / cap): tanh saves its output
+    lines["attn/softcap_tanh"] = att * m if cfg.attn_softcap and not math_path else 0
     if math_path or fam == "gpt2":
         lines["attn/softmax"] = att * m  # GPT-2: softmax in its input dtype
         lines["attn/probs"] = 0
@@ -202,6 +376,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     """
     _check(setup)
     fam = transformers_family(cfg)
+    _check_attention(cfg, fam, setup)
     N, a = b * S, setup.act_bytes
     E, V, L = cfg.n_embd, cfg.vocab_size, cfg.n_layer
     Dff = cfg.ffn_dim
@@ -216,9 +391,13 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     mask = 1 if cuda else a  # nn.Dropout: float mask on CPU, bool on CUDA
     resid_drop = drop and fam in ("gpt2", "gpt_neox")  # Llama-shaped models drop attention only
     rot = cfg.rotary_dims
+    gemma = fam in ("gemma2", "gemma3_text")
+    kinds = _layer_kinds(cfg, S)
+    # Gemma 3: one rotary embedding per layer type (local and global bases), each its cos, sin
+    n_rotary = len(kinds) if fam == "gemma3_text" else 1
     out: dict[str, int] = {
         "embedding/positions": 8 * S if fam == "gpt2" else 0,  # wpe(position_ids): (1, S) int64
-        "embedding/rotary_cos_sin": 2 * S * rot * r,
+        "embedding/rotary_cos_sin": n_rotary * 2 * S * rot * r,
         "embedding/dropout_mask": N * E * mask if resid_drop else 0,
     }
     layer: dict[str, int] = {}
@@ -227,14 +406,17 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     else:
         layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
         layer["attn/qkv_input"] = qkv_casts * N * E * a
-        if fam == "qwen3":  # Qwen3RMSNorm on each q and k head, as the block's norms
+        if fam in ("qwen3", "qwen3_moe", "gemma3_text"):  # RMSNorm on each q and k head, as the block's norms
             for role, heads in (("q", cfg.n_head), ("k", cfg.kv_heads)):
                 W = heads * cfg.head_size
                 layer[f"attn/{role}_norm/input"] = N * W * 4
                 layer[f"attn/{role}_norm/rsqrt"] = N * heads * 4
-                layer[f"attn/{role}_norm/normalized"] = N * W * n_out
-        layer.update(_attention(cfg, fam, b, S, setup))
+                layer[f"attn/{role}_norm/normalized"] = N * W * (4 if gemma else n_out)
+                if gemma:  # (1 + weight) in fp32
+                    layer[f"attn/{role}_norm/weight"] = cfg.head_size * 4
         layer["attn/resid_dropout_mask"] = N * E * mask if resid_drop else 0
+        if gemma:  # post_attention_layernorm on the attention's output
+            layer.update({f"ln_post_attn/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
         ln_2 = _norm(cfg, N, n_out, r, stats)
         if cfg.parallel_residual:
             ln_2["input"] = 0  # post_attention_layernorm(hidden_states): ln_1's saved input
@@ -242,11 +424,26 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         layer["mlp/fc_input"] = up_casts * N * E * a
         gelu_new = fam == "gpt2" and cfg.mlp == "gelu_tanh"
         hidden = 5 if gelu_new else {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4, "geglu": 4}[cfg.mlp]
-        layer["mlp/hidden"] = hidden * N * Dff * a  # incl. the down projection's input
+        dense_hidden = hidden * N * Dff * a  # incl. the down projection's input
         layer["mlp/dropout_mask"] = N * E * mask if resid_drop else 0
+        if gemma:  # post_feedforward_layernorm on the MLP's output
+            layer.update({f"ln_post_mlp/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
     out.update({f"layer/{k}": L * v for k, v in layer.items()})
+    if setup.recompute != "full":  # dense MLP layers only; the others: moe/...
+        out["layer/mlp/hidden"] = (L - moe_layers(cfg)) * dense_hidden
+    if setup.recompute != "full" and cfg.moe:
+        out.update({f"layer/moe/{k}": moe_layers(cfg) * v
+                    for k, v in _moe(cfg, fam, N, a).items()})
+    if setup.recompute != "full" and fam == "deepseek_v3":
+        out.update({f"layer/attn/{k}": L * v for k, v in _mla(cfg, b, S, setup).items()})
+    elif setup.recompute != "full":  # the attention core, by layer kind (sliding or global)
+        for n, masked in kinds:
+            for k, v in _attention(cfg, fam, b, S, setup, masked).items():
+                out[f"layer/{k}"] = out.get(f"layer/{k}", 0) + n * v
     out.update({f"final/ln_f/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
     out["final/lm_head_input"] = N * E * a
+    # Gemma 2: cap * tanh(logits / cap), tanh saving its output in the logits' dtype
+    out["final/logit_softcap_tanh"] = N * V * a if cfg.logit_softcap else 0
     out["cross_entropy/log_probs"] = N * V * 4  # logits.float() in ForCausalLMLoss
     out["cross_entropy/total_weight"] = 4
     out["input/idx"] = 8 * N
@@ -284,9 +481,10 @@ def transformers_loss_transients(cfg: GPTConfig, b: int, S: int, setup: Any
     """
     _check(setup)
     fam = transformers_family(cfg)
-    N, a, V, L = b * S, setup.act_bytes, cfg.vocab_size, cfg.n_layer
+    N, a, V = b * S, setup.act_bytes, cfg.vocab_size
     logits = N * V * a
-    kv = L * _kv_cache_unsaved(cfg, fam, b, S, setup)
+    kv = sum(n * _kv_cache_unsaved(cfg, fam, b, S, setup, masked)
+             for n, masked in _layer_kinds(cfg, S))
     # nll_loss's backward releases its saved labels and total weight before log_softmax's runs
     labels = 8 * (N + 1 if b == 1 else N) + 4
     held = {"logits": logits, "kv_cache": kv}
@@ -305,7 +503,8 @@ def transformers_loss_transients(cfg: GPTConfig, b: int, S: int, setup: Any
     return out
 
 
-def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> int:
+def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: bool
+                      ) -> int:
     """Per-layer bytes of DynamicCache's key/value copies (N * Dkv * a each) not saved for
     backward: the fused SDPA kernel saves them (unless repeat_kv copies them beyond head dim
     256); eager's matmul saves views of them, except with grouped-query heads (repeat_kv's
@@ -318,12 +517,12 @@ def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any) -> i
     one = N * cfg.kv_width * a
     fused = setup.attn_impl == "sdpa" and (setup.device == "cuda" or cfg.dropout == 0)
     if fused:
-        repeated = cfg.head_size > _SDPA_GQA_MAX_HEAD_DIM or _window_mask(cfg, S)
+        repeated = cfg.head_size > _SDPA_GQA_MAX_HEAD_DIM or masked
         return 2 * one if gqa and repeated else 0
     if setup.attn_impl == "manual":
         return 2 * one if gqa else 0
     return 2 * one if gqa else one
 
 
-__all__ = ["FAMILIES", "transformers_family", "transformers_loss_transients",
+__all__ = ["FAMILIES", "default_attention", "transformers_family", "transformers_loss_transients",
            "transformers_saved"]

@@ -153,7 +153,11 @@ def largest_tensor(cfg: GPTConfig, setup: TrainingSetup) -> int:
     if setup.lora_rank:
         return max(setup.lora_rank * max(m.in_features, m.out_features)
                    for m in block_linears(cfg) if m.target in setup.lora_targets)
-    return max(t.shard(setup.tp) for s in STAGES for t in stage_tensors(cfg, setup, s))
+    largest = max(t.shard(setup.tp) for s in STAGES for t in stage_tensors(cfg, setup, s))
+    if setup.impl == "transformers" and cfg.moe:
+        # transformers 5 stores the experts fused: one (X, 2 F, E) gate_up_proj per layer
+        largest = max(largest, -(-cfg.n_expert * 2 * cfg.expert_dim * cfg.n_embd // setup.tp))
+    return largest
 
 
 def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
