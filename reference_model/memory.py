@@ -46,7 +46,7 @@ class SavedTensor:
     shape: tuple[int, ...]
     saved_by: str  # autograd node(s) that saved it, e.g. "NativeLayerNormBackward0"
     module: str  # module running when it was saved, e.g. "transformer.h.0.attn"
-    category: str  # "activation" or "autocast/weight_copy"
+    category: str = "activation"  # or "autocast/weight_copy"
 
 
 @dataclass

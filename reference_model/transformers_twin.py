@@ -32,7 +32,7 @@ import torch
 from gptcalc.config import ConfigError, GPTConfig
 from gptcalc.memory.profile_transformers import transformers_family
 
-from .memory import saving_nodes, storage_key
+from .memory import SavedReport, SavedTensor, saving_nodes, storage_key
 
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
 _HF_GELU = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # gptcalc mlp -> HF act
@@ -144,32 +144,6 @@ def make_batch(vocab_size: int, batch_size: int, seq_len: int, device: str = "cp
 
 
 # --------------------------------------------------------------------------- saved tensors
-
-
-@dataclass(frozen=True)
-class SavedTensor:
-    """One storage kept alive for backward."""
-
-    nbytes: int  # the whole storage (a saved view keeps all of it)
-    dtype: str
-    shape: tuple[int, ...]
-    saved_by: str  # autograd node(s) that saved it, e.g. "NativeLayerNormBackward0"
-    module: str  # module running when it was saved, e.g. "model.layers.0.self_attn"
-
-
-@dataclass
-class SavedReport:
-    tensors: list[SavedTensor] = field(default_factory=list)
-
-    @property
-    def activation_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
-
-    def by_op(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for t in self.tensors:
-            out[t.saved_by] = out.get(t.saved_by, 0) + t.nbytes
-        return out
 
 
 def saved_during(model: torch.nn.Module, run) -> tuple[SavedReport, Any]:
