@@ -473,6 +473,20 @@ ATTN_IMPLS = ("manual", "sdpa")
 DEVICES = ("cpu", "cuda")
 IMPLS = ("reference", "transformers", "paper")
 ZERO_STAGES = (0, 1, 2, 3)
+# the training engines whose per-rank memory gptcalc models (gptcalc.memory.engines)
+ENGINES = ("deepspeed", "fsdp2", "megatron", "ddp", "zero-redundancy")
+# the ZeRO stages each engine runs: FSDP2's reshard_after_forward False/True is ZeRO-2/3;
+# Megatron-LM shards with its distributed optimizer, not a ZeRO stage
+ENGINE_STAGES = {"deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "megatron": (0,), "ddp": (0,),
+                 "zero-redundancy": (1,)}
+# engines whose mixed precision (16-bit compute, fp32 master weights) is their default
+MIXED_ENGINES = ("deepspeed", "fsdp2", "megatron")
+
+
+def default_engine(zero: int) -> str:
+    """The engine most users run a layout with: DeepSpeed for ZeRO stages 1-3 (ZeRO is its
+    vocabulary and the ZeRO paper's accounting), DistributedDataParallel otherwise."""
+    return "deepspeed" if zero >= 1 else "ddp"
 
 
 @dataclass(frozen=True)
@@ -513,6 +527,8 @@ class TrainingSetup:
     pp: int = 1
     sp: bool = False
     ep: int = 1
+    engine: str | None = None
+    distributed_optimizer: bool = True
     overhead: int = 0
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
@@ -531,6 +547,15 @@ class TrainingSetup:
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.sp, bool):
             raise ConfigError("sp", f"sp must be true or false, got {self.sp!r}")
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ConfigError("engine", f"engine must be one of {', '.join(ENGINES)}; got "
+                                        f"{self.engine!r}")
+        if self.zero not in ENGINE_STAGES[self.engine_name]:
+            stages = " or ".join(map(str, ENGINE_STAGES[self.engine_name]))
+            raise ConfigError("zero", f"the {self.engine_name} engine runs ZeRO stage {stages}, "
+                                      f"not {self.zero}")
+        if not isinstance(self.distributed_optimizer, bool):
+            raise ConfigError("distributed_optimizer", "must be true or false")
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or (
                 self.lora_rank < 0):
             raise ConfigError("lora_rank", f"must be a rank >= 0, got {self.lora_rank!r}")
@@ -548,6 +573,11 @@ class TrainingSetup:
                                           f"{self.overhead!r}")
 
     @property
+    def engine_name(self) -> str:
+        """The engine: `engine` when given, else `default_engine` of the ZeRO stage."""
+        return self.engine or default_engine(self.zero)
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of one weight (and of one gradient): fp32, or 16 bit in mixed and bf16."""
         return 4 if self.mode in ("fp32", "amp") else 2
@@ -563,21 +593,36 @@ class TrainingSetup:
         stream fp32 under amp: a 16-bit branch output added to it promotes to fp32)."""
         return self.weight_bytes
 
+    def _mixed(self) -> str:
+        """What mode mixed means under the engine."""
+        d = self.autocast_dtype
+        if self.engine_name == "fsdp2":
+            return f"mixed (MixedPrecisionPolicy: {d} parameters, fp32 shards and reduction)"
+        if self.engine_name == "megatron":
+            grads = "fp32 main gradients" if d == "bf16" else "fp16 gradients"
+            return f"mixed ({d} weights, {grads}, fp32 master copy)"
+        return f"mixed ({d} weights and gradients, fp32 master copy)"
+
     def describe(self) -> str:
         """One line naming every assumption of the set-up."""
         amp_weights = "16-bit frozen base, fp32 adapters" if self.lora_rank else "fp32 weights"
         prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, {amp_weights})",
-                "mixed": f"mixed ({self.autocast_dtype} weights, fp32 master copy)",
+                "mixed": self._mixed(),
                 "bf16": "pure bf16"}[self.mode]
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
+        engine = self.engine_name
+        if engine == "megatron":
+            engine += " (distributed optimizer)" if self.distributed_optimizer else \
+                " (no distributed optimizer)"
         tune = ""
         if self.lora_rank:
             base = "an NF4 (QLoRA)" if self.base_dtype == "nf4" else "a frozen"
             tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
-        return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, {self.device.upper()} "
-                f"kernels, {self.impl} implementation, recompute {self.recompute}{tune}, "
+        return (f"engine {engine}, {prec}, {self.optimizer}, attention {self.attn_impl}, "
+                f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
+                f"{self.recompute}{tune}, "
                 f"{layout}")
 
 

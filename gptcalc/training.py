@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .config import ConfigError, GPTConfig, TrainingSetup, training_defaults
+from .config import (MIXED_ENGINES, ConfigError, GPTConfig, TrainingSetup, default_engine,
+                     training_defaults)
 
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1}
+# engine "": the default for the ZeRO stage (`config.default_engine`)
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1, "engine": "",
+                     "distributed_optimizer": True}
 
 
 def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, Any]:
@@ -95,6 +98,12 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
                                     training_table_defaults(cfg, from_hf), where)
     parallel, filed_p = merge_section("parallel", given, sections.get("parallel", {}),
                                       PARALLEL_DEFAULTS, where)
+    zero = parallel["zero"]
+    if not parallel["engine"] and isinstance(zero, int) and not isinstance(zero, bool):
+        parallel["engine"] = default_engine(zero)
+    if given.get("mode") is None and "mode" not in filed and (
+            parallel["engine"] in MIXED_ENGINES):
+        training["mode"] = "mixed"  # the engine's own mixed precision is how it is run
     tables = {"training": dict(training), "parallel": dict(parallel)}
     fields = dict(training)
     overhead = fields.pop("overhead")

@@ -76,14 +76,21 @@ def engine_of(setup: TrainingSetup) -> str:
         if setup.dp > 1 or setup.tp > 1:
             raise ConfigError("pp", "the pipeline engine runs pp alone (dp = tp = 1)")
         return "pipeline"
-    if setup.dp > 1 and setup.zero in (2, 3):
+    engine = setup.engine_name
+    if engine == "megatron":
+        raise ConfigError("engine", "Megatron-LM does not run here (it needs CUDA and Transformer "
+                                    "Engine): its figures are its documentation's")
+    if setup.dp > 1 and engine == "deepspeed":
+        raise ConfigError("engine", "the DeepSpeed twin is not wired into verify; use --engine "
+                                    "fsdp2 (--zero 2 or 3) or zero-redundancy (--zero 1)")
+    if setup.dp > 1 and engine == "fsdp2":
         return "fsdp2"
     if setup.tp > 1:
         if setup.dp > 1:
             raise ConfigError("tp", "tensor parallel with dp > 1 is verified under FSDP2 only "
-                                    "(--zero 2 or 3)")
+                                    "(--engine fsdp2 --zero 2 or 3)")
         return "tp"
-    if setup.dp > 1 and setup.zero == 1:
+    if setup.dp > 1 and engine == "zero-redundancy":
         return "zero1"
     if setup.dp > 1:
         return "ddp"

@@ -25,13 +25,19 @@ def test_summary_holds_params_flops_and_memory():
     assert (s.memory.weights, s.memory.gradients) == (4 * N, 4 * N)
     assert s.memory.optimizer == 8 * N + 4 * TENSORS
     # ZeRO-3 over 2 ranks with mixed precision (Rajbhandari et al. 2020: 2 + 2 + 12 bytes per
-    # parameter, all sharded): each rank holds half, as FSDP2 shards it: dim 0 of every tensor,
-    # padded to a multiple of 2 (the 50,257-row embedding: 25,129 rows on rank 0, 768 padding)
+    # parameter, all sharded), DeepSpeed's default: flat partitions of N / 2 elements each
     setup = gptcalc.TrainingSetup(mode="mixed", zero=3, dp=2)
     sharded = gptcalc.summarize(cfg, wl, training=setup)
+    assert (sharded.memory.weights, sharded.memory.gradients) == (2 * (N // 2), 2 * (N // 2))
+    assert sharded.memory.breakdown["state"]["optimizer/states"] == 12 * (N // 2)
+    # FSDP2 shards dim 0 of every tensor, padded to a multiple of 2 (the 50,257-row embedding:
+    # 25,129 rows on rank 0, 768 padding); under MixedPrecisionPolicy the shards stay fp32 and
+    # are the master weights: 4 + 4 + 8 bytes per element of the shard
+    fsdp = gptcalc.summarize(cfg, wl, training=gptcalc.TrainingSetup(mode="mixed", zero=3, dp=2,
+                                                                     engine="fsdp2"))
     half = N // 2 + 768 // 2
-    assert (sharded.memory.weights, sharded.memory.gradients) == (2 * half, 2 * half)
-    assert sharded.memory.optimizer == 12 * half + 4 * TENSORS
+    assert (fsdp.memory.weights, fsdp.memory.gradients) == (4 * half, 4 * half)
+    assert fsdp.memory.optimizer == 8 * half + 4 * TENSORS
     assert gptcalc.to_dict(s)["memory"]["peak"]["bytes"] == s.memory.peak.bytes
 
 

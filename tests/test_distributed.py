@@ -24,7 +24,7 @@ def test_chunk_rows_is_torch_chunk():
 def test_fsdp2_states_of_the_debug_model():
     # measured with FSDP2 (fully_shard per block and at the root) on 2 gloo ranks, torch 2.13:
     # 58,240 B of padded weight shards on both ranks; AdamW states over each rank's own rows
-    setup = TrainingSetup(dp=2, zero=3)
+    setup = TrainingSetup(dp=2, zero=3, engine="fsdp2")
     r0, r1 = (fsdp2_rank_states(DEBUG, setup, r) for r in range(2))
     assert (r0.weights, r0.gradients, r0.optimizer) == (58_240, 58_240, 116_592)
     assert (r1.weights, r1.gradients, r1.optimizer) == (58_240, 58_240, 116_336)
@@ -35,7 +35,7 @@ def test_fsdp2_states_of_the_debug_model():
 
 def test_zero1_and_tensor_parallel_states_of_the_debug_model():
     # measured with ZeroRedundancyOptimizer and with DTensor tp=2 + sp on gloo, torch 2.13
-    z = TrainingSetup(dp=2, zero=1)
+    z = TrainingSetup(dp=2, zero=1, engine="zero-redundancy")
     assert [zero1_rank_states(DEBUG, z, r).optimizer for r in range(2)] == [116_552, 116_264]
     t = TrainingSetup(tp=2, sp=True)
     assert [(s.weights, s.gradients, s.optimizer) for s in
@@ -60,7 +60,7 @@ def test_rank_flops_split_the_head_by_vocabulary_chunks():
 
 def test_memory_zero3_peak_has_fsdp2_terms():
     from gptcalc.memory import step_peak
-    p = step_peak(DEBUG, Workload(2, 16), TrainingSetup(dp=2, zero=3))
+    p = step_peak(DEBUG, Workload(2, 16), TrainingSetup(dp=2, zero=3, engine="fsdp2"))
     assert p.lines["FSDP2 unsharded root parameters"] == 4 * (98 * 32 + 16 * 32 + 2 * 32)
     assert p.bytes == 494_576
 
@@ -86,11 +86,13 @@ def test_zero3_regathers_the_root_for_backward():
     from gptcalc.memory import step_peak
     from gptcalc.memory.engines import ROOT_REGATHER
     cfg = from_name("llama3-8b").replace(n_layer=2)
-    p = step_peak(cfg, Workload(1, 2048), TrainingSetup(dp=8, zero=3, attn_impl="sdpa"))
+    p = step_peak(cfg, Workload(1, 2048), TrainingSetup(dp=8, zero=3, attn_impl="sdpa",
+                                                                engine="fsdp2"))
     assert p.phase == ROOT_REGATHER and p.bytes == 14_448_990_296
     root = (2 * 128_256 * 4096 + 4096) * 4  # embedding, head and the final norm
     assert p.lines["FSDP2 root all-gather output (re-gathered for backward)"] == root
-    z2 = step_peak(cfg, Workload(1, 2048), TrainingSetup(dp=8, zero=2, attn_impl="sdpa"))
+    z2 = step_peak(cfg, Workload(1, 2048), TrainingSetup(dp=8, zero=2, attn_impl="sdpa",
+                                                                  engine="fsdp2"))
     assert ROOT_REGATHER not in z2.phases  # ZeRO-2 keeps the root unsharded
 
 
@@ -105,7 +107,9 @@ def _checks(**layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [dict(dp=2, zero=3), dict(dp=2, zero=2), dict(dp=2, zero=1),
+@pytest.mark.parametrize("layout", [dict(dp=2, zero=3, engine="fsdp2"),
+                                    dict(dp=2, zero=2, engine="fsdp2"),
+                                    dict(dp=2, zero=1, engine="zero-redundancy"),
                                     dict(dp=2, zero=0), dict(tp=2, sp=True), dict(pp=2)],
                          ids=["zero3-fsdp2", "zero2-fsdp2", "zero1", "ddp", "tp2-sp",
                               "pp2-1f1b"])
@@ -126,7 +130,9 @@ def test_a_transformers_llama_passes_at_dp_2(zero):
     from reference_model.verify import distributed_checks
     cfg = from_name("llama3-8b").replace(n_layer=4, n_embd=128, n_head=4, n_kv_head=2,
                                          d_ff=344, vocab_size=8192)
-    checks, results = distributed_checks(cfg, Workload(4, 128), TrainingSetup(dp=2, zero=zero),
+    checks, results = distributed_checks(cfg, Workload(4, 128),
+                                         TrainingSetup(dp=2, zero=zero,
+                                                       engine="fsdp2" if zero else None),
                                          impl="transformers")
     assert len(results) == 2
     bad = [c.as_dict() for c in checks if not c.ok]
@@ -138,7 +144,7 @@ def test_a_transformers_llama_passes_at_dp_2(zero):
 @pytest.mark.slow
 def test_shape_only_fsdp_on_fake_ranks_equals_the_real_run():
     from reference_model.distributed import run_layout
-    setup = TrainingSetup(dp=2, zero=3)
+    setup = TrainingSetup(dp=2, zero=3, engine="fsdp2")
     fake = run_layout(DEBUG, Workload(2, 16), setup, tensors="shape-only")
     real = run_layout(DEBUG, Workload(2, 16), setup)
     for f, r in zip(fake, real):
@@ -152,7 +158,8 @@ def test_cli_json_names_checks_by_rank():
 
     from gptcalc.cli import cli
     r = CliRunner().invoke(cli, ["verify", "--preset", "debug", "--device", "cpu", "--dp", "4",
-                                 "--zero", "3", "--tensors", "shape-only", "--json"])
+                                 "--zero", "3", "--engine", "fsdp2", "--tensors", "shape-only",
+                                 "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["world_size"] == 4 and out["engine"] == "fsdp2"
@@ -163,7 +170,9 @@ def test_cli_json_names_checks_by_rank():
     (["--tp", "3"], "--tp"),  # 2 heads
     (["--pp", "3"], "--pp"),  # 2 layers
     (["--dp", "2", "--zero", "0", "--tensors", "shape-only"], "--tensors"),  # DDP: real only
-    (["--dp", "16", "--zero", "3", "--tensors", "real"], "--dp"),  # more ranks than allowed
+    (["--dp", "16", "--zero", "3", "--engine", "fsdp2", "--tensors", "real"], "--dp"),
+    (["--dp", "2", "--zero", "1", "--engine", "fsdp2"], "--zero"),  # FSDP2 is ZeRO-2/3
+    (["--dp", "2", "--engine", "megatron"], "--engine"),  # no Megatron-LM runs here
     (["--sp"], "--sp"),
 ])
 def test_a_layout_that_does_not_fit_is_one_line(args, option):

@@ -59,7 +59,8 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
            "weights": rep.weights, "gradients": rep.gradients, "optimizer": rep.optimizer,
            "activations": rep.activations, "weight_copies": rep.weight_copies,
            "activations_paper": rep.activations_paper,
-           "logits": rep.logits, "kv_cache": rep.kv_cache, "peak": rep.peak.bytes,
+           "logits": rep.logits, "kv_cache": rep.kv_cache, "resident": rep.resident,
+           "peak": rep.peak.bytes,
            "peak_phase": rep.peak.phase, "peak_stage": rep.peak.stage,
            "peak_phases": rep.peak.phases, "overhead": setup.overhead,
            "breakdown": rep.breakdown}
@@ -85,6 +86,8 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
                  f"{rep.activations_paper:,}", binary_bytes(rep.activations_paper)])
     rows.append(["KV cache of an inference run (not part of training)", f"{rep.kv_cache:,}",
                  binary_bytes(rep.kv_cache)])
+    rows.append([f"resident between steps ({setup.engine_name}: weights, optimizer states, "
+                 "kept gradients and buffers)", f"{rep.resident:,}", binary_bytes(rep.resident)])
     print_table(f"Memory per device{stage}", ["quantity", "bytes", "binary"], rows,
                 total_row=[f"step peak ({rep.peak.phase})", f"{rep.peak.bytes:,}",
                            binary_bytes(rep.peak.bytes)],

@@ -177,13 +177,15 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
 
 
 def _training_option_list(with_device: bool) -> list[Callable]:
-    from ..config import ATTN_IMPLS, AUTOCAST_DTYPES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE
+    from ..config import ATTN_IMPLS, AUTOCAST_DTYPES, ENGINES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE
 
     opts = [
         click.option("--mode", type=click.Choice(MODES), default=None,
-                     help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (ZeRO's "
-                          "2+2+12), bf16 (pure). Default: amp, or fp32 for the tutorial and "
-                          "notes families."),
+                     help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (the "
+                          "engine's own: DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy, "
+                          "Megatron-LM's bf16; on one device or DDP ZeRO's 2+2+12), bf16 (pure). "
+                          "Default: mixed under deepspeed, fsdp2 and megatron; else amp, or fp32 "
+                          "for the tutorial and notes families."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
                      help="adamw (default), sgd, sgd-momentum."),
         click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default=None,
@@ -202,6 +204,16 @@ def _training_option_list(with_device: bool) -> list[Callable]:
                           "context, fragmentation, communication buffers), e.g. 2GiB; default "
                           "0."),
         click.option("--zero", type=int, default=None, help="ZeRO stage 0-3 (default 0)."),
+        click.option("--engine", type=click.Choice(ENGINES), default=None,
+                     help="The training engine whose sharding and buffers are counted: "
+                          "deepspeed (default for --zero 1-3), fsdp2 (FSDP2 fully_shard: "
+                          "--zero 2 or 3 = reshard_after_forward False/True), megatron "
+                          "(Megatron-LM's distributed optimizer, from its documentation; no "
+                          "twin runs here), ddp (default for --zero 0), zero-redundancy "
+                          "(PyTorch's ZeroRedundancyOptimizer, --zero 1)."),
+        click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
+                     help="Megatron-LM's distributed optimizer (default on): fp32 master "
+                          "weights and Adam states sharded over dp."),
         click.option("--dp", type=int, default=None, help="Data-parallel replicas (default 1)."),
         click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (default 1)."),
         click.option("--pp", type=int, default=None, help="Pipeline stages, 1F1B (default 1)."),
@@ -229,8 +241,8 @@ def _training_option_list(with_device: bool) -> list[Callable]:
 
 
 TRAINING_KEYS = ("mode", "optimizer", "autocast_dtype", "recompute", "attn", "impl", "overhead",
-                 "zero", "dp", "tp", "pp", "sp", "ep", "lora_rank", "lora_targets",
-                 "weights_dtype")
+                 "zero", "engine", "distributed_optimizer", "dp", "tp", "pp", "sp", "ep",
+                 "lora_rank", "lora_targets", "weights_dtype")
 
 
 def training_options(with_device: bool = True) -> Callable:

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ..config import ConfigError, GPTConfig, Workload
+from ..config import ENGINES, ConfigError, GPTConfig, Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
 from .extras import require
 from .options import describe, model_options
@@ -34,7 +34,12 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--dp", type=int, default=1, show_default=True,
               help="Data-parallel ranks: a distributed step under PyTorch's engines (gloo).")
 @click.option("--zero", type=int, default=0, show_default=True,
-              help="ZeRO stage with --dp: 1 ZeroRedundancyOptimizer, 2/3 FSDP2 fully_shard.")
+              help="ZeRO stage with --dp (run by --engine).")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="The engine a distributed verify runs: fsdp2 (--zero 2 or 3, fully_shard; "
+                   "--mode mixed adds MixedPrecisionPolicy), zero-redundancy (--zero 1), ddp "
+                   "(--zero 0, the default), deepspeed (the default for --zero 1-3). Megatron-LM "
+                   "does not run here.")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel ranks (DTensor, Megatron's layout).")
 @click.option("--sp/--no-sp", default=False, help="Sequence parallel norms (with --tp).")
@@ -47,21 +52,21 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
             mode: str, optimizer: str, recompute: str, max_layers: int | None,
-            dp: int, zero: int, tp: int, sp: bool, pp: int, impl: str,
+            dp: int, zero: int, engine: str | None, tp: int, sp: bool, pp: int, impl: str,
             as_json: bool) -> int:
     """Analytic params, FLOPs and memory against a real PyTorch GPT (fvcore, FlopCounterMode,
     saved_tensors_hooks, MemTracker); exit 1 if any check fails. With --dp, --tp or --pp above
-    1: one training step per rank under FSDP2, ZeroRedundancyOptimizer, DTensor tensor/sequence
-    parallel or 1F1B pipelining, every rank's states, saved activations, step peak and FLOPs
-    checked."""
+    1: one training step per rank under FSDP2, ZeroRedundancyOptimizer, DDP, DTensor
+    tensor/sequence parallel or 1F1B pipelining, every rank's states, resident bytes, saved
+    activations, step peak and FLOPs checked."""
     require("verify", "torch", "fvcore")
     cfg, wl = model
-    if dp > 1 or tp > 1 or pp > 1 or zero or sp or impl != "reference":
+    if dp > 1 or tp > 1 or pp > 1 or zero or sp or engine or impl != "reference":
         from .verify_distributed import run
 
         return run(cfg, wl, device=device, attn=attn, tensors=tensors, mode=mode,
                    optimizer=optimizer, recompute=recompute, max_layers=max_layers,
-                   layout=dict(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp), impl=impl,
+                   layout=dict(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, engine=engine), impl=impl,
                    as_json=as_json)
     import torch
 

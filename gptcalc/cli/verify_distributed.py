@@ -42,9 +42,12 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
         raise ConfigError("zero", f"--zero must be 0, 1, 2 or 3, got {layout['zero']}")
     if layout["sp"] and layout["tp"] == 1:
         raise ConfigError("sp", "--sp needs --tp above 1")
-    if (mode, optimizer, recompute) != ("fp32", "adamw", "none"):
+    mixed = mode == "mixed" and layout.get("engine") == "fsdp2"
+    if (mode, optimizer, recompute) != ("fp32", "adamw", "none") and not (
+            mixed and (optimizer, recompute) == ("adamw", "none")):
         raise ConfigError("mode", "the distributed verify trains fp32 AdamW without "
-                                  "recomputation (--mode fp32 --optimizer adamw)")
+                                  "recomputation (--mode fp32 --optimizer adamw), or FSDP2's "
+                                  "MixedPrecisionPolicy (--engine fsdp2 --mode mixed)")
     if impl == "transformers":
         from .extras import require
 
@@ -54,7 +57,7 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
         notes.append(f"REDUCED: verifying {max_layers} of {cfg.n_layer} blocks (--max-layers); "
                      "widths unchanged, the analytic side uses the same reduced model")
         cfg = cfg.replace(n_layer=max_layers)
-    setup = TrainingSetup(attn_impl=attn, impl=impl, **layout)
+    setup = TrainingSetup(mode=mode, attn_impl=attn, impl=impl, **layout)
     from reference_model.distributed import check_layout, engine_of
 
     picked = _tensors(cfg, wl, setup, tensors)
@@ -82,7 +85,8 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
     print_line(f"{impl} model, {engine} engine, dp={setup.dp} zero={setup.zero} tp={setup.tp} "
                f"sp={'on' if setup.sp else 'off'} pp={setup.pp}: {world} ranks over gloo "
                f"(127.0.0.1), {'shape-only' if picked == 'shape-only' else 'real tensors'}, "
-               f"attn={attn}, fp32 AdamW, micro-batch {wl.batch_size} x seq_len {wl.seq_len}, "
+               f"attn={attn}, {'bf16 MixedPrecisionPolicy' if mixed else 'fp32'} AdamW, "
+               f"micro-batch {wl.batch_size} x seq_len {wl.seq_len}, "
                f"torch={torch.__version__}")
     for note in notes:
         print_line(f"[bold yellow]{note}[/bold yellow]")

@@ -20,7 +20,8 @@ from .inference import inference_bytes, kv_cache_bytes, max_context, serving_dty
 from .peak import StepPeak, stage_phases, step_peak
 from .report import MemoryReport, max_batch, max_seq_len, memory_report, validate_setup
 from .states import (OPTIMIZER_BYTES, STEP_COUNTER_BYTES, StateBytes,
-                     autocast_weight_copies, stage_params, state_bytes, zero_bytes_per_param)
+                     autocast_weight_copies, stage_params, zero_bytes_per_param)
+from .engines import resident, state_bytes
 
 __all__ = [
     "ATTN_IMPLS", "AUTOCAST_DTYPES", "DEVICES", "IMPLS", "MODES", "OPTIMIZERS",
@@ -28,6 +29,6 @@ __all__ = [
     "StateBytes", "StepPeak", "TrainingSetup", "activations_paper", "autocast_weight_copies",
     "device_activations", "inference_bytes", "kv_cache_bytes", "logits_bytes", "max_batch",
     "max_context", "max_seq_len", "memory_report", "paper_layer_bytes", "saved_activations",
-    "serving_dtype_bytes", "stage_params", "stage_phases", "state_bytes", "step_peak",
+    "resident", "serving_dtype_bytes", "stage_params", "stage_phases", "state_bytes", "step_peak",
     "validate_setup", "zero_bytes_per_param",
 ]

@@ -16,8 +16,8 @@ Saved activations go down and gradients up through backward one block at a time,
 its first and last block live memory moves linearly and the largest value sits at one end: the
 phases above cover both ends. `overhead` (framework context, allocator fragmentation,
 communication buckets) is added to every phase and always printed: nothing is hidden in a
-tolerance. Engines add their own terms and moments (`engines.fsdp2_phase_terms`,
-`engines.pipeline_phase_terms`, `engines.ddp_phase_terms`). What is not modelled: allocator
+tolerance. Engines add their own terms and moments (`engines.phase_terms`: FSDP2's unsharded
+groups, DDP's buckets, DeepSpeed's buffers, the pipeline schedule's kept outputs). What is not modelled: allocator
 rounding; the measured error against PyTorch's trackers is stated by the tests.
 """
 
@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
 from .activations import device_activations, logits_bytes, transformers_loss
 from . import engines
-from .states import STAGES, StateBytes, largest_tensor, state_bytes
+from .engines import state_bytes
+from .states import STAGES, StateBytes, largest_tensor
 
 
 @dataclass(frozen=True)
@@ -108,14 +109,19 @@ def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) 
     weights' gradients, an fp32 copy of every 16-bit gradient, exist for the whole step.
     """
     shard = -(-st.params // setup.dp)
+    engine = setup.engine_name
+    sharded = setup.zero >= 1 or (engine == "megatron" and setup.distributed_optimizer)
     masters = 0
-    if setup.mode == "mixed":
-        masters = 4 * (shard if setup.zero >= 2 else st.params)
+    # FSDP2's fp32 shards are the master weights and Megatron-LM's main gradients are the
+    # gradients: neither keeps a separate fp32 gradient for its masters
+    if setup.mode == "mixed" and engine not in ("fsdp2", "megatron"):
+        partitioned = setup.zero >= 2 or (engine == "deepspeed" and setup.zero >= 1)
+        masters = 4 * (shard if partitioned else st.params)
     if setup.optimizer != "adamw":
         return masters
     wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
     if setup.device == "cuda":
-        return masters + wb * (shard if setup.zero >= 1 else st.params)
+        return masters + wb * (shard if sharded else st.params)
     return masters + wb * 2 * largest_tensor(cfg, setup)
 
 
@@ -134,7 +140,7 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     grads_early = st.gradients if workload.grad_accum > 1 else 0
     base = {"weights": st.weights, "optimizer states": st.optimizer, "overhead": setup.overhead}
     head_grads = 0
-    fsdp = engines.fsdp2_phase_terms(cfg, setup, stage)
+    fsdp = setup.engine_name == "fsdp2" and setup.dp > 1
     if holds_head and not setup.lora_rank:  # the lm_head's gradient (own or tied), made
         # before the last block's; FSDP2 keeps the root's gradients unsharded until the root's
         # reduce-scatter
@@ -168,9 +174,8 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                            "optimizer temporaries": optimizer_temporaries(cfg, setup, st),
                            "targets": 8 * workload.tokens if holds_head else 0},
     }
-    pipe = engines.pipeline_phase_terms(cfg, workload, setup, stage, logits, st.gradients)
-    ddp = engines.ddp_phase_terms(cfg, setup)
-    for phase, terms in (*fsdp.items(), *pipe.items(), *ddp.items()):
+    for phase, terms in engines.phase_terms(cfg, workload, setup, stage, logits,
+                                            st.gradients).items():
         # an engine's own moment (FSDP2's root all-gather at backward start): the forward's
         # tensors without the loss's transients
         phases.setdefault(phase, {**base, "saved activations": saved, "logits": logits,

@@ -9,7 +9,8 @@ from ..config import (ConfigError, GPTConfig, TrainingSetup, Workload, modern_sw
 from .activations import activations_paper, device_activations, logits_bytes
 from .inference import kv_cache_bytes, largest_fitting, serving_dtype_bytes
 from .peak import StepPeak, step_peak
-from .states import STAGES, state_bytes
+from .engines import resident, state_bytes
+from .states import STAGES
 
 
 def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
@@ -54,6 +55,7 @@ class MemoryReport:
     activations_paper: int
     logits: int
     kv_cache: int
+    resident: int  # what the device keeps between optimizer steps (`engines.resident`)
     peak: StepPeak
     global_batch: int  # sequences per optimizer step: B x dp x grad_accum
     breakdown: dict[str, dict[str, int]]
@@ -84,16 +86,17 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     paper = activations_paper(cfg, workload, setup)
     holds_head = setup.pp == 1 or peak.stage == "last"
     logits = logits_bytes(cfg, workload, setup) if holds_head else 0
+    kept = resident(cfg, setup, peak.stage)
     kv = kv_cache_bytes(cfg, workload.batch_size, ctx, serving_dtype_bytes(setup), setup.tp,
                         setup.pp)
     return MemoryReport(
         weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
         activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
         weight_copies=sum(copies.values()), activations_paper=sum(paper.values()),
-        logits=logits, kv_cache=kv, peak=peak,
+        logits=logits, kv_cache=kv, resident=sum(kept.values()), peak=peak,
         global_batch=workload.global_batch(setup.dp),
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
-                   "activations_paper": paper, "peak": peak.lines},
+                   "activations_paper": paper, "peak": peak.lines, "resident": kept},
     )
 
 

@@ -104,49 +104,6 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> StateBytes:
-    """Weights, gradients and optimizer states on one device of `stage`, exact.
-
-    Sharding as `stage_params` (tp, pp) then ZeRO over dp as PyTorch's engines shard
-    (`engines`): ZeRO-1 as ZeroRedundancyOptimizer (whole tensors, greedily; its most loaded
-    rank), ZeRO-2/3 as FSDP2 (every tensor's dim 0 padded to a multiple of dp; rank 0, which
-    owns the most rows). ZeRO-2 as FSDP2 runs it (reshard_after_forward=False) shards the
-    weights at rest too and holds them unsharded from forward to the end of backward (a term
-    of the step peak, `engines.fsdp2_phase_terms`). AdamW adds a 4-byte step counter per
-    parameter tensor (torch keeps `state["step"]` as a float32 scalar tensor), not sharded.
-    """
-    if setup.lora_rank:  # LoRA: a frozen base, trainable adapters (gptcalc.memory.finetune)
-        from .finetune import finetune_state_bytes
-
-        lines = finetune_state_bytes(cfg, setup)
-        grads, opt = lines["adapter/gradients"], lines["adapter/optimizer"]
-        weights = lines["base/weights"] + lines["adapter/weights"]
-        return StateBytes(stage=stage, params=lines["adapter/weights"] // setup.weight_bytes,
-                          weights=weights, gradients=grads, optimizer=opt, breakdown=lines)
-    tensors = stage_tensors(cfg, setup, stage)
-    n = sum(t.shard(setup.tp) * t.count for t in tensors)
-    z = zero_bytes_per_param(setup, n)
-    counters = sum(t.count for t in tensors)
-    steps = STEP_COUNTER_BYTES * counters if setup.optimizer == "adamw" else 0
-    if setup.dp > 1 and setup.zero >= 1:
-        from . import engines
-
-        rank = (setup.pp - 1 if stage == "last" else 0) * setup.dp * setup.tp
-        if setup.zero == 1:
-            rank += engines.zero1_most_loaded(cfg, setup, stage) * setup.tp
-            r = engines.zero1_rank_states(cfg, setup, rank)
-        else:
-            r = engines.fsdp2_rank_states(cfg, setup, rank)
-        z = {"weights": z["weights"] if setup.zero < 2 else r.weights,
-             "gradients": z["gradients"] if setup.zero < 2 else r.gradients,
-             "optimizer": r.optimizer - r.steps}
-        steps = r.steps
-    breakdown = {"weights": z["weights"], "gradients": z["gradients"],
-                 "optimizer/states": z["optimizer"], "optimizer/step": steps}
-    return StateBytes(stage=stage, params=n, weights=z["weights"], gradients=z["gradients"],
-                      optimizer=z["optimizer"] + steps, breakdown=breakdown)
-
-
 def largest_tensor(cfg: GPTConfig, setup: TrainingSetup) -> int:
     """Elements of the largest trained parameter tensor one device holds (tp-sharded; with
     LoRA the largest adapter matrix)."""

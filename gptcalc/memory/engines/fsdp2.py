@@ -1,0 +1,176 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard` on every block and at the root), per rank.
+
+ZeRO-3 is `reshard_after_forward=True`, ZeRO-2 `reshard_after_forward=False`. Every parameter
+tensor (its tensor-parallel shard first) is split on dim 0 across the dp ranks as `torch.chunk`
+splits it: each rank owns ceil(rows / dp) rows (the last ranks fewer, possibly none). The
+sharded parameter and gradient storages are padded to ceil(rows / dp) rows on every rank;
+AdamW's states are made by `zeros_like` of the rank's own (unpadded) rows.
+
+Mixed precision is FSDP2's `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` (mode
+`mixed`, as torchtitan trains): the sharded parameters stay fp32 and are the master weights
+(no separate master copy), the sharded gradients are fp32, AdamW's states fp32 (8 bytes per
+parameter); the all-gather runs in bf16, so the unsharded parameters of the blocks in flight
+and their unsharded gradients are bf16, and the reduce-scatter input is fp32 (the bf16
+gradients cast to reduce_dtype). No autocast weight copies; the activations are bf16.
+
+Every function here is pure and never imports torch.
+"""
+
+from __future__ import annotations
+
+from ...config import GPTConfig, TrainingSetup
+from ...inventory import ParamTensor
+from ..states import OPTIMIZER_BYTES, stage_tensors
+from .shards import (RankStates, chunk_rows, coords, first_rank, padded_rows, rows_times_rest,
+                     stage_list, step_counters, tp_local_shape)
+
+
+def sharded_bytes(setup: TrainingSetup) -> int:
+    """Bytes of one element of a sharded parameter or gradient: fp32 unless the model itself
+    is bf16 (mode bf16); under MixedPrecisionPolicy the shards keep the fp32 dtype they were
+    built in."""
+    return 2 if setup.mode == "bf16" else 4
+
+
+def unsharded_bytes(setup: TrainingSetup) -> int:
+    """Bytes of one element of an all-gathered (unsharded) parameter and of its unsharded
+    gradient: MixedPrecisionPolicy's param_dtype (bf16) in mode mixed, else the shards'."""
+    return 2 if setup.mode in ("mixed", "bf16") else 4
+
+
+def reduce_bytes(setup: TrainingSetup) -> int:
+    """Bytes of one element of the reduce-scatter input: reduce_dtype fp32 in mode mixed (the
+    bf16 unsharded gradients are copied into an fp32 buffer), else the gradients' dtype."""
+    return 2 if setup.mode == "bf16" else 4
+
+
+def optimizer_bytes(setup: TrainingSetup) -> int:
+    """Optimizer state per element of the rank's own rows: the fp32 shards are the master
+    weights, so mode mixed keeps only AdamW's fp32 moments (8), as in fp32."""
+    mode = "fp32" if setup.mode == "mixed" else setup.mode
+    return OPTIMIZER_BYTES[mode][setup.optimizer]
+
+
+def fsdp2_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
+    """FSDP2's states on `rank`: every tensor (tensor-parallel shard first) split on dim 0 over
+    dp; weights and gradients in padded ceil(rows / dp) storages (`sharded_bytes`), optimizer
+    states over the rank's own rows (`optimizer_bytes`), plus AdamW's 4-byte step per tensor.
+    ZeRO-2 as FSDP2 runs it holds the same at rest (its parameters are resharded after
+    backward)."""
+    pp_rank, dp_rank, tp_rank = coords(rank, setup)
+    padded = own = tensors = 0
+    for t in stage_list(cfg, setup, pp_rank):
+        shape = tp_local_shape(t, setup.tp, tp_rank)
+        padded += t.count * rows_times_rest(shape, padded_rows(shape[0], setup.dp))
+        own += t.count * rows_times_rest(shape, chunk_rows(shape[0], setup.dp, dp_rank))
+        tensors += t.count
+    steps = step_counters(setup, tensors)
+    sb = sharded_bytes(setup)
+    return RankStates(sb * padded, sb * padded, optimizer_bytes(setup) * own + steps, steps,
+                      "FSDP2: dim-0 shards padded to ceil(rows/dp); optimizer over own rows")
+
+
+def _padded_elements(t: ParamTensor, setup: TrainingSetup) -> int:
+    """Elements of one tensor of `t` unsharded by FSDP2: the tp shard (rank 0's), dim 0 padded
+    to a multiple of dp (the all-gather output is padded)."""
+    shape = tp_local_shape(t, setup.tp, 0)
+    return rows_times_rest(shape, padded_rows(shape[0], setup.dp) * setup.dp)
+
+
+def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                             ) -> dict[str, int]:
+    """Elements FSDP2 all-gathers, per group: `root` (everything outside the blocks:
+    embeddings, final norm, head; `fully_shard` at the root groups them) and `block` (one
+    transformer block, each wrapped on its own), unsharded and padded."""
+    root = block = 0
+    for t in stage_tensors(cfg, setup, stage):
+        n = _padded_elements(t, setup) * t.copies
+        if t.place == "block":
+            block += n * t.layers // max(1, cfg.n_layer // setup.pp)
+        else:
+            root += n
+    return {"root": root, "block": block}
+
+
+def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                    ) -> dict[str, int]:
+    """Bytes of `fsdp2_unsharded_elements` in the unsharded parameters' dtype."""
+    ub = unsharded_bytes(setup)
+    return {k: ub * v for k, v in fsdp2_unsharded_elements(cfg, setup, stage).items()}
+
+
+ROOT_REGATHER = "backward start, root all-gather"  # a phase of FSDP2 ZeRO-3 only
+
+
+def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                      ) -> dict[str, dict[str, int]]:
+    """What FSDP2 holds beyond the sharded states at each phase of the step peak
+    (torch.distributed.fsdp.fully_shard on every block and at the root; measured with
+    FSDPMemTracker on CPU/gloo, torch 2.13). Unsharded parameters and gradients are in
+    `unsharded_bytes`, the reduce-scatter input in `reduce_bytes`:
+
+    - the root's parameters are all-gathered before the forward and stay unsharded through
+      it (ZeRO-2: until the end of backward);
+    - ZeRO-3 (reshard_after_forward=True): a block is unsharded while it computes and freed
+      after its forward; in backward the block being computed is unsharded and the next one's
+      all-gather output (backward prefetch) is alive beside it;
+    - ZeRO-2 (reshard_after_forward=False): every block stays unsharded from its forward to its
+      backward;
+    - FSDP2 keeps each forward all-gather's output until the next all-gather is issued: the
+      last block's is still alive when the loss is computed inside the root's forward, and
+      freed by the root's post-forward (measured: FSDPMemTracker's root BEF_POST_FW);
+    - ZeRO-3: the root's pre-backward hook prefetches the last block: its all-gather output is
+      alive while the loss's backward makes the logits' gradient;
+    - ZeRO-3: the root is resharded after its forward too, so its pre-backward hook
+      all-gathers it again before the loss's backward runs: the all-gather output and the
+      unsharded parameters copied out of it are alive together beside every saved activation
+      and the logits (phase "backward start, root all-gather");
+    - at the end of backward, as the root's post-backward hook starts: its unsharded parameters
+      and gradients, the blocks' sharded gradients (the root's shards are its reduce-scatter's
+      output, not made yet) and the first block's reduce-scatter input, which FSDP2 keeps
+      until the next reduce-scatter is issued (measured: FSDPMemTracker's root BEF_POST_BW).
+    Empty unless the engine is FSDP2 with dp > 1."""
+    if setup.dp == 1 or setup.engine_name != "fsdp2":
+        return {}
+    el = fsdp2_unsharded_elements(cfg, setup, stage)
+    ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
+    root, block = ub * el["root"], ub * el["block"]
+    blocks = cfg.n_layer // setup.pp
+    held = blocks * block if setup.zero == 2 else 0
+    last = {"FSDP2 unsharded root parameters": root,
+            "FSDP2 unsharded block (computing)": block if setup.zero == 3 else 0,
+            "FSDP2 all-gather of the next block (prefetch)": block if setup.zero == 3 else 0,
+            "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
+    fwd = {"FSDP2 unsharded root parameters": root,
+           "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
+    kept = {"FSDP2 all-gather output of the last block (kept to the root's post-forward)": block}
+    # the blocks' sharded gradients: the root's shards are its reduce-scatter's output
+    st = fsdp2_rank_states(cfg, setup, first_rank(setup, stage))
+    blocks_grads = st.gradients - sharded_bytes(setup) * el["root"] // setup.dp
+    prefetch = {"FSDP2 all-gather of the last block (the root's pre-backward prefetch)":
+                block if setup.zero == 3 else 0}
+    terms = {"forward end": {**fwd, **kept}, "backward start": {**fwd, **prefetch},
+             "backward, last block": last,
+             "backward end": {"FSDP2 unsharded root parameters": root,
+                              "FSDP2 unsharded root gradients (before its reduce-scatter)": root,
+                              "gradients": blocks_grads,
+                              "FSDP2 reduce-scatter input of the first block (kept until the "
+                              "next reduce-scatter)": rb * el["block"]},
+             "optimizer step": {}}
+    if setup.zero == 3:
+        terms[ROOT_REGATHER] = {"FSDP2 unsharded root parameters": root,
+                                "FSDP2 root all-gather output (re-gathered for backward)": root}
+    return terms
+
+
+def fsdp2_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """What `rank` keeps between optimizer steps under FSDP2: its sharded parameters and the
+    optimizer states; `zero_grad(set_to_none=True)` frees the sharded gradients and every
+    parameter is resharded (ZeRO-2 too, after backward)."""
+    st = fsdp2_rank_states(cfg, setup, rank)
+    return {"weights (sharded)": st.weights, "optimizer states": st.optimizer}
+
+
+__all__ = ["ROOT_REGATHER", "fsdp2_phase_terms", "fsdp2_rank_states", "fsdp2_resident",
+           "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes", "reduce_bytes",
+           "sharded_bytes", "unsharded_bytes"]

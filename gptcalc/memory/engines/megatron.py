@@ -1,0 +1,71 @@
+"""Megatron-LM's distributed optimizer, per rank.
+
+Megatron-LM keeps the model's weights in the training dtype, accumulates gradients into a
+contiguous fp32 main-gradient buffer (bf16 training; fp16 keeps 16-bit gradients), and steps
+fp32 main parameters with fp32 Adam moments. Its distributed optimizer shards the fp32 main
+parameters and the Adam moments evenly over the data-parallel ranks (ZeRO-1 over a flat
+buffer); without it every rank holds them all. Bytes per parameter, as Megatron-LM's
+documentation tabulates them (docs/source/api-guide/dist_optimizer.md, d = dp):
+
+    params / grads      without   distributed optimizer
+    bf16 / fp32         18        6 + 12/d
+    fp16 / fp16         20        4 + 16/d   (the fp32 main gradients are sharded too)
+    fp32 / fp32         16        8 + 8/d
+
+No twin of Megatron-LM runs here (it needs CUDA and Transformer Engine); the figures are its
+documentation's. Megatron-LM's fused Adam keeps its step count per parameter group, not a
+tensor per parameter.
+
+Every function here is pure and never imports torch.
+"""
+
+from __future__ import annotations
+
+from ...config import ConfigError, GPTConfig, TrainingSetup
+from ..states import stage_tensors
+from .shards import RankStates, coords, stage_of
+
+# (weight bytes, gradient bytes kept on every rank, bytes sharded by the distributed optimizer)
+MEGATRON_BYTES = {
+    ("mixed", "bf16"): (2, 4, 12),  # fp32 main grads; fp32 main params + Adam m, v
+    ("mixed", "fp16"): (2, 2, 16),  # fp16 grads; fp32 main grads, main params, Adam m, v
+    ("fp32", "bf16"): (4, 4, 8),
+    ("fp32", "fp16"): (4, 4, 8),
+}
+
+
+def megatron_bytes(setup: TrainingSetup) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter before the distributed optimizer
+    shards the last; only Megatron-LM's precisions (bf16/fp16 mixed, fp32) and AdamW."""
+    key = (setup.mode, setup.autocast_dtype)
+    if key not in MEGATRON_BYTES:
+        raise ConfigError("mode", f"Megatron-LM trains in mixed (bf16 or fp16) or fp32, not "
+                                  f"{setup.mode}")
+    if setup.optimizer != "adamw":
+        raise ConfigError("optimizer", "the Megatron-LM engine is modelled with Adam only")
+    return MEGATRON_BYTES[key]
+
+
+def megatron_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
+    """Megatron-LM on `rank`: the stage's tensor-parallel shards whole in the weight and
+    gradient dtypes; the optimizer's bytes over ceil(N / dp) elements with the distributed
+    optimizer (its buffers are padded to a multiple of dp), over N without it."""
+    pp_rank, _, _ = coords(rank, setup)
+    n = sum(t.shard(setup.tp) * t.count
+            for t in stage_tensors(cfg, setup, stage_of(setup, pp_rank)))
+    w, g, k = megatron_bytes(setup)
+    owned = -(-n // setup.dp) if setup.distributed_optimizer else n
+    return RankStates(w * n, g * n, k * owned, 0,
+                      "Megatron-LM: " + ("distributed optimizer" if setup.distributed_optimizer
+                                         else "replicated optimizer"))
+
+
+def megatron_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """What `rank` keeps between steps: weights, the contiguous main-gradient buffer (it
+    lives for the whole run) and the optimizer's share."""
+    st = megatron_rank_states(cfg, setup, rank)
+    return {"weights": st.weights, "main-gradient buffer": st.gradients,
+            "optimizer states": st.optimizer}
+
+
+__all__ = ["MEGATRON_BYTES", "megatron_bytes", "megatron_rank_states", "megatron_resident"]

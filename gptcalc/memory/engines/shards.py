@@ -1,0 +1,112 @@
+"""What every engine shares: how a tensor splits over ranks, a rank's place in the layout, and
+the states of one rank.
+
+Every function here is pure and never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...config import GPTConfig, TrainingSetup
+from ...inventory import ParamTensor
+from ..states import STEP_COUNTER_BYTES, optimizer_bytes_per_param, stage_tensors
+
+
+def chunk_rows(rows: int, world: int, rank: int) -> int:
+    """Rows rank `rank` of `world` owns when `rows` are split as torch.chunk splits them
+    (FSDP2's dim-0 shards, DTensor's Shard(d)): ceil(rows / world) each, the remainder on the
+    last owner, nothing after it."""
+    step = -(-rows // world)
+    return max(0, min(step, rows - rank * step))
+
+
+def padded_rows(rows: int, world: int) -> int:
+    """Rows of a padded shard: ceil(rows / world) (FSDP2 pads dim 0 to a multiple of world)."""
+    return -(-rows // world)
+
+
+def tp_local_shape(t: ParamTensor, tp: int, rank: int, padded: bool = False
+                   ) -> tuple[int, ...]:
+    """The shape of one tensor of `t` on tensor-parallel rank `rank` (Megatron's splits as
+    DTensor makes them): column and vocab split dim 0, a row-parallel matrix dim 1 (its bias is
+    replicated), replicated tensors whole. `padded`: the ceil(n / tp) receive buffer a scattered
+    shard keeps as its storage."""
+    if tp == 1 or t.split == "replicated" or (t.split == "row" and len(t.shape) == 1):
+        return t.shape
+    dim = 1 if t.split == "row" else 0
+    n = t.shape[dim]
+    part = padded_rows(n, tp) if padded else chunk_rows(n, tp, rank)
+    return t.shape[:dim] + (part,) + t.shape[dim + 1:]
+
+
+def rows_times_rest(shape: tuple[int, ...], rows: int) -> int:
+    """Elements of `shape` with dim 0 replaced by `rows`."""
+    return rows * math.prod(shape[1:])
+
+
+@dataclass(frozen=True)
+class RankStates:
+    """Weights, gradients and optimizer states one rank holds in a step, in bytes, with the
+    rule that gave them."""
+
+    weights: int
+    gradients: int
+    optimizer: int  # AdamW's step counters included
+    steps: int  # of which AdamW's 4-byte step counters
+    rule: str
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+
+def coords(rank: int, setup: TrainingSetup) -> tuple[int, int, int]:
+    """(pp, dp, tp) coordinates of `rank`, tp fastest."""
+    return rank // (setup.dp * setup.tp), rank // setup.tp % setup.dp, rank % setup.tp
+
+
+def stage_of(setup: TrainingSetup, pp_rank: int) -> str:
+    """The pipeline stage name ("first" or "last") whose tensors `pp_rank` holds."""
+    return "last" if setup.pp > 1 and pp_rank == setup.pp - 1 else "first"
+
+
+def first_rank(setup: TrainingSetup, stage: str) -> int:
+    """The lowest global rank of pipeline stage `stage`."""
+    return (setup.pp - 1 if stage == "last" else 0) * setup.dp * setup.tp
+
+
+def stage_list(cfg: GPTConfig, setup: TrainingSetup, pp_rank: int) -> list[ParamTensor]:
+    """The tensors of pipeline rank `pp_rank` (middle stages: blocks only)."""
+    tensors = stage_tensors(cfg, setup, stage_of(setup, pp_rank))
+    if 0 < pp_rank < setup.pp - 1:
+        tensors = [t for t in tensors if t.place == "block"]
+    return tensors
+
+
+def step_counters(setup: TrainingSetup, tensors: int) -> int:
+    """Bytes of torch.optim.AdamW's `state["step"]`: a 0-d float32 tensor per parameter
+    tensor it updates; SGD keeps none."""
+    return STEP_COUNTER_BYTES * tensors if setup.optimizer == "adamw" else 0
+
+
+def tp_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
+    """DTensor tensor parallel (and pipeline stages) without data parallel sharding: weights in
+    the padded receive buffers, gradients and optimizer states over the rank's own rows."""
+    pp_rank, _, tp_rank = coords(rank, setup)
+    wb, k = setup.weight_bytes, optimizer_bytes_per_param(setup)
+    padded = own = tensors = 0
+    for t in stage_list(cfg, setup, pp_rank):
+        padded += t.count * math.prod(tp_local_shape(t, setup.tp, tp_rank, padded=True))
+        own += t.count * math.prod(tp_local_shape(t, setup.tp, tp_rank))
+        tensors += t.count
+    steps = step_counters(setup, tensors)
+    return RankStates(wb * padded, wb * own, k * own + steps, steps,
+                      "DTensor: scattered shards keep ceil(n/tp) storage; gradients and "
+                      "optimizer over own rows")
+
+
+__all__ = ["RankStates", "chunk_rows", "coords", "first_rank", "padded_rows",
+           "rows_times_rest", "stage_list", "stage_of", "step_counters", "tp_local_shape",
+           "tp_rank_states"]

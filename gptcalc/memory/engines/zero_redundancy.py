@@ -1,0 +1,75 @@
+"""ZeroRedundancyOptimizer (`torch.distributed.optim`, ZeRO-1 as PyTorch runs it), per rank.
+
+It assigns whole parameter tensors to ranks greedily by size (`zero1_partition`): a rank's
+optimizer states are those of its tensors; weights and gradients are replicated. Ranks are
+uneven, unlike DeepSpeed's flat 1/dp partitions.
+
+Every function here is pure and never imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ...config import GPTConfig, TrainingSetup
+from ..states import optimizer_bytes_per_param, stage_tensors
+from .shards import RankStates, coords, first_rank, stage_of, step_counters
+
+
+def zero1_partition(sizes: tuple[int, ...], world: int) -> tuple[tuple[int, ...], ...]:
+    """ZeroRedundancyOptimizer's assignment of whole tensors to ranks (torch.distributed.optim,
+    `_partition_parameters`): tensors sorted by size, largest first (a stable sort), each to the
+    rank with the fewest elements so far (the lowest such rank on a tie). Returns the indices
+    into `sizes` each rank owns. Greedy, not 1/N: ranks are uneven."""
+    loads = [0] * world
+    owned: list[list[int]] = [[] for _ in range(world)]
+    for i in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
+        r = loads.index(min(loads))
+        owned[r].append(i)
+        loads[r] += sizes[i]
+    return tuple(tuple(o) for o in owned)
+
+
+@functools.lru_cache(maxsize=64)
+def _zero1_sizes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                 ) -> tuple[int, ...]:
+    sizes: list[int] = []
+    for t in stage_tensors(cfg, setup, stage):
+        sizes += [t.shard(setup.tp)] * t.count
+    return tuple(sizes)
+
+
+def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
+    """ZeroRedundancyOptimizer on `rank`: every weight and gradient (replicated), the optimizer
+    states (and AdamW's step counters) of the tensors `zero1_partition` gives it."""
+    pp_rank, dp_rank, _ = coords(rank, setup)
+    sizes = _zero1_sizes(cfg, setup, stage_of(setup, pp_rank))
+    mine = zero1_partition(sizes, setup.dp)[dp_rank]
+    n, wb = sum(sizes), setup.weight_bytes
+    steps = step_counters(setup, len(mine))
+    opt = optimizer_bytes_per_param(setup) * sum(sizes[i] for i in mine) + steps
+    return RankStates(wb * n, wb * n, opt, steps,
+                      "ZeroRedundancyOptimizer: whole tensors assigned greedily by size")
+
+
+def zero1_most_loaded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
+    """The data-parallel rank holding the most optimizer elements under `zero1_partition`."""
+    sizes = _zero1_sizes(cfg, setup, stage)
+    loads = [sum(sizes[i] for i in o) for o in zero1_partition(sizes, setup.dp)]
+    return loads.index(max(loads))
+
+
+def zero1_peak_rank(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
+    """The global rank of `stage` whose states are the largest (the most loaded dp rank)."""
+    return first_rank(setup, stage) + zero1_most_loaded(cfg, setup, stage) * setup.tp
+
+
+def zero1_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """What `rank` keeps between steps: every weight and its optimizer states
+    (`zero_grad(set_to_none=True)` frees the gradients)."""
+    st = zero1_rank_states(cfg, setup, rank)
+    return {"weights": st.weights, "optimizer states": st.optimizer}
+
+
+__all__ = ["zero1_most_loaded", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
+           "zero1_resident"]
