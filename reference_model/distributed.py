@@ -65,6 +65,7 @@ class RankResult:
     flops: int
     seconds: float
     peak_categories: dict[str, int] = dataclasses.field(default_factory=dict)
+    resident: int = -1  # live tensor bytes between steps (-1: not measured, shape-only)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -403,6 +404,8 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
     peak = snap["Total"]
     cats = {getattr(k, "value", str(k)): v for k, v in snap.items() if k != "Total" and v}
     weights, grads, opt = runner.states()
+    runner.opt.zero_grad(set_to_none=True)
+    kept = -1 if fake else resident_bytes(runner.tracked_module, (runner.idx, runner.targets))
     counter = _flop_counter()
     with counter:
         runner.step(flops=True)
@@ -410,7 +413,27 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
                       optimizer=opt, saved=live.peak, peak=peak,
                       peak_tool=type(tracker).__name__ + (" on FakeTensorMode" if fake else ""),
                       flops=counter.get_total_flops(),
-                      seconds=round(time.perf_counter() - start, 3), peak_categories=cats)
+                      seconds=round(time.perf_counter() - start, 3), peak_categories=cats,
+                      resident=kept)
+
+
+def resident_bytes(model: torch.nn.Module, inputs) -> int:
+    """Bytes of every tensor storage alive in this process between two steps (after the
+    optimizer step and `zero_grad(set_to_none=True)`), found by walking the garbage
+    collector's objects; the model's buffers (a causal mask, rotary tables) and the batch
+    are left out: they are the test's, not the engine's."""
+    import gc
+
+    gc.collect()
+    skip = {_storage_key(t) for t in (*model.buffers(), *inputs)}
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and not obj.is_meta:
+            loc = _local(obj)
+            key = _storage_key(loc)
+            if key not in skip:
+                seen.setdefault(key, loc.untyped_storage().nbytes())
+    return sum(seen.values())
 
 
 class _Engine:
@@ -468,22 +491,33 @@ class _FSDP2(_Engine):
     def build(self) -> None:
         from torch.distributed.fsdp import fully_shard
 
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         s = self.setup
         reshard = s.zero == 3
         if s.tp > 1:
             _parallelize(self.model, self.meshes["tp"], s.sp)
         dp_mesh = self.meshes["dp"]
+        # mode mixed: torchtitan's policy, bf16 compute over fp32 shards, fp32 reduction
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
+            s.mode == "mixed") else MixedPrecisionPolicy()
         for block in self.model.blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(self.model.module, mesh=dp_mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(self.model.module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
         self.loss_parallel = s.tp > 1
         self.opt = self.optimizer(self.model.module.parameters())
 
     def context(self):
+        stack = contextlib.ExitStack()
         if self.loss_parallel:
             from torch.distributed.tensor.parallel import loss_parallel
-            return loss_parallel()
-        return contextlib.nullcontext()
+            stack.enter_context(loss_parallel())
+        if self.setup.mode == "mixed":
+            # the cross entropy in fp32 on the bf16 logits, as the reference model's mixed
+            # mode and torchtitan's loss compute it; with bf16 parameters autocast casts
+            # nothing else
+            stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+        return stack
 
     def tracker(self):
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
