@@ -405,7 +405,10 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
     cats = {getattr(k, "value", str(k)): v for k, v in snap.items() if k != "Total" and v}
     weights, grads, opt = runner.states()
     runner.opt.zero_grad(set_to_none=True)
-    kept = -1 if fake else resident_bytes(runner.tracked_module, (runner.idx, runner.targets))
+    kept = -1
+    if not fake:  # a mesh's rank tensor is real: not to be touched under FakeTensorMode
+        meshes = [m.mesh for m in runner.meshes.values() if hasattr(m, "mesh")]
+        kept = resident_bytes(runner.tracked_module, (runner.idx, runner.targets, *meshes))
     counter = _flop_counter()
     with counter:
         runner.step(flops=True)
@@ -420,8 +423,9 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
 def resident_bytes(model: torch.nn.Module, inputs) -> int:
     """Bytes of every tensor storage alive in this process between two steps (after the
     optimizer step and `zero_grad(set_to_none=True)`), found by walking the garbage
-    collector's objects; the model's buffers (a causal mask, rotary tables) and the batch
-    are left out: they are the test's, not the engine's."""
+    collector's objects; the model's buffers (a causal mask, rotary tables) and `inputs` (the
+    batch, the device meshes' rank tensors) are left out: they are the test's, not the
+    engine's."""
     import gc
 
     gc.collect()

@@ -192,6 +192,8 @@ _WHY = {
                            "all-gathered again before the loss's backward (the all-gather "
                            "output beside the unsharded parameters), every saved activation "
                            "and the logits",
+    engines.REDUCE_SCATTER: "the end of the last block's backward under FSDP2: its unsharded "
+                            "gradients copied into the reduce-scatter input",
     "backward, last block": "the last block's backward: the saved activations beside that "
                             "block's gradients in flight",
     "backward end": "the end of backward: every gradient, with the embedding's gradient "

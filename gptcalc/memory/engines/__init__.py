@@ -21,7 +21,7 @@ from ...config import GPTConfig, TrainingSetup, Workload
 from ..states import StateBytes, stage_tensors
 from .ddp import ddp_gradient_buckets, ddp_phase_terms, ddp_resident
 from .deepspeed import deepspeed_phase_terms, deepspeed_rank_states, deepspeed_resident
-from .fsdp2 import (ROOT_REGATHER, fsdp2_phase_terms, fsdp2_rank_states, fsdp2_resident,
+from .fsdp2 import (REDUCE_SCATTER, ROOT_REGATHER, fsdp2_phase_terms, fsdp2_rank_states, fsdp2_resident,
                     fsdp2_unsharded)
 from .megatron import megatron_rank_states, megatron_resident
 from .pipeline import pipeline_phase_terms
@@ -105,7 +105,7 @@ def phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     the pipeline schedule's. A phase no plain step has (FSDP2's root re-gather) appears on
     its own."""
     out: dict[str, dict[str, int]] = {}
-    parts = (fsdp2_phase_terms(cfg, setup, stage), ddp_phase_terms(cfg, setup, stage),
+    parts = (fsdp2_phase_terms(cfg, workload, setup, stage), ddp_phase_terms(cfg, setup, stage),
              deepspeed_phase_terms(cfg, workload, setup, stage)
              if setup.engine_name == "deepspeed" and setup.dp > 1 else {},
              pipeline_phase_terms(cfg, workload, setup, stage, logits, gradients))
@@ -159,7 +159,7 @@ def rank_training_flops(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     return total
 
 
-__all__ = ["ROOT_REGATHER", "RankStates", "chunk_rows", "ddp_gradient_buckets",
+__all__ = ["REDUCE_SCATTER", "ROOT_REGATHER", "RankStates", "chunk_rows", "ddp_gradient_buckets",
            "ddp_phase_terms", "fsdp2_phase_terms", "fsdp2_rank_states", "fsdp2_unsharded",
            "padded_rows", "peak_rank", "phase_terms", "pipeline_phase_terms", "rank_states",
            "rank_training_flops", "resident", "state_bytes", "tp_local_shape",

@@ -18,7 +18,7 @@ Every function here is pure and never imports torch.
 
 from __future__ import annotations
 
-from ...config import GPTConfig, TrainingSetup
+from ...config import GPTConfig, TrainingSetup, Workload
 from ...inventory import ParamTensor
 from ..states import OPTIMIZER_BYTES, stage_tensors
 from .shards import (RankStates, chunk_rows, coords, first_rank, padded_rows, rows_times_rest,
@@ -100,10 +100,45 @@ def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
 
 
 ROOT_REGATHER = "backward start, root all-gather"  # a phase of FSDP2 ZeRO-3 only
+REDUCE_SCATTER = "backward, last block's reduce-scatter"  # a phase of FSDP2 only
 
 
-def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
-                      ) -> dict[str, dict[str, int]]:
+def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                               stage: str = "first") -> dict[str, int]:
+    """The moment after the last block's backward, as FSDP2's post-backward hook copies its
+    unsharded gradients into the reduce-scatter input (torch.distributed.fsdp's
+    `foreach_reduce`): the block's saved activations and parameters are freed, its unsharded
+    gradients (`unsharded_bytes`) and the reduce-scatter input (`reduce_bytes`) are alive
+    together, beside the head's gradient, the root's unsharded parameters and (ZeRO-3) the
+    next block's prefetched all-gather; ZeRO-2 keeps every block unsharded. On CPU, when the
+    gradients' dtype differs from reduce_dtype (MixedPrecisionPolicy), the copy-in
+    (`torch._chunk_cat`) converts through an intermediate in reduce_dtype the size of the
+    input; CUDA's kernel casts in place (measured with FSDPMemTracker on CPU/gloo,
+    torch 2.13)."""
+    from ..activations import device_activations
+
+    acts = device_activations(cfg, workload, setup, stage)
+    blocks = cfg.n_layer // setup.pp
+    layer = sum(v for k, v in acts.items() if k.startswith("layer/")) // blocks
+    loss = sum(v for k, v in acts.items() if k.startswith("cross_entropy/"))
+    el = fsdp2_unsharded_elements(cfg, setup, stage)
+    ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
+    head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if stage == "last" or setup.pp == 1 else 0
+    cast = rb * el["block"] if setup.device == "cpu" and ub != rb else 0
+    return {"saved activations": sum(acts.values()) - loss - layer,
+            "gradients": ub * head,
+            "FSDP2 unsharded root parameters": ub * el["root"],
+            "FSDP2 all-gather of the next block (prefetch)":
+                ub * el["block"] if setup.zero == 3 else 0,
+            "FSDP2 unsharded blocks (ZeRO-2 keeps them)":
+                ub * el["block"] * (blocks - 1) if setup.zero == 2 else 0,
+            "FSDP2 unsharded gradients of the last block": ub * el["block"],
+            "FSDP2 reduce-scatter input of the last block": rb * el["block"],
+            "FSDP2 reduce-scatter copy-in's cast (CPU)": cast}
+
+
+def fsdp2_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                      stage: str = "first") -> dict[str, dict[str, int]]:
     """What FSDP2 holds beyond the sharded states at each phase of the step peak
     (torch.distributed.fsdp.fully_shard on every block and at the root; measured with
     FSDPMemTracker on CPU/gloo, torch 2.13). Unsharded parameters and gradients are in
@@ -128,7 +163,9 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     - at the end of backward, as the root's post-backward hook starts: its unsharded parameters
       and gradients, the blocks' sharded gradients (the root's shards are its reduce-scatter's
       output, not made yet) and the first block's reduce-scatter input, which FSDP2 keeps
-      until the next reduce-scatter is issued (measured: FSDPMemTracker's root BEF_POST_BW).
+      until the next reduce-scatter is issued (measured: FSDPMemTracker's root BEF_POST_BW);
+    - after the last block's backward, its reduce-scatter's copy-in (phase "backward, last
+      block's reduce-scatter", `fsdp2_reduce_scatter_terms`).
     Empty unless the engine is FSDP2 with dp > 1."""
     if setup.dp == 1 or setup.engine_name != "fsdp2":
         return {}
@@ -157,6 +194,7 @@ def fsdp2_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
                               "FSDP2 reduce-scatter input of the first block (kept until the "
                               "next reduce-scatter)": rb * el["block"]},
              "optimizer step": {}}
+    terms[REDUCE_SCATTER] = fsdp2_reduce_scatter_terms(cfg, workload, setup, stage)
     if setup.zero == 3:
         terms[ROOT_REGATHER] = {"FSDP2 unsharded root parameters": root,
                                 "FSDP2 root all-gather output (re-gathered for backward)": root}
@@ -171,6 +209,6 @@ def fsdp2_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
     return {"weights (sharded)": st.weights, "optimizer states": st.optimizer}
 
 
-__all__ = ["ROOT_REGATHER", "fsdp2_phase_terms", "fsdp2_rank_states", "fsdp2_resident",
+__all__ = ["REDUCE_SCATTER", "ROOT_REGATHER", "fsdp2_phase_terms", "fsdp2_reduce_scatter_terms", "fsdp2_rank_states", "fsdp2_resident",
            "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes", "reduce_bytes",
            "sharded_bytes", "unsharded_bytes"]
