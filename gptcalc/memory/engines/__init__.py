@@ -23,7 +23,7 @@ from .ddp import ddp_gradient_buckets, ddp_phase_terms, ddp_resident
 from .deepspeed import deepspeed_phase_terms, deepspeed_rank_states, deepspeed_resident
 from .fsdp2 import (REDUCE_SCATTER, ROOT_REGATHER, fsdp2_phase_terms, fsdp2_rank_states, fsdp2_resident,
                     fsdp2_unsharded)
-from .megatron import megatron_rank_states, megatron_resident
+from .megatron import megatron_phase_terms, megatron_rank_states, megatron_resident
 from .pipeline import pipeline_phase_terms
 from .shards import (RankStates, chunk_rows, coords, first_rank, padded_rows, tp_local_shape,
                      tp_rank_states)
@@ -101,11 +101,13 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
 def phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str,
                 logits: int, gradients: int) -> dict[str, dict[str, int]]:
     """Every engine term of every phase of the step peak on a device of `stage`, merged: the
-    data-parallel engine's (FSDP2's unsharded groups, DDP's buckets, DeepSpeed's buffers) and
+    data-parallel engine's (FSDP2's unsharded groups, DDP's buckets, Megatron-LM's
+    main-gradient buffer, DeepSpeed's buffers) and
     the pipeline schedule's. A phase no plain step has (FSDP2's root re-gather) appears on
     its own."""
     out: dict[str, dict[str, int]] = {}
     parts = (fsdp2_phase_terms(cfg, workload, setup, stage), ddp_phase_terms(cfg, setup, stage),
+             megatron_phase_terms(cfg, setup, stage),
              deepspeed_phase_terms(cfg, workload, setup, stage)
              if setup.engine_name == "deepspeed" and setup.dp > 1 else {},
              pipeline_phase_terms(cfg, workload, setup, stage, logits, gradients))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ...config import ConfigError, GPTConfig, TrainingSetup
 from ..states import stage_tensors
-from .shards import RankStates, coords, stage_of
+from .shards import RankStates, coords, first_rank, stage_of
 
 # (weight bytes, gradient bytes kept on every rank, bytes sharded by the distributed optimizer)
 MEGATRON_BYTES = {
@@ -60,6 +60,21 @@ def megatron_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) ->
                                          else "replicated optimizer"))
 
 
+def megatron_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                         ) -> dict[str, dict[str, int]]:
+    """The main-gradient buffer is allocated once and lives through every phase: before the
+    backward it holds the gradients' bytes already (it replaces the accumulating gradients
+    of the plain phases); at the end of backward and in the optimizer step it is the
+    gradients' line itself. Empty unless the engine is Megatron-LM."""
+    if setup.engine_name != "megatron":
+        return {}
+    buffer = megatron_rank_states(cfg, setup, first_rank(setup, stage)).gradients
+    terms = {"Megatron-LM main-gradient buffer": buffer, "gradients (accumulating)": 0,
+             "gradients": 0}
+    return {phase: dict(terms) for phase in ("forward end", "backward start",
+                                            "backward, last block")}
+
+
 def megatron_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
     """What `rank` keeps between steps: weights, the contiguous main-gradient buffer (it
     lives for the whole run) and the optimizer's share."""
@@ -68,4 +83,5 @@ def megatron_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> di
             "optimizer states": st.optimizer}
 
 
-__all__ = ["MEGATRON_BYTES", "megatron_bytes", "megatron_rank_states", "megatron_resident"]
+__all__ = ["MEGATRON_BYTES", "megatron_bytes", "megatron_phase_terms", "megatron_rank_states",
+           "megatron_resident"]
