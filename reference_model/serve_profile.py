@@ -85,4 +85,58 @@ def measure_profile_peak_cuda(model: torch.nn.Module, seqs: int, seq_len: int) -
     return ProfilePeak(baseline, peak, seqs, seq_len)
 
 
-__all__ = ["ProfilePeak", "eval_model", "measure_profile_peak", "measure_profile_peak_cuda"]
+# Small models of each family, built offline from config fields. GPT-2 takes the one-kernel
+# tanh GELU (`gelu_pytorch_tanh`, the same function as `gelu_new`), as serving engines run a
+# fused GELU: transformers' `gelu_new` is written in Python and holds four F-wide temporaries.
+_SMALL = dict(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+              vocab_size=2000, max_position_embeddings=4096)
+TWIN_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": dict(model_type="llama", hidden_size=256, intermediate_size=896, **_SMALL),
+    "qwen2": dict(model_type="qwen2", hidden_size=256, intermediate_size=896, **_SMALL),
+    "mistral": dict(model_type="mistral", hidden_size=256, intermediate_size=768,
+                    sliding_window=None, **_SMALL),
+    "gemma2": dict(model_type="gemma2", hidden_size=256, intermediate_size=1024,
+                   sliding_window=64, **_SMALL),
+    "gpt2": dict(model_type="gpt2", n_embd=256, n_layer=2, n_head=8, vocab_size=2000,
+                 n_positions=4096, activation_function="gelu_pytorch_tanh"),
+}
+
+
+def twin_row(family: str, tokens: int, seqs: int, device: str = "cpu") -> dict[str, Any]:
+    """Predicted (gptcalc.serve.profile_activation_bytes of the config gptcalc reads from the
+    same fields) and measured activation peak of one profile forward of `tokens` tokens in
+    `seqs` equal sequences, bf16, on `device`."""
+    from gptcalc.hf import config_from_hf
+    from gptcalc.serve import profile_activation_bytes
+
+    raw = TWIN_CONFIGS[family]
+    predicted = sum(profile_activation_bytes(config_from_hf(raw), tokens, seqs).values())
+    model = eval_model(raw, device=device)
+    measure = measure_profile_peak if device == "cpu" else measure_profile_peak_cuda
+    measured = measure(model, seqs, tokens // seqs).activation_peak
+    return dict(family=family, tokens=tokens, seqs=seqs, predicted=predicted,
+                measured=measured, error=predicted / measured - 1)
+
+
+def main() -> None:
+    """Print the twin table: family, tokens, sequences, predicted, measured, error."""
+    import sys
+
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    print(f"{'family':8} {'tokens':>6} {'seqs':>5} {'predicted':>11} {'measured':>11} error")
+    for family in TWIN_CONFIGS:
+        for tokens, seqs in TWIN_SHAPES:
+            r = twin_row(family, tokens, seqs, device)
+            print(f"{family:8} {tokens:6} {seqs:5} {r['predicted']:11,} {r['measured']:11,} "
+                  f"{r['error']:+.2%}")
+
+
+# (tokens, sequences) of profile runs: vLLM's default 2,048 tokens of 256 sequences, and 64
+TWIN_SHAPES = ((2048, 256), (2048, 64))
+
+
+__all__ = ["ProfilePeak", "TWIN_CONFIGS", "TWIN_SHAPES", "eval_model", "measure_profile_peak",
+           "measure_profile_peak_cuda", "twin_row"]
+
+if __name__ == "__main__":
+    main()

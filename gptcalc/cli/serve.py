@@ -8,8 +8,7 @@ import click
 
 from ..config import ConfigError, GPTConfig, Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
-from ..serve import (DEFAULT_NON_TORCH, ENGINES, KVPool, gpu_memory, kv_pool,
-                     layer_blocks_per_request)
+from ..serve import (DEFAULT_NON_TORCH, ENGINES, KVPool, gpu_memory, kv_pool)
 from ..serving import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, KV_DTYPES,
                        WEIGHT_DTYPES, serving)
 from ..units import binary_bytes, parse_bytes
