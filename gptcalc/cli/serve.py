@@ -98,7 +98,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                    max_num_batched_tokens, max_num_seqs, kv_block_size,
                    DEFAULT_NON_TORCH if nt is None else nt, g.name)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
-    batch = int(conc[str(ctx)])
+    batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
     precision = "fp16" if weights_dtype == "fp16" else "bf16"
     if (batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second
