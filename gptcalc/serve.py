@@ -15,8 +15,10 @@ tokens" (blocks x block_size) and "Maximum concurrency for C tokens per request"
 the blocks one request of C tokens needs).
 
 SGLang (python/sglang/srt/model_executor/model_runner.py, `profile_max_num_token`): the pool
-is what is left of total x mem_fraction_static after the weights and the non-torch memory;
-its activations live in the remaining 1 - mem_fraction_static. Pages of one token.
+is what is left of total x mem_fraction_static after the weights and everything else the
+process holds (GPU memory free after loading, less total x (1 - mem_fraction_static)): there
+the non-torch term includes the CUDA context. Its activations live in the remaining
+1 - mem_fraction_static. Pages of one token.
 
 Scope: dense (non-MoE) activations; no CUDA graphs (vLLM captures them after sizing the pool,
 in the headroom left by gpu_memory_utilization), no sampler temporaries, no LoRA or
@@ -58,13 +60,22 @@ def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
     return 2048, 256
 
 
-def sglang_mem_fraction_static(tp: int) -> float:
-    """SGLang's default mem_fraction_static by tensor-parallel size (sglang/srt/server_args.py,
-    `ServerArgs.__post_init__`): 0.88 at tp 1, 0.87 at 2, 0.85 at 4, 0.81 at 8, 0.79 at 16+."""
-    for at_least, fraction in ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87)):
-        if tp >= at_least:
-            return fraction
-    return 0.88
+def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1) -> float:
+    """SGLang's default mem_fraction_static: the GPU's memory less a reserve for activations
+    and CUDA graphs, as a share rounded to 3 decimals (sglang/srt/server_args.py,
+    `ServerArgs.__post_init__`, 2025 releases). Reserve, with p = tp: 2.8 + p/10 GiB under
+    35 GiB (T4, A10, L4, RTX 4090), 9.5 + p/2 GiB under 90 GiB (A100, H100), 12 + p/2 GiB
+    under 160 GiB (H20, H200), 32 GiB above (B200, MI300X)."""
+    mib = gpu_memory_bytes / 2**20
+    if mib < 35 * 1024:
+        reserve = (2.8 + tp / 10) * 1024
+    elif mib < 90 * 1024:
+        reserve = (9.5 + tp / 2) * 1024
+    elif mib < 160 * 1024:
+        reserve = (12 + tp / 2) * 1024
+    else:
+        reserve = 32 * 1024
+    return round((mib - reserve) / mib, 3)
 
 
 def kv_heads_per_device(cfg: GPTConfig, tp: int) -> int:
@@ -210,7 +221,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
     if engine == "sglang":
         name = "mem_fraction_static"
-        frac = sglang_mem_fraction_static(tp) if utilization is None else utilization
+        frac = (sglang_mem_fraction_static(gpu_memory_bytes, tp) if utilization is None
+                else utilization)
         bs = 1 if block_size is None else block_size
     else:
         name = "gpu_memory_utilization"

@@ -126,11 +126,23 @@ def test_sliding_window_layers_hold_only_their_window():
     assert short == 32 * math.ceil(1000 / 16)
 
 
+@pytest.mark.parametrize("name,tp,fraction", [
+    # (memory - reserve) / memory in MiB: 24 GiB less 2.9 GiB; 48 GiB less 10 (tp 1) and 11.5
+    # GiB (tp 4); 141 GiB less 12.5; 192 GiB less 32
+    ("l4", 1, 0.879), ("l40s", 1, 0.792), ("l40s", 4, 0.76), ("h200", 1, 0.911),
+    ("mi300x", 8, 0.833)])
+def test_sglang_default_fraction(name, tp, fraction):
+    from gptcalc.serve import sglang_mem_fraction_static
+
+    assert sglang_mem_fraction_static(gpu(name).memory_bytes, tp) == fraction
+
+
 def test_sglang_has_no_profile_run_and_pages_of_one_token():
     g = gpu("h100-sxm")
     p = kv_pool(LLAMA3, g.memory_bytes, "sglang", gpu_name=g.name)
-    assert p.activation == {} and p.block_size == 1 and p.utilization == 0.88
-    assert p.kv_cache == int(g.memory_bytes * 0.88) - p.weights - p.non_torch
+    # 80 GiB = 81,920 MiB less a reserve of 9.5 + 1/2 GiB: round(71,680 / 81,920, 3) = 0.875
+    assert p.activation == {} and p.block_size == 1 and p.utilization == 0.875
+    assert p.kv_cache == int(g.memory_bytes * 0.875) - p.weights - p.non_torch
     assert p.kv_tokens == p.kv_cache // (32 * 2 * 8 * 128 * 2)  # Llama-3-8B: 128 KiB per token
 
 

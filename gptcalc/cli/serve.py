@@ -51,7 +51,7 @@ def _positive(field: str, value: int | None) -> None:
               show_default=True, help="KV cache elements.")
 @click.option("--gpu-memory-utilization", "--mem-fraction-static", "utilization", type=float,
               default=None, help="Share of the GPU's memory the engine may use (vLLM default "
-                                 "0.9; SGLang's mem_fraction_static by tp, 0.88 at tp 1).")
+                                 "0.9; SGLang: its memory less a reserve by GPU size).")
 @click.option("--max-model-len", type=int, default=None,
               help="Longest request in tokens (default: the model's context T).")
 @click.option("--max-num-batched-tokens", type=int, default=None,
