@@ -48,6 +48,7 @@ POSITION_BYTES = 8  # the int64 position of every token of the profile batch
 # input, the residual and the normed input the block's branch reads (the engines' and
 # transformers' Llama code alike; measured on transformers, reference_model/serve_profile.py).
 KEPT_STREAMS = 4
+SAMPLER_FP32 = 4  # bytes per logit of the sampler's float32 copy
 
 
 def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
@@ -124,34 +125,43 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
                              act_bytes: int = 2, kept: int = KEPT_STREAMS) -> dict[str, int]:
     """The activation peak of one inference forward of `tokens` tokens in `seqs` sequences,
     logits for the last token of each only, no KV cache, nothing kept for a backward: the
-    moment of the largest working set, by line (the lines sum to the peak).
+    moment with the most live bytes, by line (the lines sum to the peak).
 
+    Inside a block:
         stream    = kept x T x E x a          E-wide tensors alive through a block
         positions = 8 x T                     int64 positions
-        branch    = the widest of
+        branch    = the wider of
           mlp       T x 3 F/tp x a            gated: gate (or gate_up) outputs and the product
                     T x (2 F/tp + E) x a      plain: fc output, activation, projection output
           attention T x ((q + 2 kv)/tp + q/tp) x a   q, k, v and the attention output; a
                                               flash-type kernel, no T x T scores
-          logits    seqs x V x a              the last token of each sequence
+    After the blocks:
+        hidden    = T x E x a                 the last block's output
+        logits    = seqs x V x a              the last token of each sequence, gathered over tp
+        sampler   = seqs x V x 4              the sampler's float32 copy of the logits
 
     a the activation bytes (the kernels' 16-bit dtype), T tokens, widths per GPU at tp (the
     residual stream E is replicated). Measured against transformers' forward on CPU
     (reference_model/serve_profile.py); the engines' fused kernels (activation-and-multiply,
-    add-and-norm in place, rotary in place) hold the same widths at the same moments."""
+    add-and-norm in place, rotary in place) hold the same widths at the same moments. The
+    sampler's further buffers depend on its path (FlashInfer or PyTorch top-k/top-p) and are
+    not counted."""
     for field, value in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(field, f"must be a positive integer, got {value!r}")
     T, E, F, V, a = tokens, cfg.n_embd, cfg.ffn_dim, cfg.vocab_size, act_bytes
+    S = min(seqs, T)
     gated = cfg.mlp in ("swiglu", "geglu")
     branches = {
-        "mlp": T * (3 * F // tp if gated else 2 * F // tp + E) * a,
-        "attention": T * ((cfg.q_width + 2 * cfg.kv_width) // tp + cfg.q_width // tp) * a,
-        "logits": min(seqs, T) * V * a,
+        "branch/mlp": T * (3 * F // tp if gated else 2 * F // tp + E) * a,
+        "branch/attention": T * ((cfg.q_width + 2 * cfg.kv_width) // tp + cfg.q_width // tp) * a,
     }
     widest = max(branches, key=branches.__getitem__)
-    return {"stream": kept * T * E * a, "positions": POSITION_BYTES * T,
-            f"branch/{widest}": branches[widest]}
+    block = {"stream": kept * T * E * a, "positions": POSITION_BYTES * T,
+             widest: branches[widest]}
+    # vLLM's sampler casts the logits to float32 first (vllm/v1/sample/sampler.py)
+    after = {"hidden": T * E * a, "logits": S * V * a, "sampler": S * V * SAMPLER_FP32}
+    return max(block, after, key=lambda moment: sum(moment.values()))
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,17 @@ def test_infer_no_longer_counts_full_logits():
 def test_activation_lines_sum_and_split_by_tp(tp):
     a = profile_activation_bytes(LLAMA3, 8192, 256, tp)
     assert set(a) == {"stream", "positions", "branch/mlp"}
+    assert sum(a.values()) == sum(profile_activation_bytes(LLAMA3, 8192, 256, tp).values())
     assert a["branch/mlp"] == 8192 * 3 * 14336 // tp * 2 and a["stream"] == 4 * 8192 * 4096 * 2
+
+
+def test_the_logits_moment_wins_with_many_sequences_and_a_large_vocabulary():
+    # 1,024 sequences of 2 tokens, a 256,000-word vocabulary: 1,024 x 256,000 x (2 + 4) bytes
+    # of logits and their float32 copy outweigh the block's working set
+    cfg = LLAMA3.replace(vocab_size=256000)
+    a = profile_activation_bytes(cfg, 2048, 1024)
+    assert a == {"hidden": 2048 * 4096 * 2, "logits": 1024 * 256000 * 2,
+                 "sampler": 1024 * 256000 * 4}
 
 
 BAD = [
