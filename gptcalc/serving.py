@@ -232,7 +232,11 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
                                      f"block_size {cfg.block_size}")
     fe = check_fraction(flops_efficiency, "flops_efficiency")
     be = check_fraction(bandwidth_efficiency, "bandwidth_efficiency")
-    peak = require_peak(gpu, "fp16" if weights_dtype == "fp16" else "bf16")
+    precision = "fp16" if weights_dtype == "fp16" else "bf16"
+    if gpu.peak_flops(precision) is None and gpu.peak_flops("fp16") is not None:
+        raise ConfigError("weights_dtype", f"{gpu.name} has no {precision} peak (its tensor "
+                                           "cores run fp16): use fp16 weights")
+    peak = require_peak(gpu, precision)
     bw = require_bandwidth(gpu)
     from .serve import vllm_defaults
 

@@ -271,3 +271,49 @@ def test_llama3_70b_preset_counts_as_transformers_builds_it():
         model = transformers.AutoModelForCausalLM.from_config(hf)
     assert count_params(from_name("llama3-70b")).total == \
         sum(p.numel() for p in model.parameters())
+
+
+@settings(max_examples=80, deadline=None)
+@given(preset=st.sampled_from(["llama3-8b", "llama2-7b", "mistral-7b-v0.1", "qwen3-8b",
+                               "gemma-2-9b", "deepseek-v3", "gpt2", "llama3-70b"]),
+       name=st.sampled_from(["h100-sxm", "a100-sxm-80gb", "l4", "rtx-3090", "h20", "h200"]),
+       tp=st.sampled_from([1, 2, 4, 8]), engine=st.sampled_from(["vllm", "sglang"]),
+       kv=st.sampled_from(["bf16", "fp8"]), util=st.floats(0.5, 0.99),
+       tokens=st.integers(256, 32768), seqs=st.integers(1, 1024), ctx=st.integers(1, 32768))
+def test_pool_terms_blocks_and_concurrency(preset, name, tp, engine, kv, util, tokens, seqs,
+                                           ctx):
+    cfg, g = from_name(preset), gpu(name)
+    if cfg.n_head % tp or (cfg.kv_heads >= tp and cfg.kv_heads % tp):
+        return
+    p = kv_pool(cfg, g.memory_bytes, engine, tp, "bf16", kv, util, tokens, seqs,
+                gpu_name=g.name)
+    # the terms sum to the budget, the engine's floor of memory x utilization
+    assert p.weights + p.activation_peak + p.non_torch + p.kv_cache == \
+        int(g.memory_bytes * util)
+    # blocks: whole blocks of block_size tokens of every layer, no more
+    per_token = kv_bytes_per_token_layer(cfg, tp, kv) * cfg.n_layer
+    assert p.bytes_per_block == p.block_size * per_token
+    if p.kv_cache > 0:
+        assert p.kv_blocks * p.bytes_per_block <= p.kv_cache < \
+            (p.kv_blocks + 1) * p.bytes_per_block
+    # concurrency: that many requests' pages fit in the pool's per-layer pages, one more not
+    pages = layer_blocks_per_request(cfg, ctx, p.block_size)
+    n = math.floor(p.max_concurrency(cfg, ctx))
+    pool_pages = max(0, p.kv_cache) // p.layer_block_bytes
+    assert n * pages <= pool_pages < (n + 1) * pages
+    if cfg.sliding_window is None:  # full attention: as vLLM logs it, tokens / context
+        assert p.max_concurrency(cfg, ctx) == pytest.approx(
+            pool_pages / cfg.n_layer * p.block_size / (math.ceil(ctx / p.block_size)
+                                                       * p.block_size), rel=1e-12)
+
+
+def test_serve_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from click.testing import CliRunner; from gptcalc.cli import cli; "
+            "r = CliRunner().invoke(cli, ['serve', '--preset', 'llama3-8b', '--json']); "
+            "assert r.exit_code == 0, r.output; "
+            "assert not {'torch', 'fvcore', 'matplotlib'} & set(sys.modules), 'heavy import'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

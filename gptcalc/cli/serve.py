@@ -167,6 +167,9 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line) -> None:
         print_line(f"the pool does not hold one request of max_model_len {mml:,} tokens: the "
                    "engine refuses to start; lower --max-model-len or raise the utilization")
     if s is None:
+        if conc[str(ctx)] >= 1:
+            print_line("no throughput: the GPU has no peak figure for these weights (a T4 "
+                       "runs fp16) or the KV heads do not split over --tp")
         return
     rate = [["prefill of the batch", _ms(s.prefill.seconds), _ms(s.expected_prefill_seconds)],
             ["decode step", _ms(s.decode_seconds_per_token),
