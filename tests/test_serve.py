@@ -317,3 +317,47 @@ def test_serve_imports_no_torch():
             "assert not {'torch', 'fvcore', 'matplotlib'} & set(sys.modules), 'heavy import'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+_DEEPSEEK_V3_SMALL = {
+    "model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "vocab_size": 1000, "intermediate_size": 160,
+    "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "q_lora_rank": 48,
+    "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "max_position_embeddings": 128}
+
+
+def _cache_bytes_of_one_block(raw: dict, block: int) -> tuple[int, int]:
+    """(kv_bytes_per_block of the config gptcalc reads, the bytes of transformers' KV cache
+    after a forward of `block` tokens in bf16)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from gptcalc.hf import config_from_hf
+    from reference_model.serve_profile import eval_model
+
+    model = eval_model(raw)
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros(1, block, dtype=torch.long), use_cache=True)
+    measured = sum(t.untyped_storage().nbytes() for layer in out.past_key_values.layers
+                   for t in (layer.keys, layer.values))
+    return kv_bytes_per_block(config_from_hf(raw), block), measured
+
+
+def test_a_block_is_what_transformers_caches_for_its_tokens():
+    from reference_model.serve_profile import TWIN_CONFIGS
+
+    predicted, measured = _cache_bytes_of_one_block(TWIN_CONFIGS["llama"], 16)
+    assert predicted == measured
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma2", "gpt2", "deepseek_v3"])
+def test_a_block_is_what_transformers_caches_for_its_tokens_by_family(family):
+    from reference_model.serve_profile import TWIN_CONFIGS
+
+    # Gemma 2's window (64) is longer than the block: every layer holds the 16 tokens; DeepSeek
+    # V3 caches its latent and shared rotary key (transformers 5 and vLLM alike)
+    raw = _DEEPSEEK_V3_SMALL if family == "deepseek_v3" else TWIN_CONFIGS[family]
+    predicted, measured = _cache_bytes_of_one_block(raw, 16)
+    assert predicted == measured
