@@ -109,15 +109,25 @@ def kv_bytes_per_block(cfg: GPTConfig, block_size: int, tp: int = 1,
     return cfg.n_layer * block_size * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
 
 
-def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int) -> int:
-    """Per-layer pages one request of `context` tokens holds: every global layer
-    ceil(context / block_size); a sliding-window layer only the pages its window spans,
-    ceil(min(context, window) / block_size) (vLLM's hybrid allocator frees the pages that fall
-    out of the window; SlidingWindowSpec)."""
+def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int,
+                             max_num_batched_tokens: int | None = None) -> int:
+    """Per-layer pages one request of `context` tokens may hold: every global layer
+    ceil(context / block_size); a sliding-window layer of window W, as vLLM admits a request
+    (vllm/v1/kv_cache_interface.py, `SlidingWindowSpec.max_memory_usage_bytes`: the last W - 1
+    tokens plus a chunk of max_num_batched_tokens, at most the context, and one page more since
+    the window need not start on a page boundary)
+
+        ceil(min(W - 1 + max_num_batched_tokens, context) / block_size) + 1
+
+    With max_num_batched_tokens None (SGLang's token pages), min(W, context) tokens."""
     full = math.ceil(context / block_size)
     if cfg.sliding_window is None:
         return cfg.n_layer * full
-    windowed = math.ceil(min(context, cfg.sliding_window) / block_size)
+    W = cfg.sliding_window
+    if max_num_batched_tokens is None:
+        windowed = math.ceil(min(context, W) / block_size)
+    else:
+        windowed = math.ceil(min(W - 1 + max_num_batched_tokens, context) / block_size) + 1
     return global_layers(cfg) * full + sliding_layers(cfg) * windowed
 
 
@@ -206,7 +216,8 @@ class KVPool:
         """Requests of `context` tokens the pool holds at once, as vLLM logs it: the pool's
         per-layer pages over the per-layer pages of one request."""
         layer_pages = max(0, self.kv_cache) // self.layer_block_bytes
-        return layer_pages / layer_blocks_per_request(cfg, context, self.block_size)
+        chunk = None if self.engine == "sglang" else self.max_num_batched_tokens
+        return layer_pages / layer_blocks_per_request(cfg, context, self.block_size, chunk)
 
 
 def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int = 1,

@@ -120,10 +120,14 @@ def _presets():
 
 def test_sliding_window_layers_hold_only_their_window():
     cfg = LLAMA3.replace(sliding_window=4096, attn_pattern="LG", block_size=32768)
-    # 16 global layers x 2,048 pages + 16 sliding x 256 pages for 32,768 tokens
-    assert layer_blocks_per_request(cfg, 32768, 16) == 16 * 2048 + 16 * 256
-    short = layer_blocks_per_request(cfg, 1000, 16)
-    assert short == 32 * math.ceil(1000 / 16)
+    # SGLang's token pages: 16 global layers x 32,768 + 16 sliding x 4,096 tokens
+    assert layer_blocks_per_request(cfg, 32768, 1) == 16 * 32768 + 16 * 4096
+    # vLLM admits a sliding layer for W - 1 + 2,048 tokens of a chunk, and one page more:
+    # ceil(6,143 / 16) + 1 = 385 pages, against 2,048 for a global layer
+    assert layer_blocks_per_request(cfg, 32768, 16, 2048) == 16 * 2048 + 16 * 385
+    # a request shorter than the window: every layer its ceil(1000 / 16) = 63 pages, the
+    # sliding ones one more
+    assert layer_blocks_per_request(cfg, 1000, 16, 2048) == 16 * 63 + 16 * 64
 
 
 @pytest.mark.parametrize("name,tp,fraction", [
@@ -204,8 +208,10 @@ def test_first_line_states_the_assumptions():
     r = run("serve", "--preset", "llama3-8b", "--gpu", "l4", "--engine", "vllm")
     assert r.exit_code == 0, r.output
     first = r.stdout.splitlines()[0]
-    for word in ("vllm", "bf16", "gpu_memory_utilization 0.9", "max_model_len 8,192",
-                 "2,048 tokens", "max_num_seqs 256", "blocks of 16", "(default)"):
+    for word in ("vllm", "bf16", "gpu_memory_utilization 0.9 (default)",
+                 "max_model_len 8,192 (default)", "2,048 tokens (default)",
+                 "max_num_seqs 256 (default)", "blocks of 16 tokens (default)",
+                 "non-torch 204.80 MiB (default)"):
         assert word in first, (word, first)
 
 
@@ -297,7 +303,8 @@ def test_pool_terms_blocks_and_concurrency(preset, name, tp, engine, kv, util, t
         assert p.kv_blocks * p.bytes_per_block <= p.kv_cache < \
             (p.kv_blocks + 1) * p.bytes_per_block
     # concurrency: that many requests' pages fit in the pool's per-layer pages, one more not
-    pages = layer_blocks_per_request(cfg, ctx, p.block_size)
+    pages = layer_blocks_per_request(cfg, ctx, p.block_size,
+                                     None if engine == "sglang" else tokens)
     n = math.floor(p.max_concurrency(cfg, ctx))
     pool_pages = max(0, p.kv_cache) // p.layer_block_bytes
     assert n * pages <= pool_pages < (n + 1) * pages

@@ -105,8 +105,11 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             and cfg.kv_heads % tp == 0):
         s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights_dtype, kv_dtype,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
+    given = {"utilization": utilization, "max_model_len": max_model_len,
+             "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+             "block_size": kv_block_size, "context": context, "non_torch": nt}
     line = _assumptions(pool, g.name, total, tp, weights_dtype, kv_dtype, mml, ctx, gen_len,
-                        gpu_memory is None, nt is None)
+                        gpu_memory is None, {k for k, v in given.items() if v is None})
     if as_json:
         emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line))
         return
@@ -118,18 +121,23 @@ def gpu_memory_for(g) -> int:
 
 
 def _assumptions(p: KVPool, gpu: str, total: int, tp: int, wd: str, kd: str, mml: int,
-                 ctx: int, gen: int, datasheet: bool, nt_default: bool) -> str:
+                 ctx: int, gen: int, datasheet: bool, defaults: set[str]) -> str:
+    def d(name: str) -> str:
+        return " (default)" if name in defaults else ""
+
     knob = "mem_fraction_static" if p.engine == "sglang" else "gpu_memory_utilization"
+    seqs = min(p.max_num_seqs, p.max_num_batched_tokens)
     profile = ("no profile run (activations live outside the fraction)" if p.engine == "sglang"
-               else f"profile run of {p.max_num_batched_tokens:,} tokens in "
-                    f"{min(p.max_num_seqs, p.max_num_batched_tokens):,} sequences "
-                    f"(max_num_seqs {p.max_num_seqs:,})")
+               else f"profile run of {p.max_num_batched_tokens:,} tokens"
+                    f"{d('max_num_batched_tokens')} in {seqs:,} sequences (max_num_seqs "
+                    f"{p.max_num_seqs:,}{d('max_num_seqs')})")
     return (f"Assuming {p.engine} on {tp} x {binary_bytes(total)} "
             f"({gpu + ' datasheet' if datasheet else 'given'}; throughput at {gpu}'s peaks), "
-            f"weights {wd}, KV cache {kd}, {knob} {p.utilization:g}, max_model_len {mml:,}, "
-            f"{profile}, blocks of {p.block_size} tokens, non-torch "
-            f"{binary_bytes(p.non_torch)}{' (default)' if nt_default else ''}, requests of "
-            f"{ctx:,} tokens ({gen:,} generated), 16-bit activations")
+            f"weights {wd}, KV cache {kd}, {knob} {p.utilization:g}{d('utilization')}, "
+            f"max_model_len {mml:,}{d('max_model_len')}, {profile}, blocks of {p.block_size} "
+            f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch)}{d('non_torch')}, "
+            f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), 16-bit "
+            "activations")
 
 
 def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line) -> dict[str, Any]:
