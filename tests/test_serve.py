@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -368,3 +369,35 @@ def test_a_block_is_what_transformers_caches_for_its_tokens_by_family(family):
     raw = _DEEPSEEK_V3_SMALL if family == "deepseek_v3" else TWIN_CONFIGS[family]
     predicted, measured = _cache_bytes_of_one_block(raw, 16)
     assert predicted == measured
+
+
+_SERVE_OPTIONS = st.one_of(
+    st.tuples(st.just("--preset"), st.sampled_from(["llama3-8b", "gpt2", "deepseek-v3",
+                                                    "gemma-2-9b", "mixtral-8x7b", "debug"])),
+    st.tuples(st.just("--engine"), st.sampled_from(["vllm", "sglang", "tgi"])),
+    st.tuples(st.just("--gpu"), st.sampled_from(["h100-sxm", "t4", "cpu", "l4", "mi300x"])),
+    st.tuples(st.sampled_from(["--gpu-memory", "--non-torch"]),
+              st.sampled_from(["24GiB", "0.5GiB", "0B", "0", "1B", "-1GiB", "x", "1e999GiB",
+                               "23.58GiB", "200GB"])),
+    st.tuples(st.sampled_from(["--tp", "--max-model-len", "--max-num-batched-tokens",
+                               "--max-num-seqs", "--kv-block-size", "--context", "--gen-len"]),
+              st.sampled_from(["0", "1", "-3", "7", "16", "4096", "100000", "abc"])),
+    st.tuples(st.sampled_from(["--gpu-memory-utilization", "--mem-fraction-static"]),
+              st.sampled_from(["0", "0.5", "0.9", "1", "1.5", "nan", "-0.1"])),
+    st.tuples(st.sampled_from(["--weights-dtype", "--kv-dtype"]),
+              st.sampled_from(["bf16", "fp16", "fp8", "int4", "int8", "fp4"])),
+)
+
+
+@settings(max_examples=int(os.environ.get("GPTCALC_FUZZ_EXAMPLES", "150")), deadline=None)
+@given(opts=st.lists(_SERVE_OPTIONS, max_size=6), as_json=st.booleans())
+def test_serve_fuzz_never_tracebacks(opts, as_json):
+    args = ["serve"] + [a for pair in opts for a in pair] + (["--json"] if as_json else [])
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code in (0, 2), (args, r.exit_code, r.output, r.exception)
+    assert r.exception is None or isinstance(r.exception, SystemExit), (args, repr(r.exception))
+    if r.exit_code == 2:
+        assert r.stdout == "" and r.stderr.startswith("Error: ") and \
+            r.stderr.count("\n") == 1, (args, r.stderr)
+    elif as_json:
+        json.loads(r.stdout)

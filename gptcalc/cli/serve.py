@@ -110,6 +110,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
              "block_size": kv_block_size, "context": context, "non_torch": nt}
     line = _assumptions(pool, g.name, total, tp, weights_dtype, kv_dtype, mml, ctx, gen_len,
                         gpu_memory is None, {k for k, v in given.items() if v is None})
+    if cfg.moe and pool.activation:
+        line += "; MoE layers' activations as one dense MLP of width d_ff"
     if as_json:
         emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line))
         return
