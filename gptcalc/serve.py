@@ -44,9 +44,11 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's --block-size on CUDA (vllm/config/cache.py)
 # worker at tp > 1 on 24 GiB GPUs (https://github.com/vllm-project/vllm/pull/14447).
 DEFAULT_NON_TORCH = GiB // 5
 POSITION_BYTES = 8  # the int64 position of every token of the profile batch
-# E-wide tensors live through a block of the profile forward: the embedding output, the block's
-# input, the residual and the normed input the block's branch reads (the engines' and
-# transformers' Llama code alike; measured on transformers, reference_model/serve_profile.py).
+# E-wide tensors live at a block's peak, besides the branch's working set: transformers keeps
+# the embedding output, the block's input, the residual and the normed input (measured,
+# reference_model/serve_profile.py); vLLM's Llama (add-and-norm in place) the block's input,
+# the residual, the normed attention output and the down projection's output, while its
+# gate_up output (2F) and activation (F) are alive: four either way, with 3F.
 KEPT_STREAMS = 4
 SAMPLER_FP32 = 4  # bytes per logit of the sampler's float32 copy
 
