@@ -96,6 +96,32 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # 1,307.4, FP8 2,614.9 TFLOPS dense (double with structured sparsity); 192GB HBM3, 5.3 TB/s.
     GPU("mi300x", 192 * GiB, 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 2614.9 * T, 5.3 * T,
         "AMD Instinct MI300X accelerator datasheet"),
+    # NVIDIA Ampere GA102 whitepaper, appendix (GeForce RTX 3090): FP32 35.6 TFLOPS; TF32 35.6,
+    # BF16 and FP16 71 TFLOPS dense with FP32 accumulation (142 with FP16 accumulation or with
+    # sparsity); no FP8; 24GB GDDR6X at 936 GB/s.
+    GPU("rtx-3090", 24 * GiB, 35.6 * T, 35.6 * T, 71 * T, 71 * T, None, 936e9,
+        "NVIDIA Ampere GA102 GPU architecture whitepaper (RTX 3090; FP32 accumulation; GDDR6X)"),
+    # NVIDIA A10 datasheet: FP32 31.2 TFLOPS; TF32 62.5 (125 with sparsity), BF16 and FP16 125
+    # (250 with sparsity); 24GB GDDR6 at 600 GB/s. The A10G (AWS G5 instances) is the same
+    # GA102 part with the same 24GB at 600 GB/s; AWS publishes no other peaks for it.
+    GPU("a10g", 24 * GiB, 31.2 * T, 62.5 * T, 125 * T, 125 * T, None, 600e9,
+        "NVIDIA A10 Tensor Core GPU datasheet (A10G: AWS's A10; GDDR6)"),
+    # NVIDIA L4 datasheet: FP32 30.3 TFLOPS; TF32 120, BF16 and FP16 242, FP8 485 TFLOPS with
+    # sparsity, dense = half; 24GB GDDR6 at 300 GB/s.
+    GPU("l4", 24 * GiB, 30.3 * T, 60 * T, 121 * T, 121 * T, 242.5 * T, 300e9,
+        "NVIDIA L4 Tensor Core GPU datasheet (dense: half the sparsity figure; GDDR6)"),
+    # NVIDIA T4 datasheet: FP32 8.1 TFLOPS, mixed precision (FP16/FP32) 65 TFLOPS; no TF32, BF16
+    # or FP8 (Turing); 16GB GDDR6 at 320 GB/s.
+    GPU("t4", 16 * GiB, 8.1 * T, None, None, 65 * T, None, 320e9,
+        "NVIDIA T4 Tensor Core GPU datasheet (Turing: fp16, no bf16; GDDR6)"),
+    # NVIDIA RTX A6000 datasheet: FP32 38.7 TFLOPS; tensor TF32 77.4, BF16 and FP16 154.8
+    # TFLOPS dense (309.7 with sparsity); 48GB GDDR6 at 768 GB/s.
+    GPU("a6000", 48 * GiB, 38.7 * T, 77.4 * T, 154.8 * T, 154.8 * T, None, 768e9,
+        "NVIDIA RTX A6000 datasheet (GDDR6 with ECC)"),
+    # NVIDIA H20 (HGX H20) product brief: FP32 44 TFLOPS; TF32 74, BF16 and FP16 148, FP8 296
+    # TFLOPS dense; 96GB HBM3 at 4.0 TB/s.
+    GPU("h20", 96 * GiB, 44 * T, 74 * T, 148 * T, 148 * T, 296 * T, 4.0 * T,
+        "NVIDIA HGX H20 product brief (dense figures)"),
     # No figures: a CPU's throughput depends on the part, its cores and its BLAS.
     GPU("cpu", None, None, None, None, None, None, None,
         "none: no peak figures for a CPU; time and infer need an accelerator"),
@@ -114,7 +140,7 @@ def gpu(name: str) -> GPU:
 
 def require_peak(g: GPU, precision: str) -> float:
     """Dense peak FLOP/s of `g` at `precision`, or ConfigError naming the option that picked it."""
-    if g.bf16_flops is None:
+    if all(g.peak_flops(p) is None for p in PRECISIONS):
         raise ConfigError("gpu", f"{g.name} has no published peak FLOP/s; pick an accelerator "
                                  "(see `gptcalc gpus`)")
     peak = g.peak_flops(precision)

@@ -59,6 +59,10 @@ PRESETS: dict[str, Preset] = {
     # vocabulary 128256, 8192 context.
     "llama3-8b": Preset("llama", dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
                                        d_ff=14336, block_size=8192, vocab_size=128256)),
+    # Llama 3 70B (meta-llama/Meta-Llama-3-70B config.json): 80 layers, 8192 wide, 64 heads,
+    # 8 KV heads, intermediate_size 28672, vocabulary 128256, 8192 context.
+    "llama3-70b": Preset("llama", dict(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192,
+                                        d_ff=28672, block_size=8192, vocab_size=128256)),
     # Llama 3.1 405B (meta-llama/Llama-3.1-405B config.json): 126 layers, 16384 wide, 128 heads,
     # 8 KV heads, intermediate_size 53248, vocabulary 128256, 131072 context.
     "llama3.1-405b": Preset("llama", dict(n_layer=126, n_head=128, n_kv_head=8, n_embd=16384,

@@ -27,7 +27,8 @@ bf16 at batch 1 on an A100-80GB moves 1,397.31 GB/s of the 2,039 GB/s peak at 10
 gpt-fast README, "Benchmarks"). The expected time of a phase is the larger expected term.
 
 Memory per device: weights (with quantisation scales), the KV cache at prompt + gen tokens, and
-the activations of the prefill (`prefill_activation_bytes`). Scope: no framework overhead,
+the activation peak of the prefill chunked as vLLM does by default on this GPU
+(`prefill_activation_bytes`, the model of `gptcalc.serve`). Scope: no framework overhead,
 CUDA context, paged-cache fragmentation or communication buffers.
 """
 
@@ -82,15 +83,25 @@ def weight_bytes(cfg: GPTConfig, dtype: str = "bf16") -> dict[str, int]:
     }
 
 
-def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, tp: int = 1) -> int:
-    """Working activations of a prefill, stated simply: one block at a time (nothing is kept for
-    a backward), B x p x (2E for the residual stream and its normed copy + the wider of the q/k/v
-    outputs and the MLP hidden (two of them for a gated MLP)) in 16 bits, plus the 16-bit logits
-    of every prompt position (B x p x V). Attention scores are not materialised (a flash-type
-    kernel). Widths split by tp, the residual stream does not."""
-    E, V = cfg.n_embd, cfg.vocab_size
-    hidden = max(cfg.q_width + 2 * cfg.kv_width, (2 if cfg.mlp == "swiglu" else 1) * cfg.ffn_dim)
-    return batch_size * prompt_len * (2 * E + hidden // tp + V // tp) * ACT_BYTES
+def device_weight_bytes(cfg: GPTConfig, dtype: str = "bf16", tp: int = 1) -> int:
+    """Weight bytes on one of tp devices (`weight_bytes` summed): the norms replicated, every
+    other weight split tp ways (Megatron)."""
+    norms = 2 * sum(v for k, v in count_params(cfg).components.items() if k.startswith("norm/"))
+    return (sum(weight_bytes(cfg, dtype).values()) - norms) // tp + norms
+
+
+def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, tp: int = 1,
+                             chunk: int = 2048, max_seqs: int = 256) -> int:
+    """Activation peak of the prefill of B prompts of p tokens, as a serving engine runs it:
+    chunked, at most `chunk` tokens (max_num_batched_tokens) of at most `max_seqs` sequences
+    (max_num_seqs) per forward, logits for the last
+    token of each sequence only; the peak of the largest chunk by
+    `gptcalc.serve.profile_activation_bytes` (the model a serving engine's profile run uses)."""
+    from .serve import profile_activation_bytes
+
+    tokens = min(batch_size * prompt_len, chunk)
+    seqs = min(batch_size, max_seqs, tokens)
+    return sum(profile_activation_bytes(cfg, tokens, seqs, tp).values())
 
 
 @dataclass(frozen=True)
@@ -221,12 +232,18 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
                                      f"block_size {cfg.block_size}")
     fe = check_fraction(flops_efficiency, "flops_efficiency")
     be = check_fraction(bandwidth_efficiency, "bandwidth_efficiency")
-    peak = require_peak(gpu, "fp16" if weights_dtype == "fp16" else "bf16")
+    precision = "fp16" if weights_dtype == "fp16" else "bf16"
+    if gpu.peak_flops(precision) is None and gpu.peak_flops("fp16") is not None:
+        raise ConfigError("weights_dtype", f"{gpu.name} has no {precision} peak (its tensor "
+                                           "cores run fp16): use fp16 weights")
+    peak = require_peak(gpu, precision)
     bw = require_bandwidth(gpu)
+    from .serve import vllm_defaults
+
+    chunk, max_seqs = vllm_defaults(gpu.memory_bytes, gpu.name)
     inf = inference_flops(cfg, prompt_len, prompt_len + gen_len)  # validates prompt_len
     parts = weight_bytes(cfg, weights_dtype)
-    norms = 2 * sum(v for k, v in count_params(cfg).components.items() if k.startswith("norm/"))
-    w_dev = (sum(parts.values()) - norms) // tp + norms  # norms are replicated, the rest split
+    w_dev = device_weight_bytes(cfg, weights_dtype, tp)
     kv_b = KV_DTYPES[kv_dtype]
     kv_token = Fraction(kv_cache_bytes(cfg, 1, 1, kv_b, tp=tp))  # per sequence per token
     # decode FLOPs at context c are a + b c (matmul_flops is affine in the scored pairs)
@@ -242,7 +259,8 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
         gpu=gpu.name, tp=tp, batch_size=batch_size, prompt_len=prompt_len, gen_len=gen_len,
         weights_dtype=weights_dtype, kv_dtype=kv_dtype, weights=parts, weights_bytes=w_dev,
         kv_cache_bytes=kv_cache_bytes(cfg, batch_size, prompt_len + gen_len, kv_b, tp=tp),
-        activation_bytes=prefill_activation_bytes(cfg, batch_size, prompt_len, tp),
+        activation_bytes=prefill_activation_bytes(cfg, batch_size, prompt_len, tp, chunk,
+                                                  max_seqs),
         memory_bytes=gpu.memory_bytes, prefill=prefill, decode=decode, weights_read=w_dev,
         kv_per_sequence=kv_seq, decode_flops_per_sequence=f_seq,
         flops_efficiency=fe, bandwidth_efficiency=be,

@@ -87,7 +87,7 @@ BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, exact: bool = True) -> int:
     """A size with its unit as bytes: '80GiB' -> 85899345920, '40GB' -> 40 * 10**9.
 
     The unit is required (B; KB, MB, GB, TB = 10^3..; KiB, MiB, GiB, TiB = 2^10..); the amount
@@ -102,7 +102,7 @@ def parse_bytes(text: str) -> int:
     scale = 10 ** len(frac)
     numerator = int(whole or "0") * scale + int(frac or "0")
     total, remainder = divmod(numerator * BYTE_UNITS[unit], scale)
-    if remainder:
+    if remainder and exact:  # exact=False floors: '23.58GiB' as a tool prints it
         raise ValueError(f"{text.strip()!r} is not a whole number of bytes")
     if total <= 0:
         raise ValueError(f"size must be positive: {text.strip()!r}")

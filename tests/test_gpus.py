@@ -12,7 +12,8 @@ from gptcalc.config import ConfigError
 from gptcalc.gpus import GPUS, gpu, require_peak
 
 REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm",
-            "h100-pcie", "h200", "b200", "l40s", "rtx-4090", "mi300x", "cpu")
+            "h100-pcie", "h200", "b200", "l40s", "rtx-4090", "mi300x", "cpu",
+            "rtx-3090", "a10g", "l4", "t4", "a6000", "h20")
 KEYS = {"name", "memory_bytes", "fp32_flops", "tf32_flops", "bf16_flops", "fp16_flops",
         "fp8_flops", "hbm_bytes_per_second", "source"}
 
@@ -39,6 +40,18 @@ def test_catalogue_has_the_required_lowercase_ids():
     ("l40s", "fp8_flops", 733e12), ("l40s", "hbm_bytes_per_second", 864e9),
     # AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense, 192GB HBM3 at 5.3 TB/s
     ("mi300x", "bf16_flops", 1307.4e12), ("mi300x", "memory_bytes", 192 * 2**30),
+    # GA102 whitepaper (RTX 3090): FP16/BF16 tensor 71 TFLOPS with FP32 accumulation, 936 GB/s
+    ("rtx-3090", "bf16_flops", 71e12), ("rtx-3090", "hbm_bytes_per_second", 936e9),
+    # NVIDIA A10 datasheet (A10G): BF16 125 TFLOPS (250 with sparsity), 24GB at 600 GB/s
+    ("a10g", "bf16_flops", 125e12), ("a10g", "hbm_bytes_per_second", 600e9),
+    # NVIDIA L4 datasheet: FP8 485 TFLOPS with sparsity -> 242.5 dense; 300 GB/s
+    ("l4", "fp8_flops", 242.5e12), ("l4", "hbm_bytes_per_second", 300e9),
+    # NVIDIA T4 datasheet: mixed precision 65 TFLOPS, 16GB at 320 GB/s
+    ("t4", "fp16_flops", 65e12), ("t4", "memory_bytes", 16 * 2**30),
+    # NVIDIA RTX A6000 datasheet: 48GB GDDR6 at 768 GB/s
+    ("a6000", "memory_bytes", 48 * 2**30), ("a6000", "hbm_bytes_per_second", 768e9),
+    # NVIDIA HGX H20: 96GB HBM3 at 4.0 TB/s, BF16 148 TFLOPS dense
+    ("h20", "memory_bytes", 96 * 2**30), ("h20", "bf16_flops", 148e12),
 ])
 def test_datasheet_figures(name, field, value):
     assert getattr(GPUS[name], field) == pytest.approx(value, rel=1e-12)
@@ -51,6 +64,9 @@ def test_no_sparsity_figure_and_no_fp8_on_ampere():
         if g.bf16_flops is not None:
             assert g.bf16_flops >= g.fp32_flops and g.fp16_flops == g.bf16_flops
             assert g.source
+    # Turing has fp16 tensor cores and no bf16: infer and serve take fp16 weights there
+    t4 = GPUS["t4"]
+    assert t4.bf16_flops is None and require_peak(t4, "fp16") == 65e12
 
 
 def test_cpu_has_no_figures_and_is_refused_by_name():

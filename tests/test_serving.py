@@ -113,6 +113,7 @@ BAD = [
     (["--bandwidth-efficiency", "1.2"], "--bandwidth-efficiency"),
     (["--prompt-len", "4000", "--gen-len", "200"], "--gen-len"),
     (["--prompt-len", "0"], "--prompt-len"), (["--gen-len", "-1"], "--gen-len"),
+    (["--gpu", "t4"], "--weights-dtype"),  # Turing: fp16 tensor cores, no bf16
 ]
 
 

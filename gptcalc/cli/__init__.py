@@ -56,9 +56,11 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import flops, gpus, infer, memory, params, plot, presets, report, time, verify
+    from . import (flops, gpus, infer, memory, params, plot, presets, report, serve, time,
+                   verify)
 
-    for module in (presets, params, flops, memory, gpus, time, infer, verify, plot, report):
+    for module in (presets, params, flops, memory, gpus, time, infer, serve, verify, plot,
+                   report):
         cli.add_command(module.command)
 
 

@@ -90,7 +90,7 @@ def _render(cfg, s: Serving) -> None:
     print_line(describe(cfg))
     mem = [["weights (incl. quantisation scales)", binary_bytes(s.weights_bytes)],
            [f"KV cache at {s.prompt_len + s.gen_len:,} tokens", binary_bytes(s.kv_cache_bytes)],
-           [f"prefill activations ({s.prompt_len:,} tokens)", binary_bytes(s.activation_bytes)]]
+           ["prefill activation peak (chunked as vLLM runs it)", binary_bytes(s.activation_bytes)]]
     print_table("Memory per GPU", ["part", "bytes"], mem,
                 total_row=["total", binary_bytes(s.total_bytes)],
                 caption=f"GPU memory {binary_bytes(s.memory_bytes)}: "

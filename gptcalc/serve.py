@@ -1,0 +1,272 @@
+"""Serving engines' KV-cache pools: how vLLM and SGLang size them, per GPU.
+
+vLLM (vllm/v1/worker/gpu_worker.py, `determine_available_memory`; vllm/utils/mem_utils.py,
+`memory_profiling`): after loading the weights it runs one profile forward of
+max_num_batched_tokens dummy tokens split over min(max_num_seqs, tokens) sequences, logits for
+the last token of each only and no KV cache yet (vllm/v1/worker/gpu_model_runner.py,
+`profile_run`, `_dummy_run`), then
+
+    pool   = total memory x gpu_memory_utilization - weights - activation peak - non-torch
+    blocks = pool // (block_size x KV bytes per token over every layer)
+
+non-torch being what the process holds outside PyTorch's allocator beyond its CUDA context
+(NCCL and cuBLAS handles, ...). It logs "Available KV cache memory", "GPU KV cache size: N
+tokens" (blocks x block_size) and "Maximum concurrency for C tokens per request" (blocks over
+the blocks one request of C tokens needs).
+
+SGLang (python/sglang/srt/model_executor/model_runner.py, `profile_max_num_token`): the pool
+is what is left of total x mem_fraction_static after the weights and everything else the
+process holds (GPU memory free after loading, less total x (1 - mem_fraction_static)): there
+the non-torch term includes the CUDA context. Its activations live in the remaining
+1 - mem_fraction_static. Pages of one token.
+
+Scope: dense (non-MoE) activations; no CUDA graphs (vLLM captures them after sizing the pool,
+in the headroom left by gpu_memory_utilization), no sampler temporaries, no LoRA or
+multimodal encoder memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import ConfigError, GPTConfig
+from .gpus import GPU
+from .layers import global_layers, kv_elements_per_token, sliding_layers
+from .serving import KV_DTYPES, device_weight_bytes
+from .time import check_fraction
+
+ENGINES = ("vllm", "sglang")
+GiB = 2**30
+DEFAULT_BLOCK_SIZE = 16  # vLLM's --block-size on CUDA (vllm/config/cache.py)
+# Non-torch memory the engine subtracts, beyond the CUDA context: vLLM logs 0.16 GiB for
+# Llama-3.2-11B on one H100 (https://github.com/vllm-project/vllm/pull/12126) and 0.20 GiB per
+# worker at tp > 1 on 24 GiB GPUs (https://github.com/vllm-project/vllm/pull/14447).
+DEFAULT_NON_TORCH = GiB // 5
+POSITION_BYTES = 8  # the int64 position of every token of the profile batch
+# E-wide tensors live at a block's peak, besides the branch's working set: transformers keeps
+# the embedding output, the block's input, the residual and the normed input (measured,
+# reference_model/serve_profile.py); vLLM's Llama (add-and-norm in place) the block's input,
+# the residual, the normed attention output and the down projection's output, while its
+# gate_up output (2F) and activation (F) are alive: four either way, with 3F.
+KEPT_STREAMS = 4
+SAMPLER_FP32 = 4  # bytes per logit of the sampler's float32 copy
+
+
+def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` with chunked prefill (the V1
+    engine always chunks): 8192 and 1024 on a GPU of at least 70 GiB that is not an A100, else
+    2048 and 256 (vllm/engine/arg_utils.py, `EngineArgs.get_batch_defaults`, usage context
+    OPENAI_API_SERVER)."""
+    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1) -> float:
+    """SGLang's default mem_fraction_static: the GPU's memory less a reserve for activations
+    and CUDA graphs, as a share rounded to 3 decimals (sglang/srt/server_args.py,
+    `ServerArgs.__post_init__`, 2025 releases). Reserve, with p = tp: 2.8 + p/10 GiB under
+    35 GiB (T4, A10, L4, RTX 4090), 9.5 + p/2 GiB under 90 GiB (A100, H100), 12 + p/2 GiB
+    under 160 GiB (H20, H200), 32 GiB above (B200, MI300X)."""
+    mib = gpu_memory_bytes / 2**20
+    if mib < 35 * 1024:
+        reserve = (2.8 + tp / 10) * 1024
+    elif mib < 90 * 1024:
+        reserve = (9.5 + tp / 2) * 1024
+    elif mib < 160 * 1024:
+        reserve = (12 + tp / 2) * 1024
+    else:
+        reserve = 32 * 1024
+    return round((mib - reserve) / mib, 3)
+
+
+def kv_heads_per_device(cfg: GPTConfig, tp: int) -> int:
+    """Key/value heads one of tp GPUs caches: n_kv_head / tp, or one replicated head when there
+    are fewer heads than GPUs (vLLM's QKVParallelLinear, num_kv_head_replicas)."""
+    if cfg.kv_heads >= tp and cfg.kv_heads % tp:
+        raise ConfigError("tp", f"tp {tp} must divide the {cfg.kv_heads} key/value heads")
+    return max(1, cfg.kv_heads // tp)
+
+
+def kv_bytes_per_token_layer(cfg: GPTConfig, tp: int = 1, kv_dtype: str = "bf16") -> int:
+    """Cached bytes per token in one layer on one GPU.
+
+    Grouped-query attention: K and V of the device's heads, 2 x kv_heads_per_device x head_dim.
+    MLA: the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim, replicated on
+    every GPU (vLLM's MLAAttentionSpec). Times the element size of `kv_dtype` (fp8: 1 byte; its
+    per-tensor scales are not counted)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ConfigError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}; got {kv_dtype!r}")
+    if cfg.mla:
+        elements = kv_elements_per_token(cfg)
+    else:
+        elements = 2 * kv_heads_per_device(cfg, tp) * cfg.head_size
+    return elements * KV_DTYPES[kv_dtype]
+
+
+def kv_bytes_per_block(cfg: GPTConfig, block_size: int, tp: int = 1,
+                       kv_dtype: str = "bf16") -> int:
+    """One block: block_size tokens of every layer, L x block_size x bytes per token-layer."""
+    return cfg.n_layer * block_size * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
+
+
+def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int,
+                             max_num_batched_tokens: int | None = None) -> int:
+    """Per-layer pages one request of `context` tokens may hold: every global layer
+    ceil(context / block_size); a sliding-window layer of window W, as vLLM admits a request
+    (vllm/v1/kv_cache_interface.py, `SlidingWindowSpec.max_memory_usage_bytes`: the last W - 1
+    tokens plus a chunk of max_num_batched_tokens, at most the context, and one page more since
+    the window need not start on a page boundary)
+
+        ceil(min(W - 1 + max_num_batched_tokens, context) / block_size) + 1
+
+    With max_num_batched_tokens None (SGLang's token pages), min(W, context) tokens."""
+    full = math.ceil(context / block_size)
+    if cfg.sliding_window is None:
+        return cfg.n_layer * full
+    W = cfg.sliding_window
+    if max_num_batched_tokens is None:
+        windowed = math.ceil(min(context, W) / block_size)
+    else:
+        windowed = math.ceil(min(W - 1 + max_num_batched_tokens, context) / block_size) + 1
+    return global_layers(cfg) * full + sliding_layers(cfg) * windowed
+
+
+def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1,
+                             act_bytes: int = 2, kept: int = KEPT_STREAMS) -> dict[str, int]:
+    """The activation peak of one inference forward of `tokens` tokens in `seqs` sequences,
+    logits for the last token of each only, no KV cache, nothing kept for a backward: the
+    moment with the most live bytes, by line (the lines sum to the peak).
+
+    Inside a block:
+        stream    = kept x T x E x a          E-wide tensors alive through a block
+        positions = 8 x T                     int64 positions
+        branch    = the wider of
+          mlp       T x 3 F/tp x a            gated: gate (or gate_up) outputs and the product
+                    T x (2 F/tp + E) x a      plain: fc output, activation, projection output
+          attention T x ((q + 2 kv)/tp + q/tp) x a   q, k, v and the attention output; a
+                                              flash-type kernel, no T x T scores
+    After the blocks:
+        hidden    = T x E x a                 the last block's output
+        logits    = seqs x V x a              the last token of each sequence, gathered over tp
+        sampler   = seqs x V x 4              the sampler's float32 copy of the logits
+
+    a the activation bytes (the kernels' 16-bit dtype), T tokens, widths per GPU at tp (the
+    residual stream E is replicated). Measured against transformers' forward on CPU
+    (reference_model/serve_profile.py); the engines' fused kernels (activation-and-multiply,
+    add-and-norm in place, rotary in place) hold the same widths at the same moments. The
+    sampler's further buffers depend on its path (FlashInfer or PyTorch top-k/top-p) and are
+    not counted."""
+    for field, value in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(field, f"must be a positive integer, got {value!r}")
+    T, E, F, V, a = tokens, cfg.n_embd, cfg.ffn_dim, cfg.vocab_size, act_bytes
+    S = min(seqs, T)
+    gated = cfg.mlp in ("swiglu", "geglu")
+    branches = {
+        "branch/mlp": T * (3 * F // tp if gated else 2 * F // tp + E) * a,
+        "branch/attention": T * ((cfg.q_width + 2 * cfg.kv_width) // tp + cfg.q_width // tp) * a,
+    }
+    widest = max(branches, key=branches.__getitem__)
+    block = {"stream": kept * T * E * a, "positions": POSITION_BYTES * T,
+             widest: branches[widest]}
+    # vLLM's sampler casts the logits to float32 first (vllm/v1/sample/sampler.py)
+    after = {"hidden": T * E * a, "logits": S * V * a, "sampler": S * V * SAMPLER_FP32}
+    return max(block, after, key=lambda moment: sum(moment.values()))
+
+
+@dataclass(frozen=True)
+class KVPool:
+    """How one GPU's memory is spent by a serving engine, and the KV pool that is left."""
+
+    engine: str
+    gpu_memory_bytes: int
+    utilization: float  # gpu_memory_utilization (vLLM) or mem_fraction_static (SGLang)
+    weights: int
+    activation: dict[str, int]  # the profile run's peak by line (empty for SGLang)
+    non_torch: int
+    block_size: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    bytes_per_block: int  # block_size tokens of every layer
+    layer_block_bytes: int  # block_size tokens of one layer
+
+    @property
+    def activation_peak(self) -> int:
+        return sum(self.activation.values())
+
+    @property
+    def budget(self) -> int:
+        """total x utilization, as the engine floors it to whole bytes."""
+        return int(self.gpu_memory_bytes * self.utilization)
+
+    @property
+    def kv_cache(self) -> int:
+        """The pool: the budget less weights, activation peak and non-torch memory."""
+        return self.budget - self.weights - self.activation_peak - self.non_torch
+
+    @property
+    def kv_blocks(self) -> int:
+        return max(0, self.kv_cache) // self.bytes_per_block
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+    def max_concurrency(self, cfg: GPTConfig, context: int) -> float:
+        """Requests of `context` tokens the pool holds at once, as vLLM logs it: the pool's
+        per-layer pages over the per-layer pages of one request."""
+        layer_pages = max(0, self.kv_cache) // self.layer_block_bytes
+        chunk = None if self.engine == "sglang" else self.max_num_batched_tokens
+        return layer_pages / layer_blocks_per_request(cfg, context, self.block_size, chunk)
+
+
+def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int = 1,
+            weights_dtype: str = "bf16", kv_dtype: str = "bf16",
+            utilization: float | None = None, max_num_batched_tokens: int | None = None,
+            max_num_seqs: int | None = None, block_size: int | None = None,
+            non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "") -> KVPool:
+    """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
+    docstring. None takes the engine's default (vllm_defaults, sglang_mem_fraction_static)."""
+    if engine not in ENGINES:
+        raise ConfigError("engine", f"must be one of {', '.join(ENGINES)}; got {engine!r}")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
+        raise ConfigError("tp", f"must be a positive integer, got {tp!r}")
+    if cfg.n_head % tp:
+        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
+    if not isinstance(non_torch, int) or non_torch < 0:
+        raise ConfigError("non_torch", f"must be a size of at least 0 bytes, got {non_torch!r}")
+    if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
+        raise ConfigError("gpu_memory", "must be a positive size (this GPU has no memory figure)")
+    tokens_default, seqs_default = vllm_defaults(gpu_memory_bytes, gpu_name)
+    tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
+    seqs = seqs_default if max_num_seqs is None else max_num_seqs
+    if engine == "sglang":
+        name = "mem_fraction_static"
+        frac = (sglang_mem_fraction_static(gpu_memory_bytes, tp) if utilization is None
+                else utilization)
+        bs = 1 if block_size is None else block_size
+    else:
+        name = "gpu_memory_utilization"
+        frac = 0.9 if utilization is None else utilization
+        bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    frac = check_fraction(frac, name)
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+        raise ConfigError("kv_block_size", f"must be a positive integer, got {bs!r}")
+    act = {} if engine == "sglang" else profile_activation_bytes(cfg, tokens, min(seqs, tokens),
+                                                                 tp)
+    layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
+    return KVPool(engine=engine, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
+                  weights=device_weight_bytes(cfg, weights_dtype, tp), activation=act,
+                  non_torch=non_torch, block_size=bs, max_num_batched_tokens=tokens,
+                  max_num_seqs=seqs, bytes_per_block=cfg.n_layer * layer_block,
+                  layer_block_bytes=layer_block)
+
+
+def gpu_memory(g: GPU) -> int:
+    """The memory figure of a catalogue GPU, or ConfigError naming --gpu."""
+    if g.memory_bytes is None:
+        raise ConfigError("gpu", f"{g.name} has no memory figure; pick an accelerator or give "
+                                 "--gpu-memory")
+    return g.memory_bytes
