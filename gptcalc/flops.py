@@ -26,7 +26,7 @@ from .config import GATED_MLPS, ConfigError, GPTConfig, Workload, validate_workl
 from .layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers, window_pairs
 from .params import count_params
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 
 # FLOPs per element for the work that is not a matmul. These are conventions, not measurements:
 # LayerNorm's 5 is fvcore's (mean, variance, normalise, scale, shift); the rest count one FLOP
