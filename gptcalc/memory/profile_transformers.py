@@ -112,6 +112,7 @@ from typing import Any
 
 from ..config import GATED_MLPS, ConfigError, GPTConfig
 from ..layers import moe_layers, sliding_layers
+from .profile_reference import op_block_lines
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
@@ -206,10 +207,15 @@ def default_attention(cfg: GPTConfig) -> str:
         return "sdpa"
 
 
-def _check(setup: Any) -> None:
-    if setup.recompute not in ("none", "full"):
+def _check(setup: Any, cfg: GPTConfig | None = None) -> None:
+    if setup.recompute not in ("none", "op", "full"):
         raise ConfigError("recompute", "transformers checkpoints whole decoder layers only "
-                                       "(gradient_checkpointing_enable): recompute none or full")
+                                       "(gradient_checkpointing_enable): recompute none, op "
+                                       "or full")
+    if setup.recompute == "op" and cfg is not None and cfg.moe:
+        raise ConfigError("recompute", "recompute op keeps every second matmul of a layer, "
+                                       "which in an MoE layer depends on the routing; use "
+                                       "--recompute none or full")
 
 
 def _check_attention(cfg: GPTConfig, fam: str, setup: Any) -> None:
@@ -374,7 +380,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     device (cpu | cuda), recompute (none | full = gradient_checkpointing_enable), act_bytes.
     Keys and lines: the module docstring. Exact on CPU (fp32, bf16) for every b and H.
     """
-    _check(setup)
+    _check(setup, cfg)
     fam = transformers_family(cfg)
     _check_attention(cfg, fam, setup)
     N, a = b * S, setup.act_bytes
@@ -401,8 +407,17 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         "embedding/dropout_mask": N * E * mask if resid_drop else 0,
     }
     layer: dict[str, int] = {}
-    if setup.recompute == "full":
+    checkpointed = setup.recompute in ("full", "op")
+    if checkpointed:
         layer["block_input"] = N * E * r  # torch.utils.checkpoint keeps each layer's input
+        # the keyword arguments bound into every layer's recomputation (one tensor for all
+        # layers): position ids (GPT-2's are wpe's, counted above) and an attention mask
+        out["embedding/position_ids"] = 8 * S if fam != "gpt2" else 0
+        masked = setup.attn_impl == "manual" or any(m for _, m in kinds)
+        out["embedding/attention_mask"] = b * S * S * a if masked else 0
+        if setup.recompute == "op":
+            fused = setup.attn_impl == "sdpa" and (cuda or not drop)
+            layer.update(op_block_lines(cfg, b, S, setup, fused))
     else:
         layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
         layer["attn/qkv_input"] = qkv_casts * N * E * a
@@ -429,14 +444,14 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         if gemma:  # post_feedforward_layernorm on the MLP's output
             layer.update({f"ln_post_mlp/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
     out.update({f"layer/{k}": L * v for k, v in layer.items()})
-    if setup.recompute != "full":  # dense MLP layers only; the others: moe/...
+    if not checkpointed:  # dense MLP layers only; the others: moe/...
         out["layer/mlp/hidden"] = (L - moe_layers(cfg)) * dense_hidden
-    if setup.recompute != "full" and cfg.moe:
+    if not checkpointed and cfg.moe:
         out.update({f"layer/moe/{k}": moe_layers(cfg) * v
                     for k, v in _moe(cfg, fam, N, a).items()})
-    if setup.recompute != "full" and fam == "deepseek_v3":
+    if not checkpointed and fam == "deepseek_v3":
         out.update({f"layer/attn/{k}": L * v for k, v in _mla(cfg, b, S, setup).items()})
-    elif setup.recompute != "full":  # the attention core, by layer kind (sliding or global)
+    elif not checkpointed:  # the attention core, by layer kind (sliding or global)
         for n, masked in kinds:
             for k, v in _attention(cfg, fam, b, S, setup, masked).items():
                 out[f"layer/{k}"] = out.get(f"layer/{k}", 0) + n * v
@@ -510,7 +525,7 @@ def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, mask
     256); eager's matmul saves views of them, except with grouped-query heads (repeat_kv's
     copies are saved instead); the math path saves its scaled copy of k, and with grouped-query
     heads repeat_interleave'd copies of both."""
-    if setup.recompute == "full":
+    if setup.recompute in ("full", "op"):
         return 0  # gradient checkpointing turns the cache off
     N, a, H = b * S, setup.act_bytes, cfg.n_head
     gqa = cfg.kv_heads != H
