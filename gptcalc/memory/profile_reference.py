@@ -8,6 +8,7 @@ parallel sharding (`gptcalc.memory.activations` shards the lines). Exact against
 from __future__ import annotations
 
 from ..config import GATED_MLPS, ConfigError, GPTConfig, TrainingSetup, Workload
+from ..recompute import op_kept_linears
 from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from .profile_reference_modern import (SavedLines, mla_projections, mlp_lines, moe_lines,
                                        weight_norm_lines)
@@ -156,38 +157,14 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
     return out.lines
 
 
-def block_linears(cfg: GPTConfig) -> list[tuple[str, int, bool]]:
-    """The Linear layers one dense block of the reference model runs, in forward order:
-    (name, output width, has a bias). A Linear without a bias dispatches `aten.mm`, one with a
-    bias `aten.addmm`."""
-    H, hd, E, bias = cfg.n_head, cfg.head_size, cfg.n_embd, cfg.qkv_bias
-    if cfg.mla:
-        if cfg.q_lora_rank is None:
-            attn = [("q_proj", H * cfg.qk_head_dim, False)]
-        else:
-            attn = [("q_a_proj", cfg.q_lora_rank, bias), ("q_b_proj", H * cfg.qk_head_dim, False)]
-        attn += [("kv_a_proj", cfg.kv_lora_rank + cfg.rope_dim, bias),
-                 ("kv_b_proj", H * (cfg.nope_dim + cfg.v_dim), False)]
-    elif cfg.qkv_layout == "fused":
-        attn = [("c_attn", cfg.q_width + 2 * cfg.kv_width, bias)]
-    elif cfg.qkv_layout == "separate":
-        attn = [("q_proj", cfg.q_width, bias), ("k_proj", cfg.kv_width, bias),
-                ("v_proj", cfg.kv_width, bias)]
-    else:  # per_head: every query head, then every key head, then every value head
-        attn = [(f"{role}_heads", hd, bias) for role in ("query", "key", "value") for _ in range(H)]
-    attn.append(("c_proj", E, cfg.attn_out_bias))
-    up = [("mlp_gate", cfg.ffn_dim, cfg.mlp_bias)] if cfg.mlp in GATED_MLPS else []
-    return attn + up + [("mlp_fc", cfg.ffn_dim, cfg.mlp_bias), ("mlp_proj", E, cfg.mlp_bias)]
-
-
 def op_block_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, flash: bool
                    ) -> dict[str, int]:
     """What torchtitan's op-level selective checkpointing keeps of one dense block beyond its
     input (torchtitan/distributed/activation_checkpoint.py, `_apply_op_sac`; the save list of
     torchtitan/models/llama3/infra/parallelize.py): the outputs of the block's `aten.mm`s
-    (Linear layers without a bias, `block_linears`) but every second one, counted in forward
-    order, and the flash-type SDPA kernel's outputs. A biased Linear runs `aten.addmm`, which
-    the list does not hold: it is recomputed and not counted.
+    (Linear layers without a bias) but every second one, counted in forward order
+    (`gptcalc.recompute.op_kept_linears`), and the flash-type SDPA kernel's outputs. A biased
+    Linear runs `aten.addmm`, which the list does not hold: it is recomputed and not counted.
 
       op/<linear>      N*width      each kept mm output, in the compute dtype
       op/sdpa_out      N*H*v_dim    the kernel's output (flash kernel: SDPA without dropout
@@ -195,14 +172,9 @@ def op_block_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, flash: 
     """
     N, a, H = b * S, setup.act_bytes, cfg.n_head
     out: dict[str, int] = {}
-    mm = 0
-    for name, width, bias in block_linears(cfg):
-        if bias:
-            continue
-        mm += 1
-        if mm % 2:
-            key = f"op/{name}"
-            out[key] = out.get(key, 0) + N * width * a
+    for lin in op_kept_linears(cfg):
+        key = f"op/{lin.name}"
+        out[key] = out.get(key, 0) + N * lin.n_out * a
     if flash:
         out["op/sdpa_out"] = N * H * cfg.v_dim * a
         out["op/logsumexp"] = b * H * S * 4

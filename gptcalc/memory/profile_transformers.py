@@ -27,6 +27,16 @@ every Linear casts its own 16-bit copy of its input (separate q/k/v projections 
 gate and up two); mode mixed is counted as bf16 weights. Not modelled: recompute selective
 (transformers has no attention-only checkpointing).
 
+Recomputation (measured on gpt2, gpt_neox, llama, qwen2 layers): `full` is what
+`gradient_checkpointing_enable()` (now `activation_checkpointing_enable()`) does with
+transformers 5.23's defaults: torch.utils.checkpoint(use_reentrant=False) around every decoder
+layer's forward, the cache turned off. Kept: each layer's hidden-state input, and what
+transformers binds into the recomputed call as keyword arguments, one tensor for all layers:
+the rotary cos/sin, the position ids, and an attention mask (eager, or a sliding window that
+cuts keys off). `op` wraps the layers the same way with torchtitan's op-level policy as the
+checkpoint's context_fn (`profile_reference.op_block_lines`: every other mm output, the fused
+SDPA kernel's output and logsumexp); not for MoE layers.
+
 One line per saved tensor (N = b*S tokens, a = activation bytes, r = the residual stream's bytes,
 E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shapes):
 
@@ -100,6 +110,11 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     final/logit_softcap_tanh  N * V * a      Gemma 2's tanh(logits / cap) output
     cross_entropy/log_probs   N * V * 4      ForCausalLMLoss upcasts logits to fp32: log_softmax's output
     cross_entropy/total_weight 4             nll_loss's fp32 scalar
+    recompute full and op, instead of the layer lines above:
+    layer/block_input         N * E * r      each layer's input, saved by the checkpoint
+    layer/op/...              `op_block_lines` (op only)
+    embedding/position_ids    S * 8          bound into every recomputation (not GPT-2)
+    embedding/attention_mask  b * S^2 * a    eager's (or a window's) mask, likewise
     input/idx                 N * 8          the embedding's int64 indices
     input/labels              N * 8          the shifted labels (pad + [..., 1:].contiguous());
                               b = 1: (S + 1) * 8, a view of the padded labels
@@ -377,7 +392,8 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     """Bytes transformers saves for backward in one training forward of b sequences x S tokens.
 
     `setup` is read by attribute: mode (fp32 | bf16), attn_impl (manual = "eager" | sdpa),
-    device (cpu | cuda), recompute (none | full = gradient_checkpointing_enable), act_bytes.
+    device (cpu | cuda), recompute (none | op | full = gradient_checkpointing_enable),
+    act_bytes.
     Keys and lines: the module docstring. Exact on CPU (fp32, bf16) for every b and H.
     """
     _check(setup, cfg)
