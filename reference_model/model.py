@@ -262,6 +262,11 @@ class CausalSelfAttention(nn.Module):
             cache[0], cache[1] = k[:, :, k.shape[2] - min(keep, k.shape[2]):], \
                 v[:, :, v.shape[2] - min(keep, v.shape[2]):]
             cache[2:] = [past + S]
+        if torch.is_autocast_enabled(x.device.type):
+            # the core's kernels run in the autocast dtype: cast q, k, v before it, as SDPA and
+            # matmul would inside it, so that a checkpointed core keeps 16-bit inputs
+            dtype = torch.get_autocast_dtype(x.device.type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         y = self.core(q, k, v, past)
         y = y.transpose(1, 2).contiguous().view(B, S, H * self.v_dim)
         return dropout(self.c_proj(y), self.p, self.training)

@@ -113,9 +113,12 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
         name, nbytes, width, elem = src[role]
         return (role + "/cast", N * width * a) if elem != a else (name, nbytes)
 
-    if setup.recompute == "selective":  # the checkpoint keeps the core's inputs
-        for role in "qkv":
-            out.add("attn/core_inputs", inputs[role][1], inputs[role][0])
+    if setup.recompute == "selective":  # the checkpoint keeps the core's inputs, which
+        for role in "qkv":  # autocast's 16-bit casts of fp32 q and k under amp
+            name, nbytes, width, elem = inputs[role]
+            if elem != a:
+                name, nbytes = role + "/cast", N * width * a
+            out.add("attn/core_inputs", nbytes, name)
     elif flash:
         for role in "qkv":
             name, nbytes = kernel_copy(role)
