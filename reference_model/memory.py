@@ -84,10 +84,27 @@ def apply_recompute(model: GPT, recompute: str) -> GPT:
         model.op_checkpoint = context
     for block in model.transformer.h:
         if recompute == "selective":
-            block.attn.core = checkpointed(block.attn.core)
+            block.attn.core = _compact_inputs(checkpointed(block.attn.core))
         else:
             block.forward = checkpointed(block.forward, context)
     return model
+
+
+def _compact_inputs(core):
+    """`core` given q, k, v that own their storage: a view into a larger one (v of a fused
+    q/k/v projection's output, MLA's v of kv_b's) is copied first, so that the checkpoint,
+    which keeps its inputs, keeps the view's bytes, not the whole projection output."""
+
+    def own(t: torch.Tensor) -> torch.Tensor:
+        whole = t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        return t if whole else t.clone(memory_format=torch.contiguous_format)
+
+    @functools.wraps(core)
+    def run(q, k, v, past):
+        if torch.is_grad_enabled():
+            q, k, v = own(q), own(k), own(v)
+        return core(q, k, v, past)
+    return run
 
 
 def autocast_context(setup: TrainingSetup, device: str):

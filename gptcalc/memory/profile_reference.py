@@ -113,11 +113,13 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
         name, nbytes, width, elem = src[role]
         return (role + "/cast", N * width * a) if elem != a else (name, nbytes)
 
-    if setup.recompute == "selective":  # the checkpoint keeps the core's inputs, which
-        for role in "qkv":  # autocast's 16-bit casts of fp32 q and k under amp
-            name, nbytes, width, elem = inputs[role]
+    if setup.recompute == "selective":  # the checkpoint keeps the core's inputs: under amp
+        for role in "qkv":  # autocast's 16-bit casts of fp32 q and k; a view into a larger
+            name, nbytes, width, elem = inputs[role]  # storage is copied to its own first
             if elem != a:
                 name, nbytes = role + "/cast", N * width * a
+            elif nbytes != N * width * elem:
+                name, nbytes = role + "/compact", N * width * elem
             out.add("attn/core_inputs", nbytes, name)
     elif flash:
         for role in "qkv":
