@@ -96,8 +96,12 @@ def _compact_inputs(core):
     which keeps its inputs, keeps the view's bytes, not the whole projection output."""
 
     def own(t: torch.Tensor) -> torch.Tensor:
-        whole = t.untyped_storage().nbytes() == t.numel() * t.element_size()
-        return t if whole else t.clone(memory_format=torch.contiguous_format)
+        if t.untyped_storage().nbytes() == t.numel() * t.element_size():
+            return t
+        # a copy in the view's own dimension order (kernels then see the strides they saw)
+        order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+        inverse = sorted(range(t.dim()), key=order.__getitem__)
+        return t.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
 
     @functools.wraps(core)
     def run(q, k, v, past):

@@ -253,8 +253,8 @@ def test_recomputation_never_saves_more(cw, mode, attn, device, impl):
 def _cli(*args: str):
     from click.testing import CliRunner
 
-    from gptcalc.cli import main
-    return CliRunner().invoke(main, list(args))
+    from gptcalc.cli import cli
+    return CliRunner().invoke(cli, list(args))
 
 
 def test_cli_takes_recompute_op():
@@ -265,8 +265,7 @@ def test_cli_takes_recompute_op():
 
 def test_cli_refuses_op_where_undefined_in_one_line():
     for extra in (["--impl", "paper"], ["--preset", "mixtral-8x7b"]):
-        args = ["memory", "--preset", "llama3-8b", *extra, "--recompute", "op"]
-        result = _cli(*args)
-        assert result.exit_code == 2
-        lines = [line for line in result.output.splitlines() if line.strip()]
-        assert len(lines) == 1 and "--recompute" in lines[0], result.output
+        result = _cli("memory", "--preset", "llama3-8b", *extra, "--recompute", "op")
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+        assert "--recompute" in result.stderr, result.stderr
