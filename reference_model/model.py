@@ -262,7 +262,7 @@ class CausalSelfAttention(nn.Module):
             cache[0], cache[1] = k[:, :, k.shape[2] - min(keep, k.shape[2]):], \
                 v[:, :, v.shape[2] - min(keep, v.shape[2]):]
             cache[2:] = [past + S]
-        if torch.is_autocast_enabled(x.device.type):
+        if x.device.type != "meta" and torch.is_autocast_enabled(x.device.type):
             # the core's kernels run in the autocast dtype: cast q, k, v before it, as SDPA and
             # matmul would inside it, so that a checkpointed core keeps 16-bit inputs
             dtype = torch.get_autocast_dtype(x.device.type)
