@@ -114,8 +114,8 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
         return (role + "/cast", N * width * a) if elem != a else (name, nbytes)
 
     if setup.recompute == "selective":  # the checkpoint keeps the core's inputs: under amp
-        for role in "qkv":  # autocast's 16-bit casts of fp32 q and k; a view into a larger
-            name, nbytes, width, elem = inputs[role]  # storage is copied to its own first
+        for role in "qkv":  # the 16-bit casts of fp32 q and k the model makes before the core;
+            name, nbytes, width, elem = inputs[role]  # a view into a larger storage: a copy
             if elem != a:
                 name, nbytes = role + "/cast", N * width * a
             elif nbytes != N * width * elem:
