@@ -193,6 +193,40 @@ def test_transformers_recompute_saved_bytes_exact_bf16(family, attn, recompute):
     assert predicted == _tw_measured(cfg, attn, recompute, 2, 16, torch.bfloat16)
 
 
+def _raw_cases():
+    from .test_transformers_twin import _deepseek_raw, _gemma_raw, _moe_raw
+    return [("gemma2", _gemma_raw("gemma2"), None), ("gemma3", _gemma_raw("gemma3_text"), None),
+            ("gemma3 eager", _gemma_raw("gemma3_text"), "eager"),
+            ("mixtral", _moe_raw("mixtral", 4, 2), None),
+            ("mixtral window", _moe_raw("mixtral", 4, 2, sliding_window=8), None),
+            ("deepseek_v3", _deepseek_raw(), None)]
+
+
+@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("recompute", ["op", "full"])
+@pytest.mark.parametrize("S", [12, 32])
+def test_transformers_recompute_exact_other_families(case, recompute, S):
+    """Gemma 2/3 (two layer types: one mask each under eager, a sliding window's under SDPA
+    once S reaches the window, 16), Mixtral with and without its window (8), DeepSeek-V3; op
+    refuses MoE layers."""
+    tw, _ = _tw()
+    from gptcalc.hf import config_from_hf
+
+    _, raw, attn = _raw_cases()[case]
+    cfg = config_from_hf(raw)
+    eager = attn == "eager" or raw["model_type"] == "gemma2"
+    setup = _tw_setup("manual" if eager else "sdpa", recompute)
+    if recompute == "op" and cfg.moe:
+        with pytest.raises(ConfigError, match="routing"):
+            transformers_saved(cfg, 2, S, setup)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tw.apply_recompute(tw.build(raw, attn), recompute)
+        measured = tw.measure_saved(model, *tw.make_batch(raw["vocab_size"], 2, S))
+    assert sum(transformers_saved(cfg, 2, S, setup).values()) == measured.activation_bytes
+
+
 def test_transformers_full_keeps_the_layer_inputs_and_bound_arguments():
     """What gradient checkpointing keeps of a 2-layer Llama (fp32, eager, B = 2, S = 16, E = 32,
     head_dim 8): each layer's hidden states 2*16*32*4 = 4096 bytes, and once for all layers

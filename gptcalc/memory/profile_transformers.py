@@ -27,15 +27,16 @@ every Linear casts its own 16-bit copy of its input (separate q/k/v projections 
 gate and up two); mode mixed is counted as bf16 weights. Not modelled: recompute selective
 (transformers has no attention-only checkpointing).
 
-Recomputation (measured on gpt2, gpt_neox, llama, qwen2 layers): `full` is what
-`gradient_checkpointing_enable()` (now `activation_checkpointing_enable()`) does with
+Recomputation (measured on GPT-2, GPT-NeoX, Llama, Qwen2, Gemma 2/3 and Mixtral layers): `full`
+is what `gradient_checkpointing_enable()` (now `activation_checkpointing_enable()`) does with
 transformers 5.23's defaults: torch.utils.checkpoint(use_reentrant=False) around every decoder
 layer's forward, the cache turned off. Kept: each layer's hidden-state input, and what
 transformers binds into the recomputed call as keyword arguments, one tensor for all layers:
-the rotary cos/sin, the position ids, and an attention mask (eager, or a sliding window that
-cuts keys off). `op` wraps the layers the same way with torchtitan's op-level policy as the
-checkpoint's context_fn (`profile_reference.op_block_lines`: every other mm output, the fused
-SDPA kernel's output and logsumexp); not for MoE layers.
+the rotary cos/sin, the position ids, and the attention masks (eager: one per layer type;
+SDPA: a sliding window's, once it cuts keys off). `op` wraps the layers the same way with
+torchtitan's op-level policy as the checkpoint's context_fn
+(`profile_reference.op_block_lines`: every other mm output, the fused SDPA kernel's output and
+logsumexp); not for MoE layers.
 
 One line per saved tensor (N = b*S tokens, a = activation bytes, r = the residual stream's bytes,
 E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shapes):
@@ -114,7 +115,8 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     layer/block_input         N * E * r      each layer's input, saved by the checkpoint
     layer/op/...              `op_block_lines` (op only)
     embedding/position_ids    S * 8          bound into every recomputation (not GPT-2)
-    embedding/attention_mask  b * S^2 * a    eager's (or a window's) mask, likewise
+    embedding/attention_mask  b * S^2 * a    eager's mask per layer type, likewise (SDPA: a
+                              window's bool S^2 once S >= window)
     input/idx                 N * 8          the embedding's int64 indices
     input/labels              N * 8          the shifted labels (pad + [..., 1:].contiguous());
                               b = 1: (S + 1) * 8, a view of the padded labels
@@ -427,10 +429,14 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     if checkpointed:
         layer["block_input"] = N * E * r  # torch.utils.checkpoint keeps each layer's input
         # the keyword arguments bound into every layer's recomputation (one tensor for all
-        # layers): position ids (GPT-2's are wpe's, counted above) and an attention mask
+        # layers): position ids (GPT-2's are wpe's, counted above) and the attention masks,
+        # one per layer type: eager's b x S x S in the compute dtype; SDPA's only for a window
+        # that cuts keys off, a bool S x S broadcast over the batch
         out["embedding/position_ids"] = 8 * S if fam != "gpt2" else 0
-        masked = setup.attn_impl == "manual" or any(m for _, m in kinds)
-        out["embedding/attention_mask"] = b * S * S * a if masked else 0
+        if setup.attn_impl == "manual":
+            out["embedding/attention_mask"] = len(kinds) * b * S * S * a
+        else:
+            out["embedding/attention_mask"] = sum(S * S for _, m in kinds if m)
         if setup.recompute == "op":
             fused = setup.attn_impl == "sdpa" and (cuda or not drop)
             layer.update(op_block_lines(cfg, b, S, setup, fused))
