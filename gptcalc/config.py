@@ -468,7 +468,10 @@ ARCHS.update({
 MODES = ("fp32", "amp", "mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
 AUTOCAST_DTYPES = ("bf16", "fp16")
-RECOMPUTE = ("none", "selective", "full")
+# recompute: none; selective, the attention core (Korthikanti et al. 2022, sec. 5); op,
+# torchtitan's op-level selective checkpointing (matmul and attention-kernel outputs kept but
+# every second matmul); full, every block (only its input kept)
+RECOMPUTE = ("none", "selective", "op", "full")
 ATTN_IMPLS = ("manual", "sdpa")
 DEVICES = ("cpu", "cuda")
 IMPLS = ("reference", "transformers", "paper")

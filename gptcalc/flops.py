@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from .config import GATED_MLPS, ConfigError, GPTConfig, Workload, validate_workload
 from .layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers, window_pairs
 from .params import count_params
+from .recompute import op_recomputed_linears
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 
 # FLOPs per element for the work that is not a matmul. These are conventions, not measurements:
 # LayerNorm's 5 is fvcore's (mean, variance, normalise, scale, shift); the rest count one FLOP
@@ -181,11 +182,17 @@ def nonmatmul_flops(cfg: GPTConfig, seq_len: int, causal: bool = False) -> dict[
 
 
 def recompute_flops(
-    cfg: GPTConfig, forward: dict[str, int], recompute: str = "none", flash_backward: bool = False
+    cfg: GPTConfig, forward: dict[str, int], recompute: str = "none", flash_backward: bool = False,
+    seq_len: int = 0,
 ) -> dict[str, int]:
     """Forward matmul work done again during backward (hardware FLOPs beyond model FLOPs).
 
     selective: the attention core, scores and values (Korthikanti et al. 2022, sec. 5).
+    op: torchtitan's op-level selective checkpointing (torchtitan/distributed/
+    activation_checkpoint.py): L x 2S x in x out for each Linear of
+    `gptcalc.recompute.op_recomputed_linears` (S = `seq_len`, the tokens of `forward`), and the
+    attention core unless a flash-type kernel ran (`flash_backward`), whose outputs are kept;
+    dense blocks only.
     full: every block's forward, not the lm_head nor OPT's projections (Megatron's full
     recomputation: each block's input is kept and the block is run again).
     flash_backward: a flash-type attention backward recomputes q @ k^T (Dao et al. 2022), which is
@@ -196,6 +203,15 @@ def recompute_flops(
     extra = dict.fromkeys(forward, 0)
     if recompute == "full":
         extra.update({k: v for k, v in forward.items() if k not in ("lm_head", "embedding/proj")})
+    elif recompute == "op":
+        if cfg.moe:
+            raise ConfigError("recompute", "recompute op keeps every second matmul of a block, "
+                                           "which in an MoE block depends on the routing")
+        for lin in op_recomputed_linears(cfg):  # L x (S,in)x(in,out)
+            extra[lin.component] += cfg.n_layer * 2 * seq_len * lin.n_in * lin.n_out
+        if not flash_backward:  # a flash-type kernel's output is kept; bmm's are not
+            extra["attention/scores"] = forward["attention/scores"]
+            extra["attention/values"] = forward["attention/values"]
     elif recompute == "selective":
         extra["attention/scores"] = forward["attention/scores"]
         extra["attention/values"] = forward["attention/values"]
@@ -258,7 +274,7 @@ def count_flops(
         seq_len=workload.seq_len,
         forward=fwd,
         backward={k: 2 * v for k, v in fwd.items()},
-        recompute=recompute_flops(cfg, fwd, recompute, flash_backward),
+        recompute=recompute_flops(cfg, fwd, recompute, flash_backward, workload.seq_len),
         nonmatmul=nonmatmul_flops(cfg, workload.seq_len, causal),
     )
 

@@ -13,7 +13,9 @@
   data pointers are all 0). On CPU every byte equals the real run's (tests/test_memory_measured).
 - `apply_recompute`: activation checkpointing on the reference model without editing it:
   `full` wraps every block in torch.utils.checkpoint (non-reentrant), `selective` only the
-  attention core (Korthikanti et al. 2022, sec. 5).
+  attention core (Korthikanti et al. 2022, sec. 5), `op` every block with torchtitan's op-level
+  policy (reference_model.recompute); what `op` keeps outside autograd (the cached op outputs)
+  is counted with the saved tensors.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import checkpoint
 
 from gptcalc import GPTConfig, Workload
 from gptcalc.memory import TrainingSetup
 
 from .model import GPT, build_model
+from .recompute import OpCheckpoint, checkpointed
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -69,27 +71,43 @@ class SavedReport:
 
 
 def apply_recompute(model: GPT, recompute: str) -> GPT:
-    """Checkpoint every block (`full`) or every attention core (`selective`), in place."""
+    """Checkpoint every block (`full`), every attention core (`selective`, Korthikanti et al.
+    2022, sec. 5) or every block with torchtitan's op-level policy (`op`,
+    reference_model.recompute), in place. With `op` the model gets `op_checkpoint`, whose
+    `cached()` lists the op outputs the checkpoints keep."""
     if recompute == "none":
         return model
+    if recompute not in ("full", "selective", "op"):
+        raise ValueError(f"recompute must be none, selective, op or full, got {recompute!r}")
+    context = OpCheckpoint() if recompute == "op" else None
+    if context is not None:
+        model.op_checkpoint = context
     for block in model.transformer.h:
-        if recompute == "full":
-            block.forward = _checkpointed(block.forward)
-        elif recompute == "selective":
-            attn = block.attn
-            attn.manual_attention = _checkpointed(attn.manual_attention)
-            attn.sdpa_attention = _checkpointed(attn.sdpa_attention)
+        if recompute == "selective":
+            block.attn.core = _compact_inputs(checkpointed(block.attn.core))
         else:
-            raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+            block.forward = checkpointed(block.forward, context)
     return model
 
 
-def _checkpointed(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        if not torch.is_grad_enabled():
-            return fn(*args, **kwargs)
-        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+def _compact_inputs(core):
+    """`core` given q, k, v that own their storage: a view into a larger one (v of a fused
+    q/k/v projection's output, MLA's v of kv_b's) is copied first, so that the checkpoint,
+    which keeps its inputs, keeps the view's bytes, not the whole projection output."""
+
+    def own(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().nbytes() == t.numel() * t.element_size():
+            return t
+        # a copy in the view's own dimension order (kernels then see the strides they saw)
+        order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+        inverse = sorted(range(t.dim()), key=order.__getitem__)
+        return t.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
+
+    @functools.wraps(core)
+    def run(q, k, v, past):
+        if torch.is_grad_enabled():
+            q, k, v = own(q), own(k), own(v)
+        return core(q, k, v, past)
     return run
 
 
@@ -192,6 +210,9 @@ def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
                              else "activation")
         return t
 
+    op_checkpoint = getattr(model, "op_checkpoint", None)
+    if op_checkpoint is not None:
+        op_checkpoint.clear()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with autocast_context(setup, device), casts:
@@ -199,6 +220,10 @@ def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
     finally:
         for h in handles:
             h.remove()
+    if op_checkpoint is not None:  # op outputs kept by the checkpoints, outside autograd
+        module_stack.append("checkpoint cache")
+        for t in op_checkpoint.cached():
+            pack(t)
     nodes = saving_nodes([loss.grad_fn]) if setup.recompute == "none" else {}
     report = SavedReport([
         SavedTensor(saved_by="+".join(sorted(nodes.get(ptr, {"?"}))), **info)

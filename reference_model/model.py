@@ -262,13 +262,12 @@ class CausalSelfAttention(nn.Module):
             cache[0], cache[1] = k[:, :, k.shape[2] - min(keep, k.shape[2]):], \
                 v[:, :, v.shape[2] - min(keep, v.shape[2]):]
             cache[2:] = [past + S]
-        if Hkv != H:  # grouped-query attention: each k/v head serves H / Hkv query heads
-            k = k.repeat_interleave(H // Hkv, dim=1)
-            v = v.repeat_interleave(H // Hkv, dim=1)
-        if self.attn_impl == "manual":
-            y = self.manual_attention(q, k, v, past)
-        else:
-            y = self.sdpa_attention(q, k, v, past)
+        if x.device.type != "meta" and torch.is_autocast_enabled(x.device.type):
+            # the core's kernels run in the autocast dtype: cast q, k, v before it, as SDPA and
+            # matmul would inside it, so that a checkpointed core keeps 16-bit inputs
+            dtype = torch.get_autocast_dtype(x.device.type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        y = self.core(q, k, v, past)
         y = y.transpose(1, 2).contiguous().view(B, S, H * self.v_dim)
         return dropout(self.c_proj(y), self.p, self.training)
 
@@ -293,6 +292,18 @@ class CausalSelfAttention(nn.Module):
             return apply_rotary(x, cos, sin)
         # partial rotary (GPT-NeoX's rotary_pct): the remaining dims pass through unchanged
         return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+
+    def core(self, q, k, v, past: int) -> torch.Tensor:
+        """The attention core, softmax(q k^T) v, on q (B, H, S, hd) and k, v of n_kv_head
+        heads: grouped-query heads are repeated here, inside the core, so that a checkpointed
+        core (selective recomputation) keeps k and v of n_kv_head heads, as Megatron-LM's
+        DotProductAttention does."""
+        if self.n_kv_head != self.n_head:  # each k/v head serves H / Hkv query heads
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        if self.attn_impl == "manual":
+            return self.manual_attention(q, k, v, past)
+        return self.sdpa_attention(q, k, v, past)
 
     def manual_attention(self, q, k, v, past: int) -> torch.Tensor:
         S, total = q.shape[2], k.shape[2]

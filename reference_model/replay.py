@@ -170,25 +170,24 @@ def sdpa_math_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetu
     """Bytes SDPA's CPU math path (taken with dropout) holds beside what it saves, at its last
     saving op (att @ v's operands; checkpoint's early stop ends a recomputation there, before
     the matmul runs). The path upcasts 16-bit q, k, v to fp32, scales q and k (keeping their
-    strides), and matmul folds (b, H) into one batch dimension: a view when b, H or S is 1 or
-    the operand is contiguous (rotary's q and k, grouped-query's repeated k and v), else a
-    contiguous copy, which matmul saves in place of the operand. Alive at the end beside the
-    saved tensors: the float causal mask (S^2 fp32); the scaled k when it was copied (fp32,
-    N Dq; the scaled q is dropped before); each 16-bit upcast that matmul did not save (q's and
-    k's always, v's when copied), and a 16-bit copy of the dropped probabilities (b H S^2);
-    under amp with rotary, autocast's 16-bit casts of the fp32 q and k (N Dq each). Measured
-    with a per-op MemTracker trace of the math path (torch 2.13 CPU)."""
+    strides), and matmul folds (b, H) into one batch dimension: a view when b, H or S is 1
+    (for v also when contiguous: grouped-query's repeat), else a contiguous copy, which matmul
+    saves in place of the operand. Alive at the end beside the saved tensors: the float causal
+    mask (S^2 fp32); the scaled k when it was copied (fp32, N Dq; the scaled q is dropped
+    before); each 16-bit upcast that matmul did not save (q's and k's always, v's when copied),
+    and a 16-bit copy of the dropped probabilities (b H S^2); with grouped-query heads the
+    core's 16-bit repeats of k and v (N Dq each). The core receives q, k, v in the compute
+    dtype (under amp the model casts them before it). Measured with a per-op MemTracker trace
+    of the math path (torch 2.13 CPU)."""
     b, S = workload.batch_size, workload.seq_len
     N, a, Dq = b * S, setup.act_bytes, cfg.q_width
     folds = b == 1 or cfg.n_head == 1 or S == 1
-    rotary, gqa = cfg.pos_embedding == "rotary", cfg.kv_heads != cfg.n_head
-    k_view, v_view = folds or (rotary and gqa), folds or gqa
+    gqa = cfg.kv_heads != cfg.n_head
+    k_view, v_view = folds, folds or gqa
     out = S * S * 4 + (0 if k_view else N * Dq * 4)
     if a != 4:
         out += (2 + (not v_view)) * N * Dq * 4 + b * cfg.n_head * S * S * a
-        if setup.mode == "amp" and rotary:
-            # rotary's q and k are fp32 (the fp32 tables promote them): autocast casts them to
-            # 16 bit for SDPA first, and the math path upcasts those casts again
+        if gqa:  # the core's grouped-query repeats of k and v, 16-bit, before the upcast
             out += 2 * N * Dq * a
     return out
 

@@ -24,6 +24,7 @@ torch and transformers are imported here only; transformers is an optional depen
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -33,6 +34,7 @@ from gptcalc.config import ConfigError, GPTConfig
 from gptcalc.memory.profile_transformers import transformers_family
 
 from .memory import SavedReport, SavedTensor, saving_nodes, storage_key
+from .recompute import OpCheckpoint
 
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
 _HF_GELU = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # gptcalc mlp -> HF act
@@ -135,6 +137,50 @@ def build(raw_hf_config: Mapping[str, Any], attn_implementation: str | None = No
     return model.to(device).train()
 
 
+def apply_recompute(model: torch.nn.Module, recompute: str) -> torch.nn.Module:
+    """Activation checkpointing as transformers runs it, in place: `full` is
+    `activation_checkpointing_enable()` with transformers' defaults (the new name of
+    `gradient_checkpointing_enable`; non-reentrant torch.utils.checkpoint of every decoder
+    layer's forward, the cache off); `op` is the same wrapping with torchtitan's op-level
+    policy as the checkpoint's context_fn (reference_model.recompute), recorded as
+    `model.op_checkpoint`. transformers has no attention-only checkpointing: `selective`
+    raises."""
+    if recompute == "none":
+        return model
+    enable = getattr(model, "activation_checkpointing_enable", None) or \
+        model.gradient_checkpointing_enable
+    if recompute == "full":
+        enable()
+    elif recompute == "op":
+        model.op_checkpoint = OpCheckpoint()
+        enable({"use_reentrant": False, "context_fn": model.op_checkpoint.context_fn})
+    else:
+        raise ConfigError("recompute", f"transformers checkpoints whole decoder layers: "
+                                       f"recompute none, op or full, not {recompute!r}")
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    held: list[weakref.ref] = []
+    model.checkpoint_held = held
+    for layer in model.modules():
+        if isinstance(layer, GradientCheckpointingLayer) and layer.gradient_checkpointing:
+            layer._gradient_checkpointing_func = _holding(layer._gradient_checkpointing_func,
+                                                          held)
+    return model
+
+
+def _holding(checkpoint_fn, held: list):
+    """`checkpoint_fn` recording (weakly) every tensor a checkpointed layer call holds until
+    its backward: the positional inputs (which the checkpoint saves) and the keyword arguments
+    transformers binds into the recomputed function (position embeddings, position ids, an
+    eager attention mask), which the recomputation keeps alive."""
+
+    def run(fn, *args):
+        bound = list(args) + list(getattr(fn, "keywords", {}).values())
+        held.extend(weakref.ref(t) for t in _tensors_in(bound))
+        return checkpoint_fn(fn, *args)
+    return run
+
+
 def make_batch(vocab_size: int, batch_size: int, seq_len: int, device: str = "cpu",
                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids and labels (= the input ids, as causal-LM fine-tuning passes them)."""
@@ -169,14 +215,27 @@ def saved_during(model: torch.nn.Module, run) -> tuple[SavedReport, Any]:
             keep.append(t)
         return t
 
+    op_checkpoint = getattr(model, "op_checkpoint", None)
+    if op_checkpoint is not None:
+        op_checkpoint.clear()
+    getattr(model, "checkpoint_held", []).clear()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             result = run()
     finally:
         for h in handles:
             h.remove()
+    if op_checkpoint is not None:  # op outputs kept by the checkpoints, outside autograd
+        stack.append("checkpoint cache")
+        for t in op_checkpoint.cached():
+            pack(t)
+    stack.append("checkpoint inputs")
+    for ref in getattr(model, "checkpoint_held", []):
+        if (t := ref()) is not None:
+            pack(t)
     roots = [t.grad_fn for t in _tensors_in(result) if t.grad_fn is not None]
-    nodes = saving_nodes(roots)
+    # reading a checkpointed node's saved tensors would run its recomputation: no names then
+    nodes = saving_nodes(roots) if not hasattr(model, "checkpoint_held") else {}
     report = SavedReport([SavedTensor(saved_by="+".join(sorted(nodes.get(k, {"?"}))), **info)
                           for k, info in seen.items()])
     return report, result
@@ -326,6 +385,6 @@ def measure_step_peak(model: torch.nn.Module, idx: torch.Tensor, labels: torch.T
         by_category={getattr(k, "value", str(k)): v for k, v in snap.items() if k != _TOTAL_KEY})
 
 
-__all__ = ["FAMILIES", "SavedReport", "SavedTensor", "StepMoments",
+__all__ = ["FAMILIES", "SavedReport", "SavedTensor", "StepMoments", "apply_recompute",
            "build", "family_of", "hf_config_for", "make_batch", "make_optimizer",
            "measure_saved", "measure_step_peak", "saved_during", "train_step"]

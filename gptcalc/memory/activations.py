@@ -10,7 +10,7 @@ the log-probabilities are a saved tensor (`cross_entropy/...`), the logits a sep
 
 from __future__ import annotations
 
-from ..config import GPTConfig, TrainingSetup, Workload
+from ..config import ConfigError, GPTConfig, TrainingSetup, Workload
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
 from .states import autocast_weight_copies
@@ -45,6 +45,9 @@ def paper_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dic
     their sec. 4.3: final LayerNorm input 2sbh, output-projection input 2sbh, fp32 logits for
     the cross entropy 4sbv. As published: 16-bit activations whatever the mode.
     """
+    if setup.recompute == "op":
+        raise ConfigError("recompute", "Korthikanti et al. 2022 have no op-level recomputation: "
+                                       "use --impl reference or transformers for --recompute op")
     s, b, h, a, v = workload.seq_len, workload.batch_size, cfg.n_embd, cfg.n_head, cfg.vocab_size
     return {
         "layer/all": cfg.n_layer * paper_layer_bytes(s, b, h, a, 1, False, setup.recompute),
@@ -111,6 +114,10 @@ _SEQUENCE_SHARDED = ("embedding/", "final/", "layer/ln_", "layer/block_input",
                      "layer/moe/router", "layer/moe/topk")
 _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
                "cross_entropy/total_weight",
+               # op-level checkpointing keeps a row-parallel (or replicated) Linear's mm
+               # output, the full-width partial sum before its all-reduce / reduce-scatter
+               "layer/op/c_proj", "layer/op/mlp_proj", "layer/op/q_a_proj",
+               "layer/op/kv_a_proj",
                "weight_copy/")  # weight copies arrive tensor-parallel sharded already
 
 
@@ -179,13 +186,15 @@ def activations_paper(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     micro-batches, sbhp/t with sp (sbhp without). The output terms, counted where pp = 1 (they
     live on the last stage): final LayerNorm input 2sbh/t, output-projection input 2sbh/t (each
     /t only with sp), and fp32 logits for the cross entropy 4sbv/t, i.e. the paper's
-    (4sbh/t)(1 + v/h). As published: 16-bit activations whatever the mode.
+    (4sbh/t)(1 + v/h). As published: 16-bit activations whatever the mode. The paper has no
+    op-level recomputation: recompute op is compared with its row without recomputation.
     """
     s, b, h, a = workload.seq_len, workload.batch_size, cfg.n_embd, cfg.n_head
     t, p, v = setup.tp, setup.pp, cfg.vocab_size
+    recompute = "none" if setup.recompute == "op" else setup.recompute
     ts = t if setup.sp else 1
     return {
-        "layers": cfg.n_layer * paper_layer_bytes(s, b, h, a, t, setup.sp, setup.recompute),
+        "layers": cfg.n_layer * paper_layer_bytes(s, b, h, a, t, setup.sp, recompute),
         "embedding/dropout": s * b * h * p // ts,
         "output/final_norm": 2 * s * b * h // ts if p == 1 else 0,
         "output/lm_head_input": 2 * s * b * h // ts if p == 1 else 0,

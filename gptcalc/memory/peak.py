@@ -87,7 +87,8 @@ def block_backward_transients(cfg: GPTConfig, workload: Workload, setup: Trainin
 def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
     """What recomputation makes again inside one block's backward, per device: the tensors a
     plain block saves less those the recomputed one kept (full: the whole block beside its
-    input; selective: the attention core). Korthikanti et al. 2022, sec. 5."""
+    input; selective: the attention core; op: the block less the matmul and attention-kernel
+    outputs torchtitan's policy keeps). Korthikanti et al. 2022, sec. 5."""
     if setup.recompute == "none":
         return 0
     from dataclasses import replace

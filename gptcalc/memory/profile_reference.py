@@ -7,7 +7,8 @@ parallel sharding (`gptcalc.memory.activations` shards the lines). Exact against
 
 from __future__ import annotations
 
-from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
+from ..config import GATED_MLPS, ConfigError, GPTConfig, TrainingSetup, Workload
+from ..recompute import op_kept_linears
 from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from .profile_reference_modern import (SavedLines, mla_projections, mlp_lines, moe_lines,
                                        weight_norm_lines)
@@ -33,8 +34,8 @@ def _qk_sources(cfg: GPTConfig, N: int, a: int, amp: bool, out: SavedLines
     (N(Dq + 2Dkv), one storage for all three roles), or a separate projection's output
     (per_head: the concatenation of the heads' outputs). A q/k norm (`weight_norm_lines`;
     rows per token: H or n_kv_head over each head, 1 over the whole projection) makes new q
-    and k, fp32 under amp (the fp32 weight promotes them); rotary too (fp32 cos/sin under amp);
-    grouped-query repeat_interleave makes new k and v of H heads.
+    and k, fp32 under amp (the fp32 weight promotes them); rotary too (fp32 cos/sin under amp).
+    Grouped-query heads are repeated inside the core (`_expanded`).
     """
     if cfg.mla:
         return mla_projections(cfg, N, a, amp, out)
@@ -54,11 +55,27 @@ def _qk_sources(cfg: GPTConfig, N: int, a: int, amp: bool, out: SavedLines
                               cfg.norm == "rmsnorm", src[role][:2])
         if cfg.qk_norm != "none" or cfg.pos_embedding == "rotary":
             src[role] = (role + "/own", N * width[role] * promoted, width[role], promoted)
-    if Hkv != H:
-        for role in "kv":
-            nbytes = src[role][3]
-            src[role] = (role + "/own", N * Dq * nbytes, Dq, nbytes)
     return src
+
+
+def _expanded(cfg: GPTConfig, N: int, src: dict[str, tuple[str, int, int, int]]
+              ) -> dict[str, tuple[str, int, int, int]]:
+    """q, k, v inside the attention core: grouped-query repeat_interleave makes new k and v of
+    H heads (N*Dq each)."""
+    if cfg.kv_heads == cfg.n_head or cfg.mla:
+        return src
+    out = dict(src)
+    for role in "kv":
+        nbytes = src[role][3]
+        out[role] = (role + "/own", N * cfg.q_width * nbytes, cfg.q_width, nbytes)
+    return out
+
+
+def _flash(cfg: GPTConfig, setup: TrainingSetup) -> bool:
+    """Whether SDPA runs a flash-type kernel (on CPU: not with dropout, which takes the math
+    path), i.e. not ALiBi's float mask, and q/k heads as wide as v heads."""
+    return (setup.attn_impl == "sdpa" and (cfg.dropout == 0 or setup.device == "cuda")
+            and cfg.pos_embedding != "alibi" and cfg.qk_head_dim == cfg.v_dim)
 
 
 def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, sliding: bool
@@ -84,11 +101,11 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
     N, a, H = b * S, setup.act_bytes, cfg.n_head
     amp, drop = setup.mode == "amp", cfg.dropout > 0
     out = SavedLines()
-    src = _qk_sources(cfg, N, a, amp, out)
+    inputs = _qk_sources(cfg, N, a, amp, out)  # what the core receives
+    src = _expanded(cfg, N, inputs)  # what its kernels read
     alibi = cfg.pos_embedding == "alibi"
     window = sliding and cfg.sliding_window is not None
-    flash = (setup.attn_impl == "sdpa" and (not drop or setup.device == "cuda") and not alibi
-             and cfg.qk_head_dim == cfg.v_dim)
+    flash = _flash(cfg, setup)
 
     def kernel_copy(role: str) -> tuple[str, int]:
         """The tensor a kernel saves for `role` when it keeps the input itself: the source, or
@@ -96,9 +113,14 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
         name, nbytes, width, elem = src[role]
         return (role + "/cast", N * width * a) if elem != a else (name, nbytes)
 
-    if setup.recompute == "selective":
-        for role in "qkv":
-            out.add("attn/core_inputs", src[role][1], src[role][0])
+    if setup.recompute == "selective":  # the checkpoint keeps the core's inputs: under amp
+        for role in "qkv":  # the 16-bit casts of fp32 q and k the model makes before the core;
+            name, nbytes, width, elem = inputs[role]  # a view into a larger storage: a copy
+            if elem != a:
+                name, nbytes = role + "/cast", N * width * a
+            elif nbytes != N * width * elem:
+                name, nbytes = role + "/compact", N * width * elem
+            out.add("attn/core_inputs", nbytes, name)
     elif flash:
         for role in "qkv":
             name, nbytes = kernel_copy(role)
@@ -138,6 +160,30 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
     out.add("attn/out_input", N * cfg.attn_out_width * a)
     out.add("attn/resid_dropout_mask", N * cfg.n_embd if drop else 0)
     return out.lines
+
+
+def op_block_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, flash: bool
+                   ) -> dict[str, int]:
+    """What torchtitan's op-level selective checkpointing keeps of one dense block beyond its
+    input (torchtitan/distributed/activation_checkpoint.py, `_apply_op_sac`; the save list of
+    torchtitan/models/llama3/infra/parallelize.py): the outputs of the block's `aten.mm`s
+    (Linear layers without a bias) but every second one, counted in forward order
+    (`gptcalc.recompute.op_kept_linears`), and the flash-type SDPA kernel's outputs. A biased
+    Linear runs `aten.addmm`, which the list does not hold: it is recomputed and not counted.
+
+      op/<linear>      N*width      each kept mm output, in the compute dtype
+      op/sdpa_out      N*H*v_dim    the kernel's output (flash kernel: SDPA without dropout
+      op/logsumexp     b*H*S*4      on CPU, no ALiBi, q/k and v heads alike), its fp32 logsumexp
+    """
+    N, a, H = b * S, setup.act_bytes, cfg.n_head
+    out: dict[str, int] = {}
+    for lin in op_kept_linears(cfg):
+        key = f"op/{lin.name}"
+        out[key] = out.get(key, 0) + N * lin.n_out * a
+    if flash:
+        out["op/sdpa_out"] = N * H * cfg.v_dim * a
+        out["op/logsumexp"] = b * H * S * 4
+    return out
 
 
 def _block_lines(cfg: GPTConfig, N: int, setup: TrainingSetup
@@ -203,7 +249,9 @@ def reference_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
       final/lm_head_input   N*P
       cross_entropy         N*V log-probabilities, fp32 under autocast; the total weight
     recompute full: each block's input only (torch.utils.checkpoint); selective: the attention
-    core (scores, softmax, dropout) is recomputed and only its q, k, v inputs are kept.
+    core (grouped-query expansion, scores, softmax, dropout) is recomputed and only its q, k, v
+    inputs are kept; op: each block's input and the outputs torchtitan's op-level policy keeps
+    (`op_block_lines`; not for MoE blocks, where what it keeps depends on the routing).
     """
     b, S = workload.batch_size, workload.seq_len
     N, a = b * S, setup.act_bytes
@@ -227,8 +275,14 @@ def reference_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         for k, v in lines.items():
             layer[prefix + k] = layer.get(prefix + k, 0) + count * v
 
-    if setup.recompute == "full":
+    if setup.recompute in ("full", "op"):
         layer["block_input"] = cfg.n_layer * N * E * r
+        if setup.recompute == "op":
+            if cfg.moe:
+                raise ConfigError("recompute", "recompute op keeps every second matmul of a "
+                                  "block, which in an MoE block depends on the routing; use "
+                                  "--recompute none, selective or full")
+            add(op_block_lines(cfg, b, S, setup, _flash(cfg, setup)), cfg.n_layer)
     else:
         norms, shared_input = _block_lines(cfg, N, setup)
         add(norms, cfg.n_layer)

@@ -27,6 +27,17 @@ every Linear casts its own 16-bit copy of its input (separate q/k/v projections 
 gate and up two); mode mixed is counted as bf16 weights. Not modelled: recompute selective
 (transformers has no attention-only checkpointing).
 
+Recomputation (measured on GPT-2, GPT-NeoX, Llama, Qwen2, Gemma 2/3 and Mixtral layers): `full`
+is what `gradient_checkpointing_enable()` (now `activation_checkpointing_enable()`) does with
+transformers 5.23's defaults: torch.utils.checkpoint(use_reentrant=False) around every decoder
+layer's forward, the cache turned off. Kept: each layer's hidden-state input, and what
+transformers binds into the recomputed call as keyword arguments, one tensor for all layers:
+the rotary cos/sin, the position ids, and the attention masks (eager: one per layer type;
+SDPA: a sliding window's, once it cuts keys off). `op` wraps the layers the same way with
+torchtitan's op-level policy as the checkpoint's context_fn
+(`profile_reference.op_block_lines`: every other mm output, the fused SDPA kernel's output and
+logsumexp); not for MoE layers.
+
 One line per saved tensor (N = b*S tokens, a = activation bytes, r = the residual stream's bytes,
 E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shapes):
 
@@ -100,6 +111,12 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     final/logit_softcap_tanh  N * V * a      Gemma 2's tanh(logits / cap) output
     cross_entropy/log_probs   N * V * 4      ForCausalLMLoss upcasts logits to fp32: log_softmax's output
     cross_entropy/total_weight 4             nll_loss's fp32 scalar
+    recompute full and op, instead of the layer lines above:
+    layer/block_input         N * E * r      each layer's input, saved by the checkpoint
+    layer/op/...              `op_block_lines` (op only)
+    embedding/position_ids    S * 8          bound into every recomputation (not GPT-2)
+    embedding/attention_mask  b * S^2 * a    eager's mask per layer type, likewise (SDPA: a
+                              window's bool S^2 once S >= window)
     input/idx                 N * 8          the embedding's int64 indices
     input/labels              N * 8          the shifted labels (pad + [..., 1:].contiguous());
                               b = 1: (S + 1) * 8, a view of the padded labels
@@ -112,6 +129,7 @@ from typing import Any
 
 from ..config import GATED_MLPS, ConfigError, GPTConfig
 from ..layers import moe_layers, sliding_layers
+from .profile_reference import op_block_lines
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
@@ -206,10 +224,15 @@ def default_attention(cfg: GPTConfig) -> str:
         return "sdpa"
 
 
-def _check(setup: Any) -> None:
-    if setup.recompute not in ("none", "full"):
+def _check(setup: Any, cfg: GPTConfig | None = None) -> None:
+    if setup.recompute not in ("none", "op", "full"):
         raise ConfigError("recompute", "transformers checkpoints whole decoder layers only "
-                                       "(gradient_checkpointing_enable): recompute none or full")
+                                       "(gradient_checkpointing_enable): recompute none, op "
+                                       "or full")
+    if setup.recompute == "op" and cfg is not None and cfg.moe:
+        raise ConfigError("recompute", "recompute op keeps every second matmul of a layer, "
+                                       "which in an MoE layer depends on the routing; use "
+                                       "--recompute none or full")
 
 
 def _check_attention(cfg: GPTConfig, fam: str, setup: Any) -> None:
@@ -371,10 +394,11 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     """Bytes transformers saves for backward in one training forward of b sequences x S tokens.
 
     `setup` is read by attribute: mode (fp32 | bf16), attn_impl (manual = "eager" | sdpa),
-    device (cpu | cuda), recompute (none | full = gradient_checkpointing_enable), act_bytes.
+    device (cpu | cuda), recompute (none | op | full = gradient_checkpointing_enable),
+    act_bytes.
     Keys and lines: the module docstring. Exact on CPU (fp32, bf16) for every b and H.
     """
-    _check(setup)
+    _check(setup, cfg)
     fam = transformers_family(cfg)
     _check_attention(cfg, fam, setup)
     N, a = b * S, setup.act_bytes
@@ -401,8 +425,21 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         "embedding/dropout_mask": N * E * mask if resid_drop else 0,
     }
     layer: dict[str, int] = {}
-    if setup.recompute == "full":
+    checkpointed = setup.recompute in ("full", "op")
+    if checkpointed:
         layer["block_input"] = N * E * r  # torch.utils.checkpoint keeps each layer's input
+        # the keyword arguments bound into every layer's recomputation (one tensor for all
+        # layers): position ids (GPT-2's are wpe's, counted above) and the attention masks,
+        # one per layer type: eager's b x S x S in the compute dtype; SDPA's only for a window
+        # that cuts keys off, a bool S x S broadcast over the batch
+        out["embedding/position_ids"] = 8 * S if fam != "gpt2" else 0
+        if setup.attn_impl == "manual":
+            out["embedding/attention_mask"] = len(kinds) * b * S * S * a
+        else:
+            out["embedding/attention_mask"] = sum(S * S for _, m in kinds if m)
+        if setup.recompute == "op":
+            fused = setup.attn_impl == "sdpa" and (cuda or not drop)
+            layer.update(op_block_lines(cfg, b, S, setup, fused))
     else:
         layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
         layer["attn/qkv_input"] = qkv_casts * N * E * a
@@ -429,14 +466,14 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         if gemma:  # post_feedforward_layernorm on the MLP's output
             layer.update({f"ln_post_mlp/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
     out.update({f"layer/{k}": L * v for k, v in layer.items()})
-    if setup.recompute != "full":  # dense MLP layers only; the others: moe/...
+    if not checkpointed:  # dense MLP layers only; the others: moe/...
         out["layer/mlp/hidden"] = (L - moe_layers(cfg)) * dense_hidden
-    if setup.recompute != "full" and cfg.moe:
+    if not checkpointed and cfg.moe:
         out.update({f"layer/moe/{k}": moe_layers(cfg) * v
                     for k, v in _moe(cfg, fam, N, a).items()})
-    if setup.recompute != "full" and fam == "deepseek_v3":
+    if not checkpointed and fam == "deepseek_v3":
         out.update({f"layer/attn/{k}": L * v for k, v in _mla(cfg, b, S, setup).items()})
-    elif setup.recompute != "full":  # the attention core, by layer kind (sliding or global)
+    elif not checkpointed:  # the attention core, by layer kind (sliding or global)
         for n, masked in kinds:
             for k, v in _attention(cfg, fam, b, S, setup, masked).items():
                 out[f"layer/{k}"] = out.get(f"layer/{k}", 0) + n * v
@@ -510,7 +547,7 @@ def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, mask
     256); eager's matmul saves views of them, except with grouped-query heads (repeat_kv's
     copies are saved instead); the math path saves its scaled copy of k, and with grouped-query
     heads repeat_interleave'd copies of both."""
-    if setup.recompute == "full":
+    if setup.recompute in ("full", "op"):
         return 0  # gradient checkpointing turns the cache off
     N, a, H = b * S, setup.act_bytes, cfg.n_head
     gqa = cfg.kv_heads != H

@@ -124,8 +124,8 @@ def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, in
     autocast caches one copy per parameter per autocast region) and the matmul saves that copy
     for the input's gradient. Biases are cast too but not saved; embeddings and norms are not
     autocast. Every weight matrix is saved once: the inventory's matrices and the lm_head (its
-    own or the tied V x E weight). With full recomputation the blocks' copies are made inside
-    the checkpoint and not kept; only the lm_head's is saved. Modes fp32 and bf16 run no
+    own or the tied V x E weight). With full or op recomputation the blocks' copies are made
+    inside the checkpoint and not kept; only the lm_head's is saved. Modes fp32 and bf16 run no
     autocast; mixed runs it on 16-bit weights, which are not copied. Per device: tensor-parallel
     shards; a pipeline stage's own blocks (L/pp), the lm_head on the last stage. Keys
     `weight_copy/<component>`.
@@ -136,7 +136,7 @@ def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, in
     tied = tied_head_weight(cfg)
     matrices = [t for t in inventory(cfg) if t.role == "matrix"] + ([tied] if tied else [])
     for t in matrices:
-        if t.place == "block" and setup.recompute == "full":
+        if t.place == "block" and setup.recompute in ("full", "op"):
             continue
         key = f"weight_copy/{t.component}"
         out[key] = out.get(key, 0) + 2 * t.shard(setup.tp) * t.count
