@@ -5,7 +5,12 @@ Import-light by design: nothing here imports torch, fvcore or matplotlib.
 
 from .api import (Setup, Summary, count_flops, inference_flops, load, resolve_setup, save_config,
                   summarize, to_dict)
-from .config import ARCHS, ConfigError, GPTConfig, TrainingSetup, Workload, default_setup
+from .config import GPTConfig
+from .errors import ConfigError
+from .families import ARCHS
+from .training import default_setup
+from .training_setup import TrainingSetup
+from .workload import Workload
 from .flops import FlopCount, InferenceFlops, published_estimates
 from .hf import SUPPORTED_MODEL_TYPES, config_from_hf
 from .params import ParamCount, count_params

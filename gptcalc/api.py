@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .config import ConfigError, GPTConfig, Workload, coerce_field, validate_workload
+from .coerce import coerce_field
+from .config import GPTConfig
+from .errors import ConfigError
+from .workload import Workload, validate_workload
 from .configfile import ConfigFile, read_config_file, write_config_file
 from . import flops as _flops
 from .flops import FlopCount, InferenceFlops
@@ -149,7 +152,7 @@ def save_config(path: str | Path, cfg: GPTConfig, workload: Workload,
 
 
 if TYPE_CHECKING:  # annotations only; summarize imports gptcalc.memory when called
-    from .config import TrainingSetup
+    from .training_setup import TrainingSetup
     from .memory import MemoryReport
 
 
@@ -206,10 +209,10 @@ def summarize(cfg: GPTConfig, workload: Workload, causal: bool = False, recomput
     """Params, training FLOPs, inference FLOPs and memory of `cfg` on `workload`.
 
     `training` (a TrainingSetup: precision, optimizer, parallelism) sizes the memory; default
-    the family's usual set-up (`gptcalc.config.training_defaults`) with this `recompute`, on
+    the family's usual set-up (`gptcalc.training.training_defaults`) with this `recompute`, on
     one device."""
-    from .config import default_setup
-    from .config import TrainingSetup
+    from .training import default_setup
+    from .training_setup import TrainingSetup
     from .memory import memory_report  # loaded when asked
 
     _check_model(cfg, workload)

@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import ConfigError, GPTConfig, Workload, coerce_field, field_kinds
+from .coerce import coerce_field, field_kinds
+from .config import GPTConfig
+from .errors import ConfigError
+from .workload import Workload
 
 SECTIONS = ("model", "workload", "training", "parallel", "inference")
 MODEL_SOURCES = ("preset", "arch", "hf_config")  # keys of [model] that are not GPTConfig fields

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import GATED_MLPS, ConfigError, GPTConfig, Workload, validate_workload
+from .config import GATED_MLPS, GPTConfig
+from .errors import ConfigError
+from .workload import Workload, validate_workload
 from .layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers, window_pairs
 from .params import count_params
 from .recompute import op_recomputed_linears

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ConfigError
+from .errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 

@@ -55,7 +55,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import ConfigError, GPTConfig
+from .config import GPTConfig
+from .errors import ConfigError
 from .hf_families import (DEFAULTS, FAMILIES, HEADS, HIDDEN, LAYERS, STRUCTURE_FIELDS,
                           TEXT_CONFIG_TYPES, VOCAB)
 

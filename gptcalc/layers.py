@@ -9,7 +9,8 @@ every formula built on them stays O(1) in the number of blocks L. Torch-free.
 
 from __future__ import annotations
 
-from .config import ConfigError, GPTConfig
+from .config import GPTConfig
+from .errors import ConfigError
 
 KV_WINDOW_KEEPS = ("window", "window-1")
 MLA_CACHES = ("latent", "expanded")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 
-from .config import ConfigError, GPTConfig
+from .config import GPTConfig
+from .errors import ConfigError
 from .linears import block_linears, targets as linear_targets
 from .params import count_params
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ARCHS, ConfigError, GPTConfig
+from .config import GPTConfig
+from .errors import ConfigError
+from .families import ARCHS
 
 
 @dataclass(frozen=True)

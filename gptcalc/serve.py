@@ -30,10 +30,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import ConfigError, GPTConfig
+from .config import GPTConfig
+from .errors import ConfigError
 from .gpus import GPU
 from .layers import global_layers, kv_elements_per_token, sliding_layers
-from .serving import KV_DTYPES, device_weight_bytes
+from .weights import KV_DTYPES, device_weight_bytes
 from .time import check_fraction
 
 ENGINES = ("vllm", "sglang")

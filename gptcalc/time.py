@@ -29,7 +29,9 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from .config import ConfigError, GPTConfig, Workload
+from .config import GPTConfig
+from .errors import ConfigError
+from .workload import Workload
 from .flops import count_flops, published_estimates
 from .gpus import GPU, require_peak
 from .params import count_params

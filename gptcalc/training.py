@@ -1,5 +1,5 @@
 """The training set-up of a command or a script: explicit values > a config file's [training]
-and [parallel] tables > the family's usual set-up (`gptcalc.config.training_defaults`).
+and [parallel] tables > the family's usual set-up (`training_defaults`).
 
 The CLI's `memory`, `report` and `plot` and the Python API resolve it here, so the same inputs
 size the same training step.
@@ -9,10 +9,57 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .config import (MIXED_ENGINES, ConfigError, GPTConfig, TrainingSetup, default_engine,
-                     training_defaults)
+from .config import GPTConfig
+from .errors import ConfigError
+from .families import family_of
+from .training_setup import MIXED_ENGINES, TrainingSetup, default_engine
 
-# engine "": the default for the ZeRO stage (`config.default_engine`)
+# The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's
+# "Let's build GPT" and the decoder-only notes); everything else
+# (GPT-2, Llama and every Hugging Face model) is trained the way people train today: bf16
+# autocast over fp32 weights, SDPA (flash attention), CUDA kernels.
+NOTEBOOK_FAMILIES = ("tutorial", "notes")
+
+
+def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
+    """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
+    `impl`. The tutorial and notes families: fp32, manual attention, CPU (the reference model,
+    as their notebooks run it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is
+    counted as transformers' modules save it where that profile models its switches (with the
+    class's default attention: eager for Gemma 2), else as the reference model saves it."""
+    if not hf and family_of(cfg) in NOTEBOOK_FAMILIES:
+        return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
+    impl = "transformers" if hf and _transformers_modelled(cfg) else "reference"
+    attn = "sdpa"
+    if impl == "transformers":  # the class's own default (Gemma 2: eager, no SDPA path)
+        from .memory.profile_transformers import default_attention  # torch-free
+
+        attn = default_attention(cfg)
+    return {"mode": "amp", "attn": attn, "device": "cuda", "impl": impl}
+
+
+def _transformers_modelled(cfg: GPTConfig) -> bool:
+    """False when the transformers profile has not measured a switch of `cfg` (MoE, MLA,
+    Gemma's norms, ...): such a Hugging Face config is then counted as the reference model
+    saves it, and the assumptions line says so."""
+    from .memory.profile_transformers import transformers_family  # torch-free
+
+    try:
+        transformers_family(cfg)
+    except ConfigError as e:
+        return e.field != "impl"
+    return True
+
+
+def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingSetup:
+    """`TrainingSetup` with the family's `training_defaults`, then `changes`."""
+    d = training_defaults(cfg, hf)
+    fields = {"mode": d["mode"], "attn_impl": d["attn"], "device": d["device"],
+              "impl": d["impl"], **changes}
+    return TrainingSetup(**fields)
+
+
+# engine "": the default for the ZeRO stage (`training_setup.default_engine`)
 PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1, "engine": "",
                      "distributed_optimizer": True}
 

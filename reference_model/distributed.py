@@ -42,7 +42,10 @@ from typing import Any
 
 import torch
 
-from gptcalc.config import ConfigError, GPTConfig, TrainingSetup, Workload
+from gptcalc.config import GPTConfig
+from gptcalc.errors import ConfigError
+from gptcalc.training_setup import TrainingSetup
+from gptcalc.workload import Workload
 
 MAX_RANKS = 8  # ranks a real run may launch on this machine
 PG_TIMEOUT_S = 120  # a collective waiting longer than this fails the rank

@@ -441,7 +441,7 @@ def replay_not_modelled(cfg: GPTConfig) -> list[str]:
     """The switches of `cfg` the CPU trace replay (reference_model/replay.py) does not walk: it
     knows the classic block's nodes only. Saved bytes, states and the phase model are still
     checked for them."""
-    from gptcalc.config import modern_switches
+    from gptcalc.families import modern_switches
 
     return modern_switches(cfg)
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from gptcalc.config import GPTConfig, TrainingSetup, Workload
+from gptcalc.config import GPTConfig
+from gptcalc.training_setup import TrainingSetup
+from gptcalc.workload import Workload
 from gptcalc.memory import autocast_weight_copies, saved_activations, state_bytes
 from gptcalc.memory.profile_reference import _norm_lines
 

@@ -30,7 +30,8 @@ from typing import Any, Mapping
 
 import torch
 
-from gptcalc.config import ConfigError, GPTConfig
+from gptcalc.config import GPTConfig
+from gptcalc.errors import ConfigError
 from gptcalc.memory.profile_transformers import transformers_family
 
 from .memory import SavedReport, SavedTensor, saving_nodes, storage_key

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gptcalc import GPTConfig, Workload, count_flops, count_params, inference_flops
-from gptcalc.config import ConfigError, validate_workload
+from gptcalc.errors import ConfigError
+from gptcalc.workload import validate_workload
 
 from . import measure
 from .checks import Check

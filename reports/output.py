@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from gptcalc.config import ConfigError
+from gptcalc.errors import ConfigError
 
 LOCK_NAME = ".gptcalc.lock"
 

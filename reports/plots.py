@@ -372,7 +372,7 @@ def memory_setup(cfg: GPTConfig, device: str | None = None):
     """The training set-up the memory plots assume when none is given: the family's usual one
     (bf16 autocast, SDPA, CUDA kernels; the tutorial and notes families fp32 with their manual
     attention), on one device."""
-    from gptcalc.config import default_setup
+    from gptcalc.training import default_setup
 
     return default_setup(cfg, **({"device": device} if device else {}))
 
@@ -410,7 +410,7 @@ def _stack(ax, xs, series: list[dict[str, int]], peaks: Sequence[int]) -> None:
 def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
                          setup=None) -> Plot:
     """Training memory stacked by category vs batch size and vs sequence length."""
-    from gptcalc.config import Workload
+    from gptcalc.workload import Workload
     from gptcalc.memory import step_peak
 
     setup = setup or memory_setup(cfg)
@@ -449,7 +449,7 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
 
 def plot_zero(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
     """Model states per device vs data-parallel size, one line per ZeRO stage."""
-    from gptcalc.config import TrainingSetup
+    from gptcalc.training_setup import TrainingSetup
     from gptcalc.memory import state_bytes
 
     fig, ax = plt.subplots(figsize=(8, 5))

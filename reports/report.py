@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gptcalc import __version__
-from gptcalc.config import GPTConfig, Workload
+from gptcalc.config import GPTConfig
+from gptcalc.workload import Workload
 from gptcalc.flops import NONMATMUL_COST, count_flops, inference_flops, published_estimates
 from gptcalc.params import count_params
 from gptcalc.units import binary_bytes, si
@@ -40,7 +41,7 @@ def pick_device(device: str) -> str:
     """auto: CUDA when present, else CPU. An explicit cuda without CUDA is an error."""
     import torch
 
-    from gptcalc.config import ConfigError
+    from gptcalc.errors import ConfigError
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -209,7 +210,7 @@ def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Bloc
 def _memory_blocks(cfg: GPTConfig, wl: Workload, setup=None) -> list[Block]:
     """`gptcalc.memory.memory_report` of this workload under `setup` (default: the family's
     usual training set-up)."""
-    from gptcalc.config import default_setup
+    from gptcalc.training import default_setup
     from gptcalc.memory import memory_report
 
     setup = setup or default_setup(cfg)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gptcalc import Workload, config_from_hf, count_flops, count_params, from_name
-from gptcalc.config import ConfigError
+from gptcalc.errors import ConfigError
 from gptcalc.layers import kv_cache_elements, moe_layers, sliding_layers
 
 from .hf_published import PUBLISHED

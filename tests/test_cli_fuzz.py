@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from gptcalc.cli import cli
-from gptcalc.config import field_kinds
+from gptcalc.coerce import field_kinds
 from gptcalc.presets import PRESETS
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.cli import cli
-from gptcalc.config import ConfigError
+from gptcalc.errors import ConfigError
 from gptcalc.memory import memory_report, resident, state_bytes
 
 GPT2_N = 124_439_808  # released GPT-2 small (see test_params)

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from gptcalc.cli import cli
-from gptcalc.config import ConfigError
+from gptcalc.errors import ConfigError
 from gptcalc.gpus import GPUS, gpu, require_peak
 
 REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm",

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from gptcalc.cli import cli
-from gptcalc.config import ConfigError
+from gptcalc.errors import ConfigError
 from reports.output import LOCK_NAME, staged_output
 
 

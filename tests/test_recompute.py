@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gptcalc import GPTConfig, Workload, from_name
-from gptcalc.config import ConfigError
+from gptcalc.errors import ConfigError
 from gptcalc.flops import count_flops
 from gptcalc.memory import TrainingSetup, saved_activations
 from gptcalc.memory.profile_transformers import transformers_saved

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from gptcalc import Workload, from_name
 from gptcalc.cli import cli
-from gptcalc.config import ConfigError
+from gptcalc.errors import ConfigError
 from gptcalc.gpus import gpu
 from gptcalc.time import achieved_mfu, parse_count, training_time
 

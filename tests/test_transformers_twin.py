@@ -16,7 +16,9 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from gptcalc.config import ARCHS, ConfigError, GPTConfig  # noqa: E402
+from gptcalc.config import GPTConfig  # noqa: E402
+from gptcalc.errors import ConfigError  # noqa: E402
+from gptcalc.families import ARCHS  # noqa: E402
 from gptcalc.memory.profile_transformers import (  # noqa: E402
     transformers_family, transformers_loss_transients, transformers_saved)
 from reference_model import transformers_twin as tw  # noqa: E402
@@ -197,7 +199,7 @@ def test_saved_bytes_exact_gemma_switches(raw):
 
 
 def test_gemma_defaults_and_refusals():
-    from gptcalc.config import training_defaults
+    from gptcalc.training import training_defaults
     from gptcalc.hf import config_from_hf
 
     g2 = config_from_hf(_gemma_raw("gemma2"))

@@ -8,7 +8,7 @@ import traceback
 
 import click
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .options import option_for
 
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import click
 
-from ..config import GPTConfig, Workload
+from ..config import GPTConfig
+from ..workload import Workload
 from ..flops import (NONMATMUL_COST, RECOMPUTE, FlopCount, count_flops, inference_flops,
                      published_estimates)
 from ..units import si

@@ -6,10 +6,11 @@ from typing import Any
 
 import click
 
-from ..config import GPTConfig, Workload
+from ..config import GPTConfig
+from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
-from ..serving import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, GROUP_SIZE,
-                       KV_DTYPES, WEIGHT_DTYPES, Serving, serving)
+from ..serving import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving, serving
+from ..weights import GROUP_SIZE, KV_DTYPES, WEIGHT_DTYPES
 from ..units import binary_bytes, si
 from .options import describe, model_options
 from .render import emit_json, envelope, print_line, print_table

@@ -6,7 +6,10 @@ import dataclasses
 
 import click
 
-from ..config import ConfigError, GPTConfig, TrainingSetup, Workload
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..training_setup import TrainingSetup
+from ..workload import Workload
 from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
 from ..units import binary_bytes, parse_bytes
 from .options import assumptions, describe, model_options, training_options, training_setup

@@ -11,7 +11,11 @@ import click
 
 from .. import api
 from ..api import Setup
-from ..config import ARCHS, ConfigError, GPTConfig, Workload, coerce_field, field_kinds
+from ..coerce import coerce_field, field_kinds
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..families import ARCHS
+from ..workload import Workload
 from ..configfile import FORMATS, write_config_file
 from ..presets import DEFAULT_PRESET, PRESETS
 from ..training import PARALLEL_DEFAULTS
@@ -177,7 +181,8 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
 
 
 def _training_option_list(with_device: bool) -> list[Callable]:
-    from ..config import ATTN_IMPLS, AUTOCAST_DTYPES, ENGINES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE
+    from ..training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, ENGINES, IMPLS, MODES, OPTIMIZERS,
+                                  RECOMPUTE)
 
     opts = [
         click.option("--mode", type=click.Choice(MODES), default=None,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..config import ConfigError, GPTConfig, Workload
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..workload import Workload
 from ..lora import lora_params, parse_targets
 from ..params import count_params
 from ..units import si

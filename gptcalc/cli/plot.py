@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..config import GPTConfig, Workload
+from ..config import GPTConfig
+from ..workload import Workload
 from .extras import require
 from .options import (assumptions, model_name, model_options, pop_training, training_options,
                       training_setup)

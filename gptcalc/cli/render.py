@@ -8,7 +8,8 @@ from typing import Any, Iterable, Sequence
 
 import click
 
-from ..config import GPTConfig, Workload
+from ..config import GPTConfig
+from ..workload import Workload
 
 
 # The version of the JSON every command emits (docs/json.md); bumped when a key changes meaning.

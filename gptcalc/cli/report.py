@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..config import GPTConfig, Workload
+from ..config import GPTConfig
+from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..units import si
 from .extras import require

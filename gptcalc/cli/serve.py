@@ -6,11 +6,13 @@ from typing import Any
 
 import click
 
-from ..config import ConfigError, GPTConfig, Workload
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..serve import (DEFAULT_NON_TORCH, ENGINES, KVPool, gpu_memory, kv_pool)
-from ..serving import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, KV_DTYPES,
-                       WEIGHT_DTYPES, serving)
+from ..serving import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, serving
+from ..weights import KV_DTYPES, WEIGHT_DTYPES
 from ..units import binary_bytes, parse_bytes
 from .infer import _json as infer_json, _ms
 from .options import describe, model_options

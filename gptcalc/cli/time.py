@@ -6,7 +6,9 @@ from typing import Any
 
 import click
 
-from ..config import ConfigError, GPTConfig, Workload
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..workload import Workload
 from ..flops import RECOMPUTE
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..time import (TrainingTime, achieved_mfu, check_positive, parse_count, tokens_per_step,

@@ -7,7 +7,10 @@ import time
 
 import click
 
-from ..config import ENGINES, ConfigError, GPTConfig, Workload
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..training_setup import ENGINES
+from ..workload import Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
 from .extras import require
 from .options import describe, model_options

@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ..config import ConfigError, GPTConfig, TrainingSetup, Workload
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..training_setup import TrainingSetup
+from ..workload import Workload
 from .render import emit_json, envelope, print_line, print_table
 
 # A real run is replaced by a shape-only one (auto) when one rank's step would take longer

@@ -12,8 +12,8 @@
 This package never imports torch.
 """
 
-from ..config import (ATTN_IMPLS, AUTOCAST_DTYPES, DEVICES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE,
-                      ZERO_STAGES, TrainingSetup)
+from ..training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, DEVICES, IMPLS, MODES, OPTIMIZERS,
+                              RECOMPUTE, ZERO_STAGES, TrainingSetup)
 from .activations import (activations_paper, device_activations, logits_bytes,
                           paper_layer_bytes, saved_activations)
 from .inference import inference_bytes, kv_cache_bytes, max_context, serving_dtype_bytes

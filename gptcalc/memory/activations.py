@@ -10,7 +10,10 @@ the log-probabilities are a saved tensor (`cross_entropy/...`), the logits a sep
 
 from __future__ import annotations
 
-from ..config import ConfigError, GPTConfig, TrainingSetup, Workload
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..training_setup import TrainingSetup
+from ..workload import Workload
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
 from .states import autocast_weight_copies

@@ -25,7 +25,9 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
 
 from __future__ import annotations
 
-from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
+from ..config import GATED_MLPS, GPTConfig
+from ..training_setup import TrainingSetup
+from ..workload import Workload
 from ..linears import block_linears
 from ..lora import lora_params, qlora_weight_bytes
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..config import GPTConfig, TrainingSetup
+from ..config import GPTConfig
+from ..training_setup import TrainingSetup
 from ..layers import kv_cache_elements
 from .states import stage_params
 

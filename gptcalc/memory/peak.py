@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import GATED_MLPS, GPTConfig, TrainingSetup, Workload
+from ..config import GATED_MLPS, GPTConfig
+from ..training_setup import TrainingSetup
+from ..workload import Workload
 from .activations import device_activations, logits_bytes, transformers_loss
 from . import engines
 from .engines import state_bytes

@@ -7,7 +7,10 @@ parallel sharding (`gptcalc.memory.activations` shards the lines). Exact against
 
 from __future__ import annotations
 
-from ..config import GATED_MLPS, ConfigError, GPTConfig, TrainingSetup, Workload
+from ..config import GATED_MLPS, GPTConfig
+from ..errors import ConfigError
+from ..training_setup import TrainingSetup
+from ..workload import Workload
 from ..recompute import op_kept_linears
 from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from .profile_reference_modern import (SavedLines, mla_projections, mlp_lines, moe_lines,

@@ -127,7 +127,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import GATED_MLPS, ConfigError, GPTConfig
+from ..config import GATED_MLPS, GPTConfig
+from ..errors import ConfigError
 from ..layers import moe_layers, sliding_layers
 from .profile_reference import op_block_lines
 

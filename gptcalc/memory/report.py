@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import (ConfigError, GPTConfig, TrainingSetup, Workload, modern_switches,
-                      validate_workload)
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..families import modern_switches
+from ..training_setup import TrainingSetup
+from ..workload import Workload, validate_workload
 from .activations import activations_paper, device_activations, logits_bytes
 from .inference import kv_cache_bytes, largest_fitting, serving_dtype_bytes
 from .peak import StepPeak, step_peak

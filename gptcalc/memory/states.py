@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..config import GPTConfig, TrainingSetup
+from ..config import GPTConfig
+from ..training_setup import TrainingSetup
 from ..inventory import ParamTensor, inventory, tied_head_weight
 from ..linears import block_linears
 

@@ -17,7 +17,9 @@ and never imports torch.
 
 from __future__ import annotations
 
-from ...config import GPTConfig, TrainingSetup, Workload
+from ...config import GPTConfig
+from ...training_setup import TrainingSetup
+from ...workload import Workload
 from ..states import StateBytes, stage_tensors
 from .ddp import ddp_gradient_buckets, ddp_phase_terms, ddp_resident
 from .deepspeed import deepspeed_phase_terms, deepspeed_rank_states, deepspeed_resident

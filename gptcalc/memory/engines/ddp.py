@@ -6,7 +6,8 @@ Every function here is pure and never imports torch.
 
 from __future__ import annotations
 
-from ...config import GPTConfig, TrainingSetup
+from ...config import GPTConfig
+from ...training_setup import TrainingSetup
 from .shards import coords, first_rank, stage_of, tp_rank_states
 
 PHASES = ("forward end", "backward start", "backward, last block", "backward end",

@@ -18,7 +18,9 @@ Every function here is pure and never imports torch.
 
 from __future__ import annotations
 
-from ...config import GPTConfig, TrainingSetup, Workload
+from ...config import GPTConfig
+from ...training_setup import TrainingSetup
+from ...workload import Workload
 from ...inventory import ParamTensor
 from ..states import OPTIMIZER_BYTES, stage_tensors
 from .shards import (RankStates, chunk_rows, coords, first_rank, padded_rows, rows_times_rest,

@@ -21,7 +21,9 @@ Every function here is pure and never imports torch.
 
 from __future__ import annotations
 
-from ...config import ConfigError, GPTConfig, TrainingSetup
+from ...config import GPTConfig
+from ...errors import ConfigError
+from ...training_setup import TrainingSetup
 from ..states import stage_tensors
 from .shards import RankStates, coords, first_rank, stage_of
 

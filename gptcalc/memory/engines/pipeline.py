@@ -5,7 +5,9 @@ Every function here is pure and never imports torch.
 
 from __future__ import annotations
 
-from ...config import GPTConfig, TrainingSetup, Workload
+from ...config import GPTConfig
+from ...training_setup import TrainingSetup
+from ...workload import Workload
 
 
 def pipeline_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...config import GPTConfig, TrainingSetup
+from ...config import GPTConfig
+from ...training_setup import TrainingSetup
 from ...inventory import ParamTensor
 from ..states import STEP_COUNTER_BYTES, optimizer_bytes_per_param, stage_tensors
 

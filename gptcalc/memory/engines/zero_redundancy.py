@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 
-from ...config import GPTConfig, TrainingSetup
+from ...config import GPTConfig
+from ...training_setup import TrainingSetup
 from ..states import optimizer_bytes_per_param, stage_tensors
 from .shards import RankStates, coords, first_rank, stage_of, step_counters
 

@@ -1,0 +1,172 @@
+"""How a model is trained (`TrainingSetup`): precision, optimizer, recomputation, kernels,
+parallel layout and engine, and the options each of them takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError, positive_int
+
+MODES = ("fp32", "amp", "mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+AUTOCAST_DTYPES = ("bf16", "fp16")
+# recompute: none; selective, the attention core (Korthikanti et al. 2022, sec. 5); op,
+# torchtitan's op-level selective checkpointing (matmul and attention-kernel outputs kept but
+# every second matmul); full, every block (only its input kept)
+RECOMPUTE = ("none", "selective", "op", "full")
+ATTN_IMPLS = ("manual", "sdpa")
+DEVICES = ("cpu", "cuda")
+IMPLS = ("reference", "transformers", "paper")
+ZERO_STAGES = (0, 1, 2, 3)
+# the training engines whose per-rank memory gptcalc models (gptcalc.memory.engines)
+ENGINES = ("deepspeed", "fsdp2", "megatron", "ddp", "zero-redundancy")
+# the ZeRO stages each engine runs: FSDP2's reshard_after_forward False/True is ZeRO-2/3;
+# Megatron-LM shards with its distributed optimizer, not a ZeRO stage
+ENGINE_STAGES = {"deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "megatron": (0,), "ddp": (0,),
+                 "zero-redundancy": (1,)}
+# engines whose mixed precision (16-bit compute, fp32 master weights) is their default
+MIXED_ENGINES = ("deepspeed", "fsdp2", "megatron")
+
+
+def default_engine(zero: int) -> str:
+    """The engine most users run a layout with: DeepSpeed for ZeRO stages 1-3 (ZeRO is its
+    vocabulary and the ZeRO paper's accounting), DistributedDataParallel otherwise."""
+    return "deepspeed" if zero >= 1 else "ddp"
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """How a model is trained: precision, optimizer, recomputation, kernels, parallel layout.
+
+    mode: fp32 | amp (fp32 weights and gradients, autocast compute in `autocast_dtype`) |
+    mixed (ZeRO's accounting: 16-bit weights and gradients + fp32 master weights and states) |
+    bf16 (pure bf16 weights, gradients and states). attn_impl: manual (softmax(q k^T) v written
+    out, its S x S scores saved) | sdpa (F.scaled_dot_product_attention; a flash-type kernel
+    on CUDA). device: whose kernel semantics decide what is saved (CPU and CUDA save different
+    dtypes for some ops). impl: the implementation whose saved tensors are counted: the
+    project's `reference` model, Hugging Face `transformers`' modules, or Korthikanti et al.
+    2022's `paper` formula. Parallel layout: `dp` data-parallel replicas with ZeRO stage
+    `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
+    (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
+    holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard).
+    `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
+    base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4. `overhead`: bytes
+    added to every
+    phase of the peak for what the model does not cover (framework context, allocator
+    fragmentation, communication buckets); 0 unless given, always printed.
+
+    The dataclass defaults are the bare fp32 CPU set-up the reference model is measured in;
+    `training_defaults` gives the set-up a family is usually trained with.
+    """
+
+    mode: str = "fp32"
+    optimizer: str = "adamw"
+    autocast_dtype: str = "bf16"
+    recompute: str = "none"
+    attn_impl: str = "manual"
+    device: str = "cpu"
+    impl: str = "reference"
+    dp: int = 1
+    zero: int = 0
+    tp: int = 1
+    pp: int = 1
+    sp: bool = False
+    ep: int = 1
+    engine: str | None = None
+    distributed_optimizer: bool = True
+    overhead: int = 0
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+    base_dtype: str = "same"
+
+    def __post_init__(self) -> None:
+        for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
+                              ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
+                              ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(name, f"{name} must be one of {', '.join(choices)}; "
+                                        f"got {getattr(self, name)!r}")
+        for name in ("dp", "tp", "pp", "ep"):
+            positive_int(name, getattr(self, name))
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        if not isinstance(self.sp, bool):
+            raise ConfigError("sp", f"sp must be true or false, got {self.sp!r}")
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ConfigError("engine", f"engine must be one of {', '.join(ENGINES)}; got "
+                                        f"{self.engine!r}")
+        if self.zero not in ENGINE_STAGES[self.engine_name]:
+            stages = " or ".join(map(str, ENGINE_STAGES[self.engine_name]))
+            raise ConfigError("zero", f"the {self.engine_name} engine runs ZeRO stage {stages}, "
+                                      f"not {self.zero}")
+        if not isinstance(self.distributed_optimizer, bool):
+            raise ConfigError("distributed_optimizer", "must be true or false")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or (
+                self.lora_rank < 0):
+            raise ConfigError("lora_rank", f"must be a rank >= 0, got {self.lora_rank!r}")
+        if self.lora_rank and not self.lora_targets:
+            raise ConfigError("lora_targets", "a LoRA rank needs targets, e.g. q,v")
+        if self.base_dtype not in ("same", "nf4"):
+            raise ConfigError("base_dtype", f"base_dtype must be same or nf4, got "
+                                            f"{self.base_dtype!r}")
+        if self.base_dtype == "nf4" and not self.lora_rank:
+            raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
+                                               "--lora-rank")
+        if isinstance(self.overhead, bool) or not isinstance(self.overhead, int) or (
+                self.overhead < 0):
+            raise ConfigError("overhead", f"overhead must be a byte count >= 0, got "
+                                          f"{self.overhead!r}")
+
+    @property
+    def engine_name(self) -> str:
+        """The engine: `engine` when given, else `default_engine` of the ZeRO stage."""
+        return self.engine or default_engine(self.zero)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one weight (and of one gradient): fp32, or 16 bit in mixed and bf16."""
+        return 4 if self.mode in ("fp32", "amp") else 2
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes of one activation element: fp32, or the 16-bit compute dtype."""
+        return 4 if self.mode == "fp32" else 2
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes of one residual-stream element: the weights' dtype (fp32 weights keep the
+        stream fp32 under amp: a 16-bit branch output added to it promotes to fp32)."""
+        return self.weight_bytes
+
+    def _mixed(self) -> str:
+        """What mode mixed means under the engine."""
+        d = self.autocast_dtype
+        if self.engine_name == "fsdp2":
+            return f"mixed (MixedPrecisionPolicy: {d} parameters, fp32 shards and reduction)"
+        if self.engine_name == "megatron":
+            grads = "fp32 main gradients" if d == "bf16" else "fp16 gradients"
+            return f"mixed ({d} weights, {grads}, fp32 master copy)"
+        return f"mixed ({d} weights and gradients, fp32 master copy)"
+
+    def describe(self) -> str:
+        """One line naming every assumption of the set-up."""
+        amp_weights = "16-bit frozen base, fp32 adapters" if self.lora_rank else "fp32 weights"
+        prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, {amp_weights})",
+                "mixed": self._mixed(),
+                "bf16": "pure bf16"}[self.mode]
+        layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
+                 f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
+        engine = self.engine_name
+        if engine == "megatron":
+            engine += " (distributed optimizer)" if self.distributed_optimizer else \
+                " (no distributed optimizer)"
+        tune = ""
+        if self.lora_rank:
+            base = "an NF4 (QLoRA)" if self.base_dtype == "nf4" else "a frozen"
+            tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
+                    f"{base} base")
+        return (f"engine {engine}, {prec}, {self.optimizer}, attention {self.attn_impl}, "
+                f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
+                f"{self.recompute}{tune}, "
+                f"{layout}")
+

@@ -1,0 +1,52 @@
+"""The bytes of a model's weights, and of a KV-cache element, in the dtypes inference engines
+store them in: 16 bit, fp8, and weight-only int8 / int4 with their quantisation scales."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from .config import GPTConfig
+from .errors import ConfigError
+from .linears import block_linears
+from .params import count_params
+
+# bytes per weight element; int8 / int4 also store one fp16 scale per GROUP_SIZE weights
+WEIGHT_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": Fraction(1, 2)}
+KV_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}  # per element; per-tensor scales ignored
+GROUP_SIZE = 128  # int8/int4: one scale per 128 consecutive input weights of an output (GPTQ/AWQ)
+SCALE_BYTES = 2  # fp16 scale per group
+FP8_SCALE_BYTES = 4  # fp8: one fp32 scale per matrix (per-tensor scaling)
+
+
+def weight_bytes(cfg: GPTConfig, dtype: str = "bf16") -> dict[str, int]:
+    """Bytes of the weights by part; the values sum to the model's weight bytes.
+
+    quantised: the block Linears' weight matrices in `dtype`; scales: int8/int4 one fp16 scale
+    per group of 128 input weights of each output (ceil(in / 128) x out per matrix), fp8 one fp32
+    per matrix, none for 16-bit; other: embeddings, lm_head, norms and biases, kept 16-bit
+    (GPTQ, AWQ and bitsandbytes leave them unquantised)."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ConfigError("weights_dtype", f"must be one of {', '.join(WEIGHT_DTYPES)}; "
+                                           f"got {dtype!r}")
+    mats = block_linears(cfg)
+    n_matrix = sum(m.weights for m in mats)
+    if dtype in ("int8", "int4"):
+        scales = sum(m.count * math.ceil(m.in_features / GROUP_SIZE) * m.out_features
+                         for m in mats) * SCALE_BYTES
+    elif dtype == "fp8":
+        scales = sum(m.count for m in mats) * FP8_SCALE_BYTES
+    else:
+        scales = 0
+    return {
+        "quantised": math.ceil(n_matrix * WEIGHT_DTYPES[dtype]),
+        "scales": scales,
+        "other": (count_params(cfg).total - n_matrix) * 2,
+    }
+
+
+def device_weight_bytes(cfg: GPTConfig, dtype: str = "bf16", tp: int = 1) -> int:
+    """Weight bytes on one of tp devices (`weight_bytes` summed): the norms replicated, every
+    other weight split tp ways (Megatron)."""
+    norms = 2 * sum(v for k, v in count_params(cfg).components.items() if k.startswith("norm/"))
+    return (sum(weight_bytes(cfg, dtype).values()) - norms) // tp + norms
