@@ -95,7 +95,8 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     DeepSeek-V3 (G = n_group, T = topk_group; its router is a sigmoid, weights fp32):
     layer/moe/group_topk      N*G*2*8 + N*T*8 + N*X  the per-group top-2 and chosen-group int64
                               indices, masked_fill's bool mask
-    layer/moe/router_fp32_copies (N*E + X*E) * 4  F.linear(x.float(), weight.float()), 16-bit
+    layer/moe/router_fp32_copy N*E * 4      F.linear(x.float(), weight): the input's fp32 copy,
+                              16-bit (the router weight itself is kept fp32)
     layer/moe/shared_hidden   4 * N * Fs * a  the shared experts' SwiGLU (Fs = n_shared * F)
     layer/attn/... MLA (ql q_lora_rank, kvl kv_lora_rank, qk = nope + rope, v head widths):
       q_a_norm/..., q_b_input  Llama RMSNorm of N*ql, q_b_proj's input N*ql*a (with q LoRA)
@@ -263,8 +264,10 @@ def _moe(cfg: GPTConfig, fam: str, N: int, a: int) -> dict[str, int]:
     Nk = N * k
     ds = fam == "deepseek_v3"
     return {
-        # DeepSeek-V3: F.linear(x.float(), weight.float()) saves both fp32 copies when 16-bit
-        "router_fp32_copies": (N * E + X * E) * 4 if ds and a != 4 else 0,
+        # DeepSeek-V3: F.linear(x.float(), weight.float()) saves the input's fp32 copy when
+        # 16-bit; the weight is no copy: transformers keeps the router's weight in fp32 in every
+        # dtype (`_keep_in_fp32_modules_strict`, "gate.weight")
+        "router_fp32_copy": N * E * 4 if ds and a != 4 else 0,
         # DeepSeek-V3's group-limited top-k: the per-group top-2 indices (N x groups x 2), the
         # chosen groups (N x topk_group) and the bool mask masked_fill saves (N x X)
         "group_topk": (N * cfg.router_groups * 2 * 8 + N * cfg.router_topk_groups * 8 + N * X
