@@ -15,7 +15,8 @@ Model and workload keys may also sit at the top level. `SECTIONS` lists the docu
 [training], [parallel] and [inference] are kept verbatim here (and written back by
 --save-config) for the commands that read them, which check their keys; an undocumented one is
 an error, as is an unknown key in [model] or [workload] (a typo must not
-silently leave a default in place). A relative `hf_config` is taken from the file's directory.
+silently leave a default in place). A relative `hf_config` is taken from the file's directory
+(a Hub id, org/name, when nothing there has that name).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .config import ConfigError, GPTConfig, Workload, coerce_field, field_kinds
+from .hf import HUB_ID
 
 SECTIONS = ("model", "workload", "training", "parallel", "inference")
 MODEL_SOURCES = ("preset", "arch", "hf_config")  # keys of [model] that are not GPTConfig fields
@@ -141,8 +143,9 @@ def parse_config(doc: Mapping[str, Any], path: Path | None = None) -> ConfigFile
         if key in MODEL_SOURCES:
             if not isinstance(value, str) or not value.strip():
                 raise _fail(path, f"{where}{key} must be a non-empty string, got {value!r}")
-            if key == "hf_config" and path is not None and not Path(value).is_absolute():
-                value = str(path.parent / value)
+            if key == "hf_config" and path is not None and not Path(value).is_absolute() and (
+                    (path.parent / value).exists() or not HUB_ID.match(value)):
+                value = str(path.parent / value)  # beside the file; else a Hub id (org/name)
             put(model, key, value, where)
         elif key in fields:
             try:

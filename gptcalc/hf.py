@@ -52,6 +52,7 @@ a switch only (`attn_softcap`, `logit_softcap`: its tanh saves a tensor for back
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -63,11 +64,66 @@ SUPPORTED_MODEL_TYPES = tuple(FAMILIES) + tuple(TEXT_CONFIG_TYPES)
 _MISSING = object()
 
 
+# a Hugging Face Hub repository id, optionally pinned: org/name or org/name@revision
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_])(?:@(?P<rev>[^@\s]+))?$")
+
+
+def hub_id(ref: str | Path) -> tuple[str, str | None] | None:
+    """(repo_id, revision) when `ref` names a Hub repository (`org/name` or `org/name@rev`) and
+    no local file or directory of that name exists (a local path always wins); else None."""
+    text = str(ref)
+    m = HUB_ID.match(text)
+    if m is None or Path(text).exists():
+        return None
+    return m["repo"], m["rev"]
+
+
+def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
+    """The config.json of a Hub repository, through huggingface_hub's cache: downloaded when
+    the Hub is reachable, read from the cache under HF_HUB_OFFLINE=1 (or without a network);
+    HF_HUB_CACHE / HF_HOME and the stored or HF_TOKEN token are huggingface_hub's own.
+    Each failure is one ConfigError("hf_config") line."""
+    where = f"{repo_id}@{revision}" if revision else repo_id
+    try:
+        import huggingface_hub
+        from huggingface_hub import errors
+    except ImportError:
+        raise ConfigError("hf_config", f"{where} is not a local path, and reading a Hub id "
+                                       "needs huggingface_hub: pip install 'gptcalc[hf]'") from None
+    try:
+        return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
+    except errors.LocalEntryNotFoundError:  # offline, or the Hub unreachable, and not cached
+        offline = huggingface_hub.constants.HF_HUB_OFFLINE
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
+        raise ConfigError("hf_config", f"{where}: no such local path; as a Hub id: {why} and "
+                                       "its config.json is not in the cache "
+                                       f"({huggingface_hub.constants.HF_HUB_CACHE})") from None
+    except errors.GatedRepoError:
+        raise ConfigError("hf_config", f"{where} is gated: accept its licence on "
+                                       f"https://huggingface.co/{repo_id} and log in (hf auth "
+                                       "login, or HF_TOKEN)") from None
+    except errors.RepositoryNotFoundError:
+        raise ConfigError("hf_config", f"{where}: no such local path, nor repository on the "
+                                       "Hub (or it is private and no token with access is set)") from None
+    except errors.RevisionNotFoundError:
+        raise ConfigError("hf_config", f"{where}: no revision {revision!r} in {repo_id}") from None
+    except errors.EntryNotFoundError:  # RemoteEntryNotFoundError, where it exists
+        raise ConfigError("hf_config", f"{where} has no config.json") from None
+    except errors.HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        raise ConfigError("hf_config", f"{where}: the Hub answered "
+                                       f"{status or 'with an error'}") from None
+    except OSError as e:  # a network error huggingface_hub did not wrap
+        raise ConfigError("hf_config", f"{where}: {type(e).__name__}: {e}".splitlines()[0]) from None
+
+
 def read_hf_json(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a config.json, or of the config.json inside a directory."""
+    """The JSON object of a config.json, of the config.json inside a directory, or of a Hub
+    repository's config.json (`org/name[@revision]`, see `hub_config_path`)."""
     from .configfile import parse_document, read_text_file
 
-    p = Path(path)
+    hub = hub_id(path)
+    p = hub_config_path(*hub) if hub else Path(path)
     if p.is_dir():
         p = p / "config.json"
     raw = parse_document(read_text_file(p, "hf_config"), True, "hf_config", p)
@@ -256,4 +312,5 @@ def config_from_hf(path_or_dict: str | Path | Mapping[str, Any]) -> GPTConfig:
         raise ConfigError("hf_config", f"{raw.get('model_type')}: {e.message}") from None
 
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "config_from_hf", "hf_fields", "read_hf_json"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "config_from_hf", "hf_fields", "hub_config_path", "hub_id",
+           "read_hf_json"]

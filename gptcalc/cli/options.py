@@ -66,10 +66,11 @@ _MODEL_OPTIONS = [
     click.option("--dropout", type=float, default=None, help="Dropout probability."),
     click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
                  help="Set any architecture switch, e.g. --set qkv_bias=false --set norm=rmsnorm."),
-    click.option("--hf-config", default=None, metavar="PATH",
-                 help="A Hugging Face config.json (or its directory), read offline: llama, "
-                      "mistral, mixtral, qwen2/3(-moe), deepseek_v3, gemma 1-3, gpt_oss, phi, "
-                      "phi3, olmo2, starcoder2, falcon, opt, bloom, ... (see README)."),
+    click.option("--hf-config", default=None, metavar="PATH|ORG/NAME[@REV]",
+                 help="A Hugging Face config.json (or its directory), or a Hub id read through "
+                      "huggingface_hub's cache (HF_HUB_OFFLINE, HF_TOKEN; a local path wins): "
+                      "llama, mistral, mixtral, qwen2/3(-moe), deepseek_v3, gemma 1-3, gpt_oss, "
+                      "phi, phi3, olmo2, starcoder2, falcon, opt, bloom, ... (see README)."),
     click.option("--config", default=None, metavar="FILE",
                  help="A gptcalc config file (TOML or .json): [model], [workload], [training]."),
     click.option("--save-config", default=None, metavar="FILE",
@@ -320,12 +321,14 @@ def _file_model_name(params: dict) -> str | None:
 
 
 def _hf_name(path: str) -> str:
-    from ..hf import read_hf_json
+    from ..hf import hub_id, read_hf_json
 
     raw = read_hf_json(path)
     name = raw.get("_name_or_path")
     if isinstance(name, str) and name.strip():
         return name.strip()
+    if hub_id(path):
+        return str(path)
     p = Path(path).resolve()
     return (p if p.is_dir() else p.parent).name or p.stem
 
