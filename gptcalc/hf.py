@@ -34,7 +34,10 @@ classes' defaults, `gptcalc.hf_families.DEFAULTS`, and its modelling code):
 Spellings: newer (`hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 `max_position_embeddings`) and older (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_ctx`,
 `max_sequence_length`) names of the same quantity are both accepted; the first present in the
-order transformers itself prefers wins. The sizes that fix the count (width, depth, heads,
+order transformers itself prefers wins. A family's `attribute_map` aliases (Qwen3-MoE's
+`num_experts` for `num_local_experts`, DeepSeek-V3's `num_local_experts` for `n_routed_experts`,
+`hf_families.ATTRIBUTE_MAPS`) are one field: either spelling is read, and both must agree;
+a config.json that the installed transformers' `save_pretrained` writes is read as it wrote it. The sizes that fix the count (width, depth, heads,
 vocabulary, and the MLP width of the families that state it) are required: transformers would fill
 a missing one with a default from an unrelated model, which for a calculator means a silently
 wrong number, so a config.json without them is rejected as truncated. Multimodal configs are read
@@ -57,8 +60,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .config import ConfigError, GPTConfig
-from .hf_families import (DEFAULTS, FAMILIES, HEADS, HIDDEN, LAYERS, STRUCTURE_FIELDS,
-                          TEXT_CONFIG_TYPES, VOCAB)
+from .hf_families import (ATTRIBUTE_MAPS, DEFAULTS, FAMILIES, HEADS, HIDDEN, LAYERS,
+                          STRUCTURE_FIELDS, TEXT_CONFIG_TYPES, VOCAB, spellings)
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES) + tuple(TEXT_CONFIG_TYPES)
 _MISSING = object()
@@ -137,7 +140,14 @@ class _Reader:
     error names the field and the family. Records which fields it read."""
 
     def __init__(self, raw: Mapping[str, Any], model_type: str) -> None:
-        self.raw = raw
+        self.raw = dict(raw)
+        for alias, attr in ATTRIBUTE_MAPS.get(model_type, {}).items():  # one field, two names
+            a, b = raw.get(alias), raw.get(attr)
+            if a is not None and b is not None and a != b:
+                raise ConfigError("hf_config", f"{model_type}: {alias} ({a!r}) and {attr} "
+                                               f"({b!r}) name the same field and disagree")
+            if a is not None or b is not None:
+                self.raw[alias] = self.raw[attr] = b if a is None else a
         self.model_type = model_type
         self.defaults = DEFAULTS.get(model_type, {})
         self.read: set[str] = set()
@@ -286,7 +296,8 @@ def hf_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
     )
     fields.update(FAMILIES[model_type](r))
     unread = [name for name in STRUCTURE_FIELDS
-              if name not in r.read and raw.get(name) not in (None, False, 0, [])]
+              if not r.read.intersection(spellings(model_type, name))
+              and r.raw.get(name) not in (None, False, 0, [])]
     if unread:
         raise r.fail(f"{unread[0]} is set but {model_type} has no such structure (is the "
                      f"model_type right?)")

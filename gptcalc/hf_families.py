@@ -41,6 +41,30 @@ STRUCTURE_FIELDS = (
     "new_decoder_architecture", "use_sliding_window", "mlp_only_layers",
 )
 
+# transformers' attribute_map of each family's configuration class (alias -> attribute): a
+# config.json may spell the field either way, and save_pretrained writes the attribute's name
+# (Qwen3-MoE's num_local_experts). Read as one field; the two spellings must agree.
+ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
+    "gpt2": dict(hidden_size="n_embd", max_position_embeddings="n_positions",
+                 num_attention_heads="n_head", num_hidden_layers="n_layer"),
+    "gpt_bigcode": dict(hidden_size="n_embd", max_position_embeddings="n_positions",
+                        num_attention_heads="n_head", num_hidden_layers="n_layer"),
+    "mixtral": dict(num_experts="num_local_experts"),
+    "qwen3_moe": dict(num_experts="num_local_experts"),
+    "deepseek_v3": dict(num_local_experts="n_routed_experts",
+                        num_mtp_layers="num_nextn_predict_layers"),
+    "gpt_oss": dict(num_experts="num_local_experts"),
+    "bloom": dict(num_hidden_layers="n_layer", num_attention_heads="n_head"),
+}
+
+
+def spellings(model_type: str, name: str) -> tuple[str, ...]:
+    """`name` and its aliases in the family's attribute_map (either direction)."""
+    amap = ATTRIBUTE_MAPS.get(model_type, {})
+    return (name,) + tuple(dict.fromkeys([a for a, t in amap.items() if t == name]
+                                         + [t for a, t in amap.items() if a == name]))
+
+
 # transformers' defaults for the fields each family reads (configuration_<family>.py)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_positions=1024, activation_function="gelu_new", tie_word_embeddings=True),
