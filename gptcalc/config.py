@@ -136,6 +136,8 @@ class GPTConfig:
     moe_first_dense: int = 0
     moe_step: int = 1
     moe_dense_layers: str = ""
+    # the transformers model_type whose module names and PEFT rules LoRA follows ("": gptcalc's)
+    hf_model_type: str = ""
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -387,6 +389,9 @@ def validate_config(cfg: GPTConfig) -> None:
             or not math.isfinite(cfg.dropout) or not 0.0 <= cfg.dropout < 1.0):
         raise ConfigError("dropout", f"dropout must be in [0, 1), got {cfg.dropout!r}")
     _choice("qkv_layout", cfg.qkv_layout, QKV_LAYOUTS)
+    if cfg.hf_model_type:
+        from .hf_families import LINEAR_NAMES
+        _choice("hf_model_type", cfg.hf_model_type, tuple(LINEAR_NAMES))
     _choice("pos_embedding", cfg.pos_embedding, POSITIONS)
     _choice("norm", cfg.norm, NORMS)
     _choice("mlp", cfg.mlp, MLPS)

@@ -307,6 +307,7 @@ def hf_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
         fields["d_ff"] = None  # the same model; keeps d_ff = F * E the way presets spell it
     if fields.get("block_size") is None:
         fields["block_size"] = 2048
+    fields["hf_model_type"] = model_type  # its module names, for LoRA targets
     fields.setdefault("rotary_pct", 1.0)
     fields.setdefault("parallel_residual", False)
     return fields

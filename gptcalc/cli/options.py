@@ -13,6 +13,7 @@ from .. import api
 from ..api import Setup
 from ..config import ARCHS, ConfigError, GPTConfig, Workload, coerce_field, field_kinds
 from ..configfile import FORMATS, write_config_file
+from ..lora import TARGETS_HELP
 from ..presets import DEFAULT_PRESET, PRESETS
 from ..training import PARALLEL_DEFAULTS
 
@@ -226,8 +227,7 @@ def _training_option_list(with_device: bool) -> list[Callable]:
                      help="LoRA fine-tuning at this rank: a frozen base, trainable adapters "
                           "(default 0: full training)."),
         click.option("--lora-targets", default=None, metavar="LIST",
-                     help="Linears that get adapters: q,k,v,o,gate,up,down (qkv for a fused "
-                          "layout) or all; default q,v as PEFT does."),
+                     help=TARGETS_HELP),
         click.option("--weights-dtype", type=click.Choice(["bf16", "int4"]), default=None,
                      help="The frozen base under LoRA: bf16 (default) or int4 = QLoRA's NF4 with "
                           "double-quantised constants."),
