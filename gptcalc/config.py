@@ -128,6 +128,8 @@ class GPTConfig:
     moe_first_dense: int = 0
     moe_step: int = 1
     moe_dense_layers: str = ""
+    # the transformers model_type whose module names and PEFT rules LoRA follows ("": gptcalc's)
+    hf_model_type: str = ""
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -324,6 +326,9 @@ def validate_config(cfg: GPTConfig) -> None:
             or not math.isfinite(cfg.dropout) or not 0.0 <= cfg.dropout < 1.0):
         raise ConfigError("dropout", f"dropout must be in [0, 1), got {cfg.dropout!r}")
     one_of("qkv_layout", cfg.qkv_layout, QKV_LAYOUTS)
+    if cfg.hf_model_type:
+        from .hf_families import LINEAR_NAMES
+        one_of("hf_model_type", cfg.hf_model_type, tuple(LINEAR_NAMES))
     one_of("pos_embedding", cfg.pos_embedding, POSITIONS)
     one_of("norm", cfg.norm, NORMS)
     one_of("mlp", cfg.mlp, MLPS)

@@ -15,7 +15,8 @@ Model and workload keys may also sit at the top level. `SECTIONS` lists the docu
 [training], [parallel] and [inference] are kept verbatim here (and written back by
 --save-config) for the commands that read them, which check their keys; an undocumented one is
 an error, as is an unknown key in [model] or [workload] (a typo must not
-silently leave a default in place). A relative `hf_config` is taken from the file's directory.
+silently leave a default in place). A relative `hf_config` is taken from the file's directory
+(a Hub id, org/name, when nothing there has that name).
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import dataclasses
 import datetime
 import json
 import math
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,13 +33,13 @@ from .coerce import coerce_field, field_kinds
 from .config import GPTConfig
 from .errors import ConfigError
 from .workload import Workload
+from .documents import parse_document, read_text_file
+from .hf import HUB_ID
 
 SECTIONS = ("model", "workload", "training", "parallel", "inference")
 MODEL_SOURCES = ("preset", "arch", "hf_config")  # keys of [model] that are not GPTConfig fields
 WORKLOAD_KEYS = ("batch_size", "seq_len", "grad_accum")
 FORMATS = (".toml", ".json")
-MAX_FILE_BYTES = 16 * 2**20  # a configuration is a few kB; anything near this is not one
-MAX_DEPTH = 16  # tables within tables; gptcalc's own files use 2
 
 
 @dataclass(frozen=True)
@@ -55,69 +54,6 @@ class ConfigFile:
 
 def _fail(path: Path | None, message: str) -> ConfigError:
     return ConfigError("config", f"{path}: {message}" if path else message)
-
-
-def read_text_file(path: Path, field: str) -> str:
-    """The UTF-8 text of a small regular file; ConfigError(field) for anything else.
-
-    A device (/dev/zero), a FIFO or a directory is refused before it is opened (reading one
-    would hang or never end), and so is a file over MAX_FILE_BYTES."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise ConfigError(field, f"no such file: {path}") from None
-    except OSError as e:
-        raise ConfigError(field, f"cannot read {path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(field, f"{path} is not a regular file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise ConfigError(field, f"{path} is {st.st_size:,} bytes, more than a configuration "
-                                 f"file holds (at most {MAX_FILE_BYTES // 2**20} MiB)")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(field, f"cannot read {path}: {e.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(field, f"{path} grew past {MAX_FILE_BYTES // 2**20} MiB while read")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(field, f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") \
-            from None
-
-
-def nesting_depth(doc: Any) -> int:
-    """How deeply lists and dicts nest in `doc` (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        children = value.values() if isinstance(value, dict) else (
-            value if isinstance(value, list) else None)
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        if depth <= MAX_DEPTH:
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-def parse_document(text: str, is_json: bool, field: str, path: Path) -> Any:
-    """JSON or TOML text as Python values; nesting over MAX_DEPTH is an error (a parser
-    recursing through thousands of brackets would otherwise fail with a RecursionError)."""
-    import tomllib
-
-    try:
-        doc = json.loads(text) if is_json else tomllib.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(field, f"{path} is not valid JSON: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(field, f"{path} is not valid TOML: {e}") from None
-    except RecursionError:
-        raise ConfigError(field, f"{path} nests deeper than {MAX_DEPTH} levels") from None
-    if nesting_depth(doc) > MAX_DEPTH:
-        raise ConfigError(field, f"{path} nests deeper than {MAX_DEPTH} levels")
-    return doc
 
 
 def _load_text(path: Path) -> dict[str, Any]:
@@ -144,8 +80,9 @@ def parse_config(doc: Mapping[str, Any], path: Path | None = None) -> ConfigFile
         if key in MODEL_SOURCES:
             if not isinstance(value, str) or not value.strip():
                 raise _fail(path, f"{where}{key} must be a non-empty string, got {value!r}")
-            if key == "hf_config" and path is not None and not Path(value).is_absolute():
-                value = str(path.parent / value)
+            if key == "hf_config" and path is not None and not Path(value).is_absolute() and (
+                    (path.parent / value).exists() or not HUB_ID.match(value)):
+                value = str(path.parent / value)  # beside the file; else a Hub id (org/name)
             put(model, key, value, where)
         elif key in fields:
             try:

@@ -34,7 +34,10 @@ classes' defaults, `gptcalc.hf_families.DEFAULTS`, and its modelling code):
 Spellings: newer (`hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 `max_position_embeddings`) and older (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_ctx`,
 `max_sequence_length`) names of the same quantity are both accepted; the first present in the
-order transformers itself prefers wins. The sizes that fix the count (width, depth, heads,
+order transformers itself prefers wins. A family's `attribute_map` aliases (Qwen3-MoE's
+`num_experts` for `num_local_experts`, DeepSeek-V3's `num_local_experts` for `n_routed_experts`,
+`hf_families.ATTRIBUTE_MAPS`) are one field: either spelling is read, and both must agree;
+a config.json that the installed transformers' `save_pretrained` writes is read as it wrote it. The sizes that fix the count (width, depth, heads,
 vocabulary, and the MLP width of the families that state it) are required: transformers would fill
 a missing one with a default from an unrelated model, which for a calculator means a silently
 wrong number, so a config.json without them is rejected as truncated. Multimodal configs are read
@@ -52,23 +55,78 @@ a switch only (`attn_softcap`, `logit_softcap`: its tanh saves a tensor for back
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from .config import GPTConfig
+from .documents import parse_document, read_text_file
 from .errors import ConfigError
-from .hf_families import (DEFAULTS, FAMILIES, HEADS, HIDDEN, LAYERS, STRUCTURE_FIELDS,
-                          TEXT_CONFIG_TYPES, VOCAB)
+from .hf_families import (ATTRIBUTE_MAPS, DEFAULTS, FAMILIES, HEADS, HIDDEN, LAYERS,
+                          STRUCTURE_FIELDS, TEXT_CONFIG_TYPES, VOCAB, spellings)
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES) + tuple(TEXT_CONFIG_TYPES)
 _MISSING = object()
 
 
-def read_hf_json(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a config.json, or of the config.json inside a directory."""
-    from .configfile import parse_document, read_text_file
+# a Hugging Face Hub repository id, optionally pinned: org/name or org/name@revision
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_])(?:@(?P<rev>[^@\s]+))?$")
 
-    p = Path(path)
+
+def hub_id(ref: str | Path) -> tuple[str, str | None] | None:
+    """(repo_id, revision) when `ref` names a Hub repository (`org/name` or `org/name@rev`) and
+    no local file or directory of that name exists (a local path always wins); else None."""
+    text = str(ref)
+    m = HUB_ID.match(text)
+    if m is None or Path(text).exists():
+        return None
+    return m["repo"], m["rev"]
+
+
+def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
+    """The config.json of a Hub repository, through huggingface_hub's cache: downloaded when
+    the Hub is reachable, read from the cache under HF_HUB_OFFLINE=1 (or without a network);
+    HF_HUB_CACHE / HF_HOME and the stored or HF_TOKEN token are huggingface_hub's own.
+    Each failure is one ConfigError("hf_config") line."""
+    where = f"{repo_id}@{revision}" if revision else repo_id
+    try:
+        import huggingface_hub
+        from huggingface_hub import errors
+    except ImportError:
+        raise ConfigError("hf_config", f"{where} is not a local path, and reading a Hub id "
+                                       "needs huggingface_hub: pip install 'gptcalc[hf]'") from None
+    try:
+        return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
+    except errors.LocalEntryNotFoundError:  # offline, or the Hub unreachable, and not cached
+        offline = huggingface_hub.constants.HF_HUB_OFFLINE
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
+        raise ConfigError("hf_config", f"{where}: no such local path; as a Hub id: {why} and "
+                                       "its config.json is not in the cache "
+                                       f"({huggingface_hub.constants.HF_HUB_CACHE})") from None
+    except errors.GatedRepoError:
+        raise ConfigError("hf_config", f"{where} is gated: accept its licence on "
+                                       f"https://huggingface.co/{repo_id} and log in (hf auth "
+                                       "login, or HF_TOKEN)") from None
+    except errors.RepositoryNotFoundError:
+        raise ConfigError("hf_config", f"{where}: no such local path, nor repository on the "
+                                       "Hub (or it is private and no token with access is set)") from None
+    except errors.RevisionNotFoundError:
+        raise ConfigError("hf_config", f"{where}: no revision {revision!r} in {repo_id}") from None
+    except errors.EntryNotFoundError:  # RemoteEntryNotFoundError, where it exists
+        raise ConfigError("hf_config", f"{where} has no config.json") from None
+    except errors.HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        raise ConfigError("hf_config", f"{where}: the Hub answered "
+                                       f"{status or 'with an error'}") from None
+    except OSError as e:  # a network error huggingface_hub did not wrap
+        raise ConfigError("hf_config", f"{where}: {type(e).__name__}: {e}".splitlines()[0]) from None
+
+
+def read_hf_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a config.json, of the config.json inside a directory, or of a Hub
+    repository's config.json (`org/name[@revision]`, see `hub_config_path`)."""
+    hub = hub_id(path)
+    p = hub_config_path(*hub) if hub else Path(path)
     if p.is_dir():
         p = p / "config.json"
     raw = parse_document(read_text_file(p, "hf_config"), True, "hf_config", p)
@@ -82,7 +140,14 @@ class _Reader:
     error names the field and the family. Records which fields it read."""
 
     def __init__(self, raw: Mapping[str, Any], model_type: str) -> None:
-        self.raw = raw
+        self.raw = dict(raw)
+        for alias, attr in ATTRIBUTE_MAPS.get(model_type, {}).items():  # one field, two names
+            a, b = raw.get(alias), raw.get(attr)
+            if a is not None and b is not None and a != b:
+                raise ConfigError("hf_config", f"{model_type}: {alias} ({a!r}) and {attr} "
+                                               f"({b!r}) name the same field and disagree")
+            if a is not None or b is not None:
+                self.raw[alias] = self.raw[attr] = b if a is None else a
         self.model_type = model_type
         self.defaults = DEFAULTS.get(model_type, {})
         self.read: set[str] = set()
@@ -231,7 +296,8 @@ def hf_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
     )
     fields.update(FAMILIES[model_type](r))
     unread = [name for name in STRUCTURE_FIELDS
-              if name not in r.read and raw.get(name) not in (None, False, 0, [])]
+              if not r.read.intersection(spellings(model_type, name))
+              and r.raw.get(name) not in (None, False, 0, [])]
     if unread:
         raise r.fail(f"{unread[0]} is set but {model_type} has no such structure (is the "
                      f"model_type right?)")
@@ -241,6 +307,7 @@ def hf_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
         fields["d_ff"] = None  # the same model; keeps d_ff = F * E the way presets spell it
     if fields.get("block_size") is None:
         fields["block_size"] = 2048
+    fields["hf_model_type"] = model_type  # its module names, for LoRA targets
     fields.setdefault("rotary_pct", 1.0)
     fields.setdefault("parallel_residual", False)
     return fields
@@ -257,4 +324,5 @@ def config_from_hf(path_or_dict: str | Path | Mapping[str, Any]) -> GPTConfig:
         raise ConfigError("hf_config", f"{raw.get('model_type')}: {e.message}") from None
 
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "config_from_hf", "hf_fields", "read_hf_json"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "config_from_hf", "hf_fields", "hub_config_path", "hub_id",
+           "read_hf_json"]

@@ -41,6 +41,30 @@ STRUCTURE_FIELDS = (
     "new_decoder_architecture", "use_sliding_window", "mlp_only_layers",
 )
 
+# transformers' attribute_map of each family's configuration class (alias -> attribute): a
+# config.json may spell the field either way, and save_pretrained writes the attribute's name
+# (Qwen3-MoE's num_local_experts). Read as one field; the two spellings must agree.
+ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
+    "gpt2": dict(hidden_size="n_embd", max_position_embeddings="n_positions",
+                 num_attention_heads="n_head", num_hidden_layers="n_layer"),
+    "gpt_bigcode": dict(hidden_size="n_embd", max_position_embeddings="n_positions",
+                        num_attention_heads="n_head", num_hidden_layers="n_layer"),
+    "mixtral": dict(num_experts="num_local_experts"),
+    "qwen3_moe": dict(num_experts="num_local_experts"),
+    "deepseek_v3": dict(num_local_experts="n_routed_experts",
+                        num_mtp_layers="num_nextn_predict_layers"),
+    "gpt_oss": dict(num_experts="num_local_experts"),
+    "bloom": dict(num_hidden_layers="n_layer", num_attention_heads="n_head"),
+}
+
+
+def spellings(model_type: str, name: str) -> tuple[str, ...]:
+    """`name` and its aliases in the family's attribute_map (either direction)."""
+    amap = ATTRIBUTE_MAPS.get(model_type, {})
+    return (name,) + tuple(dict.fromkeys([a for a, t in amap.items() if t == name]
+                                         + [t for a, t in amap.items() if a == name]))
+
+
 # transformers' defaults for the fields each family reads (configuration_<family>.py)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_positions=1024, activation_function="gelu_new", tie_word_embeddings=True),
@@ -407,3 +431,44 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
 }
 # multimodal configs whose language model is their text_config (of this model_type)
 TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text"}
+
+# --- module names, as transformers builds each family and PEFT targets them ----------------------
+# gptcalc's block-Linear targets (gptcalc.linears) -> the family's nn.Linear leaf names. Two
+# targets of one module under one name are one fused Linear (Phi-3's gate_up_proj); one name in
+# two modules is two Linears (GPT-2's c_proj: attention output and MLP down). MoE routers are
+# named here though transformers 5 builds them as parameters (ROUTER_LINEAR says which are
+# nn.Linear); routed experts are fused 3-D parameters (gate_up_proj, down_proj), never Linears.
+_LLAMA_NAMES = dict(q="q_proj", k="k_proj", v="v_proj", o="o_proj", gate="gate_proj",
+                    up="up_proj", down="down_proj", router="gate",
+                    shared_gate="shared_expert_gate")
+_GPT2_NAMES = dict(qkv="c_attn", o="c_proj", up="c_fc", down="c_proj")
+_NEOX_NAMES = dict(qkv="query_key_value", o="dense", up="dense_h_to_4h", down="dense_4h_to_h")
+LINEAR_NAMES: dict[str, dict[str, str]] = {
+    **dict.fromkeys(("llama", "granite", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
+                     "qwen2_moe", "gemma", "gemma2", "gemma3_text", "olmo2", "stablelm",
+                     "cohere"), _LLAMA_NAMES),
+    "deepseek_v3": _LLAMA_NAMES | dict(q_a="q_a_proj", q_b="q_b_proj",
+                                       kv_a="kv_a_proj_with_mqa", kv_b="kv_b_proj"),
+    "gpt_oss": _LLAMA_NAMES | dict(router="router"),
+    "gpt2": _GPT2_NAMES, "gpt_bigcode": _GPT2_NAMES,
+    "gpt_neox": _NEOX_NAMES, "falcon": _NEOX_NAMES, "bloom": _NEOX_NAMES,
+    "phi": dict(q="q_proj", k="k_proj", v="v_proj", o="dense", up="fc1", down="fc2"),
+    "phi3": dict(qkv="qkv_proj", o="o_proj", gate="gate_up_proj", up="gate_up_proj",
+                 down="down_proj"),
+    "starcoder2": dict(q="q_proj", k="k_proj", v="v_proj", o="o_proj", up="c_fc", down="c_proj"),
+    "opt": dict(q="q_proj", k="k_proj", v="v_proj", o="out_proj", up="fc1", down="fc2"),
+}
+# PEFT's default target_modules per model_type (peft.utils.constants.
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, PEFT 0.21); absent: PEFT asks for targets
+PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
+                     "gemma3_text", "stablelm", "opt"), ("q_proj", "v_proj")),
+    "gpt2": ("c_attn",), "gpt_bigcode": ("c_attn",), "gpt_neox": ("query_key_value",),
+    "falcon": ("query_key_value",), "bloom": ("query_key_value",),
+    "phi": ("q_proj", "v_proj", "fc1", "fc2"),
+}
+# MoE families whose checkpoints transformers 5 converts from v4's Linear experts (its
+# conversion_mapping): for them PEFT 0.21's all-linear also adapts the router's weight and the
+# fused experts, as v4's Linears were ("mixtral": w1/w3 -> gate_up_proj; "qwen2_moe":
+# gate_proj/up_proj -> gate_up_proj, which also takes those names off the dense and shared MLPs)
+PEFT_MOE_CONVERSION = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe", "deepseek_v3": "qwen2_moe"}

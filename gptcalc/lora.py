@@ -16,57 +16,175 @@ replaces only the block Linears; transformers skips the lm_head).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 from .config import GPTConfig
 from .errors import ConfigError
-from .linears import block_linears, targets as linear_targets
+from .hf_families import LINEAR_NAMES, PEFT_DEFAULT_TARGETS, PEFT_MOE_CONVERSION
+from .inventory import inventory
+from .layers import moe_layers
+from .linears import block_linears
 from .params import count_params
 
 LORA_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "q_a", "q_b", "kv_a", "kv_b",
                 "router")
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes blocksize for 4-bit)
 ABSMAX_BLOCK = 256  # double quantisation: absmax values per fp32 second-level scale
+# --lora-targets' help: what `all` means is PEFT 0.21's target_modules="all-linear"
+TARGETS_HELP = ("Adapted Linears: the model's own module names for --hf-config (q_proj, qkv_proj, "
+                "c_attn, query_key_value, gate_up_proj, ...), else q,k,v,o,gate,up,down (qkv when "
+                "fused); all = PEFT's all-linear: every Linear but the output head, with the MoE "
+                "router and fused experts where PEFT adapts them; default PEFT's for the family, "
+                "else q,v.")
 
 
-def default_targets(cfg: GPTConfig) -> tuple[str, ...]:
-    """PEFT's defaults: q and v, or the fused qkv module (GPT-2's c_attn)."""
-    return ("qkv",) if cfg.qkv_layout == "fused" else ("q", "v")
+@dataclass(frozen=True)
+class Adapter:
+    """`count` LoRA pairs lora_A = Linear(in, m r), lora_B = Linear(m r, out), no bias, with
+    m = `rank_mult`: r (in + out) m parameters each. A routed-experts adapter (PEFT's
+    ParamWrapper on a fused 3-D parameter) has m = experts (x 2 for gate_up_proj, PEFT's rank
+    for the two v4 Linears it fuses)."""
+
+    name: str  # the target name that selects it
+    covers: tuple[str, ...]  # the gptcalc.linears targets of the weights it adapts
+    in_features: int
+    out_features: int
+    count: int
+    rank_mult: int = 1
+
+    def params(self, rank: int) -> int:
+        return self.count * self.rank_mult * rank * (self.in_features + self.out_features)
 
 
-def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
-    """'q,k,v,o' -> ('q', 'k', 'v', 'o'); 'all' -> every block Linear; None -> the defaults.
-    Each target must exist in this architecture (ConfigError("lora_targets") otherwise)."""
-    if text is None:
-        return default_targets(cfg)
-    names = [t.strip().lower() for t in text.split(",") if t.strip()]
-    if names == ["all"]:
-        return tuple(t for t in linear_targets(cfg) if t != "router")
-    if not names:
-        raise ConfigError("lora_targets", "give at least one target, e.g. q,v")
-    linears = linear_targets(cfg)
-    for t in names:
-        if t not in LORA_TARGETS:
-            raise ConfigError("lora_targets", f"unknown target {t!r}; targets: "
-                                              f"{', '.join(LORA_TARGETS)} or all")
-        if t not in linears:
-            why = {"gate": "only a gated MLP (mlp=swiglu) has a gate projection",
-                   "qkv": "this model has separate q, k and v projections",
-                   }.get(t, "this model fuses q, k and v into one qkv module")
-            raise ConfigError("lora_targets", f"{t}: {why}; this model's targets: "
-                                              f"{', '.join(linears)}")
+def adapters(cfg: GPTConfig) -> list[Adapter]:
+    """Every adapter LoRA can add to `cfg`, under the names --lora-targets uses.
+
+    Without `hf_model_type`: one per block Linear kind, by gptcalc.linears' target names (each
+    routed expert's Linears its own). With it, as transformers builds that family and PEFT
+    adapts it: the family's module names (hf_families.LINEAR_NAMES), one adapter per fused
+    Linear (Phi-3's gate_up_proj: r (E + 2 F)), OPT's project_in/out; routed experts are fused
+    3-D parameters, adapted (with the router's weight) only in the families whose v4 Linear
+    experts transformers converts (hf_families.PEFT_MOE_CONVERSION), as PEFT does."""
+    lin = block_linears(cfg)
+    if not cfg.hf_model_type:
+        return [Adapter(m.target, (m.target,), m.in_features, m.out_features, m.count)
+                for m in lin]
+    family = cfg.hf_model_type
+    names, moe_params = LINEAR_NAMES[family], family in PEFT_MOE_CONVERSION
+    out: dict[tuple[str, str], Adapter] = {}
+    for m in lin:
+        module = m.name.rsplit(".", 1)[0]
+        if module == "moe.experts" or (m.target == "router" and not moe_params):
+            continue  # fused 3-D parameters / a router module that is not an nn.Linear
+        name = names[m.target]
+        key = (module.split(".")[0] if m.target == "router" else module, name)
+        if key in out:  # one fused Linear: the same input, the outputs side by side
+            a = out[key]
+            out[key] = replace(a, covers=a.covers + (m.target,),
+                               out_features=a.out_features + m.out_features)
+        else:
+            out[key] = Adapter(name, (m.target,), m.in_features, m.out_features, m.count)
+    result = list(out.values())
+    if moe_params and cfg.moe:  # PEFT's ParamWrapper on gate_up_proj (X, 2F, E), down_proj
+        X, F, E, L = cfg.n_expert, cfg.expert_dim, cfg.n_embd, moe_layers(cfg)
+        result += [Adapter("experts.gate_up_proj", ("gate", "up"), E, 2 * F, L, 2 * X),
+                   Adapter("experts.down_proj", ("down",), F, E, L, X)]
+    for t in inventory(cfg):  # OPT's project_in / project_out are Linears outside the blocks
+        if t.role == "matrix" and t.name.startswith(("proj_in", "proj_out")):
+            name = {"proj_in": "project_in", "proj_out": "project_out"}[t.name.split(".")[0]]
+            result.append(Adapter(name, (), t.shape[1], t.shape[0], t.count))
+    return result
+
+
+def all_linear(cfg: GPTConfig) -> tuple[str, ...]:
+    """The targets of `all`: PEFT 0.21's all-linear (every nn.Linear but the output head; the
+    router and the fused experts of PEFT_MOE_CONVERSION families, whose conversion also drops
+    the dense and shared MLPs' gate_proj/up_proj/down_proj names). gptcalc's own layout: every
+    block Linear but the router."""
+    names = [a.name for a in adapters(cfg)]
+    if not cfg.hf_model_type:
+        return tuple(dict.fromkeys(n for n in names if n != "router"))
+    if PEFT_MOE_CONVERSION.get(cfg.hf_model_type) == "qwen2_moe":
+        names = [n for n in names if n not in ("gate_proj", "up_proj", "down_proj")]
     return tuple(dict.fromkeys(names))
 
 
+def default_targets(cfg: GPTConfig) -> tuple[str, ...]:
+    """PEFT's defaults for the family (hf_families.PEFT_DEFAULT_TARGETS); where PEFT has none,
+    or for gptcalc's own layout: q and v, or the fused qkv module (GPT-2's c_attn)."""
+    if cfg.hf_model_type in PEFT_DEFAULT_TARGETS:
+        return PEFT_DEFAULT_TARGETS[cfg.hf_model_type]
+    fused = cfg.qkv_layout == "fused"
+    if not cfg.hf_model_type:
+        return ("qkv",) if fused else ("q", "v")
+    names = LINEAR_NAMES[cfg.hf_model_type]
+    if fused:
+        return (names["qkv"],)
+    q = "q_b" if cfg.mla and cfg.q_lora_rank else "q"  # MLA: the per-head up-projections
+    return (names[q], names["kv_b" if cfg.mla else "v"])
+
+
+def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
+    """'q,k,v,o' -> ('q', 'k', 'v', 'o'); 'all' -> all_linear; None -> the defaults. A model
+    read from a Hugging Face config takes its own module names (q_proj, qkv_proj, c_attn,
+    query_key_value, gate_up_proj, experts.gate_up_proj, ...), and gptcalc's names for them.
+    Each target must exist in this model (ConfigError("lora_targets") otherwise)."""
+    if text is None:
+        return default_targets(cfg)
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if [n.lower() for n in names] == ["all"]:
+        return all_linear(cfg)
+    if not names:
+        raise ConfigError("lora_targets", "give at least one target, e.g. q,v")
+    available = tuple(dict.fromkeys(a.name for a in adapters(cfg)))
+    if not cfg.hf_model_type:
+        names = [n.lower() for n in names]
+        for t in names:
+            if t not in LORA_TARGETS:
+                raise ConfigError("lora_targets", f"unknown target {t!r}; targets: "
+                                                  f"{', '.join(LORA_TARGETS)} or all")
+            if t not in available:
+                why = {"gate": "only a gated MLP (mlp=swiglu) has a gate projection",
+                       "qkv": "this model has separate q, k and v projections",
+                       }.get(t, "this model fuses q, k and v into one qkv module")
+                raise ConfigError("lora_targets", f"{t}: {why}; this model's targets: "
+                                                  f"{', '.join(available)}")
+        return tuple(dict.fromkeys(names))
+    own = LINEAR_NAMES[cfg.hf_model_type]
+    out = []
+    for t in names:
+        name = t if t in available else own.get(t.lower())  # gptcalc's name for the module
+        if name not in available:
+            raise ConfigError("lora_targets", f"{t}: no such Linear in {cfg.hf_model_type}; "
+                                              f"its targets: {', '.join(available)} or all")
+        fused = next(a.covers for a in adapters(cfg) if a.name == name)
+        if name != t and len(fused) > 1:
+            others = ", ".join(c for c in fused if c != t.lower())
+            raise ConfigError("lora_targets", f"{t} is one fused Linear with {others} in this "
+                                              f"model: target {name}")
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+def selected(cfg: GPTConfig, targets: tuple[str, ...]) -> list[Adapter]:
+    """The adapters `targets` select."""
+    return [a for a in adapters(cfg) if a.name in targets]
+
+
+def covered(cfg: GPTConfig, targets: tuple[str, ...]) -> set[str]:
+    """gptcalc.linears' targets of the weights the selected adapters adapt."""
+    return {c for a in selected(cfg, targets) for c in a.covers}
+
+
 def lora_params(cfg: GPTConfig, rank: int, targets: tuple[str, ...]) -> dict[str, int]:
-    """Trainable LoRA parameters by target, summed over every block Linear of that target (all
-    layers; each routed expert's own): r x (in + out) per adapted Linear (PEFT's lora_A and
-    lora_B, no bias). The values sum to the trainable total."""
+    """Trainable LoRA parameters by target, over every adapter it selects (all layers):
+    Adapter.params, r x (in + out) per adapted Linear (PEFT's lora_A and lora_B, no bias). The
+    values sum to the trainable total."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ConfigError("lora_rank", f"must be a positive integer, got {rank!r}")
     out = dict.fromkeys(targets, 0)
-    for m in block_linears(cfg):
-        if m.target in out:
-            out[m.target] += m.count * rank * (m.in_features + m.out_features)
+    for a in selected(cfg, targets):
+        out[a.name] += a.params(rank)
     return out
 
 

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..families import ARCHS
 from ..workload import Workload
 from ..configfile import FORMATS, write_config_file
+from ..lora import TARGETS_HELP
 from ..presets import DEFAULT_PRESET, PRESETS
 from ..training import PARALLEL_DEFAULTS
 
@@ -70,10 +71,11 @@ _MODEL_OPTIONS = [
     click.option("--dropout", type=float, default=None, help="Dropout probability."),
     click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
                  help="Set any architecture switch, e.g. --set qkv_bias=false --set norm=rmsnorm."),
-    click.option("--hf-config", default=None, metavar="PATH",
-                 help="A Hugging Face config.json (or its directory), read offline: llama, "
-                      "mistral, mixtral, qwen2/3(-moe), deepseek_v3, gemma 1-3, gpt_oss, phi, "
-                      "phi3, olmo2, starcoder2, falcon, opt, bloom, ... (see README)."),
+    click.option("--hf-config", default=None, metavar="PATH|ORG/NAME[@REV]",
+                 help="A Hugging Face config.json (or its directory), or a Hub id read through "
+                      "huggingface_hub's cache (HF_HUB_OFFLINE, HF_TOKEN; a local path wins): "
+                      "llama, mistral, mixtral, qwen2/3(-moe), deepseek_v3, gemma 1-3, gpt_oss, "
+                      "phi, phi3, olmo2, starcoder2, falcon, opt, bloom, ... (see README)."),
     click.option("--config", default=None, metavar="FILE",
                  help="A gptcalc config file (TOML or .json): [model], [workload], [training]."),
     click.option("--save-config", default=None, metavar="FILE",
@@ -230,8 +232,7 @@ def _training_option_list(with_device: bool) -> list[Callable]:
                      help="LoRA fine-tuning at this rank: a frozen base, trainable adapters "
                           "(default 0: full training)."),
         click.option("--lora-targets", default=None, metavar="LIST",
-                     help="Linears that get adapters: q,k,v,o,gate,up,down (qkv for a fused "
-                          "layout) or all; default q,v as PEFT does."),
+                     help=TARGETS_HELP),
         click.option("--weights-dtype", type=click.Choice(["bf16", "int4"]), default=None,
                      help="The frozen base under LoRA: bf16 (default) or int4 = QLoRA's NF4 with "
                           "double-quantised constants."),
@@ -325,12 +326,14 @@ def _file_model_name(params: dict) -> str | None:
 
 
 def _hf_name(path: str) -> str:
-    from ..hf import read_hf_json
+    from ..hf import hub_id, read_hf_json
 
     raw = read_hf_json(path)
     name = raw.get("_name_or_path")
     if isinstance(name, str) and name.strip():
         return name.strip()
+    if hub_id(path):
+        return str(path)
     p = Path(path).resolve()
     return (p if p.is_dir() else p.parent).name or p.stem
 

@@ -7,7 +7,7 @@ import click
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..workload import Workload
-from ..lora import lora_params, parse_targets
+from ..lora import TARGETS_HELP, lora_params, parse_targets
 from ..params import count_params
 from ..units import si
 from .options import describe, model_options
@@ -19,8 +19,7 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--lora-rank", type=int, default=None, metavar="R",
               help="LoRA rank: adapters of r x (in + out) parameters on the targets.")
 @click.option("--lora-targets", default=None, metavar="LIST",
-              help="Adapted Linears: q,k,v,o,gate,up,down (qkv for a fused layout) or all; "
-                   "default q,v (PEFT's), qkv when fused.")
+              help=TARGETS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targets: str | None,
             as_json: bool) -> None:

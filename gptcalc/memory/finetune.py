@@ -29,7 +29,7 @@ from ..config import GATED_MLPS, GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..linears import block_linears
-from ..lora import lora_params, qlora_weight_bytes
+from ..lora import covered, lora_params, qlora_weight_bytes, selected
 
 ATTN_INPUT_TARGETS = ("q", "k", "v", "qkv", "q_a", "kv_a")
 UP_TARGETS = ("up", "gate")
@@ -37,7 +37,7 @@ UP_TARGETS = ("up", "gate")
 
 def adapter_tensors(cfg: GPTConfig, setup: TrainingSetup) -> int:
     """Adapter parameter tensors (lora_A and lora_B per adapted Linear): AdamW's step counters."""
-    return sum(2 * m.count for m in block_linears(cfg) if m.target in setup.lora_targets)
+    return sum(2 * a.count for a in selected(cfg, setup.lora_targets))
 
 
 def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
@@ -78,7 +78,7 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
 def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                    lines: dict[str, int]) -> dict[str, int]:
     """A profile's saved-tensor lines (full fine-tuning) as LoRA fine-tuning saves them."""
-    targets = set(setup.lora_targets)
+    targets = covered(cfg, setup.lora_targets)  # gptcalc.linears' names
     out = dict(lines)
     drop = ["final/lm_head_input", "input/idx", "embedding/positions"]
     if not targets & set(ATTN_INPUT_TARGETS):

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from ..config import GPTConfig
 from ..training_setup import TrainingSetup
 from ..inventory import ParamTensor, inventory, tied_head_weight
-from ..linears import block_linears
 
 # Optimizer state bytes per parameter. fp32 and amp: exp_avg + exp_avg_sq in fp32 (AdamW),
 # momentum_buffer (SGD with momentum), nothing (SGD). mixed: the ZeRO paper's K (Rajbhandari et
@@ -109,8 +108,9 @@ def largest_tensor(cfg: GPTConfig, setup: TrainingSetup) -> int:
     """Elements of the largest trained parameter tensor one device holds (tp-sharded; with
     LoRA the largest adapter matrix)."""
     if setup.lora_rank:
-        return max(setup.lora_rank * max(m.in_features, m.out_features)
-                   for m in block_linears(cfg) if m.target in setup.lora_targets)
+        from ..lora import selected
+        return max(setup.lora_rank * a.rank_mult * max(a.in_features, a.out_features)
+                   for a in selected(cfg, setup.lora_targets))
     largest = max(t.shard(setup.tp) for s in STAGES for t in stage_tensors(cfg, setup, s))
     if setup.impl == "transformers" and cfg.moe:
         # transformers 5 stores the experts fused: one (X, 2 F, E) gate_up_proj per layer

@@ -1,0 +1,112 @@
+"""The config.json files the installed transformers writes (`save_pretrained`), and their
+attribute_map spellings, read by gptcalc: parameter totals equal transformers' own on the meta
+device, for a small config of every family."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gptcalc import config_from_hf, count_params
+from gptcalc.hf import SUPPORTED_MODEL_TYPES
+from gptcalc.hf_families import ATTRIBUTE_MAPS, FAMILIES
+
+from .hf_published import PUBLISHED
+from .test_architectures import FAMILY_CASES, small
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+transformers.utils.logging.set_verbosity_error()
+
+# the families FAMILY_CASES has no published config of: small configs by hand
+EXTRA = {
+    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                 vocab_size=128),
+    "gpt_neox": dict(model_type="gpt_neox", hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=96, vocab_size=128,
+                     max_position_embeddings=64),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=96, vocab_size=128,
+                  max_position_embeddings=64),
+}
+CASES = {name: small(name) for name in FAMILY_CASES} | EXTRA
+
+
+def test_every_family_has_a_case():
+    assert {raw["model_type"] for raw in CASES.values()} | {"gemma3"} == set(SUPPORTED_MODEL_TYPES)
+
+
+def transformers_total(cfg) -> int:
+    """transformers' count on the meta device (a tied weight once); a multimodal config's
+    language model only."""
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg.get_text_config())
+    return sum(p.numel() for p in model.parameters())
+
+
+def saved(cfg, tmp_path) -> dict:
+    cfg.save_pretrained(tmp_path)
+    return json.loads((tmp_path / "config.json").read_text())
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES) + ["gemma3"])
+def test_attribute_maps_cover_transformers(model_type):
+    ours = ATTRIBUTE_MAPS.get(model_type, {})
+    theirs = type(transformers.AutoConfig.for_model(model_type)).attribute_map
+    # the multimodal Gemma 3 config's aliases are token ids, none of them read
+    if model_type != "gemma3":
+        assert theirs.items() <= ours.items()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_save_pretrained_config_matches_transformers(name, tmp_path):
+    fields = dict(CASES[name])
+    cfg = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    saved(cfg, tmp_path)
+    loaded = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert count_params(config_from_hf(tmp_path)).total == transformers_total(loaded)
+
+
+def test_gemma3_multimodal_save_pretrained(tmp_path):
+    text = dict(small("gemma-3-27b"), model_type="gemma3_text", vocab_size=128)
+    cfg = transformers.AutoConfig.for_model("gemma3", text_config=text)
+    raw = saved(cfg, tmp_path)
+    assert raw["model_type"] == "gemma3" and "text_config" in raw
+    assert count_params(config_from_hf(tmp_path)).total == transformers_total(cfg)
+
+
+ALIASED = [name for name, raw in CASES.items() if raw["model_type"] in ATTRIBUTE_MAPS]
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(ALIASED), layers=st.integers(1, 3), vocab=st.integers(16, 300),
+       spell=st.lists(st.booleans(), min_size=4, max_size=4), data=st.data())
+def test_alias_spellings_match_transformers(name, layers, vocab, spell, data, tmp_path_factory):
+    """A config.json spelling each field by its attribute_map alias or by the attribute itself
+    (as transformers reads either), at drawn depths and vocabularies."""
+    fields = dict(CASES[name])
+    model_type = fields.pop("model_type")
+    cfg = transformers.AutoConfig.for_model(model_type, **fields)
+    cfg.num_hidden_layers, cfg.vocab_size = layers, vocab
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = (cfg.layer_types * 3)[:layers]
+    if getattr(cfg, "first_k_dense_replace", None):
+        cfg.first_k_dense_replace = data.draw(st.integers(0, layers))
+    d = tmp_path_factory.mktemp("cfg")
+    raw = saved(cfg, d)
+    for (alias, attr), use_alias in zip(ATTRIBUTE_MAPS[model_type].items(), spell * 2):
+        if use_alias and attr in raw:
+            raw[alias] = raw.pop(attr)
+    (d / "config.json").write_text(json.dumps(raw))
+    loaded = transformers.AutoConfig.from_pretrained(d)
+    assert count_params(config_from_hf(d)).total == transformers_total(loaded)
+
+
+def test_disagreeing_spellings_are_refused():
+    from gptcalc import ConfigError
+
+    raw = dict(PUBLISHED["qwen3-30b-a3b"], num_local_experts=64)  # num_experts is 128
+    with pytest.raises(ConfigError, match="num_experts .* name the same field"):
+        config_from_hf(raw)
