@@ -336,7 +336,7 @@ def describe_buffers(setup: TrainingSetup) -> str:
     keys = ["reduce_bucket_size", "allgather_bucket_size"] if setup.zero < 3 else [
         "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
         "stage3_max_live_parameters"]
-    parts = [f"{k} {s[k]:.3g}" for k in keys]
+    parts = [f"{k} {s[k]:,}" for k in keys]
     if not s["contiguous_gradients"]:
         parts.append("contiguous_gradients off")
     src = "ds_config" if given else "DeepSpeed's defaults"
