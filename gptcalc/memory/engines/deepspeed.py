@@ -171,7 +171,8 @@ def deepspeed_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     Stages 1-2 (stage_1_and_2.py): the first gradient hook of backward (`process_gradients` ->
     `setup_buckets`) allocates the reduce bucket, reduce_bucket_size elements (one; two with
     overlap_comm, whose default is off below stage 3); it lives until the gradients are
-    reduced at the end of backward (`_release_ipg_buffers`). Empty unless the engine is
+    reduced at the end of backward (`_release_ipg_buffers`). In the optimizer step the 16-bit
+    gradients are gone (the fp32 gradient partition is an optimizer temporary). Empty unless the engine is
     DeepSpeed at ZeRO 1-3 (DeepSpeed keeps its layout and buffers at dp = 1 too).
 
     Stage 3 (stage3.py): its buffers (`deepspeed_buffers`) and the gradient partitions'
@@ -182,7 +183,10 @@ def deepspeed_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSet
         return {}
     if setup.zero <= 2:
         bucket = {"DeepSpeed reduce bucket (reduce_bucket_size)": reduce_bucket_bytes(setup)}
-        return {"backward, last block": bucket, "backward end": bucket}
+        # step(): the 16-bit gradients are flattened into the fp32 gradient partition and
+        # freed (`averaged_gradients[i] = None`) before the client optimizer runs
+        return {"backward, last block": bucket, "backward end": bucket,
+                "optimizer step": {"gradients": 0}}
     st = deepspeed_rank_states(cfg, setup, first_rank(setup, stage))
     sizes = _sizes(cfg, setup, first_rank(setup, stage))
     kept = {**deepspeed_buffers(cfg, setup), "gradients": st.gradients}
