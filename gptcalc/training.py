@@ -140,7 +140,10 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     from the file is reported against the config file and its table."""
     from .units import parse_bytes
 
-    sections, given = sections or {}, given or {}
+    sections, given = sections or {}, dict(given or {})
+    ds_zero: tuple = ()
+    if given.get("deepspeed_config"):
+        given, ds_zero = _with_ds_config(cfg, given)
     training, filed = merge_section("training", given, sections.get("training", {}),
                                     training_table_defaults(cfg, from_hf), where)
     parallel, filed_p = merge_section("parallel", given, sections.get("parallel", {}),
@@ -163,7 +166,7 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             except ValueError as e:
                 raise ConfigError("overhead", str(e)) from None
         setup = TrainingSetup(attn_impl=fields.pop("attn"), overhead=overhead, **fields,
-                              **parallel)
+                              **parallel, deepspeed_zero=ds_zero)
     except ConfigError as e:
         key = "attn" if e.field == "attn_impl" else e.field
         if key in filed | filed_p:  # the bad value came from the file, not an option
@@ -171,6 +174,28 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             raise ConfigError("config", f"{where}[{table}] {e.message}") from None
         raise
     return setup, tables
+
+
+def _with_ds_config(cfg: GPTConfig, given: dict[str, Any]) -> tuple[dict[str, Any], tuple]:
+    """`given` with a ds_config's stage and precision filled in where no option set them
+    (an option that disagrees with the file is an error), the engine DeepSpeed, and the
+    file's zero_optimization sizes."""
+    from .memory.engines.deepspeed import read_ds_config
+
+    path = given.pop("deepspeed_config")
+    ds = read_ds_config(path, cfg)
+    for key in ("zero", "mode", "autocast_dtype"):
+        if key not in ds:
+            continue
+        if given.get(key) is not None and given[key] != ds[key]:
+            raise ConfigError("deepspeed_config", f"{path}: the file says {key} {ds[key]} but "
+                                                  f"--{key.replace('_', '-')} is {given[key]}")
+        given[key] = ds[key]
+    if given.get("engine") not in (None, "deepspeed"):
+        raise ConfigError("deepspeed_config", f"{path}: a ds_config is DeepSpeed's; --engine is "
+                                              f"{given['engine']}")
+    given["engine"] = "deepspeed"
+    return given, ds["deepspeed_zero"]
 
 
 def training_for(setup: Any, **given: Any) -> TrainingSetup:

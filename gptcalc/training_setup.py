@@ -78,6 +78,9 @@ class TrainingSetup:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     base_dtype: str = "same"
+    # DeepSpeed's zero_optimization settings that differ from its defaults, as (key, value)
+    # pairs (gptcalc.memory.engines.deepspeed reads them; a ds_config file gives them)
+    deepspeed_zero: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),

@@ -50,7 +50,7 @@ from gptcalc.workload import Workload
 MAX_RANKS = 8  # ranks a real run may launch on this machine
 PG_TIMEOUT_S = 120  # a collective waiting longer than this fails the rank
 JOIN_DEADLINE_S = 600  # the whole real run
-ENGINES = ("fsdp2", "zero1", "ddp", "tp", "pipeline")
+ENGINES = ("fsdp2", "zero1", "ddp", "tp", "pipeline", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,10 @@ def engine_of(setup: TrainingSetup) -> str:
     if engine == "megatron":
         raise ConfigError("engine", "Megatron-LM does not run here (it needs CUDA and Transformer "
                                     "Engine): its figures are its documentation's")
-    if setup.dp > 1 and engine == "deepspeed":
-        raise ConfigError("engine", "the DeepSpeed twin is not wired into verify; use --engine "
-                                    "fsdp2 (--zero 2 or 3) or zero-redundancy (--zero 1)")
+    if setup.dp > 1 and engine == "deepspeed" and setup.zero >= 1:
+        if setup.tp > 1:
+            raise ConfigError("tp", "the DeepSpeed twin runs data parallel alone (--tp 1)")
+        return "deepspeed"
     if setup.dp > 1 and engine == "fsdp2":
         return "fsdp2"
     if setup.tp > 1:
@@ -120,6 +121,9 @@ def check_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl:
         raise ConfigError("tensors", "plain data parallel (--zero 0) runs real tensors only: "
                                      "DistributedDataParallel's reducer cannot run on "
                                      "FakeTensorMode; use --max-layers or --zero 1, 2 or 3")
+    if engine == "deepspeed" and tensors == "shape-only":
+        raise ConfigError("tensors", "the DeepSpeed twin runs real tensors only (its engine "
+                                     "cannot run on FakeTensorMode); use --max-layers")
     if engine in ("tp", "pipeline") and impl == "transformers":
         raise ConfigError("impl", f"the {engine} engine runs the reference model only; "
                                   "transformers models are verified under ZeRO/FSDP2")
@@ -393,8 +397,12 @@ def _rank_step(spec: dict, rank: int, world: int, fake: bool,
 
 def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankResult:
     cfg, wl, setup, impl = spec["cfg"], spec["workload"], spec["setup"], spec["impl"]
-    runner = {"fsdp2": _FSDP2, "zero1": _Zero1, "ddp": _DDP, "tp": _TensorParallel,
-              "pipeline": _Pipeline}[engine](cfg, wl, setup, impl, rank, world)
+    if engine == "deepspeed":
+        from .deepspeed_twin import DeepSpeedRank as runner_class
+    else:
+        runner_class = {"fsdp2": _FSDP2, "zero1": _Zero1, "ddp": _DDP, "tp": _TensorParallel,
+                        "pipeline": _Pipeline}[engine]
+    runner = runner_class(cfg, wl, setup, impl, rank, world)
     runner.meshes = meshes
     runner.build()
     runner.step()  # warm-up: the optimizer states exist after it

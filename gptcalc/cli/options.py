@@ -218,6 +218,10 @@ def _training_option_list(with_device: bool) -> list[Callable]:
                           "(Megatron-LM's distributed optimizer, from its documentation; no "
                           "twin runs here), ddp (default for --zero 0), zero-redundancy "
                           "(PyTorch's ZeroRedundancyOptimizer, --zero 1)."),
+        click.option("--deepspeed-config", default=None, metavar="FILE",
+                     help="A DeepSpeed ds_config.json: its ZeRO stage, bf16/fp16, micro-batch, "
+                          "accumulation and bucket sizes (\"auto\" as the Hugging Face "
+                          "integration fills it); options given explicitly must agree with it."),
         click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
                      help="Megatron-LM's distributed optimizer (default on): fp32 master "
                           "weights and Adam states sharded over dp."),
@@ -247,7 +251,7 @@ def _training_option_list(with_device: bool) -> list[Callable]:
 
 
 TRAINING_KEYS = ("mode", "optimizer", "autocast_dtype", "recompute", "attn", "impl", "overhead",
-                 "zero", "engine", "distributed_optimizer", "dp", "tp", "pp", "sp", "ep",
+                 "zero", "engine", "deepspeed_config", "distributed_optimizer", "dp", "tp", "pp", "sp", "ep",
                  "lora_rank", "lora_targets", "weights_dtype")
 
 
@@ -283,11 +287,39 @@ def training_setup(cfg: GPTConfig, given: dict[str, Any]):
     return setup
 
 
+def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any]) -> Workload:
+    """The workload with --deepspeed-config's micro-batch and accumulation where the file
+    sets them (not "auto"); -B and --grad-accum given explicitly must agree with it."""
+    path = given.get("deepspeed_config")
+    if not path:
+        return wl
+    from ..memory.engines.deepspeed import read_ds_config
+
+    ds = read_ds_config(path, cfg)
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx else {}
+    changes = {}
+    for field, option, key in (("batch_size", "--batch-size", "train_micro_batch_size_per_gpu"),
+                               ("grad_accum", "--grad-accum", "gradient_accumulation_steps")):
+        if field not in ds:
+            continue
+        if params.get(field) is not None and params[field] != ds[field]:
+            raise ConfigError("deepspeed_config", f"{path}: {key} is {ds[field]} but "
+                                                  f"{option} is {params[field]}")
+        changes[field] = ds[field]
+    return dataclasses.replace(wl, **changes) if changes else wl
+
+
 def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:
     """One line naming every assumption behind a memory figure."""
     from ..units import binary_bytes
 
-    return (f"Assuming {setup.describe()}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
+    ds = ""
+    if setup.engine_name == "deepspeed" and setup.zero >= 1:
+        from ..memory.engines.deepspeed import describe_buffers
+
+        ds = f"; DeepSpeed {describe_buffers(setup)}"
+    return (f"Assuming {setup.describe()}{ds}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
             f"micro-batch {wl.batch_size} x grad_accum {wl.grad_accum} x dp {setup.dp} = global "
             f"batch {wl.global_batch(setup.dp):,}; overhead {binary_bytes(setup.overhead)}")
 
@@ -339,5 +371,5 @@ def _hf_name(path: str) -> str:
 
 
 __all__ = ["PARALLEL_DEFAULTS", "PRESETS", "TRAINING_KEYS", "assumptions", "config_section",
-           "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
+           "deepspeed_workload", "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
            "resolve_setup", "training_options", "training_setup"]

@@ -43,6 +43,9 @@ from .render import emit_json, envelope, print_line, print_table
                    "--mode mixed adds MixedPrecisionPolicy), zero-redundancy (--zero 1), ddp "
                    "(--zero 0, the default), deepspeed (the default for --zero 1-3). Megatron-LM "
                    "does not run here.")
+@click.option("--deepspeed-config", default=None, metavar="FILE",
+              help="A ds_config.json whose zero_optimization bucket sizes the DeepSpeed twin "
+                   "runs with (default DeepSpeed's own).")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel ranks (DTensor, Megatron's layout).")
 @click.option("--sp/--no-sp", default=False, help="Sequence parallel norms (with --tp).")
@@ -55,8 +58,8 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
             mode: str, optimizer: str, recompute: str, max_layers: int | None,
-            dp: int, zero: int, engine: str | None, tp: int, sp: bool, pp: int, impl: str,
-            as_json: bool) -> int:
+            dp: int, zero: int, engine: str | None, deepspeed_config: str | None, tp: int,
+            sp: bool, pp: int, impl: str, as_json: bool) -> int:
     """Analytic params, FLOPs and memory against a real PyTorch GPT (fvcore, FlopCounterMode,
     saved_tensors_hooks, MemTracker); exit 1 if any check fails. With --dp, --tp or --pp above
     1: one training step per rank under FSDP2, ZeroRedundancyOptimizer, DDP, DTensor
@@ -70,7 +73,7 @@ def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: 
         return run(cfg, wl, device=device, attn=attn, tensors=tensors, mode=mode,
                    optimizer=optimizer, recompute=recompute, max_layers=max_layers,
                    layout=dict(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, engine=engine), impl=impl,
-                   as_json=as_json)
+                   as_json=as_json, deepspeed_config=deepspeed_config)
     import torch
 
     from reference_model.verify import setup_json, verify

@@ -29,9 +29,17 @@ def _tensors(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, tensors: str) -
     return "shape-only" if slow or world > MAX_RANKS else "real"
 
 
+def _precision(setup: TrainingSetup) -> str:
+    if setup.engine_name == "deepspeed":
+        from gptcalc.memory.engines.deepspeed import describe_buffers
+
+        return f"DeepSpeed bf16 ({describe_buffers(setup)})"
+    return "bf16 MixedPrecisionPolicy"
+
+
 def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, mode: str,
         optimizer: str, recompute: str, max_layers: int | None, layout: dict, impl: str,
-        as_json: bool) -> int:
+        as_json: bool, deepspeed_config: str | None = None) -> int:
     import torch
 
     from reference_model.verify import distributed_checks
@@ -45,12 +53,16 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
         raise ConfigError("zero", f"--zero must be 0, 1, 2 or 3, got {layout['zero']}")
     if layout["sp"] and layout["tp"] == 1:
         raise ConfigError("sp", "--sp needs --tp above 1")
-    mixed = mode == "mixed" and layout.get("engine") == "fsdp2"
+    from ..training_setup import default_engine
+
+    engine_name = layout.get("engine") or default_engine(layout["zero"])
+    mixed = mode == "mixed" and engine_name in ("fsdp2", "deepspeed")
     if (mode, optimizer, recompute) != ("fp32", "adamw", "none") and not (
             mixed and (optimizer, recompute) == ("adamw", "none")):
         raise ConfigError("mode", "the distributed verify trains fp32 AdamW without "
                                   "recomputation (--mode fp32 --optimizer adamw), or FSDP2's "
-                                  "MixedPrecisionPolicy (--engine fsdp2 --mode mixed)")
+                                  "MixedPrecisionPolicy (--engine fsdp2 --mode mixed), or "
+                                  "DeepSpeed's bf16 (--engine deepspeed --mode mixed)")
     if impl == "transformers":
         from .extras import require
 
@@ -60,7 +72,12 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
         notes.append(f"REDUCED: verifying {max_layers} of {cfg.n_layer} blocks (--max-layers); "
                      "widths unchanged, the analytic side uses the same reduced model")
         cfg = cfg.replace(n_layer=max_layers)
-    setup = TrainingSetup(mode=mode, attn_impl=attn, impl=impl, **layout)
+    ds_zero: tuple = ()
+    if deepspeed_config:
+        from ..memory.engines.deepspeed import read_ds_config
+
+        ds_zero = read_ds_config(deepspeed_config, cfg)["deepspeed_zero"]
+    setup = TrainingSetup(mode=mode, attn_impl=attn, impl=impl, deepspeed_zero=ds_zero, **layout)
     from reference_model.distributed import check_layout, engine_of
 
     picked = _tensors(cfg, wl, setup, tensors)
@@ -88,7 +105,7 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
     print_line(f"{impl} model, {engine} engine, dp={setup.dp} zero={setup.zero} tp={setup.tp} "
                f"sp={'on' if setup.sp else 'off'} pp={setup.pp}: {world} ranks over gloo "
                f"(127.0.0.1), {'shape-only' if picked == 'shape-only' else 'real tensors'}, "
-               f"attn={attn}, {'bf16 MixedPrecisionPolicy' if mixed else 'fp32'} AdamW, "
+               f"attn={attn}, {_precision(setup) if mixed else 'fp32'} AdamW, "
                f"micro-batch {wl.batch_size} x seq_len {wl.seq_len}, "
                f"torch={torch.__version__}")
     for note in notes:

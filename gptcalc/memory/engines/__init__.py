@@ -111,7 +111,7 @@ def phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     parts = (fsdp2_phase_terms(cfg, workload, setup, stage), ddp_phase_terms(cfg, setup, stage),
              megatron_phase_terms(cfg, setup, stage),
              deepspeed_phase_terms(cfg, workload, setup, stage)
-             if setup.engine_name == "deepspeed" and setup.dp > 1 else {},
+             if setup.engine_name == "deepspeed" else {},
              pipeline_phase_terms(cfg, workload, setup, stage, logits, gradients))
     for part in parts:
         for phase, terms in part.items():
