@@ -62,7 +62,9 @@ def test_memory_zero3_peak_has_fsdp2_terms():
     from gptcalc.memory import step_peak
     p = step_peak(DEBUG, Workload(2, 16), TrainingSetup(dp=2, zero=3, engine="fsdp2"))
     assert p.lines["FSDP2 unsharded root parameters"] == 4 * (98 * 32 + 16 * 32 + 2 * 32)
-    assert p.bytes == 494_576
+    # FSDPMemTracker on 2 gloo ranks, torch 2.13, the model's buffers left out: 494,840 B
+    # (rank 0) and 494,584 B (rank 1), 1.8% above the phase model's last-block moment
+    assert p.bytes == 486_128
 
 
 def test_ddp_holds_its_gradient_buckets_beside_the_gradients():
