@@ -150,3 +150,13 @@ def test_blank_lora_targets_are_refused_not_taken_as_the_default(args):
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 2 and r.stderr == (
         "Error: --lora-targets: give at least one target, e.g. q,v\n"), r.output
+
+
+@pytest.mark.parametrize("option, value", [("--max-num-seqs", "-7"),
+                                           ("--max-num-batched-tokens", "0")])
+def test_serve_scheduler_options_are_checked_under_every_engine(option, value):
+    # sglang does not read vLLM's scheduler options; a bad value was once accepted with exit 0
+    r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine", "sglang",
+                                 option, value])
+    assert r.exit_code == 2 and r.stderr.startswith(f"Error: {option}: "), r.output
+    assert r.stderr.count("\n") == 1
