@@ -13,7 +13,7 @@ from reference_model import measure  # noqa: E402
 from reference_model.model import build_model  # noqa: E402
 from reference_model.verify import decode_plan, run_checks  # noqa: E402
 
-from ._strategies import TINY_ATTENTION_BOUND, configs_and_workloads  # noqa: E402
+from ._strategies import TINY_ATTENTION_BOUND, TINY_PARALLEL_BOUND, configs_and_workloads  # noqa: E402
 
 torch.set_num_threads(1)
 ATTN = st.sampled_from(["manual", "sdpa"])
@@ -83,6 +83,7 @@ def test_decode_flops_with_and_without_cache_are_exact(case, attn, data):
 @settings(max_examples=20, deadline=None)
 @given(case=configs_and_workloads(), attn=ATTN)
 @example(case=TINY_ATTENTION_BOUND, attn="manual")
+@example(case=TINY_PARALLEL_BOUND, attn="manual")
 def test_run_checks_all_exact(case, attn):
     cfg, wl = case
     checks = run_checks(cfg, wl, "cpu", attn, tensors="real")

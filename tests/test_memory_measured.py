@@ -10,7 +10,7 @@ from hypothesis import example, given, settings, strategies as st
 from gptcalc import Workload, from_name
 from gptcalc.memory import TrainingSetup, saved_activations, state_bytes
 from reference_model.replay import replay_peak as step_peak
-from ._strategies import TINY_ATTENTION_BOUND, configs_and_workloads
+from ._strategies import TINY_ATTENTION_BOUND, TINY_PARALLEL_BOUND, configs_and_workloads
 from reference_model.memory import (build_for, make_batch, make_optimizer, measure_saved,
                                     measure_step_peak_cpu, measure_step_peak_cuda, train_step)
 
@@ -344,6 +344,7 @@ def test_phase_model_peak_within_its_tolerance_cpu(arch, mode, attn, dropout, BS
 @settings(max_examples=40, deadline=None)
 @given(case=configs_and_workloads(), attn=st.sampled_from(["manual", "sdpa"]))
 @example(case=TINY_ATTENTION_BOUND, attn="manual")
+@example(case=TINY_PARALLEL_BOUND, attn="manual")
 def test_phase_model_peak_within_its_tolerance_tiny_cpu(case, attn):
     from gptcalc.memory import step_peak as phase_peak
     from reference_model.memory import PHASE_MODEL_TOLERANCE

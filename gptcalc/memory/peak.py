@@ -65,11 +65,12 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 def attention_backward_freed(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup) -> int:
     """What one block's backward has released, per device, by the time its written-out
     attention core holds its score gradients: the dropped probabilities `att @ v` saved (its
-    backward has run) and, in a sequential block without experts, everything the MLP side saved
-    (ln_2, the MLP: its backward runs first). One block's share of `acts`' layer lines."""
+    backward has run) and, in a block without experts whose MLP has its own input, everything
+    the MLP side saved (ln_2, the MLP: its backward runs first, also in a parallel block, whose
+    MLP branch is made after the attention's). One block's share of `acts`' layer lines."""
     per_block = max(1, cfg.n_layer // setup.pp)
     freed = ["layer/attn/dropped"]
-    if not cfg.parallel_residual and not cfg.n_expert:
+    if not (cfg.parallel_residual and cfg.shared_norm) and not cfg.n_expert:
         freed += [k for k in acts if k.startswith(("layer/ln_2/", "layer/mlp/"))]
     return sum(acts.get(k, 0) for k in freed) // per_block
 
