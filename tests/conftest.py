@@ -1,7 +1,10 @@
 """Shared test set-up: Hypothesis profiles, the torch-version marker, shared fixtures.
 
 Profiles: `dev` (the default: random examples, a new draw each run) and `ci` (derandomized, so
-a CI failure reproduces; chosen when CI is set, or with HYPOTHESIS_PROFILE=ci).
+a CI failure reproduces; chosen when CI is set, or with HYPOTHESIS_PROFILE=ci). `long`
+(HYPOTHESIS_PROFILE=long) runs every property test with HYPOTHESIS_LONG_EXAMPLES examples
+(default 2,000), over the tests' own max_examples: the check that a tolerance is a bound over
+the whole space the strategies draw, not over the few draws a run makes.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
-                      or ("ci" if os.environ.get("CI") else "dev"))
+LONG_EXAMPLES = int(os.environ.get("HYPOTHESIS_LONG_EXAMPLES", "2000"))
+settings.register_profile("long", deadline=None, max_examples=LONG_EXAMPLES, database=None,
+                          suppress_health_check=list(HealthCheck))
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(PROFILE)
 
 # The exact step-peak numbers (MemTracker over the allocator's live storages) were measured on
 # PyTorch 2.13 (CPU build); other releases allocate temporaries differently.
@@ -31,7 +37,21 @@ def _torch_version() -> str | None:
     return torch.__version__
 
 
+def _long_run(items) -> None:
+    """Under the `long` profile, a test's own @settings (which outrank a profile) get its
+    example count."""
+    for item in items:
+        fn = getattr(item, "obj", None)
+        own = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if own is not None:
+            fn._hypothesis_internal_use_settings = settings(
+                own, max_examples=LONG_EXAMPLES, deadline=None, database=None,
+                suppress_health_check=list(HealthCheck))
+
+
 def pytest_collection_modifyitems(config, items):
+    if PROFILE == "long":
+        _long_run(items)
     version = None
     for item in items:
         if item.get_closest_marker("requires_torch_213") is None:

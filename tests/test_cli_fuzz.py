@@ -108,3 +108,55 @@ def test_cli_fuzz_never_tracebacks(files, data):
             args, result.stderr)
     elif "--json" in args:
         json.loads(result.stdout)  # valid JSON whenever it succeeds
+
+
+def _fuzz_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_cli.py"
+    spec = importlib.util.spec_from_file_location("fuzz_cli", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# benchmarks/fuzz_cli.py's calls (every command, engines, LoRA, Hub ids, mutated config.json of
+# every family), a few per run with a fresh seed; the script runs 20,000 and more
+@settings(max_examples=int(os.environ.get("GPTCALC_FUZZ_EXAMPLES", "120")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_every_command_and_mutated_config_is_refused_in_one_line(tmp_path_factory, seed):
+    import random
+
+    fz = _fuzz_module()
+    rng = random.Random(seed)
+    d = tmp_path_factory.mktemp("hf")
+    cfg, kind, invalid = fz.mutate(rng, rng.choice(fz.seeds()))
+    (d / "config.json").write_text(json.dumps(cfg))
+    args, refuse, label = fz.draw_call(rng, {str(d / "config.json"): (
+        str(d / "config.json"), kind, invalid)})
+    result = CliRunner().invoke(cli, args)
+    assert fz.classify(result, refuse, args) is None, (args, label, cfg, result.output)
+
+
+@pytest.mark.parametrize("args", [
+    ["memory", "--preset", "debug", "--lora-targets", ""],
+    ["memory", "--preset", "debug", "--lora-rank", "8", "--lora-targets", ""],
+    ["memory", "--preset", "debug", "--lora-rank", "8", "--lora-targets", " , "],
+])
+def test_blank_lora_targets_are_refused_not_taken_as_the_default(args):
+    # a blank list once fell back to the default targets (exit 0)
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and r.stderr == (
+        "Error: --lora-targets: give at least one target, e.g. q,v\n"), r.output
+
+
+@pytest.mark.parametrize("option, value", [("--max-num-seqs", "-7"),
+                                           ("--max-num-batched-tokens", "0")])
+def test_serve_scheduler_options_are_checked_under_every_engine(option, value):
+    # sglang does not read vLLM's scheduler options; a bad value was once accepted with exit 0
+    r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine", "sglang",
+                                 option, value])
+    assert r.exit_code == 2 and r.stderr.startswith(f"Error: {option}: "), r.output
+    assert r.stderr.count("\n") == 1

@@ -62,13 +62,15 @@ def test_memory_zero3_peak_has_fsdp2_terms():
     from gptcalc.memory import step_peak
     p = step_peak(DEBUG, Workload(2, 16), TrainingSetup(dp=2, zero=3, engine="fsdp2"))
     assert p.lines["FSDP2 unsharded root parameters"] == 4 * (98 * 32 + 16 * 32 + 2 * 32)
-    assert p.bytes == 494_576
+    # FSDPMemTracker on 2 gloo ranks, torch 2.13, the model's buffers left out: 494,840 B
+    # (rank 0) and 494,584 B (rank 1), 1.8% above the phase model's last-block moment
+    assert p.bytes == 486_128
 
 
 def test_ddp_holds_its_gradient_buckets_beside_the_gradients():
     # DistributedDataParallel on 2 gloo ranks, torch 2.13, defaults (gradient_as_bucket_view=
     # False): its flat buckets, 116,352 B, are a second copy of the debug model's gradients;
-    # the step peak measured 668,792 B (8 B off)
+    # the step peak measured 668,792 B, 0.6% above the phase model's backward start
     from gptcalc.memory import step_peak
     from gptcalc.memory.engines import ddp_gradient_buckets
     setup = TrainingSetup(dp=2, zero=0)
@@ -76,7 +78,7 @@ def test_ddp_holds_its_gradient_buckets_beside_the_gradients():
     assert ddp_gradient_buckets(DEBUG, TrainingSetup(dp=2, zero=1)) == 0
     p = step_peak(DEBUG, Workload(2, 16), setup)
     assert p.lines["DDP gradient buckets (a second copy of the gradients)"] == 116_352
-    assert p.bytes == 668_784
+    assert p.bytes == 665_076
 
 
 def test_zero3_regathers_the_root_for_backward():

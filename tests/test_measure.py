@@ -6,14 +6,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("fvcore")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import example, given, settings, strategies as st  # noqa: E402
 
 from gptcalc import Workload, count_flops, from_name, inference_flops  # noqa: E402
 from reference_model import measure  # noqa: E402
 from reference_model.model import build_model  # noqa: E402
 from reference_model.verify import decode_plan, run_checks  # noqa: E402
 
-from ._strategies import configs_and_workloads  # noqa: E402
+from ._strategies import TINY_ATTENTION_BOUND, TINY_PARALLEL_BOUND, configs_and_workloads  # noqa: E402
 
 torch.set_num_threads(1)
 ATTN = st.sampled_from(["manual", "sdpa"])
@@ -82,6 +82,8 @@ def test_decode_flops_with_and_without_cache_are_exact(case, attn, data):
 @pytest.mark.slow  # 20 reference models built and run, every check
 @settings(max_examples=20, deadline=None)
 @given(case=configs_and_workloads(), attn=ATTN)
+@example(case=TINY_ATTENTION_BOUND, attn="manual")
+@example(case=TINY_PARALLEL_BOUND, attn="manual")
 def test_run_checks_all_exact(case, attn):
     cfg, wl = case
     checks = run_checks(cfg, wl, "cpu", attn, tensors="real")

@@ -44,6 +44,13 @@ def option_for(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
+def targets_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--lora-targets as typed: a blank list is a mistake, not the default targets."""
+    if value is not None and not value.replace(",", " ").strip():
+        raise ConfigError("lora_targets", "give at least one target, e.g. q,v")
+    return value
+
+
 def _size(*names: str, help: str) -> Callable:
     return click.option(*names, type=int, default=None, help=help)
 
@@ -235,7 +242,7 @@ def _training_option_list(with_device: bool) -> list[Callable]:
         click.option("--lora-rank", type=int, default=None,
                      help="LoRA fine-tuning at this rank: a frozen base, trainable adapters "
                           "(default 0: full training)."),
-        click.option("--lora-targets", default=None, metavar="LIST",
+        click.option("--lora-targets", default=None, metavar="LIST", callback=targets_given,
                      help=TARGETS_HELP),
         click.option("--weights-dtype", type=click.Choice(["bf16", "int4"]), default=None,
                      help="The frozen base under LoRA: bf16 (default) or int4 = QLoRA's NF4 with "

@@ -84,8 +84,10 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     cfg, wl = model
     g = find_gpu(gpu_name)
     total = _size("gpu_memory", gpu_memory) or gpu_memory_for(g)
+    # the scheduler's options are checked as given, also under an engine that does not read them
     for field, value in (("max_model_len", max_model_len), ("context", context),
-                         ("gen_len", gen_len)):
+                         ("gen_len", gen_len), ("max_num_batched_tokens", max_num_batched_tokens),
+                         ("max_num_seqs", max_num_seqs)):
         _positive(field, value)
     mml = cfg.block_size if max_model_len is None else max_model_len
     if mml > cfg.block_size:  # as vLLM allows with VLLM_ALLOW_LONG_MAX_MODEL_LEN

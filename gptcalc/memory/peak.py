@@ -64,26 +64,42 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     return {"forward": 4 * n if autocast else 0, "backward": 2 * n * lp}
 
 
-def block_backward_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
-    """The largest set of gradients in flight inside one block's backward, per device.
+def attention_backward_freed(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup) -> int:
+    """What one block's backward has released, per device, by the time its written-out
+    attention core holds its score gradients: the dropped probabilities `att @ v` saved (its
+    backward has run) and, in a block without experts whose MLP has its own input, everything
+    the MLP side saved (ln_2, the MLP: its backward runs first, also in a parallel block, whose
+    MLP branch is made after the attention's). One block's share of `acts`' layer lines."""
+    per_block = max(1, cfg.n_layer // setup.pp)
+    freed = ["layer/attn/dropped"]
+    if not (cfg.parallel_residual and cfg.shared_norm) and not cfg.n_expert:
+        freed += [k for k in acts if k.startswith(("layer/ln_2/", "layer/mlp/"))]
+    return sum(acts.get(k, 0) for k in freed) // per_block
+
+
+def block_backward_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                              freed: int = 0) -> int:
+    """The largest set of gradients in flight inside one block's backward, per device, less
+    what the block has freed by then.
 
     Attention written out (manual, or SDPA's CPU math path with dropout): the gradients of the
     probabilities and of the scores, 2 b H S^2 in the scores' dtype, beside q's and k's
-    gradient. A fused SDPA kernel: the gradients of q, k and v, N (Dq + 2 Dkv). MLP: the
-    hidden gradient and the activation's input gradient (gated MLPs: gate and up), 2 N d_ff
-    (3 for SwiGLU). Tensor parallel divides heads and d_ff. Plus the residual stream's gradient
-    and its copy for the branch, 2 N E in the stream's dtype.
+    gradient, less what the block has released before (`freed`:
+    `attention_backward_freed`). A fused SDPA kernel: the gradients of q, k and v,
+    N (Dq + 2 Dkv). MLP: the hidden gradient and the activation's input gradient (gated MLPs:
+    gate and up), 2 N d_ff (3 for SwiGLU). Tensor parallel divides heads and d_ff. Plus the
+    residual stream's gradient and its copy for the branch, 2 N E in the stream's dtype.
     """
     b, S, t = workload.batch_size, workload.seq_len, setup.tp
     N, a, r = b * S, setup.act_bytes, setup.stream_bytes
     fused = setup.attn_impl == "sdpa" and (cfg.dropout == 0 or setup.device == "cuda")
     if fused:
-        attn = N * (cfg.q_width + 2 * cfg.kv_width) * a
+        attn = N * (cfg.q_width + 2 * cfg.kv_width) * a // t
     else:
         m = a if setup.attn_impl == "manual" else 4
-        attn = 2 * b * cfg.n_head * S * S * m + 2 * N * cfg.q_width * m
-    mlp = (3 if cfg.mlp in GATED_MLPS else 2) * N * cfg.ffn_dim * a
-    return max(attn, mlp) // t + 2 * N * cfg.n_embd * r
+        attn = (2 * b * cfg.n_head * S * S * m + 2 * N * cfg.q_width * m) // t - freed
+    mlp = (3 if cfg.mlp in GATED_MLPS else 2) * N * cfg.ffn_dim * a // t
+    return max(attn, mlp) + 2 * N * cfg.n_embd * r
 
 
 def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
@@ -139,6 +155,8 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     loss = loss_transients(cfg, workload, setup) if holds_head else {"forward": 0,
                                                                      "backward": 0}
     loss_saved = sum(v for k, v in acts.items() if k.startswith("cross_entropy/"))
+    # the head's backward (final norm, lm_head) runs before any block's and frees its inputs
+    head_saved = sum(v for k, v in acts.items() if k.startswith("final/"))
     # with gradient accumulation the gradients of earlier micro-batches are alive throughout
     grads_early = st.gradients if workload.grad_accum > 1 else 0
     base = {"weights": st.weights, "optimizer states": st.optimizer, "overhead": setup.overhead}
@@ -163,11 +181,12 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
         "backward start": {**base, "saved activations": saved, "logits": logits,
                            "loss gradient": loss["backward"],
                            "gradients (accumulating)": grads_early},
-        "backward, last block": {**base, "saved activations": saved - loss_saved,
+        "backward, last block": {**base, "saved activations": saved - loss_saved - head_saved,
                                  "recomputed block": recomputed_block(cfg, workload, setup),
                                  "gradients": max(grads_early, head_grads),
-                                 "block gradients in flight":
-                                     block_backward_transients(cfg, workload, setup)},
+                                 "block gradients in flight": block_backward_transients(
+                                     cfg, workload, setup,
+                                     attention_backward_freed(cfg, acts, setup))},
         "backward end": {**base, "gradients": st.gradients,
                          "tied embedding gradient in flight": tied_grad,
                          "logits": logits,

@@ -1,0 +1,336 @@
+"""Fuzz the command line in-process (click's CliRunner): every command, the engines, LoRA, Hub
+ids and every family's config.json mutated. Counts tracebacks, exit codes other than 0 and 2,
+refusals that are not one line, and invalid values accepted with exit 0.
+
+    PYTHONPATH=. python benchmarks/fuzz_cli.py --calls 20000 --seed 0
+
+Each call is a command with options drawn at random; an option value drawn from the invalid
+pool (zero or negative sizes, NaN, unknown choices) or a config.json whose count fields were
+broken (zero, negative, wrong type, heads that do not divide, unknown model_type) marks the
+call "must refuse": exit 0 on it is a defect. Missing and null fields and huge values may be
+accepted (defaults, a huge model); they must still never traceback. Prints a table per command
+and one line per defect class with a reproducer (the first seen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gptcalc.cli import cli  # noqa: E402
+from gptcalc.gpus import GPUS  # noqa: E402
+from gptcalc.hf_families import (FAMILIES, HEADS, HIDDEN, KV_HEADS, LAYERS,  # noqa: E402
+                                 TEXT_CONFIG_TYPES, VOCAB)
+from gptcalc.presets import PRESETS  # noqa: E402
+from tests.hf_published import PUBLISHED  # noqa: E402
+
+COMMANDS = ["params", "flops", "memory", "time", "infer", "serve", "gpus"]
+SMALL = ["--preset", "debug"]
+BAD_INT = ["0", "-1", "-7", "abc", "1.5", "", "nan"]
+GOOD_PRESETS = [p for p in PRESETS]
+
+# (option, good values, invalid values): invalid ones must be refused with exit 2
+MODEL_OPTS = [
+    ("-B", ["1", "2", "8"], BAD_INT), ("--seq-len", ["1", "16", "64"], BAD_INT),
+    ("-L", ["1", "2"], BAD_INT), ("-V", ["97", "1000"], BAD_INT),
+    ("--grad-accum", ["1", "4"], BAD_INT), ("--dropout", ["0", "0.1"], ["-0.1", "1.5", "nan"]),
+]
+COMMAND_OPTS = {
+    "memory": [
+        ("--mode", ["fp32", "amp", "mixed", "bf16"], ["fp64"]),
+        ("--optimizer", ["adamw", "sgd", "sgd-momentum"], ["lion"]),
+        ("--recompute", ["none", "selective", "op", "full"], ["half"]),
+        ("--attn", ["manual", "sdpa"], ["flash"]),
+        ("--impl", ["reference", "transformers", "paper"], ["jax"]),
+        ("--engine", ["deepspeed", "fsdp2", "megatron", "ddp", "zero-redundancy"], ["horovod"]),
+        ("--zero", ["0", "1", "2", "3"], ["4", "-1", "x"]),
+        ("--dp", ["1", "2", "4", "8"], BAD_INT), ("--tp", ["1", "2"], BAD_INT),
+        ("--pp", ["1", "2"], BAD_INT), ("--ep", ["1", "2"], BAD_INT),
+        ("--sp", [None], []), ("--no-sp", [None], []),
+        ("--distributed-optimizer", [None], []), ("--no-distributed-optimizer", [None], []),
+        ("--lora-rank", ["0", "1", "8", "64"], ["-2", "x", "1.5"]),
+        ("--lora-targets", ["all", "qkv", "q,v", "o,down"], ["", "nonsense", ",", "q_proj"]),
+        ("--weights-dtype", ["bf16", "int4"], ["int3"]),
+        ("--autocast-dtype", ["bf16", "fp16"], ["fp8x"]),
+        ("--device", ["cpu", "cuda"], ["tpu"]),
+        ("--gpu-memory", ["80GiB", "24GB", "1TiB"], ["-1GiB", "lots", "0"]),
+        ("--overhead", ["0", "1GiB"], ["-5", "x"]),
+        ("--context", ["1", "128"], BAD_INT),
+    ],
+    "time": [
+        ("--tokens", ["1e9", "300e9", "1000"], ["-1", "0", "x", "nan", "inf"]),
+        ("--gpu", ["h100-sxm", "a100-80gb"] + list(GPUS)[:3], ["rtx9999"]),
+        ("--gpus", ["1", "8", "1024"], BAD_INT),
+        ("--mfu", ["0.4", "1"], ["0", "1.5", "-0.2", "nan"]),
+        ("--precision", ["bf16", "fp8"], ["fp4x"]),
+        ("--recompute", ["none", "selective", "op", "full"], ["half"]),
+        ("--tokens-per-second", ["1000", "1e6"], ["0", "-3", "nan", "inf"]),
+        ("--seconds-per-step", ["0.5", "2"], ["0", "-1", "nan"]),
+        ("--tokens-per-step", ["4096", "1e6"], ["0", "-1", "x"]),
+    ],
+    "infer": [
+        ("--gpu", ["h100-sxm"] + list(GPUS)[:3], ["rtx9999"]),
+        ("--tp", ["1", "2", "8"], BAD_INT), ("--prompt-len", ["1", "128"], BAD_INT),
+        ("--gen-len", ["1", "128"], BAD_INT),
+        ("--weights-dtype", ["bf16", "fp16", "fp8", "int8", "int4"], ["int3"]),
+        ("--kv-dtype", ["bf16", "fp16", "fp8", "int8"], ["int4"]),
+        ("--flops-efficiency", ["0.5", "1"], ["0", "1.5", "nan"]),
+        ("--bandwidth-efficiency", ["0.7", "1"], ["0", "2", "-1"]),
+    ],
+    "serve": [
+        ("--engine", ["vllm", "sglang"], ["tgi"]),
+        ("--gpu", ["h100-sxm"] + list(GPUS)[:3], ["rtx9999"]),
+        ("--gpu-memory", ["80GiB", "24GiB"], ["-1GiB", "x", "0"]),
+        ("--tp", ["1", "2"], BAD_INT),
+        ("--weights-dtype", ["bf16", "fp8", "int4"], ["int3"]),
+        ("--kv-dtype", ["bf16", "fp8"], ["int4"]),
+        ("--gpu-memory-utilization", ["0.9", "0.5"], ["0", "1.5", "nan"]),
+        ("--max-model-len", ["16", "2048"], BAD_INT),
+        ("--max-num-batched-tokens", ["64", "8192"], BAD_INT),
+        ("--max-num-seqs", ["1", "256"], BAD_INT),
+        ("--kv-block-size", ["16", "32"], BAD_INT),
+        ("--context", ["16", "1024"], BAD_INT), ("--gen-len", ["1", "16"], BAD_INT),
+        ("--non-torch", ["0", "1GiB"], ["-1", "x"]),
+    ],
+    "flops": [("--recompute", ["none", "selective", "full"], ["half"]),
+              ("--prompt-len", ["1", "8"], BAD_INT), ("--context", ["8", "16"], BAD_INT),
+              ("--causal", [None], [])],
+    "params": [], "gpus": [],
+}
+HUB_IDS = ["meta-llama/Llama-3.1-8B", "org/name", "Qwen/Qwen3-8B", "a/b/c", "org/", "/name",
+           "gpt2", "org//name", "org/name@main", "org/name:rev", "ORG/NAME", "-/-", "x/y z"]
+
+
+# ------------------------------------------------------------------ config.json mutations
+
+def seeds() -> list[dict]:
+    """One published config per family, a minimal one for families with none, and the nested
+    multimodal forms."""
+    out = [copy.deepcopy(c) for c in PUBLISHED.values()]
+    have = {c.get("model_type") for c in out}
+    for family in FAMILIES:
+        if family not in have:
+            out.append({"model_type": family, "hidden_size": 64, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "intermediate_size": 128, "vocab_size": 1000,
+                        "max_position_embeddings": 256})
+    for outer, inner in TEXT_CONFIG_TYPES.items():
+        text = next((c for c in out if c.get("model_type") == inner), None)
+        if text:
+            out.append({"model_type": outer, "text_config": copy.deepcopy(text),
+                        "tie_word_embeddings": True})
+    return out
+
+
+COUNT_KEYS = HIDDEN + LAYERS + HEADS + VOCAB
+
+
+def _target(cfg: dict) -> dict:
+    return cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+
+
+def _reads(cfg: dict, key: str) -> bool:
+    """Whether the family's reader uses `key` (a key it ignores may hold anything)."""
+    from gptcalc.hf import hf_fields
+
+    probe = copy.deepcopy(cfg)
+    _target(probe).pop(key)
+    try:
+        return hf_fields(probe) != hf_fields(cfg)
+    except Exception:
+        return True
+
+
+def _implicit_head_dim(cfg: dict) -> bool:
+    """Whether a head's width is E / H (no head_dim, no MLA head dims): then H must divide E."""
+    from gptcalc.hf import hf_fields
+
+    try:
+        f = hf_fields(cfg)
+    except Exception:
+        return False
+    return f.get("head_dim") is None and not f.get("kv_lora_rank")
+
+
+def mutate(rng: random.Random, cfg: dict) -> tuple[dict, str, bool]:
+    """A mutated copy, the mutation's name, and whether the result is invalid for sure."""
+    cfg = copy.deepcopy(cfg)
+    t = _target(cfg)
+    keys = [k for k in t if k != "model_type"]
+    counts = [k for k in t if k in COUNT_KEYS and isinstance(t[k], int)]
+    kind = rng.choice(["missing", "null", "wrong type", "zero", "negative", "huge",
+                       "inconsistent heads", "unknown model_type", "nested text_config",
+                       "none", "float", "kv heads"])
+    if kind == "missing" and keys:
+        del t[rng.choice(keys)]
+        return cfg, kind, False
+    if kind == "null" and keys:
+        t[rng.choice(keys)] = None
+        return cfg, kind, False
+    if kind == "wrong type" and counts:
+        t[rng.choice(counts)] = rng.choice(["64", [64], {"a": 1}, True, "abc"])
+        return cfg, kind, True
+    if kind == "float" and counts:
+        t[rng.choice(counts)] = rng.choice([1.5, 64.0, float("nan"), float("inf")])
+        return cfg, kind, True
+    if kind == "zero" and counts:
+        t[rng.choice(counts)] = 0
+        return cfg, kind, True
+    if kind == "negative" and counts:
+        t[rng.choice(counts)] = -rng.choice([1, 64, 10**6])
+        return cfg, kind, True
+    if kind == "huge" and keys:
+        t[rng.choice(counts or keys)] = rng.choice([10**12, 10**30, 2**63])
+        return cfg, kind, False
+    if kind == "inconsistent heads":
+        hk = next((k for k in HEADS if k in t), None)
+        wk = next((k for k in HIDDEN if k in t), None)
+        if hk and wk and isinstance(t[wk], int) and t[wk] > 1 and _implicit_head_dim(cfg):
+            t[hk] = t[wk] + 1  # more heads than width: cannot divide
+            return cfg, kind, True
+    if kind == "kv heads":
+        hk = next((k for k in HEADS if k in t), None)
+        kk = next((k for k in KV_HEADS if k in t), None)
+        if hk and kk and isinstance(t[hk], int) and t[hk] > 1 and _reads(cfg, kk):
+            t[kk] = t[hk] + 1  # more key/value heads than heads
+            return cfg, kind, True
+    if kind == "unknown model_type":
+        cfg["model_type"] = rng.choice(["t5", "bert", "", "llama4", 7, None, "LLAMA"])
+        return cfg, kind, True
+    if kind == "nested text_config":
+        outer = rng.choice(list(TEXT_CONFIG_TYPES) + ["llava"])
+        inner = rng.choice([t, [], "x", None, {}, {"model_type": "bert"}])
+        return {"model_type": outer, "text_config": inner}, kind, False
+    return cfg, "none", False
+
+
+# ------------------------------------------------------------------ calls
+
+def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
+    """(args, must_refuse, label)."""
+    command = rng.choice(COMMANDS)
+    args, refuse, label = [command], False, []
+    if command == "gpus":
+        if rng.random() < 0.5:
+            args.append("--json")
+        return args, False, "gpus"
+    source = rng.random()
+    if source < 0.45:
+        path, kind, invalid = files[rng.choice(list(files))]
+        args += ["--hf-config", path]
+        refuse |= invalid
+        label.append(f"config:{kind}")
+    elif source < 0.55:
+        args += ["--hf-config", rng.choice(HUB_IDS)]
+        label.append("hub id")
+    else:
+        args += ["--preset", rng.choice(GOOD_PRESETS if rng.random() < 0.9 else ["gpt5", ""])]
+        refuse |= args[-1] not in PRESETS
+        label.append("preset")
+    pool = MODEL_OPTS + COMMAND_OPTS[command] if not refuse else COMMAND_OPTS[command]
+    for name, good, bad in rng.sample(pool, k=min(len(pool), rng.randint(0, 4))):
+        if bad and rng.random() < 0.2:
+            args += [name, rng.choice(bad)]
+            refuse = True
+            label.append(f"bad {name}")
+        else:
+            v = rng.choice(good)
+            args += [name] if v is None else [name, v]
+    if rng.random() < 0.3:
+        args.append("--json")
+    return args, refuse, " ".join(label)
+
+
+def classify(result, refuse: bool, args: list[str]) -> str | None:
+    """The defect class of one result, or None when it behaved."""
+    out = result.output
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        return f"traceback: {type(result.exception).__name__}"
+    if "Traceback" in out:
+        return "traceback in output"
+    if result.exit_code not in (0, 2):
+        return f"exit {result.exit_code}"
+    if result.exit_code == 2:
+        if result.stdout or not result.stderr.startswith("Error: ") or (
+                result.stderr.count("\n") != 1):
+            return "refusal not one line"
+        return None
+    if refuse:
+        return "invalid accepted (exit 0)"
+    if "--json" in args:
+        try:
+            json.loads(result.stdout)
+        except ValueError:
+            return "invalid JSON"
+    low = out.lower()
+    if " nan" in low or "inf " in low:
+        return "nan/inf printed"
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--configs", type=int, default=600, help="mutated config.json files")
+    opts = ap.parse_args()
+    rng = random.Random(opts.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="gptcalc-fuzz-"))
+    files: dict[str, tuple[str, str, bool]] = {}
+    base = seeds()
+    for i in range(opts.configs):
+        cfg, kind, invalid = mutate(rng, rng.choice(base))
+        p = tmp / f"c{i}.json"
+        p.write_text(json.dumps(cfg))
+        files[str(p)] = (str(p), kind, invalid)
+    runner = CliRunner()
+    per_command: dict[str, Counter] = defaultdict(Counter)
+    classes: dict[str, tuple[int, list[str], str]] = {}
+    t0 = time.time()
+    for _ in range(opts.calls):
+        args, refuse, label = draw_call(rng, files)
+        result = runner.invoke(cli, args)
+        c = per_command[args[0]]
+        c["calls"] += 1
+        c[f"exit {result.exit_code}"] += 1
+        defect = classify(result, refuse, args)
+        if defect:
+            c["defects"] += 1
+            where = f"{args[0]}: {defect} [{label}]"
+            n, first, msg = classes.get(where, (0, args, ""))
+            if not msg:
+                ex = result.exception
+                msg = (repr(ex)[:160] if ex is not None and not isinstance(ex, SystemExit)
+                       else (result.stderr or result.stdout)[:160])
+                if "config:" in label:
+                    src = args[args.index("--hf-config") + 1]
+                    msg += " | " + Path(src).read_text()[:300]
+            classes[where] = (n + 1, first, msg)
+    dt = time.time() - t0
+    total = sum(c["calls"] for c in per_command.values())
+    print(f"{total} calls in {dt:.0f} s ({1000 * dt / max(total, 1):.1f} ms per call), "
+          f"seed {opts.seed}")
+    print(f"{'command':8} {'calls':>6} {'exit 0':>7} {'exit 2':>7} {'other':>6} {'defects':>8}")
+    for cmd in COMMANDS:
+        c = per_command[cmd]
+        other = c["calls"] - c["exit 0"] - c["exit 2"]
+        print(f"{cmd:8} {c['calls']:6} {c['exit 0']:7} {c['exit 2']:7} {other:6} "
+              f"{c['defects']:8}")
+    print(f"defect classes: {len(classes)}")
+    for where, (n, first, msg) in sorted(classes.items(), key=lambda x: -x[1][0]):
+        print(f"- {n:5} x {where}\n    gptcalc {' '.join(first)}\n    {msg!r}")
+    return 1 if classes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
