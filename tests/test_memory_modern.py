@@ -88,6 +88,17 @@ def test_modern_saved_bytes_exact_cpu(cfg, B, S, mode, attn):
     _check(cfg, B, S, mode, attn, "none")
 
 
+def test_mla_value_of_one_token_is_a_view_of_the_latent_projection():
+    # a long hypothesis run drew this: at S = 1 the attention-times-v matmul folds MLA's v
+    # into a view and saves the whole kv_b output (k's no-rope part beside v), not a copy
+    cfg = GPTConfig(block_size=8, vocab_size=5, n_layer=1, n_head=2, n_embd=4, n_kv_head=2,
+                    qkv_layout="fused", pos_embedding="learned", norm="layernorm", mlp="gelu",
+                    pre_norm=False, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2,
+                    v_head_dim=2)
+    for mode in ("fp32", "bf16"):
+        _check(cfg, 2, 1, mode, "manual", "none")
+
+
 @pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(modern_configs(), st.integers(1, 2), st.integers(1, 8),

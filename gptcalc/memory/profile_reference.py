@@ -88,8 +88,9 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
       qkv_input, q/k norms, MLA's latents   `_qk_sources`
       manual attention (and SDPA's CPU math path: dropout, ALiBi's float mask, MLA with
       v_head_dim != q/k head width):
-        q, k_t, v        N*Dq each   contiguous copies matmul makes (b or H of 1: the source
-                                     storages instead; the math path scales q, k and upcasts
+        q, k_t, v        N*Dq each   contiguous copies matmul makes (b or H of 1, and MLA's v
+                                     at S of 1: the source storages instead; the math path
+                                     scales q, k and upcasts
                                      16-bit inputs to fp32)
         causal_mask      S*S bool    masked_fill's mask (the window's mask on sliding blocks)
         softmax          bHS(S+1)    its output; S + 1 columns with attention sinks; fp32 under
@@ -141,7 +142,10 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
         m = 4 if math_path else a  # the math path computes 16-bit inputs in fp32 on CPU
         views = b == 1 or H == 1  # matmul's (b, H) fold is then a view
         for role, key in (("q", "attn/q"), ("k", "attn/k_t"), ("v", "attn/v")):
-            if not views or (math_path and (role != "v" or a != 4)):
+            # MLA's v, a (b, S, H, .) slice of the kv_b output moved to (b, H, S, .), folds
+            # into a view too when S is 1 (the batch stride is then H rows of that output)
+            view = views or (cfg.mla and role == "v" and S == 1)
+            if not view or (math_path and (role != "v" or a != 4)):
                 out.add(key, N * src[role][2] * m)
             else:
                 name, nbytes = kernel_copy(role)
