@@ -321,13 +321,26 @@ def _phase_tracker_class():
         def live(self) -> int:
             return sum(s[_TOTAL_KEY] for s in self._curr_mem_snap.values())
 
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            # a frozen parameter (PEFT's base) takes no gradient hook: register_hook raises
+            frozen = [p for p in module.parameters() if not p.requires_grad]
+            for p in frozen:
+                self._param_to_grad_hook_handles.setdefault(p, ())
+            try:
+                return super()._track_module_params_and_buffers(module, install_grad_hooks)
+            finally:
+                for p in frozen:
+                    if self._param_to_grad_hook_handles.get(p) == ():
+                        del self._param_to_grad_hook_handles[p]
+
     _PHASE_TRACKER = PhaseTracker
     return PhaseTracker
 
 
 def make_optimizer(model: torch.nn.Module, optimizer: str = "adamw") -> torch.optim.Optimizer:
-    """PyTorch's AdamW (foreach, its default on CPU) or SGD, as reference_model.memory makes."""
-    params = list(model.parameters())
+    """PyTorch's AdamW (foreach, its default on CPU) or SGD, as reference_model.memory makes,
+    over the parameters that train (all of them, or PEFT's adapters)."""
+    params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
     if optimizer == "sgd-momentum":

@@ -18,7 +18,7 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
 - RMSNorm's normalised x * rsqrt (kept for the frozen weight's gradient) is not saved;
   LayerNorm still saves its input and statistics;
 - the embeddings' index tensors are not saved;
-- each adapter adds lora_B's input, N x r in the activation dtype;
+- each adapter adds lora_B's input, N x r in the activation dtype (one per fused Linear);
 - before the first adapter of the first block nothing requires a gradient (the embeddings are
   frozen), so the first block saves nothing ahead of it (`_first_block_unsaved`).
 """
@@ -85,8 +85,10 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         drop.append("layer/attn/qkv_input")
     if not targets & set(UP_TARGETS):
         drop.append("layer/mlp/fc_input")
-    if setup.attn_impl == "manual" and "o" not in targets:
-        drop.append("layer/attn/out_input")  # an SDPA kernel keeps its output itself
+    if "o" not in targets and (setup.attn_impl == "manual" or setup.impl == "transformers"):
+        # o_proj's own input (transformers: its contiguous copy, where there is one); the
+        # reference profile's SDPA line is the kernel's output, which the kernel keeps itself
+        drop.append("layer/attn/out_input")
     if cfg.norm == "rmsnorm":
         drop += [k for k in out if k.endswith("/normalized")]
     for k in drop:
@@ -100,11 +102,26 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     for key, nbytes in _first_block_unsaved(cfg, setup, targets, out, N * cfg.ffn_dim
                                             * setup.act_bytes).items():
         out[key] -= nbytes
-    for m in block_linears(cfg):
-        if m.target in targets:
-            key = f"lora/{m.target}/lora_B_input"
-            out[key] = out.get(key, 0) + m.count * N * setup.lora_rank * setup.act_bytes
+    for a in selected(cfg, setup.lora_targets):  # one per adapter (a fused Linear's one)
+        key = f"lora/{a.name}/lora_B_input"
+        out[key] = out.get(key, 0) + a.count * N * a.rank_mult * setup.lora_rank * (
+            setup.act_bytes)
     return out
+
+
+def first_block_cache_unsaved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """Bytes transformers' DynamicCache holds that no autograd node saves, beyond full
+    training's: when no adapter reads the first block's attention input, its attention needs
+    no gradient and saves nothing (`_first_block_unsaved`), but the cache still keeps that
+    layer's key and value copies, 2 N Dkv a (less what full training already leaves unsaved).
+    The reference model has no cache: 0."""
+    if setup.impl != "transformers" or covered(cfg, setup.lora_targets) & set(
+            ATTN_INPUT_TARGETS):
+        return 0
+    from .profile_transformers import first_layer_kv_cache
+
+    copies, unsaved = first_layer_kv_cache(cfg, workload.batch_size, workload.seq_len, setup)
+    return copies - unsaved
 
 
 # the first block's Linears in forward order, each with the adapter targets that read it and
@@ -130,8 +147,10 @@ def _first_block_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str]
     for q's, and v and the mask are kept only when q or k needs a gradient."""
     out: dict[str, int] = {}
     L = cfg.n_layer
-    kept_inputs = {"layer/attn/qkv_input"} | ({"layer/attn/out_input"} if "o" in targets
-                                               else set())
+    kept_inputs = {"layer/attn/qkv_input"}
+    if "o" in targets:  # o_proj's input: its own copy, or (transformers) SDPA's output itself
+        kept_inputs |= {"layer/attn/out_input"} if lines.get("layer/attn/out_input") else {
+            "layer/attn/out_input", "layer/attn/sdpa_out"}
     for site_targets, prefixes in _SITES:
         if targets & set(site_targets) and site_targets == UP_TARGETS and (
                 cfg.mlp in GATED_MLPS):
