@@ -4,7 +4,8 @@ The `transformers` implementation profile: the same saved-tensor table as the re
 (`embedding/...`, `layer/...` summed over the L layers, `final/...`, `cross_entropy/...`,
 `input/...`), for the classes people fine-tune: GPT2LMHeadModel, GPTNeoXForCausalLM,
 LlamaForCausalLM, MistralForCausalLM (with its sliding window), Qwen2ForCausalLM,
-Qwen3ForCausalLM (q/k norms), Gemma2ForCausalLM (eager, its only path: soft-capped scores and
+Qwen3ForCausalLM (q/k norms), Phi3ForCausalLM (fused qkv_proj and gate_up_proj: the same
+lines as Llama's, o_proj's input a copy as in NeoX), Gemma2ForCausalLM (eager, its only path: soft-capped scores and
 logits) and Gemma3ForCausalLM (gemma3_text: q/k norms, a local and a global rotary embedding,
 sliding layers with a mask once S >= window), MixtralForCausalLM and Qwen3MoeForCausalLM (their
 experts on transformers' default grouped_mm path, not experts_implementation="eager") and
