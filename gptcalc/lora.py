@@ -43,14 +43,20 @@ class Adapter:
     """`count` LoRA pairs lora_A = Linear(in, m r), lora_B = Linear(m r, out), no bias, with
     m = `rank_mult`: r (in + out) m parameters each. A routed-experts adapter (PEFT's
     ParamWrapper on a fused 3-D parameter) has m = experts (x 2 for gate_up_proj, PEFT's rank
-    for the two v4 Linears it fuses)."""
+    for the two v4 Linears it fuses). `param_target`: PEFT adapts the parameter itself
+    (ParamWrapper: the MoE router's weight, the fused experts), so each forward computes the
+    adapted weight W + B A, `matrices` in x out matrices, which the matmul saves for its input's
+    gradient; a Linear's adapter (lora.Linear) instead runs lora_A and lora_B on the input."""
 
     name: str  # the target name that selects it
-    covers: tuple[str, ...]  # the gptcalc.linears targets of the weights it adapts
+    covers: tuple[str, ...]  # the gptcalc.linears targets of the weights it adapts (the
+    # routed experts' as experts.gate, experts.up, experts.down)
     in_features: int
     out_features: int
     count: int
     rank_mult: int = 1
+    param_target: bool = False
+    matrices: int = 1  # in x out matrices of one adapted parameter (experts of a fused one)
 
     def params(self, rank: int) -> int:
         return self.count * self.rank_mult * rank * (self.in_features + self.out_features)
@@ -82,13 +88,15 @@ def adapters(cfg: GPTConfig) -> list[Adapter]:
             a = out[key]
             out[key] = replace(a, covers=a.covers + (m.target,),
                                out_features=a.out_features + m.out_features)
-        else:
-            out[key] = Adapter(name, (m.target,), m.in_features, m.out_features, m.count)
+        else:  # the router is a parameter in a module of its own, adapted as such
+            out[key] = Adapter(name, (m.target,), m.in_features, m.out_features, m.count,
+                               param_target=m.target == "router")
     result = list(out.values())
     if moe_params and cfg.moe:  # PEFT's ParamWrapper on gate_up_proj (X, 2F, E), down_proj
         X, F, E, L = cfg.n_expert, cfg.expert_dim, cfg.n_embd, moe_layers(cfg)
-        result += [Adapter("experts.gate_up_proj", ("gate", "up"), E, 2 * F, L, 2 * X),
-                   Adapter("experts.down_proj", ("down",), F, E, L, X)]
+        result += [Adapter("experts.gate_up_proj", ("experts.gate", "experts.up"), E, 2 * F, L,
+                           2 * X, True, X),
+                   Adapter("experts.down_proj", ("experts.down",), F, E, L, X, True, X)]
     for t in inventory(cfg):  # OPT's project_in / project_out are Linears outside the blocks
         if t.role == "matrix" and t.name.startswith(("proj_in", "proj_out")):
             name = {"proj_in": "project_in", "proj_out": "project_out"}[t.name.split(".")[0]]
@@ -152,6 +160,8 @@ def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
         return tuple(dict.fromkeys(names))
     own = LINEAR_NAMES[cfg.hf_model_type]
     out = []
+    if PEFT_MOE_CONVERSION.get(cfg.hf_model_type) == "qwen2_moe" and cfg.moe:
+        names = _converted_expert_names(names)
     for t in names:
         name = t if t in available else own.get(t.lower())  # gptcalc's name for the module
         if name not in available:
@@ -164,6 +174,21 @@ def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
                                               f"model: target {name}")
         out.append(name)
     return tuple(dict.fromkeys(out))
+
+
+def _converted_expert_names(names: list[str]) -> list[str]:
+    """PEFT 0.21's conversion of a v4 Qwen2-MoE-style target list: gate_proj, up_proj and
+    down_proj name the routed experts' Linears, now the fused experts.gate_up_proj and
+    experts.down_proj parameters (the dense and shared MLPs' Linears of those names are not
+    adapted); gate_proj and up_proj only together, as PEFT requires."""
+    lower = [n.lower() for n in names]
+    if ("gate_proj" in lower) != ("up_proj" in lower):
+        one, other = ("gate_proj", "up_proj") if "gate_proj" in lower else ("up_proj", "gate_proj")
+        raise ConfigError("lora_targets", f"{one}: PEFT cannot convert it without {other}: the "
+                                          "routed experts fuse them into gate_up_proj")
+    rename = {"gate_proj": "experts.gate_up_proj", "up_proj": "experts.gate_up_proj",
+              "down_proj": "experts.down_proj"}
+    return list(dict.fromkeys(rename.get(n.lower(), n) for n in names))
 
 
 def selected(cfg: GPTConfig, targets: tuple[str, ...]) -> list[Adapter]:

@@ -190,6 +190,23 @@ def make_batch(vocab_size: int, batch_size: int, seq_len: int, device: str = "cp
     return idx, idx.clone()
 
 
+def peft_lora(model: torch.nn.Module, rank: int, targets) -> torch.nn.Module:
+    """`model` wrapped by PEFT's get_peft_model with LoRA of rank `rank` (lora_alpha = r,
+    dropout 0, PEFT's defaults otherwise) on `targets`: "all-linear", or module names as
+    gptcalc.lora.parse_targets returns them, where experts.gate_up_proj / experts.down_proj
+    (fused 3-D expert parameters) become PEFT's target_parameters."""
+    import peft
+
+    if targets == "all-linear":
+        config = peft.LoraConfig(r=rank, lora_alpha=rank, target_modules="all-linear")
+    else:
+        params = [t.split(".", 1)[1] for t in targets if t.startswith("experts.")]
+        modules = [t for t in targets if not t.startswith("experts.")]
+        config = peft.LoraConfig(r=rank, lora_alpha=rank, target_modules=modules or None,
+                                 target_parameters=params or None)
+    return peft.get_peft_model(model, config)
+
+
 # --------------------------------------------------------------------------- saved tensors
 
 
@@ -321,13 +338,26 @@ def _phase_tracker_class():
         def live(self) -> int:
             return sum(s[_TOTAL_KEY] for s in self._curr_mem_snap.values())
 
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            # a frozen parameter (PEFT's base) takes no gradient hook: register_hook raises
+            frozen = [p for p in module.parameters() if not p.requires_grad]
+            for p in frozen:
+                self._param_to_grad_hook_handles.setdefault(p, ())
+            try:
+                return super()._track_module_params_and_buffers(module, install_grad_hooks)
+            finally:
+                for p in frozen:
+                    if self._param_to_grad_hook_handles.get(p) == ():
+                        del self._param_to_grad_hook_handles[p]
+
     _PHASE_TRACKER = PhaseTracker
     return PhaseTracker
 
 
 def make_optimizer(model: torch.nn.Module, optimizer: str = "adamw") -> torch.optim.Optimizer:
-    """PyTorch's AdamW (foreach, its default on CPU) or SGD, as reference_model.memory makes."""
-    params = list(model.parameters())
+    """PyTorch's AdamW (foreach, its default on CPU) or SGD, as reference_model.memory makes,
+    over the parameters that train (all of them, or PEFT's adapters)."""
+    params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
     if optimizer == "sgd-momentum":
@@ -388,4 +418,4 @@ def measure_step_peak(model: torch.nn.Module, idx: torch.Tensor, labels: torch.T
 
 __all__ = ["FAMILIES", "SavedReport", "SavedTensor", "StepMoments", "apply_recompute",
            "build", "family_of", "hf_config_for", "make_batch", "make_optimizer",
-           "measure_saved", "measure_step_peak", "saved_during", "train_step"]
+           "measure_saved", "measure_step_peak", "peft_lora", "saved_during", "train_step"]

@@ -45,6 +45,13 @@ CASES = {
                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
                        "intermediate_size": 160, "max_position_embeddings": 128,
                        "sliding_window": 16},
+    # Phi-3: fused qkv_proj and gate_up_proj; its rotary cat makes o_proj's input a copy;
+    # a window shorter than the sequence as Mistral's
+    "phi3_window": {"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+                    "intermediate_size": 96, "max_position_embeddings": 128,
+                    "sliding_window": 16, "pad_token_id": 0, "bos_token_id": 1,
+                    "eos_token_id": 2},
     # Gemma 2: eager (its default), soft-capped scores and logits, sandwich norms, GeGLU,
     # sliding/global layers
     "gemma2": {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,

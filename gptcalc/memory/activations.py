@@ -71,7 +71,8 @@ PROFILES = {"reference": reference_saved, "transformers": _transformers, "paper"
 def transformers_loss(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
                       ) -> dict[str, int]:
     """transformers' loss path beyond the saved tensors and the logits (`forward`, `backward`):
-    the cache's unsaved key/value copies and the loss scalars at the forward's end (plus the
+    the cache's unsaved key/value copies (with LoRA, the first layer's too where its attention
+    is frozen: `finetune.first_block_cache_unsaved`) and the loss scalars at the forward's end (plus the
     fp32 upcast of 16-bit logits inside the loss), and the largest of log_softmax's backward
     and the logits' 16-bit gradient at the backward's start."""
     t = transformers_loss_transients(cfg, workload.batch_size, workload.seq_len, setup)
@@ -80,8 +81,13 @@ def transformers_loss(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     def moment(name: str) -> int:
         return sum(v for k, v in t.items() if k.startswith(name + "/")) - logits
     upcast = 4 * logits // setup.act_bytes if setup.act_bytes != 4 else 0
-    return {"forward": moment("forward_end") + upcast,
-            "backward": max(moment("loss_backward"), moment("backward_start"))}
+    cache = 0
+    if setup.lora_rank:  # a frozen first attention saves none of the cache's copies
+        from .finetune import first_block_cache_unsaved
+
+        cache = first_block_cache_unsaved(cfg, workload, setup)
+    return {"forward": moment("forward_end") + upcast + cache,
+            "backward": max(moment("loss_backward"), moment("backward_start")) + cache}
 
 
 def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup

@@ -18,7 +18,10 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
 - RMSNorm's normalised x * rsqrt (kept for the frozen weight's gradient) is not saved;
   LayerNorm still saves its input and statistics;
 - the embeddings' index tensors are not saved;
-- each adapter adds lora_B's input, N x r in the activation dtype;
+- each adapter adds lora_B's input, N x r in the activation dtype (one per fused Linear);
+  a parameter PEFT adapts itself (ParamWrapper: an MoE router's weight, fused experts) instead
+  the adapted weight W + B A, which its matmul saves (measured on transformers' Mixtral and
+  Qwen3-MoE wrapped by PEFT 0.21, tests/test_lora_peak.py);
 - before the first adapter of the first block nothing requires a gradient (the embeddings are
   frozen), so the first block saves nothing ahead of it (`_first_block_unsaved`).
 """
@@ -28,11 +31,32 @@ from __future__ import annotations
 from ..config import GATED_MLPS, GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
+from ..layers import moe_layers
 from ..linears import block_linears
 from ..lora import covered, lora_params, qlora_weight_bytes, selected
 
 ATTN_INPUT_TARGETS = ("q", "k", "v", "qkv", "q_a", "kv_a")
 UP_TARGETS = ("up", "gate")
+ATTENTION_TARGETS = frozenset(ATTN_INPUT_TARGETS + ("o", "q_b", "kv_b"))
+
+
+# transformers families beyond the classic blocks whose PEFT-wrapped training is measured:
+# routed experts adapted through parameter targeting (router and fused experts), q/k norms
+LORA_TRANSFORMERS_FAMILIES = ("mixtral", "qwen3_moe")
+
+
+def lora_on_transformers(cfg: GPTConfig, setup: TrainingSetup) -> bool:
+    """Whether LoRA on `cfg` is modelled under the transformers profile beyond the classic
+    GPT-2 / Llama blocks: the families of LORA_TRANSFORMERS_FAMILIES."""
+    from ..errors import ConfigError
+    from .profile_transformers import transformers_family
+
+    if setup.impl != "transformers":
+        return False
+    try:
+        return transformers_family(cfg) in LORA_TRANSFORMERS_FAMILIES
+    except ConfigError:
+        return False
 
 
 def adapter_tensors(cfg: GPTConfig, setup: TrainingSetup) -> int:
@@ -83,10 +107,10 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     drop = ["final/lm_head_input", "input/idx", "embedding/positions"]
     if not targets & set(ATTN_INPUT_TARGETS):
         drop.append("layer/attn/qkv_input")
-    if not targets & set(UP_TARGETS):
-        drop.append("layer/mlp/fc_input")
-    if setup.attn_impl == "manual" and "o" not in targets:
-        drop.append("layer/attn/out_input")  # an SDPA kernel keeps its output itself
+    if "o" not in targets and (setup.attn_impl == "manual" or setup.impl == "transformers"):
+        # o_proj's own input (transformers: its contiguous copy, where there is one); the
+        # reference profile's SDPA line is the kernel's output, which the kernel keeps itself
+        drop.append("layer/attn/out_input")
     if cfg.norm == "rmsnorm":
         drop += [k for k in out if k.endswith("/normalized")]
     for k in drop:
@@ -94,17 +118,48 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     N = workload.batch_size * workload.seq_len
     for k in ("embedding/dropout_mask",):  # the frozen embeddings' output needs no gradient
         out.pop(k, None)
+    L, n_moe, a = cfg.n_layer, moe_layers(cfg) if cfg.moe else 0, setup.act_bytes
+    if "layer/mlp/fc_input" in out:  # the MLP's input: an MoE layer's router reads it too
+        fc = out.pop("layer/mlp/fc_input") // L
+        kept = (L - n_moe) * bool(targets & set(UP_TARGETS)) + n_moe * ("router" in targets)
+        if kept:
+            out["layer/mlp/fc_input"] = kept * fc
     if out.get("layer/mlp/hidden") and "down" not in targets and cfg.mlp != "relu":
         # the down projection's input, unless ReLU saves it as its own output
-        out["layer/mlp/hidden"] -= cfg.n_layer * N * cfg.ffn_dim * setup.act_bytes
+        out["layer/mlp/hidden"] -= (L - n_moe) * N * cfg.ffn_dim * a
+    if n_moe:  # routed experts: grouped_mm keeps its input only for an adapted weight
+        Nk = N * cfg.n_expert_active
+        if not targets & {"experts.gate", "experts.up"}:
+            out.pop("layer/moe/expert_input", None)
+        if "experts.down" not in targets:
+            out["layer/moe/hidden"] -= n_moe * Nk * cfg.expert_dim * a
     for key, nbytes in _first_block_unsaved(cfg, setup, targets, out, N * cfg.ffn_dim
                                             * setup.act_bytes).items():
         out[key] -= nbytes
-    for m in block_linears(cfg):
-        if m.target in targets:
-            key = f"lora/{m.target}/lora_B_input"
-            out[key] = out.get(key, 0) + m.count * N * setup.lora_rank * setup.act_bytes
+    for a in selected(cfg, setup.lora_targets):  # one per adapter (a fused Linear's one)
+        if a.param_target:  # PEFT's ParamWrapper: the adapted weight W + B A, saved by its matmul
+            key = f"lora/{a.name}/adapted_weight"
+            nbytes = a.count * a.matrices * a.in_features * a.out_features * setup.weight_bytes
+        else:
+            key = f"lora/{a.name}/lora_B_input"
+            nbytes = a.count * N * a.rank_mult * setup.lora_rank * setup.act_bytes
+        out[key] = out.get(key, 0) + nbytes
     return out
+
+
+def first_block_cache_unsaved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """Bytes transformers' DynamicCache holds that no autograd node saves, beyond full
+    training's: when no adapter reads the first block's attention input, its attention needs
+    no gradient and saves nothing (`_first_block_unsaved`), but the cache still keeps that
+    layer's key and value copies, 2 N Dkv a (less what full training already leaves unsaved).
+    The reference model has no cache: 0."""
+    if setup.impl != "transformers" or covered(cfg, setup.lora_targets) & set(
+            ATTN_INPUT_TARGETS):
+        return 0
+    from .profile_transformers import first_layer_kv_cache
+
+    copies, unsaved = first_layer_kv_cache(cfg, workload.batch_size, workload.seq_len, setup)
+    return copies - unsaved
 
 
 # the first block's Linears in forward order, each with the adapter targets that read it and
@@ -130,8 +185,10 @@ def _first_block_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str]
     for q's, and v and the mask are kept only when q or k needs a gradient."""
     out: dict[str, int] = {}
     L = cfg.n_layer
-    kept_inputs = {"layer/attn/qkv_input"} | ({"layer/attn/out_input"} if "o" in targets
-                                               else set())
+    kept_inputs = {"layer/attn/qkv_input"}
+    if "o" in targets:  # o_proj's input: its own copy, or (transformers) SDPA's output itself
+        kept_inputs |= {"layer/attn/out_input"} if lines.get("layer/attn/out_input") else {
+            "layer/attn/out_input", "layer/attn/sdpa_out"}
     for site_targets, prefixes in _SITES:
         if targets & set(site_targets) and site_targets == UP_TARGETS and (
                 cfg.mlp in GATED_MLPS):
@@ -148,6 +205,12 @@ def _first_block_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str]
                 keep = hidden_tensor if k == "layer/mlp/hidden" and "down" in targets else 0
                 out[k] = v // L - keep
         if targets & set(site_targets):
+            if site_targets == ATTN_INPUT_TARGETS and "qkv" not in targets:
+                # a per-head q (k) norm reads a frozen projection's output: nothing to save
+                for role in ("q", "k"):
+                    for key in lines:
+                        if role not in targets and key.startswith(f"layer/attn/{role}_norm/"):
+                            out[key] = lines[key] // L
             if site_targets == ATTN_INPUT_TARGETS and setup.attn_impl == "manual" and (
                     "qkv" not in targets):
                 q, k = "q" in targets, "k" in targets

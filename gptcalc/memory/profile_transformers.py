@@ -4,7 +4,8 @@ The `transformers` implementation profile: the same saved-tensor table as the re
 (`embedding/...`, `layer/...` summed over the L layers, `final/...`, `cross_entropy/...`,
 `input/...`), for the classes people fine-tune: GPT2LMHeadModel, GPTNeoXForCausalLM,
 LlamaForCausalLM, MistralForCausalLM (with its sliding window), Qwen2ForCausalLM,
-Qwen3ForCausalLM (q/k norms), Gemma2ForCausalLM (eager, its only path: soft-capped scores and
+Qwen3ForCausalLM (q/k norms), Phi3ForCausalLM (fused qkv_proj and gate_up_proj: the same
+lines as Llama's, o_proj's input a copy as in NeoX), Gemma2ForCausalLM (eager, its only path: soft-capped scores and
 logits) and Gemma3ForCausalLM (gemma3_text: q/k norms, a local and a global rotary embedding,
 sliding layers with a mask once S >= window), MixtralForCausalLM and Qwen3MoeForCausalLM (their
 experts on transformers' default grouped_mm path, not experts_implementation="eager") and
@@ -135,8 +136,8 @@ from .profile_reference import op_block_lines
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
-FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
-            "mixtral", "qwen3_moe", "deepseek_v3")
+FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2",
+            "gemma3_text", "mixtral", "qwen3_moe", "deepseek_v3")
 _SDPA_GQA_MAX_HEAD_DIM = 256  # transformers' use_gqa_in_sdpa: enable_gqa only up to this head dim
 
 
@@ -176,7 +177,7 @@ def transformers_family(cfg: GPTConfig) -> str:
     LayerNorm), gpt_neox (rotary, fused q/k/v, LayerNorm), qwen2 (RMSNorm, SwiGLU, separate
     q/k/v with q/k/v bias and no output bias), qwen3 (RMSNorm over each q and k head) or llama
     (the same without that bias pattern; mistral is the same network, with or without its
-    sliding window). Raises ConfigError(field="impl") for switches the profile has not measured
+    sliding window), phi3 (Llama's block with fused qkv_proj and gate_up_proj). Raises ConfigError(field="impl") for switches the profile has not measured
     (MoE, MLA, Gemma's norms and GeGLU, ...) and ConfigError(field="family") otherwise."""
     missing = _not_modelled(cfg)
     if missing:
@@ -191,6 +192,9 @@ def transformers_family(cfg: GPTConfig) -> str:
             return "gpt2"
         if cfg.pos_embedding == "rotary":
             return "gpt_neox"
+    if (cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.qkv_layout == "fused"
+            and cfg.pos_embedding == "rotary" and not cfg.moe and cfg.qk_norm == "none"):
+        return "phi3"
     if cfg.norm == "rmsnorm" and cfg.mlp in GATED_MLPS and cfg.qkv_layout == "separate":
         if cfg.moe:
             return "qwen3_moe" if cfg.qk_norm == "head" else "mixtral"
@@ -200,7 +204,8 @@ def transformers_family(cfg: GPTConfig) -> str:
     raise ConfigError("family", "no transformers class implements this GPTConfig: gpt2 needs "
                                 "learned positions, fused q/k/v and LayerNorm; gpt_neox rotary, "
                                 "fused q/k/v and LayerNorm; llama / mistral / qwen2 / qwen3 "
-                                "RMSNorm, SwiGLU and separate q/k/v")
+                                "RMSNorm, SwiGLU and separate q/k/v; phi3 RMSNorm, SwiGLU, "
+                                "fused q/k/v and rotary")
 
 
 def _window_mask(cfg: GPTConfig, S: int) -> bool:
@@ -361,9 +366,10 @@ def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: boo
         s_lse = 32 * math.ceil(S / 32) if cuda and a == 4 else S
         lines["attn/logsumexp"] = b * H * s_lse * 4
         lines["attn/sdpa_out"] = N * Dq * a
-        # the kernel lays its output out like q; NeoX builds q with a cat in (b, H, S, hd)
-        # order, so transpose(1, 2).contiguous() copies it for the dense projection
-        copy = fam == "gpt_neox" and H > 1 and S > 1
+        # the kernel lays its output out like q; NeoX and Phi-3 build q with a cat in
+        # (b, H, S, hd) order (their rotary splits off the pass-through dims, even when there
+        # are none), so transpose(1, 2).contiguous() copies it for the output projection
+        copy = fam in ("gpt_neox", "phi3") and H > 1 and S > 1
         lines["attn/out_input"] = N * Dq * a if copy else 0
         return lines
     math_path = setup.attn_impl == "sdpa"  # CPU, dropout > 0: SDPA's decomposed math path
@@ -544,6 +550,19 @@ def transformers_loss_transients(cfg: GPTConfig, b: int, S: int, setup: Any
     return out
 
 
+def first_layer_kv_cache(cfg: GPTConfig, b: int, S: int, setup: Any) -> tuple[int, int]:
+    """The first layer's DynamicCache key and value copies, 2 N Dkv a (0 when checkpointing
+    turns the cache off), and the part of them that full training leaves unsaved
+    (`_kv_cache_unsaved`); the first layer is a sliding one where the model has any."""
+    if setup.recompute in ("full", "op"):
+        return 0, 0
+    fam = transformers_family(cfg)
+    masked = _window_mask(cfg, S) and sliding_layers(cfg) > 0 and (
+        not cfg.attn_pattern or cfg.attn_pattern.upper()[0] == "L")
+    return 2 * b * S * cfg.kv_width * setup.act_bytes, _kv_cache_unsaved(cfg, fam, b, S, setup,
+                                                                          masked)
+
+
 def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: bool
                       ) -> int:
     """Per-layer bytes of DynamicCache's key/value copies (N * Dkv * a each) not saved for
@@ -565,5 +584,5 @@ def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, mask
     return 2 * one if gqa else one
 
 
-__all__ = ["FAMILIES", "default_attention", "transformers_family", "transformers_loss_transients",
+__all__ = ["FAMILIES", "default_attention", "first_layer_kv_cache", "transformers_family", "transformers_loss_transients",
            "transformers_saved"]

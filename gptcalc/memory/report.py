@@ -9,6 +9,7 @@ from ..errors import ConfigError
 from ..families import modern_switches
 from ..training_setup import TrainingSetup
 from ..workload import Workload, validate_workload
+from .finetune import ATTENTION_TARGETS, lora_on_transformers
 from .activations import activations_paper, device_activations, logits_bytes
 from .inference import kv_cache_bytes, largest_fitting, serving_dtype_bytes
 from .peak import StepPeak, step_peak
@@ -33,13 +34,18 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     if setup.lora_rank and (t > 1 or p > 1):
         raise ConfigError("lora_rank", "LoRA memory is modelled with data parallelism (and ZeRO) "
                                        "only, not with tp or pp")
-    if setup.lora_rank and modern_switches(cfg):
+    if setup.lora_rank and modern_switches(cfg) and not lora_on_transformers(cfg, setup):
         raise ConfigError("lora_rank", "LoRA memory is measured on the classic GPT-2 / Llama "
                                        f"blocks, not with {', '.join(modern_switches(cfg))}")
     if setup.lora_rank:
-        from ..lora import parse_targets
+        from ..lora import covered, parse_targets
 
         parse_targets(",".join(setup.lora_targets), cfg)  # each target exists in this model
+        if cfg.moe and not covered(cfg, setup.lora_targets) & ATTENTION_TARGETS:
+            raise ConfigError("lora_targets", "LoRA on a mixture of experts is modelled with an "
+                                              "attention projection among the targets (the "
+                                              "first block's experts ahead of the first adapter "
+                                              "are not measured)")
     if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")
