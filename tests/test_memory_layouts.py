@@ -37,13 +37,19 @@ def test_no_row_is_larger_than_the_peak_that_contains_it(name, dp, zero, tp, pp,
     # sharding never makes a device hold more than one device alone would, but for what the
     # engines add: plain DDP's gradient buckets (a second copy of the gradients, PyTorch's
     # default), DeepSpeed's buffers and its fp32 partition copy beside fp32 weights, and the
-    # pipeline schedule's outputs of earlier micro-batches, which it keeps to merge; a
-    # pipeline's pp micro-batches accumulate gradients as grad_accum does
+    # pipeline schedule's outputs of earlier micro-batches, which it keeps to merge, and
+    # DeepSpeed stage 3's flat buffer of gradient partitions, alive for the whole run, and its
+    # weights beyond an even partition (small parameters kept whole beside their partitions,
+    # stage3_param_persistence_threshold, and per-parameter padding); a pipeline's pp
+    # micro-batches accumulate gradients as grad_accum does
     alone = dataclasses.replace(setup, dp=1, zero=0, tp=1, pp=1, sp=False, engine=None)
     buckets = ddp_gradient_buckets(cfg, setup)
     kept = sum(v for k, v in rep.peak.lines.items() if k.startswith(("pipeline:", "DeepSpeed")))
     if setup.engine_name == "deepspeed" and zero and mode == "fp32":
         kept += 4 * -(-state_bytes(cfg, setup, rep.peak.stage).params // dp)
+    if setup.engine_name == "deepspeed" and zero == 3:
+        st = state_bytes(cfg, setup, rep.peak.stage)
+        kept += st.gradients + st.weights - setup.weight_bytes * -(-st.params // dp)
     alone_wl = Workload(B, 512, max(accum, 2) if pp > 1 else accum)
     assert rep.peak.bytes - buckets - kept <= step_peak(cfg, alone_wl, alone).bytes
 
