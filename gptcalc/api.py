@@ -26,7 +26,7 @@ from .configfile import ConfigFile, read_config_file, write_config_file
 from . import flops as _flops
 from .flops import FlopCount, InferenceFlops
 from .params import ParamCount, count_params
-from .presets import DEFAULT_PRESET, arch_switches, preset as get_preset
+from .presets import DEFAULT_PRESET, arch_switches, preset as get_preset, preset_fields
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | N
     if preset_name is not None or hf is None:
         p = get_preset(preset_name or DEFAULT_PRESET)
         layer(arch_switches(p.arch), "preset")
-        layer(p.sizes, "preset")
+        swapped = next((a for a in (arch, file_arch) if a is not None), None)
+        layer(preset_fields(p, swapped), "preset")
     if hf is not None:
         raw = hf if isinstance(hf, Mapping) else read_hf_json(hf)
         layer(hf_fields(raw), "hf_config")

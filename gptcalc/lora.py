@@ -192,8 +192,14 @@ def _converted_expert_names(names: list[str]) -> list[str]:
 
 
 def selected(cfg: GPTConfig, targets: tuple[str, ...]) -> list[Adapter]:
-    """The adapters `targets` select."""
-    return [a for a in adapters(cfg) if a.name in targets]
+    """The adapters `targets` select: adapter names, or any name `parse_targets` takes (a
+    set-up written by hand may say q,v of a model that names them q_proj, v_proj; a name the
+    model does not have raises ConfigError("lora_targets"))."""
+    found = adapters(cfg)
+    wanted = set(targets)
+    if not wanted <= {a.name for a in found}:
+        wanted = set(parse_targets(",".join(targets), cfg))
+    return [a for a in found if a.name in wanted]
 
 
 def covered(cfg: GPTConfig, targets: tuple[str, ...]) -> set[str]:
@@ -207,9 +213,9 @@ def lora_params(cfg: GPTConfig, rank: int, targets: tuple[str, ...]) -> dict[str
     values sum to the trainable total."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ConfigError("lora_rank", f"must be a positive integer, got {rank!r}")
-    out = dict.fromkeys(targets, 0)
+    out: dict[str, int] = {}
     for a in selected(cfg, targets):
-        out[a.name] += a.params(rank)
+        out[a.name] = out.get(a.name, 0) + a.params(rank)
     return out
 
 

@@ -17,6 +17,9 @@ class Preset:
     batch_size: int = 1  # the batch its source trained with, where it names one (sequences)
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # the model_type of the released checkpoint's config.json: its module names (and PEFT's
+    # rules for them) name the LoRA targets; empty for models with no Hugging Face release
+    hub: str = ""
 
 
 def _gpt3(n_layer: int, n_embd: int, n_head: int, note: str = "") -> Preset:
@@ -35,10 +38,10 @@ PRESETS: dict[str, Preset] = {
     "debug": Preset("gpt2", dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=97),
                     batch_size=2, note="tiny debug model"),
     # GPT-2 (Radford et al. 2019, Table 2; released checkpoints' config.json): V=50257, T=1024.
-    "gpt2": Preset("gpt2", dict(n_layer=12, n_head=12, n_embd=768)),
-    "gpt2-medium": Preset("gpt2", dict(n_layer=24, n_head=16, n_embd=1024)),
-    "gpt2-large": Preset("gpt2", dict(n_layer=36, n_head=20, n_embd=1280)),
-    "gpt2-xl": Preset("gpt2", dict(n_layer=48, n_head=25, n_embd=1600)),
+    "gpt2": Preset("gpt2", dict(n_layer=12, n_head=12, n_embd=768), hub="gpt2"),
+    "gpt2-medium": Preset("gpt2", dict(n_layer=24, n_head=16, n_embd=1024), hub="gpt2"),
+    "gpt2-large": Preset("gpt2", dict(n_layer=36, n_head=20, n_embd=1280), hub="gpt2"),
+    "gpt2-xl": Preset("gpt2", dict(n_layer=48, n_head=25, n_embd=1600), hub="gpt2"),
     # GPT-3 (Brown et al. 2020, Table 2.1: n_layers, d_model, n_heads, d_head; T=2048).
     "gpt3-small": _gpt3(12, 768, 12),
     "gpt3-medium": _gpt3(24, 1024, 16),
@@ -56,29 +59,32 @@ PRESETS: dict[str, Preset] = {
     # Llama 2 7B (Touvron et al. 2023; meta-llama/Llama-2-7b-hf config.json): 4096 context,
     # intermediate_size 11008, 32 heads, vocabulary 32000.
     "llama2-7b": Preset("llama", dict(n_layer=32, n_head=32, n_embd=4096, d_ff=11008,
-                                       block_size=4096, vocab_size=32000)),
+                                       block_size=4096, vocab_size=32000), hub="llama"),
     # Llama 3 8B (meta-llama/Meta-Llama-3-8B config.json): 8 KV heads, intermediate_size 14336,
     # vocabulary 128256, 8192 context.
     "llama3-8b": Preset("llama", dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
-                                       d_ff=14336, block_size=8192, vocab_size=128256)),
+                                       d_ff=14336, block_size=8192, vocab_size=128256),
+                        hub="llama"),
     # Llama 3 70B (meta-llama/Meta-Llama-3-70B config.json): 80 layers, 8192 wide, 64 heads,
     # 8 KV heads, intermediate_size 28672, vocabulary 128256, 8192 context.
     "llama3-70b": Preset("llama", dict(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192,
-                                        d_ff=28672, block_size=8192, vocab_size=128256)),
+                                        d_ff=28672, block_size=8192, vocab_size=128256),
+                         hub="llama"),
     # Llama 3.1 405B (meta-llama/Llama-3.1-405B config.json): 126 layers, 16384 wide, 128 heads,
     # 8 KV heads, intermediate_size 53248, vocabulary 128256, 131072 context.
     "llama3.1-405b": Preset("llama", dict(n_layer=126, n_head=128, n_kv_head=8, n_embd=16384,
-                                           d_ff=53248, block_size=131072, vocab_size=128256)),
+                                           d_ff=53248, block_size=131072, vocab_size=128256),
+                            hub="llama"),
     # Mistral 7B v0.1 (mistralai/Mistral-7B-v0.1 config.json; Jiang et al. 2023, Table 1):
     # sliding window 4096 on every layer, 32768 positions.
     "mistral-7b-v0.1": Preset("mistral", dict(
         n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, d_ff=14336, block_size=32768,
-        vocab_size=32000, sliding_window=4096)),
+        vocab_size=32000, sliding_window=4096), hub="mistral"),
     # Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024): 8 experts of
     # 14336, top 2, no sliding window.
     "mixtral-8x7b": Preset("mixtral", dict(
         n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, d_ff=14336, block_size=32768,
-        vocab_size=32000, n_expert=8, n_expert_active=2)),
+        vocab_size=32000, n_expert=8, n_expert_active=2), hub="mixtral"),
     # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json; DeepSeek-AI 2024, sec. 4.2): MLA with
     # q_lora 1536, kv_lora 512, rope 64, nope 128, v 128; 3 dense layers of 18432, then 256
     # routed experts of 2048 (top 8) and 1 shared expert. The multi-token-prediction module of
@@ -87,38 +93,41 @@ PRESETS: dict[str, Preset] = {
         n_layer=61, n_head=128, n_embd=7168, d_ff=18432, block_size=163840, vocab_size=129280,
         kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64,
         v_head_dim=128, n_expert=256, n_expert_active=8, n_shared_expert=1, moe_ffn_dim=2048,
-        moe_first_dense=3)),
+        moe_first_dense=3), hub="deepseek_v3"),
     # Qwen3-8B (Qwen/Qwen3-8B config.json): head_dim 128, q/k RMSNorm, untied.
     "qwen3-8b": Preset("qwen3", dict(n_layer=36, n_head=32, n_kv_head=8, n_embd=4096,
                                       head_dim=128, d_ff=12288, block_size=40960,
-                                      vocab_size=151936)),
+                                      vocab_size=151936), hub="qwen3"),
     # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 128 experts of 768, top 8, every layer.
     "qwen3-30b-a3b": Preset("qwen3_moe", dict(
         n_layer=48, n_head=32, n_kv_head=4, n_embd=2048, head_dim=128, d_ff=6144,
-        block_size=40960, vocab_size=151936, n_expert=128, n_expert_active=8, moe_ffn_dim=768)),
+        block_size=40960, vocab_size=151936, n_expert=128, n_expert_active=8, moe_ffn_dim=768),
+                            hub="qwen3_moe"),
     # Gemma 2 9B (google/gemma-2-9b config.json; Gemma Team 2024, Table 1): head_dim 256,
     # sliding window 4096 on every other layer (layer 0 sliding).
     "gemma-2-9b": Preset("gemma2", dict(
         n_layer=42, n_head=16, n_kv_head=8, n_embd=3584, head_dim=256, d_ff=14336,
-        block_size=8192, vocab_size=256000, sliding_window=4096, attn_pattern="LG")),
+        block_size=8192, vocab_size=256000, sliding_window=4096, attn_pattern="LG"), hub="gemma2"),
     # Gemma 3 27B, language model (google/gemma-3-27b-it config.json text_config; vocabulary
     # 262208 from Gemma3TextConfig's default; Gemma Team 2025): 5 local layers of window 1024
     # per global one.
     "gemma-3-27b": Preset("gemma3", dict(
         n_layer=62, n_head=32, n_kv_head=16, n_embd=5376, head_dim=128, d_ff=21504,
-        block_size=131072, vocab_size=262208, sliding_window=1024, attn_pattern="LLLLLG")),
+        block_size=131072, vocab_size=262208, sliding_window=1024, attn_pattern="LLLLLG"),
+                          hub="gemma3_text"),
     # gpt-oss-20b (openai/gpt-oss-20b config.json; OpenAI 2025 model card): 32 experts of 2880,
     # top 4, head_dim 64, window 128 on every other layer (layer 0 sliding).
     "gpt-oss-20b": Preset("gpt_oss", dict(
         n_layer=24, n_head=64, n_kv_head=8, n_embd=2880, head_dim=64, d_ff=2880,
         block_size=131072, vocab_size=201088, n_expert=32, n_expert_active=4,
-        sliding_window=128, attn_pattern="LG")),
+        sliding_window=128, attn_pattern="LG"), hub="gpt_oss"),
     # OLMo 2 7B (allenai/OLMo-2-1124-7B config.json).
     "olmo2-7b": Preset("olmo2", dict(n_layer=32, n_head=32, n_embd=4096, d_ff=11008,
-                                      block_size=4096, vocab_size=100352)),
+                                      block_size=4096, vocab_size=100352), hub="olmo2"),
     # Phi-3-mini 4k (microsoft/Phi-3-mini-4k-instruct config.json): sliding window 2047.
     "phi-3-mini": Preset("phi3", dict(n_layer=32, n_head=32, n_embd=3072, d_ff=8192,
-                                       block_size=4096, vocab_size=32064, sliding_window=2047)),
+                                       block_size=4096, vocab_size=32064, sliding_window=2047),
+                         hub="phi3"),
     # A tiny DeepSeek-shaped model for tests and `gptcalc verify` (not from a paper): latent
     # attention, a dense first layer, then 4 routed experts (top 2) and a shared expert, and
     # alternating sliding-window / global layers.
@@ -144,8 +153,16 @@ def preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def preset_fields(p: Preset, arch: str | None = None) -> dict[str, Any]:
+    """A preset's sizes, and its released checkpoint's module names (`hf_model_type`) unless
+    `arch` swaps its family for another."""
+    keep_hub = p.hub and (arch is None or arch == p.arch)
+    return {**p.sizes, **({"hf_model_type": p.hub} if keep_hub else {})}
+
+
 def from_name(name: str = DEFAULT_PRESET, arch: str | None = None, **overrides: Any) -> GPTConfig:
-    """A preset's config; `arch` swaps its family of switches, `overrides` set any field."""
+    """A preset's config; `arch` swaps its family of switches (and drops the released
+    checkpoint's module names), `overrides` set any field."""
     p = preset(name)
-    fields = {**arch_switches(arch or p.arch), **p.sizes, **overrides}
+    fields = {**arch_switches(arch or p.arch), **preset_fields(p, arch), **overrides}
     return GPTConfig(**fields)

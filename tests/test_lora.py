@@ -13,6 +13,7 @@ from gptcalc.cli import cli
 from gptcalc.linears import block_linears
 from gptcalc.lora import lora_params, lora_state_bytes, parse_targets, qlora_weight_bytes
 from gptcalc.presets import PRESETS
+from gptcalc.memory import TrainingSetup, state_bytes
 
 from ._strategies import configs
 
@@ -28,13 +29,16 @@ def test_peft_llama_7b_q_v_rank_8():
     out = json.loads(r.stdout)
     # PEFT's LoRA on LLaMA-7B, r=8, q_proj and v_proj: "trainable params: 4,194,304"
     assert out["trainable"] == 4_194_304
-    assert out["lora"]["components"] == {"q": 2_097_152, "v": 2_097_152}
+    # the preset is the released checkpoint: its adapters carry its module names
+    assert out["lora"]["components"] == {"q_proj": 2_097_152, "v_proj": 2_097_152}
     assert out["total"] == 6_738_415_616  # the frozen base is unchanged
 
 
 def test_default_targets_are_peft_s():
-    assert parse_targets(None, from_name("llama2-7b")) == ("q", "v")
-    assert parse_targets(None, from_name("gpt2")) == ("qkv",)  # GPT-2's c_attn
+    # the presets are released checkpoints: PEFT's defaults under their module names
+    assert parse_targets(None, from_name("llama2-7b")) == ("q_proj", "v_proj")
+    assert parse_targets(None, from_name("gpt2")) == ("c_attn",)  # GPT-2's fused qkv
+    assert parse_targets(None, from_name("gpt3-13b")) == ("qkv",)  # no release: gptcalc's
     out = json.loads(run("params", "--preset", "gpt2", "--json").stdout)
     assert out["trainable"] == out["total"] and out["lora"] is None
 
@@ -107,3 +111,19 @@ def test_bad_input_is_one_line_naming_the_option(args, option):
     r = run("params", *args)
     assert r.exit_code == 2, (r.exit_code, r.output)
     assert r.stdout == "" and r.stderr.count("\n") == 1 and option in r.stderr, r.stderr
+
+
+def test_a_hand_written_set_up_may_name_targets_either_way():
+    from gptcalc import ConfigError
+
+    # TrainingSetup(lora_targets=...) written by hand for a released checkpoint: gptcalc's names
+    # select the same adapters as the module names; a name the model lacks is refused, never
+    # counted as zero adapters
+    cfg = from_name("phi-3-mini")
+    assert lora_params(cfg, 16, ("qkv", "o")) == lora_params(cfg, 16, ("qkv_proj", "o_proj"))
+    with pytest.raises(ConfigError, match="qkv_proj"):
+        lora_params(cfg, 8, ("q",))  # phi3's q is part of one fused qkv_proj
+    with pytest.raises(ConfigError, match="bogus"):
+        lora_params(cfg, 8, ("bogus",))
+    setup = TrainingSetup(mode="amp", lora_rank=8, lora_targets=("q", "v"))
+    assert state_bytes(from_name("llama2-7b"), setup).gradients == 4 * 4_194_304
