@@ -64,11 +64,12 @@ def test_saved_bytes_exact_fp32(family, attn, E, L, H, V, S, B, dropout):
 
 
 # Every family x attention x dropout once, at B = 2 and at B = 1 with one head (where matmul
-# folds its operands as views): the cases the hypothesis draw may miss.
+# folds its operands as views), and at B = 1 with two heads sharing one KV head (repeat_kv's
+# output is then a view of that head): the cases the hypothesis draw may miss.
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("attn", ["sdpa", "manual"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-@pytest.mark.parametrize("B,H", [(2, 4), (1, 1)])
+@pytest.mark.parametrize("B,H", [(2, 4), (1, 1), (1, 2)])
 def test_saved_bytes_exact_grid(family, attn, dropout, B, H):
     cfg = _cfg(family, H=H, dropout=dropout)
     idx, labels = tw.make_batch(cfg.vocab_size, B, 16)

@@ -64,7 +64,8 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
                               lays q out as (b, H, S, hd): transpose(1, 2).contiguous() copies)
     eager, or sdpa with dropout on CPU (the math path; 16-bit inputs computed in fp32, m = 4):
     layer/attn/q, k_t, v      N * Dq * m     matmul's contiguous copies (or repeat_kv's outputs);
-                              GPT-2 eager with b or H = 1: q is c_attn's N*3E output
+                              GPT-2 eager with b or H = 1: q is c_attn's N*3E output;
+                              eager with one KV head and b = 1: k and v are views of it, N*Dkv
     layer/attn/softcap_tanh   b * H * S^2 * a  Gemma 2's tanh(scores / cap) output (eager only)
     layer/attn/softmax        b * H * S^2 * 4  eager softmax(dtype=float32) (GPT-2: in its input dtype)
     layer/attn/probs          b * H * S^2 * a  eager .to(query.dtype) when 16-bit, without dropout
@@ -381,8 +382,11 @@ def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: boo
     # matmul saves that whole N*3E storage (the math path scales q into a fresh tensor first)
     q_view = fam == "gpt2" and not math_path and (b == 1 or H == 1)
     lines["attn/q"] = N * (3 * cfg.n_embd if q_view else Dq) * m
-    lines["attn/k_t"] = N * Dq * m
-    lines["attn/v"] = N * Dq * m
+    # one KV head (multi-query): repeat_kv's expand-reshape is a view of the cache's one head
+    # (stride 0 over the repeats), and with b = 1 matmul folds it as a view too: that one head
+    mqa_view = cfg.kv_heads == 1 and H > 1 and b == 1 and not math_path
+    lines["attn/k_t"] = N * (Dkv if mqa_view else Dq) * m
+    lines["attn/v"] = N * (Dkv if mqa_view else Dq) * m
     # Gemma's eager soft-capping, cap * tanh(scores / cap): tanh saves its output
     lines["attn/softcap_tanh"] = att * m if cfg.attn_softcap and not math_path else 0
     if math_path or fam == "gpt2":
