@@ -54,7 +54,9 @@ a switch only (`attn_softcap`, `logit_softcap`: its tanh saves a tensor for back
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -95,10 +97,19 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
     except ImportError:
         raise ConfigError("hf_config", f"{where} is not a local path, and reading a Hub id "
                                        "needs huggingface_hub: pip install 'gptcalc[hf]'") from None
+    # HF_HUB_OFFLINE as the environment says now (huggingface_hub reads it once, on import);
+    # its retry warnings are silenced so that a failure stays one line
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    from huggingface_hub.utils import logging as hub_logging
+
+    log = hub_logging.get_logger()  # configures the library's logger first, once
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
-        return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
+        return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision,
+                                                    local_files_only=offline))
     except errors.LocalEntryNotFoundError:  # offline, or the Hub unreachable, and not cached
-        offline = huggingface_hub.constants.HF_HUB_OFFLINE
+        offline = offline or huggingface_hub.constants.HF_HUB_OFFLINE
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
         raise ConfigError("hf_config", f"{where}: no such local path; as a Hub id: {why} and "
                                        "its config.json is not in the cache "
@@ -120,6 +131,8 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
                                        f"{status or 'with an error'}") from None
     except OSError as e:  # a network error huggingface_hub did not wrap
         raise ConfigError("hf_config", f"{where}: {type(e).__name__}: {e}".splitlines()[0]) from None
+    finally:
+        log.setLevel(level)
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:

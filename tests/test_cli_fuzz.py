@@ -136,7 +136,8 @@ def test_every_command_and_mutated_config_is_refused_in_one_line(tmp_path_factor
     (d / "config.json").write_text(json.dumps(cfg))
     args, refuse, label = fz.draw_call(rng, {str(d / "config.json"): (
         str(d / "config.json"), kind, invalid)})
-    result = CliRunner().invoke(cli, args)
+    # Hub ids offline: a machine without a network would wait out huggingface_hub's retries
+    result = CliRunner(env={"HF_HUB_OFFLINE": "1"}).invoke(cli, args)
     assert fz.classify(result, refuse, args) is None, (args, label, cfg, result.output)
 
 

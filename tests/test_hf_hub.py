@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,26 @@ def test_without_huggingface_hub(monkeypatch):
     r = CliRunner().invoke(cli, ["params", "--hf-config", "org/model"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert "pip install 'gptcalc[hf]'" in r.stderr
+
+
+def test_retry_warnings_do_not_break_the_one_line(tmp_path):
+    # without a network huggingface_hub logs each retry on stderr before giving up; those
+    # lines are silenced, so the refusal stays one line (a subprocess: the library's log
+    # handler writes to the real stderr, which CliRunner does not capture)
+    code = textwrap.dedent("""
+        import sys, huggingface_hub
+        from huggingface_hub import errors
+        from huggingface_hub.utils import logging
+        def fail(*args, **kwargs):
+            logging.get_logger("huggingface_hub.utils._http").warning("Retrying in 8s [Retry 1/5].")
+            raise errors.LocalEntryNotFoundError("not cached")
+        huggingface_hub.hf_hub_download = fail
+        from gptcalc.cli import main
+        sys.argv = ["gptcalc", "params", "--hf-config", "org/model"]
+        main()
+    """)
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "hub")}
+    env.pop("HF_HUB_OFFLINE", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.count("\n") == 1 and "the Hub cannot be reached" in r.stderr, r.stderr
