@@ -155,17 +155,27 @@ _CORE_LINES = ("attn/q", "attn/k_t", "attn/v", "attn/causal_mask", "attn/softmax
 
 
 def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                     where: str, recomputed: int) -> None:
+                     where: str, recomputed: int, to_core: int = 0) -> None:
     """A checkpointed block's forward, run again inside backward: `recomputed` bytes of saved
     tensors (a plain block's, less its input) come back. Early stop ends the recomputation at
     the last tensor saved: the MLP's dropout mask (its input and output then still alive) or,
     without dropout, the down projection's input (saved before the matmul runs). A parallel
-    block also holds the attention branch's sum with the input there."""
+    block also holds the attention branch's sum with the input there. SDPA's CPU math path on
+    16-bit inputs first peaks inside the recomputed attention core: `to_core` bytes of the
+    block (ln_1's, the core's, amp's copy of the q/k/v weight) beside
+    `sdpa_math_output_transients`."""
     b, S = workload.batch_size, workload.seq_len
     N, a, E = b * S, setup.act_bytes, cfg.n_embd
     r = 4 if setup.mode in ("fp32", "amp") else a
     extra = (2 * N * E * a if cfg.dropout > 0 else 0) + (N * E * r if cfg.parallel_residual
                                                          else 0)
+    plain = dataclasses.replace(setup, recompute="none")
+    if sdpa_math_path_16bit(cfg, plain):  # SDPA's math path on 16-bit inputs runs whole
+        # inside the recomputation: its transients at its output's cast, beside the `to_core`
+        # bytes the recomputation has made by then
+        core = sdpa_math_output_transients(cfg, workload, plain)
+        w.alloc(f"{where} recompute attention core", saved=to_core, recompute=core)
+        w.free(saved=to_core, recompute=core)
     w.alloc(f"{where} recompute", saved=recomputed, recompute=extra)
     w.free(recompute=extra)
 
@@ -327,7 +337,13 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         # again (non-reentrant checkpoint, early stop: up to the last tensor it saves), leaving
         # every tensor a plain block saves alive beside the input the checkpoint kept
         if rec == "full":
-            _recompute_block(w, cfg, workload, setup, where, layer_saved - N * E * r)
+            # ... less the block's input, which the checkpoint kept
+            to_core = sum(v for k, v in plain_layer.items() if k.startswith(("ln_1/", "attn/"))
+                          and k not in ("attn/out_input", "attn/resid_dropout_mask")
+                          ) - N * E * r + sum(
+                cp(c[len("weight_copy/"):]) for c in copies
+                if c.startswith("weight_copy/attention/") and c != "weight_copy/attention/out")
+            _recompute_block(w, cfg, workload, setup, where, layer_saved - N * E * r, to_core)
         start = w.total
         # --- MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it)
         # amp: the fp32 stream's gradient is cast to the 16-bit branch (ToCopyBackward of the

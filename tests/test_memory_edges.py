@@ -93,3 +93,19 @@ def test_step_peak_sdpa_math_path_16bit_wide_heads(mode):
     phase = phase_peak(cfg, wl, setup)
     assert phase.phase == "forward, attention core"
     assert abs(phase.bytes - measured) <= PHASE_MODEL_TOLERANCE * measured
+
+
+def test_replay_sdpa_math_path_16bit_full_recompute():
+    """With full recomputation the math path runs whole inside backward, when the block's
+    forward is made again: the replay's peak is there, at the recomputed core's output cast."""
+    from gptcalc import GPTConfig
+
+    cfg = GPTConfig(block_size=7, vocab_size=5, n_layer=1, n_head=4, n_embd=24, n_kv_head=1,
+                    head_dim=32, dropout=0.1)
+    wl = Workload(4, 4)
+    setup = TrainingSetup(mode="bf16", attn_impl="sdpa", recompute="full")
+    measured = measure_step_peak_cpu(cfg, wl, setup).peak_bytes
+    assert measured == 161334  # MemTracker, torch 2.13 CPU, when written
+    replayed = step_peak(cfg, wl, setup)
+    assert (replayed.phase, replayed.bytes) == ("backward", measured)
+    assert "recompute attention core" in replayed.why
