@@ -23,6 +23,8 @@ from gptcalc.training_setup import TrainingSetup
 from gptcalc.workload import Workload
 from gptcalc.memory import autocast_weight_copies, saved_activations, state_bytes
 from gptcalc.memory.profile_reference import _norm_lines
+from gptcalc.memory.peak import (saved_before_attention_core, sdpa_math_output_transients,
+                                 sdpa_math_path_16bit, sdpa_math_transients)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -153,45 +155,29 @@ _CORE_LINES = ("attn/q", "attn/k_t", "attn/v", "attn/causal_mask", "attn/softmax
 
 
 def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                     where: str, recomputed: int) -> None:
+                     where: str, recomputed: int, to_core: int = 0) -> None:
     """A checkpointed block's forward, run again inside backward: `recomputed` bytes of saved
     tensors (a plain block's, less its input) come back. Early stop ends the recomputation at
     the last tensor saved: the MLP's dropout mask (its input and output then still alive) or,
     without dropout, the down projection's input (saved before the matmul runs). A parallel
-    block also holds the attention branch's sum with the input there."""
+    block also holds the attention branch's sum with the input there. SDPA's CPU math path on
+    16-bit inputs first peaks inside the recomputed attention core: `to_core` bytes of the
+    block (ln_1's, the core's, amp's copy of the q/k/v weight) beside
+    `sdpa_math_output_transients`."""
     b, S = workload.batch_size, workload.seq_len
     N, a, E = b * S, setup.act_bytes, cfg.n_embd
     r = 4 if setup.mode in ("fp32", "amp") else a
     extra = (2 * N * E * a if cfg.dropout > 0 else 0) + (N * E * r if cfg.parallel_residual
                                                          else 0)
+    plain = dataclasses.replace(setup, recompute="none")
+    if sdpa_math_path_16bit(cfg, plain):  # SDPA's math path on 16-bit inputs runs whole
+        # inside the recomputation: its transients at its output's cast, beside the `to_core`
+        # bytes the recomputation has made by then
+        core = sdpa_math_output_transients(cfg, workload, plain)
+        w.alloc(f"{where} recompute attention core", saved=to_core, recompute=core)
+        w.free(saved=to_core, recompute=core)
     w.alloc(f"{where} recompute", saved=recomputed, recompute=extra)
     w.free(recompute=extra)
-
-
-def sdpa_math_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
-    """Bytes SDPA's CPU math path (taken with dropout) holds beside what it saves, at its last
-    saving op (att @ v's operands; checkpoint's early stop ends a recomputation there, before
-    the matmul runs). The path upcasts 16-bit q, k, v to fp32, scales q and k (keeping their
-    strides), and matmul folds (b, H) into one batch dimension: a view when b, H or S is 1
-    (for v also when contiguous: grouped-query's repeat), else a contiguous copy, which matmul
-    saves in place of the operand. Alive at the end beside the saved tensors: the float causal
-    mask (S^2 fp32); the scaled k when it was copied (fp32, N Dq; the scaled q is dropped
-    before); each 16-bit upcast that matmul did not save (q's and k's always, v's when copied),
-    and a 16-bit copy of the dropped probabilities (b H S^2); with grouped-query heads the
-    core's 16-bit repeats of k and v (N Dq each). The core receives q, k, v in the compute
-    dtype (under amp the model casts them before it). Measured with a per-op MemTracker trace
-    of the math path (torch 2.13 CPU)."""
-    b, S = workload.batch_size, workload.seq_len
-    N, a, Dq = b * S, setup.act_bytes, cfg.q_width
-    folds = b == 1 or cfg.n_head == 1 or S == 1
-    gqa = cfg.kv_heads != cfg.n_head
-    k_view, v_view = folds, folds or gqa
-    out = S * S * 4 + (0 if k_view else N * Dq * 4)
-    if a != 4:
-        out += (2 + (not v_view)) * N * Dq * 4 + b * cfg.n_head * S * S * a
-        if gqa:  # the core's grouped-query repeats of k and v, 16-bit, before the upcast
-            out += 2 * N * Dq * a
-    return out
 
 
 def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
@@ -351,7 +337,13 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
         # again (non-reentrant checkpoint, early stop: up to the last tensor it saves), leaving
         # every tensor a plain block saves alive beside the input the checkpoint kept
         if rec == "full":
-            _recompute_block(w, cfg, workload, setup, where, layer_saved - N * E * r)
+            # ... less the block's input, which the checkpoint kept
+            to_core = sum(v for k, v in plain_layer.items() if k.startswith(("ln_1/", "attn/"))
+                          and k not in ("attn/out_input", "attn/resid_dropout_mask")
+                          ) - N * E * r + sum(
+                cp(c[len("weight_copy/"):]) for c in copies
+                if c.startswith("weight_copy/attention/") and c != "weight_copy/attention/out")
+            _recompute_block(w, cfg, workload, setup, where, layer_saved - N * E * r, to_core)
         start = w.total
         # --- MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it)
         # amp: the fp32 stream's gradient is cast to the 16-bit branch (ToCopyBackward of the
@@ -483,7 +475,7 @@ class StepPeak:
     """The peak of one steady-state training step (after the first, whose states exist)."""
 
     bytes: int
-    phase: str  # "backward" or "optimizer"
+    phase: str  # "backward", "optimizer", "forward" or "forward attention core"
     why: str
     phases: dict[str, int]
     lines: dict[str, int] = field(default_factory=dict)  # what is alive at the peak
@@ -566,6 +558,29 @@ def forward_end(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, walk: 
     return sum(lines.values()), lines
 
 
+def forward_attention_core(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                           ) -> tuple[int, dict[str, int]]:
+    """Live bytes when SDPA's CPU math path, on 16-bit inputs, casts the last block's attention
+    output back to 16 bit (0 outside that path): weights, optimizer states, buffers, the saved
+    tensors made so far (`gptcalc.memory.peak.saved_before_attention_core`), the path's
+    transients (`sdpa_math_output_transients`) and, under amp, autocast's cached 16-bit casts
+    of the biases used so far (every earlier block's, this block's q/k/v projection's)."""
+    if not sdpa_math_path_16bit(cfg, setup):
+        return 0, {}
+    first = state_bytes(cfg, setup, "first")
+    lines = {"weights": first.weights, "optimizer": first.optimizer,
+             "buffers": buffer_bytes(cfg, setup),
+             "saved": saved_before_attention_core(
+                 cfg, saved_activations(cfg, workload, setup), setup),
+             "attention core transients": sdpa_math_output_transients(cfg, workload, setup)}
+    if setup.mode == "amp":
+        per_block = (linear_bias_elements(cfg) - (cfg.vocab_size if cfg.lm_head_bias else 0)
+                     ) // cfg.n_layer
+        qkv = cfg.q_width + 2 * cfg.kv_width if cfg.qkv_bias else 0
+        lines["autocast_cache"] = 2 * ((cfg.n_layer - 1) * per_block + qkv)
+    return sum(lines.values()), lines
+
+
 def replay_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> StepPeak:
     """Peak bytes of one steady-state step of the reference model on one CPU device, as
     MemTracker sums live tensor storages after every op: the largest of the forward's end
@@ -595,7 +610,9 @@ def replay_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> Ste
                  "optimizer/master_gradients": master_grads}
     optimizer = sum(opt_lines.values())
     fwd, fwd_lines = forward_end(cfg, workload, setup, walk)
-    phases = {"backward": backward, "optimizer": optimizer, "forward": fwd}
+    core, core_lines = forward_attention_core(cfg, workload, setup)
+    phases = {"backward": backward, "optimizer": optimizer, "forward": fwd,
+              "forward attention core": core}
     phase = max(phases, key=phases.get)
     why = (f"backward at the {at}: saved activations, logits and gradients in flight "
            "outweigh the gradients and update temporaries"
@@ -604,7 +621,11 @@ def replay_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> Ste
     if phase == "forward":
         why = ("the forward's end: its fp32 copy of the logits and autocast's cached casts "
                "outweigh the backward's gradients in flight (small vocabulary)")
-    lines = {"backward": walk_lines, "optimizer": opt_lines, "forward": fwd_lines}[phase]
+    if phase == "forward attention core":
+        why = ("the last block's attention core in the forward: SDPA's CPU math path holds "
+               "fp32 copies of 16-bit q, k, v, its score stacks and its output")
+    lines = {"backward": walk_lines, "optimizer": opt_lines, "forward": fwd_lines,
+             "forward attention core": core_lines}[phase]
     return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases, lines=lines)
 
 

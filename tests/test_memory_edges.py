@@ -65,3 +65,47 @@ def test_step_peak_within_tolerance_over_the_strategy(case, mode, attn, optimize
     tolerance = max(REPLAY_TOLERANCE_FLOOR_BYTES, REPLAY_TOLERANCE * measured)
     assert abs(predicted.bytes - measured) <= tolerance, (
         predicted.bytes, measured)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "amp", "mixed"])
+def test_step_peak_sdpa_math_path_16bit_wide_heads(mode):
+    """SDPA with dropout on CPU runs its math path, which computes 16-bit q, k, v in fp32: with
+    attention wider than the model (n_head * head_dim = 32 > n_embd = 8) the step peaks in the
+    forward, inside the last block's attention core, where both predictors once missed the
+    path's fp32 copies by 17-24 %."""
+    from gptcalc import GPTConfig
+    from gptcalc.memory import step_peak as phase_peak
+    from reference_model.memory import PHASE_MODEL_TOLERANCE
+
+    cfg = GPTConfig(block_size=8, vocab_size=5, n_layer=1, n_head=4, n_embd=8, n_kv_head=4,
+                    head_dim=8, ffn_mult=1, dropout=0.1, qkv_layout="fused",
+                    pos_embedding="learned", norm="layernorm", mlp="relu")
+    wl = Workload(2, 8)
+    setup = TrainingSetup(mode=mode, attn_impl="sdpa", optimizer="adamw", recompute="none")
+    measured = measure_step_peak_cpu(cfg, wl, setup).peak_bytes
+    # MemTracker, torch 2.13 CPU, when written
+    assert measured == {"bf16": 37408, "amp": 48640, "mixed": 48800}[mode]
+    replayed = step_peak(cfg, wl, setup)
+    assert replayed.phase == "forward attention core"
+    assert sum(replayed.lines.values()) == replayed.bytes
+    assert abs(replayed.bytes - measured) <= max(REPLAY_TOLERANCE_FLOOR_BYTES,
+                                                 REPLAY_TOLERANCE * measured)
+    phase = phase_peak(cfg, wl, setup)
+    assert phase.phase == "forward, attention core"
+    assert abs(phase.bytes - measured) <= PHASE_MODEL_TOLERANCE * measured
+
+
+def test_replay_sdpa_math_path_16bit_full_recompute():
+    """With full recomputation the math path runs whole inside backward, when the block's
+    forward is made again: the replay's peak is there, at the recomputed core's output cast."""
+    from gptcalc import GPTConfig
+
+    cfg = GPTConfig(block_size=7, vocab_size=5, n_layer=1, n_head=4, n_embd=24, n_kv_head=1,
+                    head_dim=32, dropout=0.1)
+    wl = Workload(4, 4)
+    setup = TrainingSetup(mode="bf16", attn_impl="sdpa", recompute="full")
+    measured = measure_step_peak_cpu(cfg, wl, setup).peak_bytes
+    assert measured == 161334  # MemTracker, torch 2.13 CPU, when written
+    replayed = step_peak(cfg, wl, setup)
+    assert (replayed.phase, replayed.bytes) == ("backward", measured)
+    assert "recompute attention core" in replayed.why

@@ -163,7 +163,7 @@ def test_step_peak_forward_end_and_sdpa_math_recompute(mode, recompute, attn, ph
 
 # Selective recomputation of SDPA's math path (dropout 0.1), families and GQA / H = 1 / rotary
 # variants x fp32/bf16/amp/mixed x (B, S) in (1, 11), (6, 11), (6, 1): 120 of 120 exact when
-# written (gptcalc.memory.sdpa_math_transients); here a drawn sample of that grid.
+# written (gptcalc.memory.peak.sdpa_math_transients); here a drawn sample of that grid.
 @settings(max_examples=12, deadline=None)
 @given(arch_kw=st.sampled_from([("gpt2", {}), ("llama", {}), ("gpt2", {"n_head": 1}),
                                 ("tutorial", {}), ("llama", {"n_head": 4, "n_kv_head": 2}),

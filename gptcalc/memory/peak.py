@@ -1,7 +1,8 @@
 """The peak of one training step per device, as a phase model.
 
 A steady-state step (optimizer states exist; `zero_grad(set_to_none=True)` before it) passes
-through five moments where live memory can peak. Each is a sum of named terms:
+through five moments (six with SDPA's CPU math path in 16 bit) where live memory can peak.
+Each is a sum of named terms:
 
 - forward end: weights, optimizer states, every saved activation, the logits and the loss's
   own transients (what the implementation's loss holds while it is computed);
@@ -10,7 +11,10 @@ through five moments where live memory can peak. Each is a sum of named terms:
   largest in-flight tensors of one block's backward (the attention core's or the MLP's);
 - backward end: every gradient, a tied embedding's gradient being summed, and the logits the
   caller still holds;
-- optimizer step: weights, gradients, optimizer states and the update's temporaries.
+- optimizer step: weights, gradients, optimizer states and the update's temporaries;
+- forward, attention core (SDPA's CPU math path on 16-bit inputs only): the saved activations
+  made up to the last block's attention core beside the path's fp32 copies, score stacks and
+  output (`sdpa_math_output_transients`).
 
 Saved activations go down and gradients up through backward one block at a time, so between
 its first and last block live memory moves linearly and the largest value sits at one end: the
@@ -39,7 +43,7 @@ class StepPeak:
     """The largest phase of one training step on the most loaded device."""
 
     bytes: int
-    phase: str  # "forward end", "backward start", "backward, last block", "optimizer step"
+    phase: str  # "forward end", "backward start", "backward, last block", "optimizer step", ...
     stage: str  # "first" or "last" pipeline stage (the same device when pp == 1)
     why: str
     phases: dict[str, int]
@@ -100,6 +104,84 @@ def block_backward_transients(cfg: GPTConfig, workload: Workload, setup: Trainin
         attn = (2 * b * cfg.n_head * S * S * m + 2 * N * cfg.q_width * m) // t - freed
     mlp = (3 if cfg.mlp in GATED_MLPS else 2) * N * cfg.ffn_dim * a // t
     return max(attn, mlp) + 2 * N * cfg.n_embd * r
+
+
+def sdpa_math_path_16bit(cfg: GPTConfig, setup: TrainingSetup) -> bool:
+    """Whether SDPA runs its decomposed math path on CPU with 16-bit inputs (computed in fp32):
+    dropout > 0 without recomputation, causal (no ALiBi bias, no MLA), the reference model."""
+    return (setup.attn_impl == "sdpa" and setup.device == "cpu" and cfg.dropout > 0
+            and setup.act_bytes != 4 and setup.recompute == "none" and setup.impl != "transformers"
+            and cfg.pos_embedding != "alibi" and not cfg.mla and not cfg.attn_sinks)
+
+
+def sdpa_math_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """Bytes SDPA's CPU math path (taken with dropout) holds beside what it saves, at its last
+    saving op (att @ v's operands; checkpoint's early stop ends a recomputation there, before
+    the matmul runs). The path upcasts 16-bit q, k, v to fp32, scales q and k (keeping their
+    strides), and matmul folds (b, H) into one batch dimension: a view when b, H or S is 1
+    (for v also when contiguous: grouped-query's repeat), else a contiguous copy, which matmul
+    saves in place of the operand. Alive at the end beside the saved tensors: the float causal
+    mask (S^2 fp32); the scaled k when it was copied (fp32, N Dq; the scaled q is dropped
+    before); each 16-bit upcast that matmul did not save (q's and k's always, v's when copied),
+    and a 16-bit copy of the dropped probabilities (b H S^2); with grouped-query heads the
+    core's 16-bit repeats of k and v (N Dq each). The core receives q, k, v in the compute
+    dtype (under amp the model casts them before it). Measured with a per-op MemTracker trace
+    of the math path (torch 2.13 CPU)."""
+    b, S = workload.batch_size, workload.seq_len
+    N, a, Dq = b * S, setup.act_bytes, cfg.q_width
+    folds = b == 1 or cfg.n_head == 1 or S == 1
+    gqa = cfg.kv_heads != cfg.n_head
+    k_view, v_view = folds, folds or gqa
+    out = S * S * 4 + (0 if k_view else N * Dq * 4)
+    if a != 4:
+        out += (2 + (not v_view)) * N * Dq * 4 + b * cfg.n_head * S * S * a
+        if gqa:  # the core's grouped-query repeats of k and v, 16-bit, before the upcast
+            out += 2 * N * Dq * a
+    return out
+
+
+def sdpa_math_output_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                                ) -> int:
+    """CPU SDPA math path, 16-bit: what the forward holds beside the saved tensors while the
+    path casts its fp32 output back to 16 bit, the largest moment inside the attention core:
+    `sdpa_math_transients` (alive at att @ v's operands), att @ v's fp32 output and its 16-bit
+    cast, N Dq (4 + a), and the core's inputs, which no op saves (the path computes on fp32
+    copies) but the block still holds: each distinct storage q, k and v are views of (the fused
+    projection's output N (Dq + 2 Dkv) a, or each projection's own; a q or k that rotary or a
+    q/k norm made anew; under amp also the model's 16-bit casts of fp32 ones). Under amp the
+    attention's fp32 argument (ln_1's output, N E 4), whose 16-bit cast c_attn saved.
+    Measured with a per-op MemTracker trace (torch 2.13 CPU)."""
+    from .profile_reference import _qk_sources
+    from .profile_reference_modern import SavedLines
+
+    b, S = workload.batch_size, workload.seq_len
+    N, a, Dq = b * S, setup.act_bytes, cfg.q_width
+    amp = setup.mode == "amp"
+    sources = _qk_sources(cfg, N, a, amp, SavedLines())
+    inputs = sum({name: nbytes for name, nbytes, _w, _e in sources.values()}.values())
+    inputs += sum(N * width * a for _n, _b, width, elem in sources.values() if elem != a)
+    return (sdpa_math_transients(cfg, workload, setup) + N * Dq * (4 + a) + inputs
+            + (N * cfg.n_embd * 4 if amp else 0))
+
+
+def saved_before_attention_core(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup
+                                ) -> int:
+    """Saved bytes alive when the forward reaches the last block's attention core output, per
+    device: the embeddings', every earlier block's, the last block's ln_1 and attention core
+    (its input projection and amp's 16-bit copy of that projection's weight); not yet the
+    output projection's input, the residual dropout, ln_2, the MLP, the head or the loss, nor
+    the batch (made before the step)."""
+    per_block = max(1, cfg.n_layer // setup.pp)
+    later = ("layer/attn/out_input", "layer/attn/resid_dropout_mask", "weight_copy/attention/out")
+    out = 0
+    for k, v in acts.items():
+        if k.startswith(("final/", "cross_entropy/", "input/", "weight_copy/lm_head")):
+            continue
+        made = k.startswith(("layer/ln_1/", "layer/attn/", "weight_copy/attention/"))
+        if k.startswith(("layer/", "weight_copy/")) and (not made or k in later):
+            v -= v // per_block  # the last block has not made it yet
+        out += v
+    return out
 
 
 def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
@@ -196,8 +278,17 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                            "optimizer temporaries": optimizer_temporaries(cfg, setup, st),
                            "targets": 8 * workload.tokens if holds_head else 0},
     }
-    for phase, terms in engines.phase_terms(cfg, workload, setup, stage, logits,
-                                            st.gradients).items():
+    engine_terms = engines.phase_terms(cfg, workload, setup, stage, logits, st.gradients)
+    if sdpa_math_path_16bit(cfg, setup):
+        # inside the last block's forward; the engine's forward-end terms apply here too
+        phases["forward, attention core"] = {
+            **base, "saved activations (to the last block's attention core)":
+                saved_before_attention_core(cfg, acts, setup),
+            "attention core transients (SDPA math path, 16-bit)":
+                sdpa_math_output_transients(cfg, workload, setup) // setup.tp,
+            "gradients (accumulating)": grads_early,
+            **engine_terms.get("forward end", {})}
+    for phase, terms in engine_terms.items():
         # an engine's own moment (FSDP2's root all-gather at backward start): the forward's
         # tensors without the loss's transients
         phases.setdefault(phase, {**base, "saved activations": saved, "logits": logits,
@@ -216,6 +307,9 @@ _WHY = {
                            "and the logits",
     engines.REDUCE_SCATTER: "the end of the last block's backward under FSDP2: its unsharded "
                             "gradients copied into the reduce-scatter input",
+    "forward, attention core": "the last block's attention core in the forward: SDPA's CPU "
+                               "math path holds fp32 copies of 16-bit q, k, v, its score "
+                               "stacks and its output beside the saved activations so far",
     "backward, last block": "the last block's backward: the saved activations beside that "
                             "block's gradients in flight",
     "backward end": "the end of backward: every gradient, with the embedding's gradient "
