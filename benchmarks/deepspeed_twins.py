@@ -1,0 +1,56 @@
+"""DeepSpeed ZeRO 1-3 on its CPU accelerator against gptcalc, per rank: resident bytes between
+steps and the step peak, predicted against measured, one row per (stage, mode, buckets, rank).
+
+    DS_ACCELERATOR=cpu python benchmarks/deepspeed_twins.py [reference|transformers]
+
+The model is a Llama of E 64, L 2, H 4 (2 KV heads), d_ff 176, V 1,601, at 2 x 32 tokens on
+2 gloo ranks. "default" runs DeepSpeed's default buckets, "small" a ds_config that shrinks them
+(SMALL). Measured: reference_model.deepspeed_twin (a garbage-collector walk of unique storages
+after the step; MemTracker's peak less the model's buffers). Needs deepspeed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from gptcalc import TrainingSetup, Workload, from_name  # noqa: E402
+from gptcalc.memory import step_peak  # noqa: E402
+from gptcalc.memory.engines import resident  # noqa: E402
+
+SMALL = (("reduce_bucket_size", 4096), ("allgather_bucket_size", 4096),
+         ("stage3_prefetch_bucket_size", 4096), ("stage3_param_persistence_threshold", 512),
+         ("stage3_max_live_parameters", 65536))
+
+
+def main() -> None:
+    from reference_model.distributed import run_layout
+
+    impl = sys.argv[1] if len(sys.argv) > 1 else "reference"
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)
+    wl = Workload(2, 32)
+    print("| ZeRO | mode | buckets | rank | resident predicted | measured | error "
+          "| peak predicted | measured | error | phase |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for zero in (1, 2, 3):
+        for mode in ("mixed", "fp32"):
+            for buckets in ("default", "small"):
+                setup = TrainingSetup(dp=2, zero=zero, engine="deepspeed", mode=mode,
+                                      impl=impl,
+                                      attn_impl="manual" if impl == "reference" else "sdpa",
+                                      deepspeed_zero=SMALL if buckets == "small" else ())
+                peak = step_peak(cfg, wl, setup, stage="first")
+                for r in run_layout(cfg, wl, setup, impl):
+                    kept = sum(resident(cfg, setup, "first", r.rank).values())
+                    measured = r.peak - r.peak_categories.get("Buffer", 0)
+                    print(f"| {zero} | {mode} | {buckets} | {r.rank} | {kept:,} | "
+                          f"{r.resident:,} | {kept - r.resident:+,} B | {peak.bytes:,} | "
+                          f"{measured:,} | {(peak.bytes - measured) / measured:+.3%} | "
+                          f"{peak.phase} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
