@@ -176,6 +176,21 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     return setup, tables
 
 
+def ds_agreed(path: str, ds: Mapping[str, Any], given: Mapping[str, Any],
+              keys: tuple[str, ...]) -> dict[str, Any]:
+    """The ds_config's values of `keys` (those it sets), each checked against the option of
+    the same name: one given explicitly that disagrees is ConfigError("deepspeed_config")."""
+    out = {}
+    for key in keys:
+        if key not in ds:
+            continue
+        if given.get(key) is not None and given[key] != ds[key]:
+            raise ConfigError("deepspeed_config", f"{path}: the file says {key} {ds[key]} but "
+                                                  f"--{key.replace('_', '-')} is {given[key]}")
+        out[key] = ds[key]
+    return out
+
+
 def _with_ds_config(cfg: GPTConfig, given: dict[str, Any]) -> tuple[dict[str, Any], tuple]:
     """`given` with a ds_config's stage and precision filled in where no option set them
     (an option that disagrees with the file is an error), the engine DeepSpeed, and the
@@ -184,13 +199,7 @@ def _with_ds_config(cfg: GPTConfig, given: dict[str, Any]) -> tuple[dict[str, An
 
     path = given.pop("deepspeed_config")
     ds = read_ds_config(path, cfg)
-    for key in ("zero", "mode", "autocast_dtype"):
-        if key not in ds:
-            continue
-        if given.get(key) is not None and given[key] != ds[key]:
-            raise ConfigError("deepspeed_config", f"{path}: the file says {key} {ds[key]} but "
-                                                  f"--{key.replace('_', '-')} is {given[key]}")
-        given[key] = ds[key]
+    given.update(ds_agreed(path, ds, given, ("zero", "mode", "autocast_dtype")))
     if given.get("engine") not in (None, "deepspeed"):
         raise ConfigError("deepspeed_config", f"{path}: a ds_config is DeepSpeed's; --engine is "
                                               f"{given['engine']}")

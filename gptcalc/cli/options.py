@@ -301,19 +301,11 @@ def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any]) -> W
     if not path:
         return wl
     from ..memory.engines.deepspeed import read_ds_config
+    from ..training import ds_agreed
 
     ds = read_ds_config(path, cfg)
     ctx = click.get_current_context(silent=True)
-    params = ctx.params if ctx else {}
-    changes = {}
-    for field, option, key in (("batch_size", "--batch-size", "train_micro_batch_size_per_gpu"),
-                               ("grad_accum", "--grad-accum", "gradient_accumulation_steps")):
-        if field not in ds:
-            continue
-        if params.get(field) is not None and params[field] != ds[field]:
-            raise ConfigError("deepspeed_config", f"{path}: {key} is {ds[field]} but "
-                                                  f"{option} is {params[field]}")
-        changes[field] = ds[field]
+    changes = ds_agreed(path, ds, ctx.params if ctx else {}, ("batch_size", "grad_accum"))
     return dataclasses.replace(wl, **changes) if changes else wl
 
 
