@@ -41,7 +41,7 @@ def main() -> None:
                 setup = TrainingSetup(dp=2, zero=zero, engine="deepspeed", mode=mode,
                                       impl=impl,
                                       attn_impl="manual" if impl == "reference" else "sdpa",
-                                      deepspeed_zero=SMALL if buckets == "small" else ())
+                                      engine_settings=SMALL if buckets == "small" else ())
                 peak = step_peak(cfg, wl, setup, stage="first")
                 for r in run_layout(cfg, wl, setup, impl):
                     kept = sum(resident(cfg, setup, "first", r.rank).values())

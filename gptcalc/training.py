@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from .config import GPTConfig
 from .errors import ConfigError
 from .families import family_of
-from .training_setup import MIXED_ENGINES, TrainingSetup, default_engine
+from .training_setup import ZERO_STAGES, TrainingSetup
 
 # The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's
 # "Let's build GPT" and the decoder-only notes); everything else
@@ -59,7 +59,7 @@ def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingS
     return TrainingSetup(**fields)
 
 
-# engine "": the default for the ZeRO stage (`training_setup.default_engine`)
+# engine "": the default for the ZeRO stage (`memory.engines.default_engine`)
 PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1, "engine": "",
                      "distributed_optimizer": True}
 
@@ -148,11 +148,13 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
                                     training_table_defaults(cfg, from_hf), where)
     parallel, filed_p = merge_section("parallel", given, sections.get("parallel", {}),
                                       PARALLEL_DEFAULTS, where)
+    from .memory.engines import default_engine, engine_for, engine_named, names
+
     zero = parallel["zero"]
-    if not parallel["engine"] and isinstance(zero, int) and not isinstance(zero, bool):
-        parallel["engine"] = default_engine(zero)
+    if not parallel["engine"] and zero in ZERO_STAGES and not isinstance(zero, bool):
+        parallel["engine"] = default_engine(zero).name
     if given.get("mode") is None and "mode" not in filed and (
-            parallel["engine"] in MIXED_ENGINES):
+            parallel["engine"] in names() and engine_named(parallel["engine"]).mixed_by_default):
         training["mode"] = "mixed"  # the engine's own mixed precision is how it is run
     tables = {"training": dict(training), "parallel": dict(parallel)}
     fields = dict(training)
@@ -166,7 +168,8 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             except ValueError as e:
                 raise ConfigError("overhead", str(e)) from None
         setup = TrainingSetup(attn_impl=fields.pop("attn"), overhead=overhead, **fields,
-                              **parallel, deepspeed_zero=ds_zero)
+                              **parallel, engine_settings=ds_zero)
+        engine_for(setup)  # the engine runs this set-up
     except ConfigError as e:
         key = "attn" if e.field == "attn_impl" else e.field
         if key in filed | filed_p:  # the bad value came from the file, not an option

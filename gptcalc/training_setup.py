@@ -18,20 +18,6 @@ ATTN_IMPLS = ("manual", "sdpa")
 DEVICES = ("cpu", "cuda")
 IMPLS = ("reference", "transformers", "paper")
 ZERO_STAGES = (0, 1, 2, 3)
-# the training engines whose per-rank memory gptcalc models (gptcalc.memory.engines)
-ENGINES = ("deepspeed", "fsdp2", "megatron", "ddp", "zero-redundancy")
-# the ZeRO stages each engine runs: FSDP2's reshard_after_forward False/True is ZeRO-2/3;
-# Megatron-LM shards with its distributed optimizer, not a ZeRO stage
-ENGINE_STAGES = {"deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "megatron": (0,), "ddp": (0,),
-                 "zero-redundancy": (1,)}
-# engines whose mixed precision (16-bit compute, fp32 master weights) is their default
-MIXED_ENGINES = ("deepspeed", "fsdp2", "megatron")
-
-
-def default_engine(zero: int) -> str:
-    """The engine most users run a layout with: DeepSpeed for ZeRO stages 1-3 (ZeRO is its
-    vocabulary and the ZeRO paper's accounting), DistributedDataParallel otherwise."""
-    return "deepspeed" if zero >= 1 else "ddp"
 
 
 @dataclass(frozen=True)
@@ -49,7 +35,10 @@ class TrainingSetup:
     `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
     (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
     holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard).
-    `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
+    `engine`: the training engine's name (gptcalc.memory.engines: its registry checks it and
+    gives the default of the ZeRO stage when None), `engine_settings` the engine's own settings
+    that differ from its defaults, as (key, value) pairs (a ds_config's zero_optimization
+    sizes). `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
     base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4. `overhead`: bytes
     added to every
     phase of the peak for what the model does not cover (framework context, allocator
@@ -78,9 +67,7 @@ class TrainingSetup:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     base_dtype: str = "same"
-    # DeepSpeed's zero_optimization settings that differ from its defaults, as (key, value)
-    # pairs (gptcalc.memory.engines.deepspeed reads them; a ds_config file gives them)
-    deepspeed_zero: tuple[tuple[str, int], ...] = ()
+    engine_settings: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
@@ -95,13 +82,8 @@ class TrainingSetup:
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.sp, bool):
             raise ConfigError("sp", f"sp must be true or false, got {self.sp!r}")
-        if self.engine is not None and self.engine not in ENGINES:
-            raise ConfigError("engine", f"engine must be one of {', '.join(ENGINES)}; got "
-                                        f"{self.engine!r}")
-        if self.zero not in ENGINE_STAGES[self.engine_name]:
-            stages = " or ".join(map(str, ENGINE_STAGES[self.engine_name]))
-            raise ConfigError("zero", f"the {self.engine_name} engine runs ZeRO stage {stages}, "
-                                      f"not {self.zero}")
+        if self.engine is not None and not isinstance(self.engine, str):
+            raise ConfigError("engine", f"engine must be a name, got {self.engine!r}")
         if not isinstance(self.distributed_optimizer, bool):
             raise ConfigError("distributed_optimizer", "must be true or false")
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or (
@@ -121,11 +103,6 @@ class TrainingSetup:
                                           f"{self.overhead!r}")
 
     @property
-    def engine_name(self) -> str:
-        """The engine: `engine` when given, else `default_engine` of the ZeRO stage."""
-        return self.engine or default_engine(self.zero)
-
-    @property
     def weight_bytes(self) -> int:
         """Bytes of one weight (and of one gradient): fp32, or 16 bit in mixed and bf16."""
         return 4 if self.mode in ("fp32", "amp") else 2
@@ -141,35 +118,19 @@ class TrainingSetup:
         stream fp32 under amp: a 16-bit branch output added to it promotes to fp32)."""
         return self.weight_bytes
 
-    def _mixed(self) -> str:
-        """What mode mixed means under the engine."""
-        d = self.autocast_dtype
-        if self.engine_name == "fsdp2":
-            return f"mixed (MixedPrecisionPolicy: {d} parameters, fp32 shards and reduction)"
-        if self.engine_name == "megatron":
-            grads = "fp32 main gradients" if d == "bf16" else "fp16 gradients"
-            return f"mixed ({d} weights, {grads}, fp32 master copy)"
-        return f"mixed ({d} weights and gradients, fp32 master copy)"
-
-    def describe(self) -> str:
-        """One line naming every assumption of the set-up."""
+    def describe(self, mixed: str) -> str:
+        """Every assumption of the set-up in words but its engine's (`gptcalc.memory.engines.
+        describe` puts them first): `mixed` is what mode mixed means under the engine."""
         amp_weights = "16-bit frozen base, fp32 adapters" if self.lora_rank else "fp32 weights"
         prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, {amp_weights})",
-                "mixed": self._mixed(),
-                "bf16": "pure bf16"}[self.mode]
+                "mixed": mixed, "bf16": "pure bf16"}[self.mode]
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
-        engine = self.engine_name
-        if engine == "megatron":
-            engine += " (distributed optimizer)" if self.distributed_optimizer else \
-                " (no distributed optimizer)"
         tune = ""
         if self.lora_rank:
             base = "an NF4 (QLoRA)" if self.base_dtype == "nf4" else "a frozen"
             tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
-        return (f"engine {engine}, {prec}, {self.optimizer}, attention {self.attn_impl}, "
+        return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, "
                 f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
-                f"{self.recompute}{tune}, "
-                f"{layout}")
-
+                f"{self.recompute}{tune}, {layout}")

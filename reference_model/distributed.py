@@ -74,13 +74,30 @@ class RankResult:
         return dataclasses.asdict(self)
 
 
+def check_precision(layout: dict, mode: str, optimizer: str, recompute: str) -> None:
+    """The twins train fp32 AdamW without recomputation, or in the mixed precision of the
+    engines whose twins run it (FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16)."""
+    from gptcalc.memory.engines import default_engine
+
+    engine = layout.get("engine") or default_engine(layout["zero"]).name
+    mixed = mode == "mixed" and engine in ("fsdp2", "deepspeed")
+    if (mode, optimizer, recompute) != ("fp32", "adamw", "none") and not (
+            mixed and (optimizer, recompute) == ("adamw", "none")):
+        raise ConfigError("mode", "the distributed verify trains fp32 AdamW without "
+                                  "recomputation (--mode fp32 --optimizer adamw), or FSDP2's "
+                                  "MixedPrecisionPolicy (--engine fsdp2 --mode mixed), or "
+                                  "DeepSpeed's bf16 (--engine deepspeed --mode mixed)")
+
+
 def engine_of(setup: TrainingSetup) -> str:
     """The engine a layout runs under; raises ConfigError for a layout not wired up."""
     if setup.pp > 1:
         if setup.dp > 1 or setup.tp > 1:
             raise ConfigError("pp", "the pipeline engine runs pp alone (dp = tp = 1)")
         return "pipeline"
-    engine = setup.engine_name
+    from gptcalc.memory.engines import engine_for
+
+    engine = engine_for(setup).name
     if engine == "megatron":
         raise ConfigError("engine", "Megatron-LM does not run here (it needs CUDA and Transformer "
                                     "Engine): its figures are its documentation's")

@@ -412,6 +412,7 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
     """Training memory stacked by category vs batch size and vs sequence length."""
     from gptcalc.workload import Workload
     from gptcalc.memory import step_peak
+    from gptcalc.memory.engines import describe as describe_setup
 
     setup = setup or memory_setup(cfg)
     fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(12, 5))
@@ -434,7 +435,7 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
     ax_s.set(xlabel=f"sequence length S (tokens, up to T = {T:,})",
              ylabel="memory of one training step (GiB)",
              title=f"Training memory vs sequence length (B = {workload.batch_size})")
-    fig.suptitle(f"{setup.describe()}.\nStacked: every category at once; "
+    fig.suptitle(f"{describe_setup(setup)}.\nStacked: every category at once; "
                  f"black: gptcalc's modelled peak of a step\n{model_label(cfg, name)}",
                  fontsize=10)
     path = _save(fig, out_dir, "training_memory")

@@ -212,6 +212,7 @@ def _memory_blocks(cfg: GPTConfig, wl: Workload, setup=None) -> list[Block]:
     usual training set-up)."""
     from gptcalc.training import default_setup
     from gptcalc.memory import memory_report
+    from gptcalc.memory.engines import describe as describe_setup
 
     setup = setup or default_setup(cfg)
     r = memory_report(cfg, wl, setup)
@@ -223,7 +224,7 @@ def _memory_blocks(cfg: GPTConfig, wl: Workload, setup=None) -> list[Block]:
     return [
         Heading(2, "Memory"),
         Para(f"One training step of a micro-batch of B = {wl.batch_size} sequences of "
-             f"S = {wl.seq_len} tokens on one device, assuming {setup.describe()}."),
+             f"S = {wl.seq_len} tokens on one device, assuming {describe_setup(setup)}."),
         table(["category", "bytes", "binary"], rows,
               total=("sum (all at once)", f"{sum(cats.values()):,}",
                      binary_bytes(sum(cats.values()))),

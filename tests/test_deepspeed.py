@@ -94,7 +94,7 @@ def test_deepspeed_twin_resident_and_peak(zero, mode, buckets):
     from reference_model.distributed import run_layout
 
     setup = TrainingSetup(dp=2, zero=zero, engine="deepspeed", mode=mode,
-                          deepspeed_zero=tuple(SMALL.items()) if buckets == "small" else ())
+                          engine_settings=tuple(SMALL.items()) if buckets == "small" else ())
     wl = Workload(2, 32)
     peak = step_peak(LLAMA, wl, setup, stage="first").bytes
     for r in run_layout(LLAMA, wl, setup):

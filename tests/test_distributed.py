@@ -9,8 +9,10 @@ import pytest
 
 from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.memory import state_bytes
-from gptcalc.memory.engines import (chunk_rows, fsdp2_rank_states, rank_training_flops,
-                                    tp_rank_states, zero1_partition, zero1_rank_states)
+from gptcalc.memory.engines import chunk_rows, rank_training_flops
+from gptcalc.memory.engines.fsdp2 import fsdp2_rank_states
+from gptcalc.memory.engines.shards import tp_rank_states
+from gptcalc.memory.engines.zero_redundancy import zero1_partition, zero1_rank_states
 
 DEBUG = from_name("debug")  # gpt2 family: tied head, learned positions, fused c_attn, V = 97
 
@@ -72,7 +74,7 @@ def test_ddp_holds_its_gradient_buckets_beside_the_gradients():
     # False): its flat buckets, 116,352 B, are a second copy of the debug model's gradients;
     # the step peak measured 668,792 B, 0.6% above the phase model's backward start
     from gptcalc.memory import step_peak
-    from gptcalc.memory.engines import ddp_gradient_buckets
+    from gptcalc.memory.engines.ddp import ddp_gradient_buckets
     setup = TrainingSetup(dp=2, zero=0)
     assert ddp_gradient_buckets(DEBUG, setup) == state_bytes(DEBUG, setup).gradients == 116_352
     assert ddp_gradient_buckets(DEBUG, TrainingSetup(dp=2, zero=1)) == 0
@@ -86,7 +88,8 @@ def test_zero3_regathers_the_root_for_backward():
     # the root's pre-backward all-gather (output and unsharded copies of the untied embedding
     # and head, 2 x 4.2 GB) beside every saved activation and the logits; 8 B off at L 2 and 32
     from gptcalc.memory import step_peak
-    from gptcalc.memory.engines import ROOT_REGATHER
+    from gptcalc.memory.ledger import Phase
+    ROOT_REGATHER = Phase.ROOT_REGATHER.label
     cfg = from_name("llama3-8b").replace(n_layer=2)
     p = step_peak(cfg, Workload(1, 2048), TrainingSetup(dp=8, zero=3, attn_impl="sdpa",
                                                                 engine="fsdp2"))

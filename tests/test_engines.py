@@ -14,6 +14,7 @@ from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.cli import cli
 from gptcalc.errors import ConfigError
 from gptcalc.memory import memory_report, resident, state_bytes
+from gptcalc.memory.engines import engine_for
 
 GPT2_N = 124_439_808  # released GPT-2 small (see test_params)
 
@@ -63,13 +64,13 @@ def test_megatron_refuses_what_it_does_not_run():
         state_bytes(from_name("gpt2"), TrainingSetup(mode="amp", engine="megatron"))
     assert e.value.field == "mode"
     with pytest.raises(ConfigError) as e:
-        TrainingSetup(engine="megatron", zero=1)
+        engine_for(TrainingSetup(engine="megatron", zero=1))
     assert e.value.field == "zero"
 
 
 def test_defaults_follow_the_layout():
-    assert TrainingSetup(zero=2, dp=8).engine_name == "deepspeed"
-    assert TrainingSetup(dp=8).engine_name == "ddp"
+    assert engine_for(TrainingSetup(zero=2, dp=8)).name == "deepspeed"
+    assert engine_for(TrainingSetup(dp=8)).name == "ddp"
     # mixed is the engine's own precision and its default; one device and DDP keep amp
     for args, first in ((["--zero", "3", "--dp", "8"], "engine deepspeed, mixed"),
                         (["--engine", "fsdp2", "--zero", "3", "--dp", "8"],

@@ -55,7 +55,7 @@ def test_zero_sharding_is_exact_for_a_model():
 
 def test_zero1_shards_whole_tensors_greedily():
     # ZeroRedundancyOptimizer's rule: largest tensor first, each to the least loaded rank
-    from gptcalc.memory.engines import zero1_partition
+    from gptcalc.memory.engines.zero_redundancy import zero1_partition
     assert zero1_partition((5, 3, 3, 2), 2) == ((0, 3), (1, 2))
     assert zero1_partition((1, 1, 1), 2) == ((0, 2), (1,))
 
@@ -148,7 +148,7 @@ def test_dp_sharding_never_grows_and_stage_order(d, dp, zero):
     # their partitions, which can make stage 3 hold more than stage 2 on a tiny model)
     none_kept = (("stage3_param_persistence_threshold", 0),)
     sharded = [state_bytes(cfg, TrainingSetup(mode=setup.mode, optimizer=setup.optimizer, dp=dp,
-                                              zero=z, deepspeed_zero=none_kept))
+                                              zero=z, engine_settings=none_kept))
                for z in range(4)]
     assert sharded[0].total == plain.total
     assert all(a.total >= b.total for a, b in zip(sharded[1:], sharded[2:]))

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.memory import (device_activations, kv_cache_bytes, max_batch, max_context,
                             max_seq_len, memory_report, state_bytes, step_peak)
-from gptcalc.memory.engines import ddp_gradient_buckets
+from gptcalc.memory.engines import engine_for
+from gptcalc.memory.engines.ddp import ddp_gradient_buckets
 
 GIB = 2**30
 
@@ -45,9 +46,9 @@ def test_no_row_is_larger_than_the_peak_that_contains_it(name, dp, zero, tp, pp,
     alone = dataclasses.replace(setup, dp=1, zero=0, tp=1, pp=1, sp=False, engine=None)
     buckets = ddp_gradient_buckets(cfg, setup)
     kept = sum(v for k, v in rep.peak.lines.items() if k.startswith(("pipeline:", "DeepSpeed")))
-    if setup.engine_name == "deepspeed" and zero and mode == "fp32":
+    if engine_for(setup).name == "deepspeed" and zero and mode == "fp32":
         kept += 4 * -(-state_bytes(cfg, setup, rep.peak.stage).params // dp)
-    if setup.engine_name == "deepspeed" and zero == 3:
+    if engine_for(setup).name == "deepspeed" and zero == 3:
         st = state_bytes(cfg, setup, rep.peak.stage)
         kept += st.gradients + st.weights - setup.weight_bytes * -(-st.params // dp)
     alone_wl = Workload(B, 512, max(accum, 2) if pp > 1 else accum)

@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
+from ..memory.engines import engine_for
 from ..units import binary_bytes, parse_bytes
 from .options import (assumptions, deepspeed_workload, describe, model_options, training_options,
                       training_setup)
@@ -91,7 +92,7 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
                  f"{rep.activations_paper:,}", binary_bytes(rep.activations_paper)])
     rows.append(["KV cache of an inference run (not part of training)", f"{rep.kv_cache:,}",
                  binary_bytes(rep.kv_cache)])
-    rows.append([f"resident between steps ({setup.engine_name}: weights, optimizer states, "
+    rows.append([f"resident between steps ({engine_for(setup).name}: weights, optimizer states, "
                  "kept gradients and buffers)", f"{rep.resident:,}", binary_bytes(rep.resident)])
     print_table(f"Memory per device{stage}", ["quantity", "bytes", "binary"], rows,
                 total_row=[f"step peak ({rep.peak.phase})", f"{rep.peak.bytes:,}",

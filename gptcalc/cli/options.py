@@ -190,8 +190,8 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
 
 
 def _training_option_list(with_device: bool) -> list[Callable]:
-    from ..training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, ENGINES, IMPLS, MODES, OPTIMIZERS,
-                                  RECOMPUTE)
+    from ..training_setup import ATTN_IMPLS, AUTOCAST_DTYPES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE
+    from .engines import EngineChoice, engine_help
 
     opts = [
         click.option("--mode", type=click.Choice(MODES), default=None,
@@ -218,13 +218,9 @@ def _training_option_list(with_device: bool) -> list[Callable]:
                           "context, fragmentation, communication buffers), e.g. 2GiB; default "
                           "0."),
         click.option("--zero", type=int, default=None, help="ZeRO stage 0-3 (default 0)."),
-        click.option("--engine", type=click.Choice(ENGINES), default=None,
-                     help="The training engine whose sharding and buffers are counted: "
-                          "deepspeed (default for --zero 1-3), fsdp2 (FSDP2 fully_shard: "
-                          "--zero 2 or 3 = reshard_after_forward False/True), megatron "
-                          "(Megatron-LM's distributed optimizer, from its documentation; no "
-                          "twin runs here), ddp (default for --zero 0), zero-redundancy "
-                          "(PyTorch's ZeroRedundancyOptimizer, --zero 1)."),
+        click.option("--engine", type=EngineChoice(), default=None,
+                     help=engine_help("The training engine whose sharding and buffers are "
+                                      "counted:")),
         click.option("--deepspeed-config", default=None, metavar="FILE",
                      help="A DeepSpeed ds_config.json: its ZeRO stage, bf16/fp16, micro-batch, "
                           "accumulation and bucket sizes (\"auto\" as the Hugging Face "
@@ -311,14 +307,10 @@ def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any]) -> W
 
 def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:
     """One line naming every assumption behind a memory figure."""
+    from ..memory.engines import describe
     from ..units import binary_bytes
 
-    ds = ""
-    if setup.engine_name == "deepspeed" and setup.zero >= 1:
-        from ..memory.engines.deepspeed import describe_buffers
-
-        ds = f"; DeepSpeed {describe_buffers(setup)}"
-    return (f"Assuming {setup.describe()}{ds}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
+    return (f"Assuming {describe(setup)}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
             f"micro-batch {wl.batch_size} x grad_accum {wl.grad_accum} x dp {setup.dp} = global "
             f"batch {wl.global_batch(setup.dp):,}; overhead {binary_bytes(setup.overhead)}")
 

@@ -9,10 +9,10 @@ import click
 
 from ..config import GPTConfig
 from ..errors import ConfigError
-from ..training_setup import ENGINES
 from ..workload import Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
 from .extras import require
+from .engines import EngineChoice, engine_help
 from .options import describe, model_options
 from .render import emit_json, envelope, print_line, print_table
 
@@ -38,11 +38,9 @@ from .render import emit_json, envelope, print_line, print_table
               help="Data-parallel ranks: a distributed step under PyTorch's engines (gloo).")
 @click.option("--zero", type=int, default=0, show_default=True,
               help="ZeRO stage with --dp (run by --engine).")
-@click.option("--engine", type=click.Choice(ENGINES), default=None,
-              help="The engine a distributed verify runs: fsdp2 (--zero 2 or 3, fully_shard; "
-                   "--mode mixed adds MixedPrecisionPolicy), zero-redundancy (--zero 1), ddp "
-                   "(--zero 0, the default), deepspeed (the default for --zero 1-3). Megatron-LM "
-                   "does not run here.")
+@click.option("--engine", type=EngineChoice(), default=None,
+              help=engine_help("The engine a distributed verify runs (an engine whose twin "
+                               "cannot run here says so):"))
 @click.option("--deepspeed-config", default=None, metavar="FILE",
               help="A ds_config.json whose zero_optimization bucket sizes the DeepSpeed twin "
                    "runs with (default DeepSpeed's own).")

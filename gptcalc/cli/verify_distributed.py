@@ -29,14 +29,6 @@ def _tensors(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, tensors: str) -
     return "shape-only" if slow or world > MAX_RANKS else "real"
 
 
-def _precision(setup: TrainingSetup) -> str:
-    if setup.engine_name == "deepspeed":
-        from gptcalc.memory.engines.deepspeed import describe_buffers
-
-        return f"DeepSpeed bf16 ({describe_buffers(setup)})"
-    return "bf16 MixedPrecisionPolicy"
-
-
 def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, mode: str,
         optimizer: str, recompute: str, max_layers: int | None, layout: dict, impl: str,
         as_json: bool, deepspeed_config: str | None = None) -> int:
@@ -53,16 +45,9 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
         raise ConfigError("zero", f"--zero must be 0, 1, 2 or 3, got {layout['zero']}")
     if layout["sp"] and layout["tp"] == 1:
         raise ConfigError("sp", "--sp needs --tp above 1")
-    from ..training_setup import default_engine
+    from reference_model.distributed import check_precision
 
-    engine_name = layout.get("engine") or default_engine(layout["zero"])
-    mixed = mode == "mixed" and engine_name in ("fsdp2", "deepspeed")
-    if (mode, optimizer, recompute) != ("fp32", "adamw", "none") and not (
-            mixed and (optimizer, recompute) == ("adamw", "none")):
-        raise ConfigError("mode", "the distributed verify trains fp32 AdamW without "
-                                  "recomputation (--mode fp32 --optimizer adamw), or FSDP2's "
-                                  "MixedPrecisionPolicy (--engine fsdp2 --mode mixed), or "
-                                  "DeepSpeed's bf16 (--engine deepspeed --mode mixed)")
+    check_precision(layout, mode, optimizer, recompute)
     if impl == "transformers":
         from .extras import require
 
@@ -77,8 +62,10 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
         from ..memory.engines.deepspeed import read_ds_config
 
         ds_zero = read_ds_config(deepspeed_config, cfg)["deepspeed_zero"]
-    setup = TrainingSetup(mode=mode, attn_impl=attn, impl=impl, deepspeed_zero=ds_zero, **layout)
+    setup = TrainingSetup(mode=mode, attn_impl=attn, impl=impl, engine_settings=ds_zero, **layout)
     from reference_model.distributed import check_layout, engine_of
+
+    from ..memory.engines import describe as describe_setup
 
     picked = _tensors(cfg, wl, setup, tensors)
     check_layout(cfg, wl, setup, impl, picked)
@@ -102,11 +89,9 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
                    "ranks": [r.as_dict() for r in results],
                    "checks": [c.as_dict() for c in checks]})
         return 0 if ok else 1
-    print_line(f"{impl} model, {engine} engine, dp={setup.dp} zero={setup.zero} tp={setup.tp} "
-               f"sp={'on' if setup.sp else 'off'} pp={setup.pp}: {world} ranks over gloo "
-               f"(127.0.0.1), {'shape-only' if picked == 'shape-only' else 'real tensors'}, "
-               f"attn={attn}, {_precision(setup) if mixed else 'fp32'} AdamW, "
-               f"micro-batch {wl.batch_size} x seq_len {wl.seq_len}, "
+    print_line(f"{impl} model, {engine} twin: {world} ranks over gloo (127.0.0.1), "
+               f"{'shape-only' if picked == 'shape-only' else 'real tensors'}; "
+               f"{describe_setup(setup)}; micro-batch {wl.batch_size} x seq_len {wl.seq_len}, "
                f"torch={torch.__version__}")
     for note in notes:
         print_line(f"[bold yellow]{note}[/bold yellow]")

@@ -20,9 +20,10 @@ Saved activations go down and gradients up through backward one block at a time,
 its first and last block live memory moves linearly and the largest value sits at one end: the
 phases above cover both ends. `overhead` (framework context, allocator fragmentation,
 communication buckets) is added to every phase and always printed: nothing is hidden in a
-tolerance. Engines add their own terms and moments (`engines.phase_terms`: FSDP2's unsharded
-groups, DDP's buckets, DeepSpeed's buffers, the pipeline schedule's kept outputs). What is not modelled: allocator
-rounding; the measured error against PyTorch's trackers is stated by the tests.
+tolerance. The moments and terms are a `ledger.Ledger`; the set-up's engine then adds or
+replaces its own terms and moments (`engines.adjust`: FSDP2's unsharded groups, DDP's
+buckets, DeepSpeed's buffers, the pipeline schedule's kept outputs). What is not modelled:
+allocator rounding; the measured error against PyTorch's trackers is stated by the tests.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ from ..config import GATED_MLPS, GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .activations import device_activations, logits_bytes, transformers_loss
-from . import engines
-from .engines import state_bytes
+from .engines import Step, adjust, engine_for, state_bytes
+from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
+                     GRADIENTS_ACCUMULATING, LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY,
+                     OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
+                     SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger,
+                     Phase)
 from .states import STAGES, StateBytes, largest_tensor
 
 
@@ -43,11 +48,11 @@ class StepPeak:
     """The largest phase of one training step on the most loaded device."""
 
     bytes: int
-    phase: str  # "forward end", "backward start", "backward, last block", "optimizer step", ...
+    phase: str  # the label of a `ledger.Phase`: "forward end", "backward start", ...
     stage: str  # "first" or "last" pipeline stage (the same device when pp == 1)
     why: str
-    phases: dict[str, int]
-    lines: dict[str, int] = field(default_factory=dict)  # the terms of the peak phase
+    phases: dict[str, int]  # each phase's total, by label
+    lines: dict[str, int] = field(default_factory=dict)  # the terms of the peak phase, by label
 
 
 def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
@@ -207,28 +212,23 @@ def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) 
     fp32 tensor per parameter of the device's (ZeRO-sharded) optimizer partition. On CPU the
     single-tensor path: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)` makes two
     tensors the size of the largest parameter. SGD updates in place. mixed: the fp32 master
-    weights' gradients, an fp32 copy of every 16-bit gradient, exist for the whole step.
+    weights' gradients, as the engine keeps them (`Engine.master_gradient_bytes`).
     """
+    engine = engine_for(setup)
     shard = -(-st.params // setup.dp)
-    engine = setup.engine_name
-    sharded = setup.zero >= 1 or (engine == "megatron" and setup.distributed_optimizer)
-    masters = 0
-    # FSDP2's fp32 shards are the master weights and Megatron-LM's main gradients are the
-    # gradients: neither keeps a separate fp32 gradient for its masters
-    if setup.mode == "mixed" and engine not in ("fsdp2", "megatron"):
-        partitioned = setup.zero >= 2 or (engine == "deepspeed" and setup.zero >= 1)
-        masters = 4 * (shard if partitioned else st.params)
+    masters = engine.master_gradient_bytes(setup, st.params)
     if setup.optimizer != "adamw":
         return masters
     wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
     if setup.device == "cuda":
-        return masters + wb * (shard if sharded else st.params)
+        return masters + wb * (shard if engine.optimizer_sharded(setup) else st.params)
     return masters + wb * 2 * largest_tensor(cfg, setup)
 
 
-def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
-                 ) -> dict[str, dict[str, int]]:
-    """Each phase's terms on one device of pipeline stage `stage`."""
+def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
+                 ) -> Ledger:
+    """Each moment's terms on one device of pipeline stage `stage`: the step's own, then the
+    engine's (`engines.adjust`)."""
     st = state_bytes(cfg, setup, stage)
     acts = device_activations(cfg, workload, setup, stage)
     saved = sum(acts.values())
@@ -241,102 +241,80 @@ def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     head_saved = sum(v for k, v in acts.items() if k.startswith("final/"))
     # with gradient accumulation the gradients of earlier micro-batches are alive throughout
     grads_early = st.gradients if workload.grad_accum > 1 else 0
-    base = {"weights": st.weights, "optimizer states": st.optimizer, "overhead": setup.overhead}
+    base = {WEIGHTS: st.weights, OPTIMIZER_STATES: st.optimizer, OVERHEAD: setup.overhead}
+    engine = engine_for(setup)
     head_grads = 0
-    fsdp = setup.engine_name == "fsdp2" and setup.dp > 1
     if holds_head and not setup.lora_rank:  # the lm_head's gradient (own or tied), made
-        # before the last block's; FSDP2 keeps the root's gradients unsharded until the root's
-        # reduce-scatter
+        # before the last block's
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
-        head_grads = setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 and not fsdp
-                                                       else 1))
+        split = setup.dp if engine.head_gradient_sharded(setup) else 1
+        head_grads = setup.weight_bytes * -(-shard // split)
     # a tied token embedding's backward makes its own gradient and sums it with the lm_head's
     # out of place (AccumulateGrad): two V x E tensors in flight at the end of backward
     tied_grad = 0
     if cfg.tie_embeddings and stage == "first" and not setup.lora_rank:
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
         tied_grad = 2 * setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
-    phases = {
-        "forward end": {**base, "saved activations": saved, "logits": logits,
-                        "loss (fp32 logits copy)": loss["forward"],
-                        "gradients (accumulating)": grads_early},
-        "backward start": {**base, "saved activations": saved, "logits": logits,
-                           "loss gradient": loss["backward"],
-                           "gradients (accumulating)": grads_early},
-        "backward, last block": {**base, "saved activations": saved - loss_saved - head_saved,
-                                 "recomputed block": recomputed_block(cfg, workload, setup),
-                                 "gradients": max(grads_early, head_grads),
-                                 "block gradients in flight": block_backward_transients(
-                                     cfg, workload, setup,
-                                     attention_backward_freed(cfg, acts, setup))},
-        "backward end": {**base, "gradients": st.gradients,
-                         "tied embedding gradient in flight": tied_grad,
-                         "logits": logits,
-                         "embedding and input activations": sum(
-                             v for k, v in acts.items() if k.startswith(("embedding/", "input/")))},
-        "optimizer step": {**base, "gradients": st.gradients,
-                           "optimizer temporaries": optimizer_temporaries(cfg, setup, st),
-                           "targets": 8 * workload.tokens if holds_head else 0},
-    }
-    engine_terms = engines.phase_terms(cfg, workload, setup, stage, logits, st.gradients)
+    ledger = Ledger()
+    ledger.open(Phase.FORWARD_END, {**base, SAVED: saved, LOGITS: logits,
+                                    LOSS_LOGITS_COPY: loss["forward"],
+                                    GRADIENTS_ACCUMULATING: grads_early})
+    ledger.open(Phase.BACKWARD_START, {**base, SAVED: saved, LOGITS: logits,
+                                       LOSS_GRADIENT: loss["backward"],
+                                       GRADIENTS_ACCUMULATING: grads_early})
+    ledger.open(Phase.BACKWARD_LAST_BLOCK, {
+        **base, SAVED: saved - loss_saved - head_saved,
+        RECOMPUTED_BLOCK: recomputed_block(cfg, workload, setup),
+        GRADIENTS: max(grads_early, head_grads),
+        BLOCK_GRADIENTS: block_backward_transients(
+            cfg, workload, setup, attention_backward_freed(cfg, acts, setup))})
+    ledger.open(Phase.BACKWARD_END, {
+        **base, GRADIENTS: st.gradients, TIED_EMBEDDING_GRADIENT: tied_grad, LOGITS: logits,
+        EMBEDDING_INPUTS: sum(v for k, v in acts.items()
+                              if k.startswith(("embedding/", "input/")))})
+    ledger.open(Phase.OPTIMIZER_STEP, {
+        **base, GRADIENTS: st.gradients,
+        OPTIMIZER_TEMPORARIES: optimizer_temporaries(cfg, setup, st),
+        TARGETS: 8 * workload.tokens if holds_head else 0})
     if sdpa_math_path_16bit(cfg, setup):
         # inside the last block's forward; the engine's forward-end terms apply here too
-        phases["forward, attention core"] = {
-            **base, "saved activations (to the last block's attention core)":
-                saved_before_attention_core(cfg, acts, setup),
-            "attention core transients (SDPA math path, 16-bit)":
-                sdpa_math_output_transients(cfg, workload, setup) // setup.tp,
-            "gradients (accumulating)": grads_early,
-            **engine_terms.get("forward end", {})}
-    for phase, terms in engine_terms.items():
-        # an engine's own moment (FSDP2's root all-gather at backward start): the forward's
-        # tensors without the loss's transients
-        phases.setdefault(phase, {**base, "saved activations": saved, "logits": logits,
-                                  "gradients (accumulating)": grads_early}).update(terms)
-    return phases
+        ledger.open(Phase.ATTENTION_CORE, {
+            **base, SAVED_TO_ATTENTION_CORE: saved_before_attention_core(cfg, acts, setup),
+            ATTENTION_CORE_TRANSIENTS: sdpa_math_output_transients(cfg, workload,
+                                                                   setup) // setup.tp,
+            GRADIENTS_ACCUMULATING: grads_early})
+    # an engine's own moment (FSDP2's root all-gather at backward start) starts from the
+    # forward's tensors without the loss's transients
+    forward = {**base, SAVED: saved, LOGITS: logits, GRADIENTS_ACCUMULATING: grads_early}
+    adjust(ledger, Step(cfg, workload, setup, stage, logits, st.gradients, forward))
+    return ledger
 
 
-_WHY = {
-    "forward end": "the forward's end: every saved activation, the logits and the loss's fp32 "
-                   "copy of them",
-    "backward start": "the start of backward: every saved activation and the logits, while the "
-                      "cross entropy makes the logits' gradient",
-    engines.ROOT_REGATHER: "the start of backward under FSDP2 ZeRO-3: the root's parameters "
-                           "all-gathered again before the loss's backward (the all-gather "
-                           "output beside the unsharded parameters), every saved activation "
-                           "and the logits",
-    engines.REDUCE_SCATTER: "the end of the last block's backward under FSDP2: its unsharded "
-                            "gradients copied into the reduce-scatter input",
-    "forward, attention core": "the last block's attention core in the forward: SDPA's CPU "
-                               "math path holds fp32 copies of 16-bit q, k, v, its score "
-                               "stacks and its output beside the saved activations so far",
-    "backward, last block": "the last block's backward: the saved activations beside that "
-                            "block's gradients in flight",
-    "backward end": "the end of backward: every gradient, with the embedding's gradient "
-                    "in flight",
-    "optimizer step": "the optimizer step: weights, gradients and optimizer states with the "
-                      "update's temporaries (the activations are gone)",
-}
+def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
+                 ) -> dict[str, dict[str, int]]:
+    """Each phase's terms on one device of pipeline stage `stage`, by label."""
+    return stage_ledger(cfg, workload, setup, stage).labelled()
 
 
 def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
               stage: str | None = None) -> StepPeak:
     """The peak of one training step on the most loaded device: the largest phase of
-    `stage_phases` over the first and last pipeline stage (the first holds pp micro-batches of
+    `stage_ledger` over the first and last pipeline stage (the first holds pp micro-batches of
     activations, the last the logits and the head); on a device of `stage` when given."""
     best: StepPeak | None = None
     stages = (stage,) if stage else STAGES if setup.pp > 1 else ("first",)
     for stage in stages:
-        phases = stage_phases(cfg, workload, setup, stage)
-        totals = {k: sum(v.values()) for k, v in phases.items()}
+        ledger = stage_ledger(cfg, workload, setup, stage)
+        totals = {p: ledger.total(p) for p in ledger.phases}
         phase = max(totals, key=totals.get)
         if best is None or totals[phase] > best.bytes:
-            why = _WHY[phase]
+            why = phase.why
             if setup.pp > 1:
                 why += (f"; the {stage} pipeline stage is the most loaded ("
                         + ("it holds pp micro-batches of activations in flight under 1F1B)"
                            if stage == "first" else "it holds the logits and the lm_head)"))
-            best = StepPeak(bytes=totals[phase], phase=phase, stage=stage, why=why,
-                            phases=totals, lines=phases[phase])
+            best = StepPeak(bytes=totals[phase], phase=phase.label, stage=stage, why=why,
+                            phases={p.label: v for p, v in totals.items()},
+                            lines=ledger.labelled()[phase.label])
     assert best is not None
     return best

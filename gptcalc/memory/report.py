@@ -13,13 +13,15 @@ from .finetune import ATTENTION_TARGETS, lora_on_transformers
 from .activations import activations_paper, device_activations, logits_bytes
 from .inference import kv_cache_bytes, largest_fitting, serving_dtype_bytes
 from .peak import StepPeak, step_peak
-from .engines import resident, state_bytes
+from .engines import engine_for, resident, state_bytes
 from .states import STAGES
 
 
 def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
     """Parallel sizes must divide what they shard (Megatron-LM's and the 1F1B schedule's
-    rules); data parallelism shards nothing of the micro-batch, so any dp is valid."""
+    rules); data parallelism shards nothing of the micro-batch, so any dp is valid. The
+    engine must run the set-up (`engines.engine_for`)."""
+    engine_for(setup)
     validate_workload(cfg, workload)
     t, p = setup.tp, setup.pp
     for what, size in (("n_head", cfg.n_head), ("n_kv_head", cfg.kv_heads),

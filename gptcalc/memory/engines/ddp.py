@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from ...config import GPTConfig
 from ...training_setup import TrainingSetup
+from ..ledger import STEADY_PHASES, Ledger, Term
+from .base import Engine, Step, engine_for, register
 from .shards import coords, first_rank, stage_of, tp_rank_states
 
-PHASES = ("forward end", "backward start", "backward, last block", "backward end",
-          "optimizer step")
+BUCKETS = Term("DDP gradient buckets (a second copy of the gradients)")
 
 
 def ddp_gradient_buckets(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
@@ -22,20 +23,9 @@ def ddp_gradient_buckets(cfg: GPTConfig, setup: TrainingSetup, stage: str = "fir
     the buffers are a second copy of the gradients, alive for the whole step. Each bucket
     packs its parameters' elements without padding (measured on CPU/gloo, torch 2.13), so the
     buffers total the rank's gradient bytes. Zero unless the engine is DDP with dp > 1."""
-    if setup.dp == 1 or setup.engine_name != "ddp":
+    if setup.dp == 1 or not isinstance(engine_for(setup), DDP):
         return 0
     return tp_rank_states(cfg, setup, first_rank(setup, stage)).gradients
-
-
-def ddp_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
-                    ) -> dict[str, dict[str, int]]:
-    """DDP's gradient buckets (`ddp_gradient_buckets`) in every phase of the step. Empty unless
-    the engine is DDP with dp > 1."""
-    buckets = ddp_gradient_buckets(cfg, setup, stage)
-    if not buckets:
-        return {}
-    name = "DDP gradient buckets (a second copy of the gradients)"
-    return {phase: {name: buckets} for phase in PHASES}
 
 
 def ddp_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
@@ -50,4 +40,25 @@ def ddp_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[st
     return out
 
 
-__all__ = ["ddp_gradient_buckets", "ddp_phase_terms", "ddp_resident"]
+class DDP(Engine):
+    """DistributedDataParallel: every state replicated, the reducer's gradient buckets in
+    every moment of the step."""
+
+    name = "ddp"
+    help = "ddp (DistributedDataParallel; the default for --zero 0)"
+    stages = (0,)
+    default_for = (0,)
+
+    def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return ddp_resident(cfg, setup, rank)
+
+    def adjust(self, ledger: Ledger, step: Step) -> None:
+        buckets = ddp_gradient_buckets(step.cfg, step.setup, step.stage)
+        if buckets:
+            phases = dict.fromkeys((*STEADY_PHASES, *ledger.forward_phases()))
+            ledger.add_each(phases, BUCKETS, buckets)
+
+
+register(DDP())
+
+__all__ = ["BUCKETS", "DDP", "ddp_gradient_buckets", "ddp_resident"]

@@ -17,7 +17,7 @@ step counter per parameter it updates: one flat partition per parameter group (s
 sub-group of `sub_group_size` elements).
 
 The buffers and their sizes follow DeepSpeed's defaults (`runtime/zero/config.py`,
-DeepSpeedZeroConfig) unless a ds_config changes them (`deepspeed_zero` of the set-up,
+DeepSpeedZeroConfig) unless a ds_config changes them (`engine_settings` of the set-up,
 `read_ds_config`). Scope: one parameter group (the client optimizer's `model.parameters()`),
 no offload, no tensor parallel.
 
@@ -33,7 +33,9 @@ from ...config import GPTConfig
 from ...errors import ConfigError
 from ...training_setup import TrainingSetup
 from ...workload import Workload
+from ..ledger import GRADIENTS, STEADY_PHASES, Ledger, Phase, Term
 from ..states import OPTIMIZER_BYTES, STEP_COUNTER_BYTES, stage_tensors
+from .base import Engine, Step, register
 from .shards import RankStates, coords, first_rank, stage_of
 
 # DeepSpeedZeroConfig's defaults (deepspeed/runtime/zero/config.py), in ds_config's spelling
@@ -56,8 +58,8 @@ INF_OR_NAN_TRACKER_BYTES = 1
 
 def zero_settings(setup: TrainingSetup) -> dict[str, int]:
     """DeepSpeed's zero_optimization sizes for the set-up: the defaults, overridden by the
-    set-up's `deepspeed_zero` pairs."""
-    return {**ZERO_DEFAULTS, **dict(setup.deepspeed_zero)}
+    set-up's `engine_settings` pairs (a ds_config's)."""
+    return {**ZERO_DEFAULTS, **dict(setup.engine_settings)}
 
 
 def _sizes(cfg: GPTConfig, setup: TrainingSetup, rank: int) -> list[int]:
@@ -155,8 +157,8 @@ def deepspeed_buffers(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
     (`_release_ipg_buffers`)."""
     if setup.zero < 3:
         return {}
-    return {"DeepSpeed reduce bucket (reduce_bucket_size)": reduce_bucket_bytes(setup),
-            "DeepSpeed inf/nan tracker": INF_OR_NAN_TRACKER_BYTES}
+    return {REDUCE_BUCKET.label: reduce_bucket_bytes(setup),
+            INF_NAN_TRACKER.label: INF_OR_NAN_TRACKER_BYTES}
 
 
 def reduce_bucket_bytes(setup: TrainingSetup) -> int:
@@ -166,37 +168,47 @@ def reduce_bucket_bytes(setup: TrainingSetup) -> int:
     return setup.weight_bytes * s["reduce_bucket_size"] if s["contiguous_gradients"] else 0
 
 
-def deepspeed_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                          stage: str) -> dict[str, dict[str, int]]:
+REDUCE_BUCKET = Term("DeepSpeed reduce bucket (reduce_bucket_size)")
+INF_NAN_TRACKER = Term("DeepSpeed inf/nan tracker")
+GATHERED = Term("DeepSpeed gathered parameters (held for backward)")
+
+
+def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
     """What DeepSpeed holds beyond its states at each phase of the step.
 
     Stages 1-2 (stage_1_and_2.py): the first gradient hook of backward (`process_gradients` ->
     `setup_buckets`) allocates the reduce bucket, reduce_bucket_size elements (one; two with
     overlap_comm, whose default is off below stage 3); it lives until the gradients are
     reduced at the end of backward (`_release_ipg_buffers`). In the optimizer step the 16-bit
-    gradients are gone (the fp32 gradient partition is an optimizer temporary). Empty unless the engine is
-    DeepSpeed at ZeRO 1-3 (DeepSpeed keeps its layout and buffers at dp = 1 too).
+    gradients are gone (the fp32 gradient partition is an optimizer temporary). Nothing at ZeRO 0 or
+    under LoRA; DeepSpeed keeps its layout and buffers at dp = 1 too.
 
     Stage 3 (stage3.py): its buffers (`deepspeed_buffers`) and the gradient partitions'
     flat buffer are alive in every phase; the parameters it all-gathers in forward stay
     whole until their backward, held by autograd (the whole 16-bit parameters less the
     persistent ones, which are whole anyway)."""
-    if setup.engine_name != "deepspeed" or setup.zero == 0 or setup.lora_rank:
-        return {}
+    cfg, setup = step.cfg, step.setup
+    if setup.zero == 0 or setup.lora_rank:
+        return
     if setup.zero <= 2:
-        bucket = {"DeepSpeed reduce bucket (reduce_bucket_size)": reduce_bucket_bytes(setup)}
+        bucket = reduce_bucket_bytes(setup)
+        ledger.add(Phase.BACKWARD_LAST_BLOCK, REDUCE_BUCKET, bucket)
+        ledger.add(Phase.BACKWARD_END, REDUCE_BUCKET, bucket)
         # step(): the 16-bit gradients are flattened into the fp32 gradient partition and
         # freed (`averaged_gradients[i] = None`) before the client optimizer runs
-        return {"backward, last block": bucket, "backward end": bucket,
-                "optimizer step": {"gradients": 0}}
-    st = deepspeed_rank_states(cfg, setup, first_rank(setup, stage))
-    sizes = _sizes(cfg, setup, first_rank(setup, stage))
-    kept = {**deepspeed_buffers(cfg, setup), "gradients": st.gradients}
-    gathered = {"DeepSpeed gathered parameters (held for backward)": setup.weight_bytes * (
-        sum(sizes) - stage3_persistent_elements(sizes, setup))}
-    return {"forward end": {**kept, **gathered}, "backward start": {**kept, **gathered},
-            "backward, last block": {**kept, **gathered}, "backward end": kept,
-            "optimizer step": kept}
+        ledger.replace(Phase.OPTIMIZER_STEP, GRADIENTS, 0)
+        return
+    rank = first_rank(setup, step.stage)
+    st = deepspeed_rank_states(cfg, setup, rank)
+    sizes = _sizes(cfg, setup, rank)
+    gathered = setup.weight_bytes * (sum(sizes) - stage3_persistent_elements(sizes, setup))
+    forward = (*ledger.forward_phases(), Phase.BACKWARD_START)
+    for phase in dict.fromkeys((*STEADY_PHASES, *forward)):
+        ledger.add(phase, REDUCE_BUCKET, reduce_bucket_bytes(setup))
+        ledger.add(phase, INF_NAN_TRACKER, INF_OR_NAN_TRACKER_BYTES)
+        (ledger.add if phase in forward else ledger.replace)(phase, GRADIENTS, st.gradients)
+        if phase in forward or phase is Phase.BACKWARD_LAST_BLOCK:
+            ledger.add(phase, GATHERED, gathered)
 
 
 def deepspeed_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
@@ -209,6 +221,43 @@ def deepspeed_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> d
     if setup.zero >= 3:
         out["DeepSpeed gradient partitions (grad_partitions_flat_buffer)"] = st.gradients
     return {**out, **deepspeed_buffers(cfg, setup)}
+
+
+class DeepSpeed(Engine):
+    """DeepSpeed's ZeRO stages 1-3; at ZeRO 0 it replicates every state as DDP does."""
+
+    name = "deepspeed"
+    help = "deepspeed (DeepSpeed's ZeRO; the default for --zero 1-3)"
+    stages = (0, 1, 2, 3)
+    default_for = (1, 2, 3)
+    mixed_by_default = True
+
+    def assumptions(self, setup: TrainingSetup) -> str:
+        return f"; DeepSpeed {describe_buffers(setup)}" if setup.zero >= 1 else ""
+
+    def replicated(self, setup: TrainingSetup) -> bool:
+        return setup.zero == 0
+
+    def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
+        return super().rank_states(cfg, setup, rank) if setup.zero == 0 else (
+            deepspeed_rank_states(cfg, setup, rank))
+
+    def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return super().resident(cfg, setup, rank) if setup.zero == 0 else (
+            deepspeed_resident(cfg, setup, rank))
+
+    def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
+        """The fp32 gradient partition: from ZeRO-1 on each rank flattens only its own
+        partition (stage_1_and_2.py, `single_partition_of_fp32_groups`' gradients)."""
+        if setup.mode != "mixed":
+            return 0
+        return 4 * (-(-params // setup.dp) if setup.zero >= 1 else params)
+
+    def adjust(self, ledger: Ledger, step: Step) -> None:
+        deepspeed_adjust(ledger, step)
+
+
+register(DeepSpeed())
 
 
 # --------------------------------------------------------------------------- ds_config.json
@@ -328,7 +377,7 @@ def ds_config_dict(setup: TrainingSetup, workload: Workload) -> dict[str, Any]:
     mixed = setup.mode == "mixed"
     return {"train_micro_batch_size_per_gpu": workload.batch_size,
             "gradient_accumulation_steps": workload.grad_accum,
-            "zero_optimization": {"stage": setup.zero, **dict(setup.deepspeed_zero)},
+            "zero_optimization": {"stage": setup.zero, **dict(setup.engine_settings)},
             "bf16": {"enabled": mixed and setup.autocast_dtype == "bf16"},
             "fp16": {"enabled": mixed and setup.autocast_dtype == "fp16"},
             "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
@@ -337,7 +386,7 @@ def ds_config_dict(setup: TrainingSetup, workload: Workload) -> dict[str, Any]:
 def describe_buffers(setup: TrainingSetup) -> str:
     """The DeepSpeed buffer sizes of the set-up, for the first line of a command."""
     s = zero_settings(setup)
-    given = dict(setup.deepspeed_zero)
+    given = dict(setup.engine_settings)
     keys = ["reduce_bucket_size", "allgather_bucket_size"] if setup.zero < 3 else [
         "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
         "stage3_max_live_parameters"]
@@ -348,7 +397,8 @@ def describe_buffers(setup: TrainingSetup) -> str:
     return f"buckets ({src}): " + ", ".join(parts)
 
 
-__all__ = ["ZERO_DEFAULTS", "deepspeed_buffers", "deepspeed_phase_terms", "deepspeed_rank_states",
+__all__ = ["DeepSpeed", "ZERO_DEFAULTS", "deepspeed_adjust", "deepspeed_buffers",
+           "deepspeed_rank_states",
            "deepspeed_resident", "describe_buffers", "ds_config_dict", "ds_settings",
            "flat_group_elements", "read_ds_config", "stage3_partition_elements",
            "stage3_persistent_elements", "zero_settings"]

@@ -22,7 +22,9 @@ from ...config import GPTConfig
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ...inventory import ParamTensor
+from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
 from ..states import OPTIMIZER_BYTES, stage_tensors
+from .base import Engine, Step, register
 from .shards import (RankStates, chunk_rows, coords, first_rank, padded_rows, rows_times_rest,
                      stage_list, step_counters, tp_local_shape)
 
@@ -101,12 +103,25 @@ def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
     return {k: ub * v for k, v in fsdp2_unsharded_elements(cfg, setup, stage).items()}
 
 
-ROOT_REGATHER = "backward start, root all-gather"  # a phase of FSDP2 ZeRO-3 only
-REDUCE_SCATTER = "backward, last block's reduce-scatter"  # a phase of FSDP2 only
+ROOT_PARAMETERS = Term("FSDP2 unsharded root parameters")
+BLOCKS_KEPT = Term("FSDP2 unsharded blocks (ZeRO-2 keeps them)")
+BLOCK_COMPUTING = Term("FSDP2 unsharded block (computing)")
+NEXT_BLOCK = Term("FSDP2 all-gather of the next block (prefetch)")
+LAST_BLOCK_KEPT = Term("FSDP2 all-gather output of the last block (kept to the root's "
+                       "post-forward)")
+LAST_BLOCK_PREFETCH = Term("FSDP2 all-gather of the last block (the root's pre-backward "
+                           "prefetch)")
+ROOT_GRADIENTS = Term("FSDP2 unsharded root gradients (before its reduce-scatter)")
+FIRST_BLOCK_REDUCE = Term("FSDP2 reduce-scatter input of the first block (kept until the next "
+                          "reduce-scatter)")
+LAST_BLOCK_GRADIENTS = Term("FSDP2 unsharded gradients of the last block")
+LAST_BLOCK_REDUCE = Term("FSDP2 reduce-scatter input of the last block")
+REDUCE_CAST = Term("FSDP2 reduce-scatter copy-in's cast (CPU)")
+ROOT_REGATHERED = Term("FSDP2 root all-gather output (re-gathered for backward)")
 
 
 def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                               stage: str = "first") -> dict[str, int]:
+                               stage: str = "first") -> dict[Term, int]:
     """The moment after the last block's backward, as FSDP2's post-backward hook copies its
     unsharded gradients into the reduce-scatter input (torch.distributed.fsdp's
     `foreach_reduce`): the block's saved activations and parameters are freed, its unsharded
@@ -127,20 +142,17 @@ def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
     head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if stage == "last" or setup.pp == 1 else 0
     cast = rb * el["block"] if setup.device == "cpu" and ub != rb else 0
-    return {"saved activations": sum(acts.values()) - loss - layer,
-            "gradients": ub * head,
-            "FSDP2 unsharded root parameters": ub * el["root"],
-            "FSDP2 all-gather of the next block (prefetch)":
-                ub * el["block"] if setup.zero == 3 else 0,
-            "FSDP2 unsharded blocks (ZeRO-2 keeps them)":
-                ub * el["block"] * (blocks - 1) if setup.zero == 2 else 0,
-            "FSDP2 unsharded gradients of the last block": ub * el["block"],
-            "FSDP2 reduce-scatter input of the last block": rb * el["block"],
-            "FSDP2 reduce-scatter copy-in's cast (CPU)": cast}
+    return {SAVED: sum(acts.values()) - loss - layer,
+            GRADIENTS: ub * head,
+            ROOT_PARAMETERS: ub * el["root"],
+            NEXT_BLOCK: ub * el["block"] if setup.zero == 3 else 0,
+            BLOCKS_KEPT: ub * el["block"] * (blocks - 1) if setup.zero == 2 else 0,
+            LAST_BLOCK_GRADIENTS: ub * el["block"],
+            LAST_BLOCK_REDUCE: rb * el["block"],
+            REDUCE_CAST: cast}
 
 
-def fsdp2_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                      stage: str = "first") -> dict[str, dict[str, int]]:
+def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
     """What FSDP2 holds beyond the sharded states at each phase of the step peak
     (torch.distributed.fsdp.fully_shard on every block and at the root; measured with
     FSDPMemTracker on CPU/gloo, torch 2.13). Unsharded parameters and gradients are in
@@ -168,39 +180,41 @@ def fsdp2_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
       until the next reduce-scatter is issued (measured: FSDPMemTracker's root BEF_POST_BW);
     - after the last block's backward, its reduce-scatter's copy-in (phase "backward, last
       block's reduce-scatter", `fsdp2_reduce_scatter_terms`).
-    Empty unless the engine is FSDP2 with dp > 1."""
-    if setup.dp == 1 or setup.engine_name != "fsdp2":
-        return {}
+    Nothing at dp = 1."""
+    cfg, setup, stage = step.cfg, step.setup, step.stage
+    if setup.dp == 1:
+        return
     el = fsdp2_unsharded_elements(cfg, setup, stage)
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
     root, block = ub * el["root"], ub * el["block"]
-    blocks = cfg.n_layer // setup.pp
-    held = blocks * block if setup.zero == 2 else 0
-    last = {"FSDP2 unsharded root parameters": root,
-            "FSDP2 unsharded block (computing)": block if setup.zero == 3 else 0,
-            "FSDP2 all-gather of the next block (prefetch)": block if setup.zero == 3 else 0,
-            "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
-    fwd = {"FSDP2 unsharded root parameters": root,
-           "FSDP2 unsharded blocks (ZeRO-2 keeps them)": held}
-    kept = {"FSDP2 all-gather output of the last block (kept to the root's post-forward)": block}
+    z3 = setup.zero == 3
+    held = cfg.n_layer // setup.pp * block if setup.zero == 2 else 0
+    for phase in ledger.forward_phases():
+        ledger.add(phase, ROOT_PARAMETERS, root)
+        ledger.add(phase, BLOCKS_KEPT, held)
+        ledger.add(phase, LAST_BLOCK_KEPT, block)
+    ledger.add(Phase.BACKWARD_START, ROOT_PARAMETERS, root)
+    ledger.add(Phase.BACKWARD_START, BLOCKS_KEPT, held)
+    ledger.add(Phase.BACKWARD_START, LAST_BLOCK_PREFETCH, block if z3 else 0)
+    last = Phase.BACKWARD_LAST_BLOCK
+    ledger.add(last, ROOT_PARAMETERS, root)
+    ledger.add(last, BLOCK_COMPUTING, block if z3 else 0)
+    ledger.add(last, NEXT_BLOCK, block if z3 else 0)
+    ledger.add(last, BLOCKS_KEPT, held)
     # the blocks' sharded gradients: the root's shards are its reduce-scatter's output
     st = fsdp2_rank_states(cfg, setup, first_rank(setup, stage))
-    blocks_grads = st.gradients - sharded_bytes(setup) * el["root"] // setup.dp
-    prefetch = {"FSDP2 all-gather of the last block (the root's pre-backward prefetch)":
-                block if setup.zero == 3 else 0}
-    terms = {"forward end": {**fwd, **kept}, "backward start": {**fwd, **prefetch},
-             "backward, last block": last,
-             "backward end": {"FSDP2 unsharded root parameters": root,
-                              "FSDP2 unsharded root gradients (before its reduce-scatter)": root,
-                              "gradients": blocks_grads,
-                              "FSDP2 reduce-scatter input of the first block (kept until the "
-                              "next reduce-scatter)": rb * el["block"]},
-             "optimizer step": {}}
-    terms[REDUCE_SCATTER] = fsdp2_reduce_scatter_terms(cfg, workload, setup, stage)
-    if setup.zero == 3:
-        terms[ROOT_REGATHER] = {"FSDP2 unsharded root parameters": root,
-                                "FSDP2 root all-gather output (re-gathered for backward)": root}
-    return terms
+    ledger.add(Phase.BACKWARD_END, ROOT_PARAMETERS, root)
+    ledger.add(Phase.BACKWARD_END, ROOT_GRADIENTS, root)
+    ledger.replace(Phase.BACKWARD_END, GRADIENTS,
+                   st.gradients - sharded_bytes(setup) * el["root"] // setup.dp)
+    ledger.add(Phase.BACKWARD_END, FIRST_BLOCK_REDUCE, rb * el["block"])
+    ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
+    for term, nbytes in fsdp2_reduce_scatter_terms(cfg, step.workload, setup, stage).items():
+        (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
+    if z3:
+        ledger.open(Phase.ROOT_REGATHER, step.forward_tensors)
+        ledger.add(Phase.ROOT_REGATHER, ROOT_PARAMETERS, root)
+        ledger.add(Phase.ROOT_REGATHER, ROOT_REGATHERED, root)
 
 
 def fsdp2_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
@@ -211,6 +225,41 @@ def fsdp2_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
     return {"weights (sharded)": st.weights, "optimizer states": st.optimizer}
 
 
-__all__ = ["REDUCE_SCATTER", "ROOT_REGATHER", "fsdp2_phase_terms", "fsdp2_reduce_scatter_terms", "fsdp2_rank_states", "fsdp2_resident",
-           "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes", "reduce_bytes",
-           "sharded_bytes", "unsharded_bytes"]
+class FSDP2(Engine):
+    """PyTorch's `fully_shard` on every block and at the root."""
+
+    name = "fsdp2"
+    help = "fsdp2 (FSDP2 fully_shard: --zero 2 or 3 = reshard_after_forward False/True)"
+    stages = (2, 3)
+    mixed_by_default = True
+
+    def mixed_precision(self, setup: TrainingSetup) -> str:
+        return (f"mixed (MixedPrecisionPolicy: {setup.autocast_dtype} parameters, fp32 shards "
+                f"and reduction)")
+
+    def replicated(self, setup: TrainingSetup) -> bool:
+        return False
+
+    def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
+        return fsdp2_rank_states(cfg, setup, rank)
+
+    def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return fsdp2_resident(cfg, setup, rank)
+
+    def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
+        """The fp32 shards are the master weights and their gradients the sharded ones."""
+        return 0
+
+    def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
+        """FSDP2 keeps the root's gradients unsharded until the root's reduce-scatter."""
+        return False
+
+    def adjust(self, ledger: Ledger, step: Step) -> None:
+        fsdp2_adjust(ledger, step)
+
+
+register(FSDP2())
+
+__all__ = ["FSDP2", "fsdp2_adjust", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
+           "fsdp2_resident", "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes",
+           "reduce_bytes", "sharded_bytes", "unsharded_bytes"]

@@ -24,8 +24,12 @@ from __future__ import annotations
 from ...config import GPTConfig
 from ...errors import ConfigError
 from ...training_setup import TrainingSetup
+from ..ledger import (GRADIENTS, GRADIENTS_ACCUMULATING, Phase, Ledger, Term)
 from ..states import stage_tensors
+from .base import Engine, Step, register
 from .shards import RankStates, coords, first_rank, stage_of
+
+MAIN_GRADIENT_BUFFER = Term("Megatron-LM main-gradient buffer")
 
 # (weight bytes, gradient bytes kept on every rank, bytes sharded by the distributed optimizer)
 MEGATRON_BYTES = {
@@ -62,21 +66,6 @@ def megatron_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) ->
                                          else "replicated optimizer"))
 
 
-def megatron_phase_terms(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
-                         ) -> dict[str, dict[str, int]]:
-    """The main-gradient buffer is allocated once and lives through every phase: before the
-    backward it holds the gradients' bytes already (it replaces the accumulating gradients
-    of the plain phases); at the end of backward and in the optimizer step it is the
-    gradients' line itself. Empty unless the engine is Megatron-LM."""
-    if setup.engine_name != "megatron":
-        return {}
-    buffer = megatron_rank_states(cfg, setup, first_rank(setup, stage)).gradients
-    terms = {"Megatron-LM main-gradient buffer": buffer, "gradients (accumulating)": 0,
-             "gradients": 0}
-    return {phase: dict(terms) for phase in ("forward end", "backward start",
-                                            "backward, last block")}
-
-
 def megatron_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
     """What `rank` keeps between steps: weights, the contiguous main-gradient buffer (it
     lives for the whole run) and the optimizer's share."""
@@ -85,5 +74,59 @@ def megatron_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> di
             "optimizer states": st.optimizer}
 
 
-__all__ = ["MEGATRON_BYTES", "megatron_bytes", "megatron_phase_terms", "megatron_rank_states",
-           "megatron_resident"]
+class Megatron(Engine):
+    """Megatron-LM with (by default) its distributed optimizer."""
+
+    name = "megatron"
+    help = ("megatron (Megatron-LM's distributed optimizer, from its documentation; no twin "
+            "runs here)")
+    stages = (0,)
+    mixed_by_default = True
+
+    def check(self, setup: TrainingSetup) -> None:
+        super().check(setup)
+        megatron_bytes(setup)
+
+    def label(self, setup: TrainingSetup) -> str:
+        return "megatron " + ("(distributed optimizer)" if setup.distributed_optimizer
+                              else "(no distributed optimizer)")
+
+    def mixed_precision(self, setup: TrainingSetup) -> str:
+        d = setup.autocast_dtype
+        grads = "fp32 main gradients" if d == "bf16" else "fp16 gradients"
+        return f"mixed ({d} weights, {grads}, fp32 master copy)"
+
+    def replicated(self, setup: TrainingSetup) -> bool:
+        return False
+
+    def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
+        return megatron_rank_states(cfg, setup, rank)
+
+    def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return megatron_resident(cfg, setup, rank)
+
+    def optimizer_sharded(self, setup: TrainingSetup) -> bool:
+        return setup.distributed_optimizer
+
+    def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
+        """The main gradients are the gradients: no separate fp32 copy for the masters."""
+        return 0
+
+    def adjust(self, ledger: Ledger, step: Step) -> None:
+        """The main-gradient buffer is allocated once and lives through every moment: before
+        the backward it holds the gradients' bytes already (it replaces the accumulating
+        gradients of the plain moments); at the end of backward and in the optimizer step it
+        is the gradients' line itself."""
+        setup = step.setup
+        buffer = megatron_rank_states(step.cfg, setup, first_rank(setup, step.stage)).gradients
+        for phase in (*ledger.forward_phases(), Phase.BACKWARD_START):
+            ledger.add(phase, MAIN_GRADIENT_BUFFER, buffer)
+            ledger.replace(phase, GRADIENTS_ACCUMULATING, 0)
+        ledger.add(Phase.BACKWARD_LAST_BLOCK, MAIN_GRADIENT_BUFFER, buffer)
+        ledger.replace(Phase.BACKWARD_LAST_BLOCK, GRADIENTS, 0)
+
+
+register(Megatron())
+
+__all__ = ["MAIN_GRADIENT_BUFFER", "MEGATRON_BYTES", "Megatron", "megatron_bytes",
+           "megatron_rank_states", "megatron_resident"]

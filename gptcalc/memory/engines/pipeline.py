@@ -5,13 +5,15 @@ Every function here is pure and never imports torch.
 
 from __future__ import annotations
 
-from ...config import GPTConfig
-from ...training_setup import TrainingSetup
-from ...workload import Workload
+from ..ledger import GRADIENTS, Ledger, Phase, Term
+from .base import Step
 
 
-def pipeline_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                         stage: str, logits: int, gradients: int) -> dict[str, dict[str, int]]:
+KEPT_LOGITS = Term("pipeline: earlier micro-batches' logits (kept for the merged output)")
+GRADIENTS_OVER_MICRO_BATCHES = Term("gradients (accumulating over micro-batches)")
+
+
+def pipeline_adjust(ledger: Ledger, step: Step) -> None:
     """What Schedule1F1B (pp micro-batches) holds on the last stage beyond one micro-batch's
     tensors (measured with MemTracker on CPU/gloo, torch 2.13):
 
@@ -20,15 +22,18 @@ def pipeline_phase_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetu
     - the last stage runs each micro-batch's backward right after its forward, so from the
       second micro-batch on the stage's gradients of the earlier ones are alive (the first
       stage runs all pp forwards before its first backward: it holds none at its peak).
-    Empty unless pp > 1."""
-    if setup.pp == 1 or stage != "last":
-        return {}
-    kept = {"pipeline: earlier micro-batches' logits (kept for the merged output)":
-            (setup.pp - 1) * logits}
-    grads = {"gradients (accumulating over micro-batches)": gradients}
-    return {"forward end": {**kept, **grads}, "backward start": {**kept, **grads},
-            "backward, last block": {**kept, "gradients": gradients},
-            "backward end": kept, "optimizer step": {}}
+    Nothing unless pp > 1, on the last stage. Applied after the engine's terms, whatever the
+    engine."""
+    setup = step.setup
+    if setup.pp == 1 or step.stage != "last":
+        return
+    kept = (setup.pp - 1) * step.logits
+    for phase in (*ledger.forward_phases(), Phase.BACKWARD_START):
+        ledger.add(phase, KEPT_LOGITS, kept)
+        ledger.add(phase, GRADIENTS_OVER_MICRO_BATCHES, step.gradients)
+    ledger.add(Phase.BACKWARD_LAST_BLOCK, KEPT_LOGITS, kept)
+    ledger.replace(Phase.BACKWARD_LAST_BLOCK, GRADIENTS, step.gradients)
+    ledger.add(Phase.BACKWARD_END, KEPT_LOGITS, kept)
 
 
-__all__ = ["pipeline_phase_terms"]
+__all__ = ["GRADIENTS_OVER_MICRO_BATCHES", "KEPT_LOGITS", "pipeline_adjust"]

@@ -14,6 +14,7 @@ import functools
 from ...config import GPTConfig
 from ...training_setup import TrainingSetup
 from ..states import optimizer_bytes_per_param, stage_tensors
+from .base import Engine, register
 from .shards import RankStates, coords, first_rank, stage_of, step_counters
 
 
@@ -72,5 +73,27 @@ def zero1_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
     return {"weights": st.weights, "optimizer states": st.optimizer}
 
 
-__all__ = ["zero1_most_loaded", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
+class ZeroRedundancy(Engine):
+    """PyTorch's ZeroRedundancyOptimizer: ZeRO-1 over whole tensors."""
+
+    name = "zero-redundancy"
+    help = "zero-redundancy (PyTorch's ZeroRedundancyOptimizer, --zero 1)"
+    stages = (1,)
+
+    def replicated(self, setup: TrainingSetup) -> bool:
+        return False
+
+    def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
+        return zero1_rank_states(cfg, setup, rank)
+
+    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
+        return zero1_peak_rank(cfg, setup, stage)
+
+    def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return zero1_resident(cfg, setup, rank)
+
+
+register(ZeroRedundancy())
+
+__all__ = ["ZeroRedundancy", "zero1_most_loaded", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
            "zero1_resident"]

@@ -1,0 +1,32 @@
+"""The `--engine` option's type and help, read from the engine registry
+(`gptcalc.memory.engines`): the command line names no engine of its own."""
+
+from __future__ import annotations
+
+import click
+
+from ..memory import engines
+
+
+class EngineChoice(click.Choice):
+    """One of the registered training engines, read when the option is parsed (an engine
+    registered after import is a choice too)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return engines.names()
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click.Choice.__init__ assigns it; the registry decides
+        pass
+
+
+def engine_help(lead: str) -> str:
+    """`lead` followed by each registered engine's own phrase."""
+    return f"{lead} " + "; ".join(engines.engine_named(n).help for n in engines.names()) + "."
+
+
+__all__ = ["EngineChoice", "engine_help"]

@@ -1,0 +1,182 @@
+"""The engine interface and its registry.
+
+A training engine is one module of this package that defines a subclass of `Engine` and
+registers one instance with `register`. The package imports every module it holds, so a new
+engine is its module and its tests: the step peak (`gptcalc.memory.peak`), the training set-up
+and the command line ask the registry (`engine_for`, `names`) and never name an engine.
+
+An engine answers a fixed set of questions about a `TrainingSetup`; the defaults here are a
+data-parallel engine that replicates every state (one device, DistributedDataParallel):
+
+- `check`: the set-ups it runs (its ZeRO stages, precisions, optimizers), else ConfigError;
+- `label`, `mixed_precision`, `assumptions`: its words on the first line of a command;
+- `replicated`, `rank_states`, `peak_rank`: the states one rank holds, and the most loaded rank;
+- `resident`: what a rank keeps between optimizer steps;
+- `optimizer_sharded`, `master_gradient_bytes`, `head_gradient_sharded`: how the step's own
+  terms (the optimizer's temporaries, the head's gradient) depend on its layout;
+- `adjust`: its own terms at each moment of the step peak, added to or replacing the step's
+  terms in the ledger (`gptcalc.memory.ledger`).
+
+Every function here is pure and never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+from ...config import GPTConfig
+from ...errors import ConfigError
+from ...training_setup import TrainingSetup
+from ...workload import Workload
+from ..ledger import Ledger, Term
+from .shards import RankStates, first_rank, tp_rank_states
+
+
+@dataclass(frozen=True)
+class Step:
+    """What an engine's `adjust` reads of the step on one device of pipeline stage `stage`:
+    the logits' and the stage's gradient bytes, and `forward_tensors`, the terms alive when
+    the forward's tensors are (weights, optimizer states, overhead, saved activations, logits,
+    accumulating gradients) from which an engine's own moment starts."""
+
+    cfg: GPTConfig
+    workload: Workload
+    setup: TrainingSetup
+    stage: str
+    logits: int
+    gradients: int
+    forward_tensors: Mapping[Term, int]
+
+
+class Engine:
+    """A training engine: what it holds per rank and at each moment of a step. Subclasses set
+    the class attributes and override the methods whose default does not hold for them."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]  # one phrase for --engine's help
+    stages: ClassVar[tuple[int, ...]]  # the ZeRO stages it runs
+    default_for: ClassVar[tuple[int, ...]] = ()  # the stages it is the default engine of
+    mixed_by_default: ClassVar[bool] = False  # trained in its own mixed precision by default
+
+    def check(self, setup: TrainingSetup) -> None:
+        """Raise ConfigError (naming the option) for a set-up the engine does not run."""
+        if setup.zero not in self.stages:
+            stages = " or ".join(map(str, self.stages))
+            raise ConfigError("zero", f"the {self.name} engine runs ZeRO stage {stages}, not "
+                                      f"{setup.zero}")
+
+    def label(self, setup: TrainingSetup) -> str:
+        """The engine as the first line names it."""
+        return self.name
+
+    def mixed_precision(self, setup: TrainingSetup) -> str:
+        """What mode mixed means under the engine, in words."""
+        return f"mixed ({setup.autocast_dtype} weights and gradients, fp32 master copy)"
+
+    def assumptions(self, setup: TrainingSetup) -> str:
+        """Settings of the engine's own the first line appends (`"; ..."`), or ""."""
+        return ""
+
+    def replicated(self, setup: TrainingSetup) -> bool:
+        """Whether every state is replicated over dp (the engine's own partitioning decides
+        nothing): then a rank holds the inventory's tensor-parallel shards in the mode's
+        dtypes (`states.zero_bytes_per_param`)."""
+        return True
+
+    def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
+        """The states of `rank`: DTensor's tensor-parallel shards (`shards.tp_rank_states`)."""
+        return tp_rank_states(cfg, setup, rank)
+
+    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
+        """The global rank of `stage` holding the most state bytes: its first (the first dp
+        rank owns the most rows of every split)."""
+        return first_rank(setup, stage)
+
+    def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        """Bytes `rank` keeps between optimizer steps, by line: weights and optimizer states
+        (`zero_grad(set_to_none=True)` frees the gradients)."""
+        st = self.rank_states(cfg, setup, rank)
+        return {"weights": st.weights, "optimizer states": st.optimizer}
+
+    def optimizer_sharded(self, setup: TrainingSetup) -> bool:
+        """Whether the optimizer steps a 1/dp partition of the parameters (ZeRO-1 and up)."""
+        return setup.zero >= 1
+
+    def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
+        """Mode mixed: the fp32 gradients of the fp32 master weights, an fp32 copy of every
+        16-bit gradient alive for the whole optimizer step, over the rank's 1/dp partition
+        from ZeRO-2 on (ZeRO's accounting, Rajbhandari et al. 2020)."""
+        if setup.mode != "mixed":
+            return 0
+        return 4 * (-(-params // setup.dp) if setup.zero >= 2 else params)
+
+    def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
+        """Whether the lm_head's gradient is reduced to a 1/dp partition as backward makes it
+        (ZeRO-2 and up)."""
+        return setup.zero >= 2
+
+    def adjust(self, ledger: Ledger, step: Step) -> None:
+        """Add or replace the engine's own terms at each moment of the step; none by
+        default."""
+
+
+_REGISTRY: dict[str, Engine] = {}
+
+
+def register(engine: Engine) -> Engine:
+    """Make `engine` known by its name; a name or a default stage taken twice raises."""
+    if engine.name in _REGISTRY:
+        raise ValueError(f"an engine named {engine.name!r} is registered already")
+    for other in _REGISTRY.values():
+        both = set(other.default_for) & set(engine.default_for)
+        if both:
+            raise ValueError(f"{engine.name} and {other.name} are both the default for ZeRO "
+                             f"stage {min(both)}")
+    _REGISTRY[engine.name] = engine
+    return engine
+
+
+def unregister(name: str) -> None:
+    """Forget the engine `name` (tests that register one of their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """Every registered engine's name, defaults first."""
+    return tuple(sorted(_REGISTRY, key=lambda n: (not _REGISTRY[n].default_for,
+                                                  -len(_REGISTRY[n].stages), n)))
+
+
+def engine_named(name: str) -> Engine:
+    """The engine `name`; an unknown name is ConfigError("engine")."""
+    if name not in _REGISTRY:
+        raise ConfigError("engine", f"engine must be one of {', '.join(names())}; got {name!r}")
+    return _REGISTRY[name]
+
+
+def default_engine(zero: int) -> Engine:
+    """The engine most users run ZeRO stage `zero` with (its `default_for`)."""
+    for engine in _REGISTRY.values():
+        if zero in engine.default_for:
+            return engine
+    raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {zero!r}")
+
+
+def engine_for(setup: TrainingSetup) -> Engine:
+    """The engine of a set-up: `setup.engine` when given, else the default of its ZeRO stage;
+    checked against the set-up (`Engine.check`)."""
+    engine = engine_named(setup.engine) if setup.engine else default_engine(setup.zero)
+    engine.check(setup)
+    return engine
+
+
+def describe(setup: TrainingSetup) -> str:
+    """One line naming every assumption of the set-up, its engine's first."""
+    engine = engine_for(setup)
+    return (f"engine {engine.label(setup)}, {setup.describe(engine.mixed_precision(setup))}"
+            f"{engine.assumptions(setup)}")
+
+
+__all__ = ["Engine", "Step", "default_engine", "describe", "engine_for", "engine_named", "names",
+           "register", "unregister"]
