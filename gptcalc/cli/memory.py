@@ -12,8 +12,8 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
 from ..units import binary_bytes, parse_bytes
-from .options import (assumptions, deepspeed_workload, describe, model_options, training_options,
-                      training_setup)
+from .options import (assumptions, deepspeed_settings, deepspeed_workload, describe,
+                      model_options, training_options, training_setup)
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -33,8 +33,9 @@ def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **g
     as options come from the --config file's [training] and [parallel] tables, and
     --save-config writes them there."""
     cfg, wl = model
-    wl = deepspeed_workload(cfg, wl, given)
-    setup = training_setup(cfg, given)
+    ds = deepspeed_settings(cfg, given)  # the ds_config, read once
+    wl = deepspeed_workload(cfg, wl, given, ds)
+    setup = training_setup(cfg, given, ds)
     if context is not None and context <= 0:
         raise ConfigError("context", f"must be a positive number of tokens, got {context}")
     rep = memory_report(cfg, wl, setup, context)

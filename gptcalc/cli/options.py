@@ -277,10 +277,11 @@ def pop_training(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in (*TRAINING_KEYS, "device") if k in kwargs}
 
 
-def training_setup(cfg: GPTConfig, given: dict[str, Any]):
+def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
     """The TrainingSetup of the running command (`gptcalc.training.resolve_training`: options >
     the --config file's [training] and [parallel] tables > the family's defaults), recorded so
-    --save-config writes it."""
+    --save-config writes it. `ds`: --deepspeed-config's settings, read once by the command
+    (`deepspeed_settings`)."""
     from ..training import resolve_training
 
     s = current_setup()
@@ -288,22 +289,35 @@ def training_setup(cfg: GPTConfig, given: dict[str, Any]):
     path = ctx.params.get("config") if ctx else None
     setup, tables = resolve_training(cfg, {k: config_section(k) for k in ("training", "parallel")},
                                      given, from_hf=bool(s and s.from_hf),
-                                     where=f"{path}: " if path else "")
+                                     where=f"{path}: " if path else "", ds=ds)
     for name, table in tables.items():
         record_section(name, table)
     return setup
 
 
-def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any]) -> Workload:
+def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] | None:
+    """--deepspeed-config's settings (`gptcalc.dsconfig.read_ds_config`), None without it: a
+    command reads the file once, here, and hands the settings to `deepspeed_workload` and
+    `training_setup`."""
+    path = given.get("deepspeed_config")
+    if not path:
+        return None
+    from ..dsconfig import read_ds_config
+
+    return read_ds_config(path, cfg)
+
+
+def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
+                       ds: dict[str, Any] | None = None) -> Workload:
     """The workload with --deepspeed-config's micro-batch and accumulation where the file
     sets them (not "auto"); -B and --grad-accum given explicitly must agree with it."""
     path = given.get("deepspeed_config")
     if not path:
         return wl
-    from ..memory.engines.deepspeed import read_ds_config
     from ..training import ds_agreed
 
-    ds = read_ds_config(path, cfg)
+    if ds is None:
+        ds = deepspeed_settings(cfg, given)
     ctx = click.get_current_context(silent=True)
     changes = ds_agreed(path, ds, ctx.params if ctx else {}, ("batch_size", "grad_accum"))
     return dataclasses.replace(wl, **changes) if changes else wl
@@ -370,5 +384,5 @@ def _hf_name(path: str) -> str:
 
 
 __all__ = ["PARALLEL_DEFAULTS", "PRESETS", "TRAINING_KEYS", "assumptions", "config_section",
-           "deepspeed_workload", "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
+           "deepspeed_settings", "deepspeed_workload", "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
            "resolve_setup", "training_options", "training_setup"]
