@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from .config import GPTConfig
 from .dsconfig import read_ds_config
+from .schema import byte_size
 from .errors import ConfigError
 from .families import family_of
 from .training_setup import MIXED_ENGINES, TrainingSetup, default_engine
@@ -141,8 +142,6 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     config file back). `given` uses the option names (`attn`, `weights_dtype`, ...); a bad value
     from the file is reported against the config file and its table. `ds`: the settings of
     given["deepspeed_config"] when the caller has read it already (`read_ds_config`)."""
-    from .units import parse_bytes
-
     sections, given = sections or {}, dict(given or {})
     ds_zero: tuple = ()
     if given.get("deepspeed_config"):
@@ -163,11 +162,7 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     try:
         fields.update(lora_fields(cfg, fields.pop("lora_rank"), fields.pop("lora_targets"),
                                   fields.pop("weights_dtype"), fields["mode"]))
-        if not isinstance(overhead, int):
-            try:
-                overhead = parse_bytes(str(overhead))
-            except ValueError as e:
-                raise ConfigError("overhead", str(e)) from None
+        overhead = byte_size("overhead", overhead, zero_ok=True)
         setup = TrainingSetup(attn_impl=fields.pop("attn"), overhead=overhead, **fields,
                               **parallel, deepspeed_zero=ds_zero)
     except ConfigError as e:
