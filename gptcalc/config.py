@@ -7,11 +7,10 @@ F MLP expansion, V vocabulary. This module never imports torch.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, nonneg_int, one_of, positive_int
+from .errors import ConfigError, boolean, fraction, nonneg_int, one_of, positive_int, probability
 
 POSITIONS = ("learned", "sinusoidal", "rotary", "alibi", "none")
 NORMS = ("layernorm", "layernorm_nobias", "rmsnorm")
@@ -272,8 +271,7 @@ def _validate_modern(cfg: GPTConfig) -> None:
     for name in ("shared_norm", "pre_norm", "post_norm", "embd_norm", "attn_sinks",
                  "attn_softcap", "logit_softcap", "shared_expert_gate", "router_bias",
                  "expert_bias", "router_norm_topk"):
-        if not isinstance(getattr(cfg, name), bool):
-            raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
+        boolean(name, getattr(cfg, name))
     if cfg.shared_norm and not cfg.parallel_residual:
         raise ConfigError("shared_norm", "shared_norm (one norm for both branches) needs "
                                          "parallel_residual=true")
@@ -309,9 +307,7 @@ def validate_config(cfg: GPTConfig) -> None:
         raise ConfigError(
             "n_kv_head", f"n_kv_head {cfg.kv_heads} does not divide n_head {cfg.n_head}"
         )
-    if (isinstance(cfg.rotary_pct, bool) or not isinstance(cfg.rotary_pct, (int, float))
-            or not 0.0 < cfg.rotary_pct <= 1.0):  # NaN fails the comparison too
-        raise ConfigError("rotary_pct", f"rotary_pct must be in (0, 1], got {cfg.rotary_pct!r}")
+    fraction("rotary_pct", cfg.rotary_pct)
     _validate_modern(cfg)
     rotary = cfg.pos_embedding == "rotary" and not cfg.mla
     if rotary and cfg.rotary_pct == 1.0 and cfg.head_size % 2:
@@ -322,9 +318,7 @@ def validate_config(cfg: GPTConfig) -> None:
                           f" gives {cfg.rotary_dims} rotary dims; it must be even and positive")
     if cfg.qkv_layout == "per_head" and cfg.kv_heads != cfg.n_head:
         raise ConfigError("n_kv_head", "per_head q/k/v modules need n_kv_head equal to n_head")
-    if (isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float))
-            or not math.isfinite(cfg.dropout) or not 0.0 <= cfg.dropout < 1.0):
-        raise ConfigError("dropout", f"dropout must be in [0, 1), got {cfg.dropout!r}")
+    probability("dropout", cfg.dropout)
     one_of("qkv_layout", cfg.qkv_layout, QKV_LAYOUTS)
     if cfg.hf_model_type:
         from .hf_families import LINEAR_NAMES
@@ -334,6 +328,5 @@ def validate_config(cfg: GPTConfig) -> None:
     one_of("mlp", cfg.mlp, MLPS)
     for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "lm_head_bias", "tie_embeddings",
                  "final_norm", "embd_dropout", "parallel_residual"):
-        if not isinstance(getattr(cfg, name), bool):
-            raise ConfigError(name, f"{name} must be true or false, got {getattr(cfg, name)!r}")
+        boolean(name, getattr(cfg, name))
 

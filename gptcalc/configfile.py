@@ -11,11 +11,11 @@ A file holds the model, the workload, and sections that later commands read:
     [training]              # stored as written; `gptcalc memory` reads it
     mode = "mixed"
 
-Model and workload keys may also sit at the top level. `SECTIONS` lists the documented sections;
-[training], [parallel] and [inference] are kept verbatim here (and written back by
---save-config) for the commands that read them, which check their keys; an undocumented one is
-an error, as is an unknown key in [model] or [workload] (a typo must not
-silently leave a default in place). A relative `hf_config` is taken from the file's directory
+Model and workload keys may also sit at the top level. `SECTIONS` lists the tables a command
+reads (`gptcalc.schema.TABLES`); [training] and [parallel] are kept verbatim here (and written
+back by --save-config) for the commands that read them, which check their keys. Any other table
+is an error, as is an unknown key in [model] or [workload] (a typo must not silently leave a
+default in place). A relative `hf_config` is taken from the file's directory
 (a Hub id, org/name, when nothing there has that name).
 """
 
@@ -31,14 +31,15 @@ from typing import Any, Mapping
 
 from .coerce import coerce_field, field_kinds
 from .config import GPTConfig
-from .errors import ConfigError
+from .errors import ConfigError, positive_int
 from .workload import Workload
 from .documents import parse_document, read_text_file
 from .hf import HUB_ID
+from .schema import TABLES, table_keys
 
-SECTIONS = ("model", "workload", "training", "parallel", "inference")
+SECTIONS = TABLES
 MODEL_SOURCES = ("preset", "arch", "hf_config")  # keys of [model] that are not GPTConfig fields
-WORKLOAD_KEYS = ("batch_size", "seq_len", "grad_accum")
+WORKLOAD_KEYS = table_keys("workload")
 FORMATS = (".toml", ".json")
 
 
@@ -49,7 +50,7 @@ class ConfigFile:
     path: Path | None = None
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields + MODEL_SOURCES
     workload: dict[str, Any] = field(default_factory=dict)
-    sections: dict[str, Any] = field(default_factory=dict)  # training, parallel, inference
+    sections: dict[str, Any] = field(default_factory=dict)  # training, parallel
 
 
 def _fail(path: Path | None, message: str) -> ConfigError:
@@ -97,8 +98,10 @@ def parse_config(doc: Mapping[str, Any], path: Path | None = None) -> ConfigFile
         if key not in WORKLOAD_KEYS:
             raise _fail(path, f"unknown key {where}{key!r}; workload keys: "
                               f"{', '.join(WORKLOAD_KEYS)}")
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise _fail(path, f"{where}{key} must be a positive integer, got {value!r}")
+        try:
+            positive_int(key, value)
+        except ConfigError:  # the file's wording: one rule for the table's three keys
+            raise _fail(path, f"{where}{key} must be a positive integer, got {value!r}") from None
         put(workload, key, value, where)
 
     for key, value in doc.items():

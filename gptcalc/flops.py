@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import GATED_MLPS, GPTConfig
-from .errors import ConfigError
+from .errors import ConfigError, one_of
 from .workload import Workload, validate_workload
 from .layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers, window_pairs
 from .params import count_params
@@ -200,8 +200,7 @@ def recompute_flops(
     flash_backward: a flash-type attention backward recomputes q @ k^T (Dao et al. 2022), which is
     why FlopCounterMode counts SDPA's backward at 2.5x its forward.
     """
-    if recompute not in RECOMPUTE:
-        raise ConfigError("recompute", f"recompute must be one of {', '.join(RECOMPUTE)}")
+    one_of("recompute", recompute, RECOMPUTE)
     extra = dict.fromkeys(forward, 0)
     if recompute == "full":
         extra.update({k: v for k, v in forward.items() if k not in ("lm_head", "embedding/proj")})

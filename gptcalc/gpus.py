@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from .errors import ConfigError, one_of
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -40,9 +40,7 @@ class GPU:
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s at `precision` (one of PRECISIONS), None when there is none."""
-        if precision not in PRECISIONS:
-            raise ConfigError("precision", f"precision must be one of {', '.join(PRECISIONS)}; "
-                                           f"got {precision!r}")
+        one_of("precision", precision, PRECISIONS)
         return getattr(self, f"{precision}_flops")
 
 

@@ -10,7 +10,7 @@ every formula built on them stays O(1) in the number of blocks L. Torch-free.
 from __future__ import annotations
 
 from .config import GPTConfig
-from .errors import ConfigError
+from .errors import ConfigError, one_of
 
 KV_WINDOW_KEEPS = ("window", "window-1")
 MLA_CACHES = ("latent", "expanded")
@@ -83,9 +83,7 @@ def kv_tokens_per_layer(cfg: GPTConfig, context: int, window_keeps: str = "windo
     (the default: serving engines such as vLLM keep the whole window, the newest token's key
     included) or `window-1` (transformers' DynamicSlidingWindowLayer keeps the window - 1 past
     tokens the next query needs; that query's own key joins them when it is computed)."""
-    if window_keeps not in KV_WINDOW_KEEPS:
-        raise ConfigError("window_keeps",
-                          f"window_keeps must be one of {', '.join(KV_WINDOW_KEEPS)}")
+    one_of("window_keeps", window_keeps, KV_WINDOW_KEEPS)
     if context < 0:
         raise ConfigError("context", f"context must not be negative, got {context}")
     if cfg.sliding_window is None:
@@ -104,8 +102,7 @@ def kv_elements_per_token(cfg: GPTConfig, mla_cache: str = "latent") -> int:
     MLA, `expanded` (a cache of the decompressed heads, as the reference model keeps it): keys
     of H * (qk_nope + qk_rope) and values of H * v_head_dim.
     """
-    if mla_cache not in MLA_CACHES:
-        raise ConfigError("mla_cache", f"mla_cache must be one of {', '.join(MLA_CACHES)}")
+    one_of("mla_cache", mla_cache, MLA_CACHES)
     if cfg.mla:
         if mla_cache == "latent":
             return cfg.kv_lora_rank + cfg.rope_dim  # c_kv and k_rope

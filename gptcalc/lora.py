@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 
 from .config import GPTConfig
-from .errors import ConfigError
+from .errors import ConfigError, positive_int
 from .hf_families import LINEAR_NAMES, PEFT_DEFAULT_TARGETS, PEFT_MOE_CONVERSION
 from .inventory import inventory
 from .layers import moe_layers
@@ -211,8 +211,7 @@ def lora_params(cfg: GPTConfig, rank: int, targets: tuple[str, ...]) -> dict[str
     """Trainable LoRA parameters by target, over every adapter it selects (all layers):
     Adapter.params, r x (in + out) per adapted Linear (PEFT's lora_A and lora_B, no bias). The
     values sum to the trainable total."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise ConfigError("lora_rank", f"must be a positive integer, got {rank!r}")
+    positive_int("lora_rank", rank)
     out: dict[str, int] = {}
     for a in selected(cfg, targets):
         out[a.name] = out.get(a.name, 0) + a.params(rank)

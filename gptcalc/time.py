@@ -25,12 +25,11 @@ beyond what the MFU absorbs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from .config import GPTConfig
-from .errors import ConfigError
+from .errors import ConfigError, fraction, number, positive_int
 from .workload import Workload
 from .flops import count_flops, published_estimates
 from .gpus import GPU, require_peak
@@ -64,17 +63,12 @@ def parse_count(text: str, field: str) -> int:
 
 def check_fraction(value: float, field: str) -> float:
     """A utilisation or efficiency: finite and in (0, 1]."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not 0 < value <= 1):
-        raise ConfigError(field, f"must be in (0, 1], got {value!r}")
-    return float(value)
+    return fraction(field, value)
 
 
 def check_positive(value: float, field: str) -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value <= 0):
-        raise ConfigError(field, f"must be a positive number, got {value!r}")
-    return value
+    """A finite number > 0 (a rate, a duration)."""
+    return number(field, value, high=None)
 
 
 def compute_seconds(flops: float, peak_flops: float, gpus: int, mfu: float) -> float:
@@ -141,8 +135,7 @@ def training_time(cfg: GPTConfig, workload: Workload, tokens: int | None, gpu: G
                   recompute: str = "none") -> TrainingTime:
     """Training time of `tokens` tokens (default 20 per parameter, Chinchilla) of sequences of
     workload.seq_len on `gpus` x `gpu` at `mfu`; see the module docstring for the formula."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
-        raise ConfigError("gpus", f"must be a positive integer, got {gpus!r}")
+    positive_int("gpus", gpus)
     mfu = check_fraction(mfu, "mfu")
     peak = require_peak(gpu, precision)
     if tokens is None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .config import GPTConfig
+from .dsconfig import read_ds_config
+from .schema import byte_size
 from .errors import ConfigError
 from .families import family_of
 from .training_setup import ZERO_STAGES, TrainingSetup
@@ -134,16 +136,16 @@ def lora_fields(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mod
 
 def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
                      given: Mapping[str, Any] | None = None, from_hf: bool = False,
-                     where: str = "") -> tuple[TrainingSetup, dict[str, dict[str, Any]]]:
+                     where: str = "", ds: Mapping[str, Any] | None = None,
+                     ) -> tuple[TrainingSetup, dict[str, dict[str, Any]]]:
     """The TrainingSetup and the effective [training] and [parallel] tables (for writing a
     config file back). `given` uses the option names (`attn`, `weights_dtype`, ...); a bad value
-    from the file is reported against the config file and its table."""
-    from .units import parse_bytes
-
+    from the file is reported against the config file and its table. `ds`: the settings of
+    given["deepspeed_config"] when the caller has read it already (`read_ds_config`)."""
     sections, given = sections or {}, dict(given or {})
     ds_zero: tuple = ()
     if given.get("deepspeed_config"):
-        given, ds_zero = _with_ds_config(cfg, given)
+        given, ds_zero = _with_ds_config(cfg, given, ds)
     training, filed = merge_section("training", given, sections.get("training", {}),
                                     training_table_defaults(cfg, from_hf), where)
     parallel, filed_p = merge_section("parallel", given, sections.get("parallel", {}),
@@ -162,11 +164,7 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     try:
         fields.update(lora_fields(cfg, fields.pop("lora_rank"), fields.pop("lora_targets"),
                                   fields.pop("weights_dtype"), fields["mode"]))
-        if not isinstance(overhead, int):
-            try:
-                overhead = parse_bytes(str(overhead))
-            except ValueError as e:
-                raise ConfigError("overhead", str(e)) from None
+        overhead = byte_size("overhead", overhead, zero_ok=True)
         setup = TrainingSetup(attn_impl=fields.pop("attn"), overhead=overhead, **fields,
                               **parallel, engine_settings=ds_zero)
         engine_for(setup)  # the engine runs this set-up
@@ -194,14 +192,14 @@ def ds_agreed(path: str, ds: Mapping[str, Any], given: Mapping[str, Any],
     return out
 
 
-def _with_ds_config(cfg: GPTConfig, given: dict[str, Any]) -> tuple[dict[str, Any], tuple]:
+def _with_ds_config(cfg: GPTConfig, given: dict[str, Any], ds: Mapping[str, Any] | None = None
+                    ) -> tuple[dict[str, Any], tuple]:
     """`given` with a ds_config's stage and precision filled in where no option set them
     (an option that disagrees with the file is an error), the engine DeepSpeed, and the
-    file's zero_optimization sizes."""
-    from .memory.engines.deepspeed import read_ds_config
-
+    file's zero_optimization sizes; the file is read here unless `ds` holds its settings."""
     path = given.pop("deepspeed_config")
-    ds = read_ds_config(path, cfg)
+    if ds is None:
+        ds = read_ds_config(path, cfg)
     given.update(ds_agreed(path, ds, given, ("zero", "mode", "autocast_dtype")))
     if given.get("engine") not in (None, "deepspeed"):
         raise ConfigError("deepspeed_config", f"{path}: a ds_config is DeepSpeed's; --engine is "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError, positive_int
+from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int
 
 MODES = ("fp32", "amp", "mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
@@ -73,34 +73,23 @@ class TrainingSetup:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS)):
-            if getattr(self, name) not in choices:
-                raise ConfigError(name, f"{name} must be one of {', '.join(choices)}; "
-                                        f"got {getattr(self, name)!r}")
+            one_of(name, getattr(self, name), choices)
         for name in ("dp", "tp", "pp", "ep"):
             positive_int(name, getattr(self, name))
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
-        if not isinstance(self.sp, bool):
-            raise ConfigError("sp", f"sp must be true or false, got {self.sp!r}")
+        boolean("sp", self.sp)
         if self.engine is not None and not isinstance(self.engine, str):
             raise ConfigError("engine", f"engine must be a name, got {self.engine!r}")
-        if not isinstance(self.distributed_optimizer, bool):
-            raise ConfigError("distributed_optimizer", "must be true or false")
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or (
-                self.lora_rank < 0):
-            raise ConfigError("lora_rank", f"must be a rank >= 0, got {self.lora_rank!r}")
+        boolean("distributed_optimizer", self.distributed_optimizer)
+        nonneg_int("lora_rank", self.lora_rank)
         if self.lora_rank and not self.lora_targets:
             raise ConfigError("lora_targets", "a LoRA rank needs targets, e.g. q,v")
-        if self.base_dtype not in ("same", "nf4"):
-            raise ConfigError("base_dtype", f"base_dtype must be same or nf4, got "
-                                            f"{self.base_dtype!r}")
+        one_of("base_dtype", self.base_dtype, ("same", "nf4"))
         if self.base_dtype == "nf4" and not self.lora_rank:
             raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
                                                "--lora-rank")
-        if isinstance(self.overhead, bool) or not isinstance(self.overhead, int) or (
-                self.overhead < 0):
-            raise ConfigError("overhead", f"overhead must be a byte count >= 0, got "
-                                          f"{self.overhead!r}")
+        nonneg_int("overhead", self.overhead)
 
     @property
     def weight_bytes(self) -> int:

@@ -11,7 +11,7 @@ from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.errors import ConfigError
 from gptcalc.memory import step_peak
 from gptcalc.memory.engines import resident
-from gptcalc.memory.engines.deepspeed import ds_settings, read_ds_config
+from gptcalc.dsconfig import ds_settings, read_ds_config
 
 LLAMA = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
                   vocab_size=1601, block_size=32)

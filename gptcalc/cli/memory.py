@@ -7,21 +7,21 @@ import dataclasses
 import click
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import positive_int
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
 from ..memory.engines import engine_for
-from ..units import binary_bytes, parse_bytes
-from .options import (assumptions, deepspeed_workload, describe, model_options, training_options,
-                      training_setup)
+from ..units import binary_bytes
+from .options import (ByteSize, assumptions, deepspeed_settings, deepspeed_workload, describe,
+                      model_options, training_options, training_setup)
 from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("memory")
 @model_options
 @training_options()
-@click.option("--gpu-memory", default=None, metavar="SIZE",
+@click.option("--gpu-memory", type=ByteSize(), default=None, metavar="SIZE",
               help="Memory per device, e.g. 80GiB: the largest micro-batch and training "
                    "sequence that fit one step, and the longest inference context.")
 @click.option("--context", type=int, default=None,
@@ -34,14 +34,15 @@ def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **g
     as options come from the --config file's [training] and [parallel] tables, and
     --save-config writes them there."""
     cfg, wl = model
-    wl = deepspeed_workload(cfg, wl, given)
-    setup = training_setup(cfg, given)
-    if context is not None and context <= 0:
-        raise ConfigError("context", f"must be a positive number of tokens, got {context}")
+    ds = deepspeed_settings(cfg, given)  # the ds_config, read once
+    wl = deepspeed_workload(cfg, wl, given, ds)
+    setup = training_setup(cfg, given, ds)
+    if context is not None:
+        positive_int("context", context)
     rep = memory_report(cfg, wl, setup, context)
     fit = None
     if gpu_memory is not None:
-        budget = _bytes("gpu_memory", gpu_memory)
+        budget = gpu_memory
         fit = {"budget": budget, "max_batch": max_batch(cfg, wl, setup, budget),
                "max_seq_len": max_seq_len(cfg, wl, setup, budget),
                "max_context": max_context(cfg, wl.batch_size, setup, budget)}
@@ -49,13 +50,6 @@ def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **g
         emit_json(_json(cfg, wl, setup, rep, fit))
         return
     _render(cfg, wl, setup, rep, fit)
-
-
-def _bytes(field: str, text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as e:
-        raise ConfigError(field, str(e)) from None
 
 
 def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:

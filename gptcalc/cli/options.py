@@ -14,34 +14,33 @@ from ..api import Setup
 from ..coerce import coerce_field, field_kinds
 from ..config import GPTConfig
 from ..errors import ConfigError
-from ..families import ARCHS
 from ..workload import Workload
 from ..configfile import FORMATS, write_config_file
-from ..lora import TARGETS_HELP
-from ..presets import DEFAULT_PRESET, PRESETS
+from ..presets import PRESETS
+from ..schema import MODEL_OPTIONS, OPTIONS, TRAINING_OPTIONS, Option, byte_size, cli_spelling
 from ..training import PARALLEL_DEFAULTS
 
 _SECTIONS_KEY = "gptcalc.config_sections"
 _SETUP_KEY = "gptcalc.setup"
 
-# config field -> the option a user typed; errors name the option, not the field
-_OPTIONS = {
-    "preset": "--preset", "arch": "--arch", "batch_size": "--batch-size",
-    "block_size": "--block-size", "seq_len": "--seq-len", "n_embd": "--n-embd",
-    "n_layer": "--n-layer", "n_head": "--n-head", "ffn_mult": "--ffn-mult", "d_ff": "--d-ff",
-    "n_kv_head": "--n-kv-head", "head_dim": "--head-dim", "vocab_size": "--vocab-size",
-    "dropout": "--dropout", "grad_accum": "--grad-accum", "hf_config": "--hf-config", "config": "--config",
-    "save_config": "--save-config", "set": "--set",
-}
-
 
 def option_for(field: str) -> str:
-    """The command-line spelling of a config field (switches are set with --set)."""
-    if field in _OPTIONS:
-        return _OPTIONS[field]
-    if field in {f.name for f in dataclasses.fields(GPTConfig)}:
-        return f"--set {field}"
-    return f"--{field.replace('_', '-')}"
+    """The command-line spelling of a config field or option; errors name the option a user
+    typed, not the field."""
+    return cli_spelling(field)
+
+
+class ByteSize(click.ParamType):
+    """A size option: "80GiB", "80GB" (10^9), "512B"; a bad one is one line naming the option
+    (ConfigError, exit code 2). `exact` False floors a fraction of a byte; `zero_ok` takes 0."""
+
+    name = "size"
+
+    def __init__(self, exact: bool = True, zero_ok: bool = False) -> None:
+        self.exact, self.zero_ok = exact, zero_ok
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        return byte_size(param.name if param else "size", value, self.exact, self.zero_ok)
 
 
 def targets_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -51,43 +50,24 @@ def targets_given(ctx: click.Context, param: click.Parameter, value: str | None)
     return value
 
 
-def _size(*names: str, help: str) -> Callable:
-    return click.option(*names, type=int, default=None, help=help)
+# options a command builds with a callback of its own
+_CALLBACKS = {"lora_targets": targets_given}
 
 
-_MODEL_OPTIONS = [
-    click.option("--preset", default=None, metavar="NAME",
-                 help=f"Named model (see `gptcalc presets`); default {DEFAULT_PRESET}."),
-    click.option("--arch", default=None, metavar="FAMILY",
-                 help=f"Family of switches: {', '.join(ARCHS)}; default the preset's."),
-    _size("-B", "--batch-size", help="B: the micro-batch, sequences one device holds per "
-                                     "forward/backward (default: the preset's, else 1)."),
-    _size("--grad-accum", help="Micro-batches accumulated per optimizer step (default 1); the "
-                               "global batch is B x dp x grad-accum."),
-    _size("-T", "--block-size", help="T: context length the model is built for."),
-    _size("--seq-len", help="Tokens per sequence of the workload, at most T (default T; "
-                            "for --hf-config at most 4096)."),
-    _size("-E", "--n-embd", help="E: embedding width (d_model)."),
-    _size("-L", "--n-layer", help="L: number of blocks."),
-    _size("-H", "--n-head", help="H: attention (query) heads."),
-    _size("-F", "--ffn-mult", help="F: MLP expansion, d_ff = F*E."),
-    _size("--d-ff", help="Explicit MLP hidden width (overrides F)."),
-    _size("--n-kv-head", help="Key/value heads (grouped-query attention)."),
-    _size("--head-dim", help="Width of one head (default E/H)."),
-    _size("-V", "--vocab-size", help="V: vocabulary size."),
-    click.option("--dropout", type=float, default=None, help="Dropout probability."),
-    click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
-                 help="Set any architecture switch, e.g. --set qkv_bias=false --set norm=rmsnorm."),
-    click.option("--hf-config", default=None, metavar="PATH|ORG/NAME[@REV]",
-                 help="A Hugging Face config.json (or its directory), or a Hub id read through "
-                      "huggingface_hub's cache (HF_HUB_OFFLINE, HF_TOKEN; a local path wins): "
-                      "llama, mistral, mixtral, qwen2/3(-moe), deepseek_v3, gemma 1-3, gpt_oss, "
-                      "phi, phi3, olmo2, starcoder2, falcon, opt, bloom, ... (see README)."),
-    click.option("--config", default=None, metavar="FILE",
-                 help="A gptcalc config file (TOML or .json): [model], [workload], [training]."),
-    click.option("--save-config", default=None, metavar="FILE",
-                 help="Write the effective configuration to FILE (.toml or .json) for --config."),
-]
+def click_option(opt: Option) -> Callable:
+    """The click option of a declaration (`gptcalc.schema.OPTIONS`); default None, so a value
+    from a config file or the family's default applies unless the option is given."""
+    if opt.kind == "flag":
+        return click.option(f"{opt.cli}/--no-{opt.cli[2:]}", opt.keyword, default=None,
+                            help=opt.help)
+    names = (opt.short, opt.cli) if opt.short else (opt.cli,)
+    kind = {"int": int, "float": float, "text": None, "size": ByteSize(zero_ok=opt.zero_ok),
+            "choice": click.Choice(opt.choices) if opt.choices else None}[opt.kind]
+    return click.option(*names, opt.keyword, type=kind, default=None, metavar=opt.metavar,
+                        multiple=opt.multiple, callback=_CALLBACKS.get(opt.name), help=opt.help)
+
+
+_MODEL_OPTIONS = [click_option(OPTIONS[name]) for name in MODEL_OPTIONS]
 
 
 def model_options(command: Callable) -> Callable:
@@ -114,9 +94,7 @@ def model_options(command: Callable) -> Callable:
 
 
 # the keyword each of _MODEL_OPTIONS passes to the command
-MODEL_KEYS = ("preset", "arch", "batch_size", "grad_accum", "block_size", "seq_len", "n_embd", "n_layer",
-              "n_head", "ffn_mult", "d_ff", "n_kv_head", "head_dim", "vocab_size", "dropout",
-              "sets", "hf_config", "config", "save_config")
+MODEL_KEYS = tuple(OPTIONS[name].keyword for name in MODEL_OPTIONS)
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict[str, Any]:
@@ -190,72 +168,13 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
 
 
 def _training_option_list(with_device: bool) -> list[Callable]:
-    from ..training_setup import ATTN_IMPLS, AUTOCAST_DTYPES, IMPLS, MODES, OPTIMIZERS, RECOMPUTE
     from .engines import EngineChoice, engine_help
 
-    opts = [
-        click.option("--mode", type=click.Choice(MODES), default=None,
-                     help="Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (the "
-                          "engine's own: DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy, "
-                          "Megatron-LM's bf16; on one device or DDP ZeRO's 2+2+12), bf16 (pure). "
-                          "Default: mixed under deepspeed, fsdp2 and megatron; else amp, or fp32 "
-                          "for the tutorial and notes families."),
-        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
-                     help="adamw (default), sgd, sgd-momentum."),
-        click.option("--autocast-dtype", type=click.Choice(AUTOCAST_DTYPES), default=None,
-                     help="16-bit dtype of amp and mixed (default bf16)."),
-        click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
-                     help="Activation recomputation (default none)."),
-        click.option("--attn", type=click.Choice(ATTN_IMPLS), default=None,
-                     help="Attention: sdpa (flash-type kernel; default) or manual (S x S scores "
-                          "saved; the tutorial and notes families' default)."),
-        click.option("--impl", type=click.Choice(IMPLS), default=None,
-                     help="Whose saved tensors: reference (this project's model; presets' "
-                          "default), transformers (--hf-config's default) or paper (Korthikanti "
-                          "et al. 2022)."),
-        click.option("--overhead", default=None, metavar="SIZE",
-                     help="Bytes added to every phase of the peak for what is not modelled (CUDA "
-                          "context, fragmentation, communication buffers), e.g. 2GiB; default "
-                          "0."),
-        click.option("--zero", type=int, default=None, help="ZeRO stage 0-3 (default 0)."),
-        click.option("--engine", type=EngineChoice(), default=None,
-                     help=engine_help("The training engine whose sharding and buffers are "
-                                      "counted:")),
-        click.option("--deepspeed-config", default=None, metavar="FILE",
-                     help="A DeepSpeed ds_config.json: its ZeRO stage, bf16/fp16, micro-batch, "
-                          "accumulation and bucket sizes (\"auto\" as the Hugging Face "
-                          "integration fills it); options given explicitly must agree with it."),
-        click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
-                     help="Megatron-LM's distributed optimizer (default on): fp32 master "
-                          "weights and Adam states sharded over dp."),
-        click.option("--dp", type=int, default=None, help="Data-parallel replicas (default 1)."),
-        click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (default 1)."),
-        click.option("--pp", type=int, default=None, help="Pipeline stages, 1F1B (default 1)."),
-        click.option("--sp/--no-sp", default=None, help="Sequence parallel (with tp)."),
-        click.option("--ep", type=int, default=None,
-                     help="Expert-parallel ranks: each holds n_expert/ep routed experts "
-                          "(default 1)."),
-        click.option("--lora-rank", type=int, default=None,
-                     help="LoRA fine-tuning at this rank: a frozen base, trainable adapters "
-                          "(default 0: full training)."),
-        click.option("--lora-targets", default=None, metavar="LIST", callback=targets_given,
-                     help=TARGETS_HELP),
-        click.option("--weights-dtype", type=click.Choice(["bf16", "int4"]), default=None,
-                     help="The frozen base under LoRA: bf16 (default) or int4 = QLoRA's NF4 with "
-                          "double-quantised constants."),
-    ]
-    if with_device:
-        opts.append(click.option(
-            "--device", type=click.Choice(["cpu", "cuda"]), default=None,
-            help="The device trained on, whose kernels decide what is saved: cuda (default) or "
-                 "cpu (the tutorial and notes families' default; where the reference model is "
-                 "measured exactly)."))
-    return opts
-
-
-TRAINING_KEYS = ("mode", "optimizer", "autocast_dtype", "recompute", "attn", "impl", "overhead",
-                 "zero", "engine", "deepspeed_config", "distributed_optimizer", "dp", "tp", "pp", "sp", "ep",
-                 "lora_rank", "lora_targets", "weights_dtype")
+    engine = click.option("--engine", type=EngineChoice(), default=None,
+                          help=engine_help("The training engine whose sharding and buffers are "
+                                           "counted:"))
+    return [engine if name == "engine" else click_option(OPTIONS[name])
+            for name in TRAINING_OPTIONS if with_device or name != "device"]
 
 
 def training_options(with_device: bool = True) -> Callable:
@@ -270,13 +189,14 @@ def training_options(with_device: bool = True) -> Callable:
 
 def pop_training(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The training options' values, removed from a command's keyword arguments."""
-    return {k: kwargs.pop(k) for k in (*TRAINING_KEYS, "device") if k in kwargs}
+    return {k: kwargs.pop(k) for k in TRAINING_OPTIONS if k in kwargs}
 
 
-def training_setup(cfg: GPTConfig, given: dict[str, Any]):
+def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
     """The TrainingSetup of the running command (`gptcalc.training.resolve_training`: options >
     the --config file's [training] and [parallel] tables > the family's defaults), recorded so
-    --save-config writes it."""
+    --save-config writes it. `ds`: --deepspeed-config's settings, read once by the command
+    (`deepspeed_settings`)."""
     from ..training import resolve_training
 
     s = current_setup()
@@ -284,22 +204,35 @@ def training_setup(cfg: GPTConfig, given: dict[str, Any]):
     path = ctx.params.get("config") if ctx else None
     setup, tables = resolve_training(cfg, {k: config_section(k) for k in ("training", "parallel")},
                                      given, from_hf=bool(s and s.from_hf),
-                                     where=f"{path}: " if path else "")
+                                     where=f"{path}: " if path else "", ds=ds)
     for name, table in tables.items():
         record_section(name, table)
     return setup
 
 
-def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any]) -> Workload:
+def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] | None:
+    """--deepspeed-config's settings (`gptcalc.dsconfig.read_ds_config`), None without it: a
+    command reads the file once, here, and hands the settings to `deepspeed_workload` and
+    `training_setup`."""
+    path = given.get("deepspeed_config")
+    if not path:
+        return None
+    from ..dsconfig import read_ds_config
+
+    return read_ds_config(path, cfg)
+
+
+def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
+                       ds: dict[str, Any] | None = None) -> Workload:
     """The workload with --deepspeed-config's micro-batch and accumulation where the file
     sets them (not "auto"); -B and --grad-accum given explicitly must agree with it."""
     path = given.get("deepspeed_config")
     if not path:
         return wl
-    from ..memory.engines.deepspeed import read_ds_config
     from ..training import ds_agreed
 
-    ds = read_ds_config(path, cfg)
+    if ds is None:
+        ds = deepspeed_settings(cfg, given)
     ctx = click.get_current_context(silent=True)
     changes = ds_agreed(path, ds, ctx.params if ctx else {}, ("batch_size", "grad_accum"))
     return dataclasses.replace(wl, **changes) if changes else wl
@@ -316,7 +249,7 @@ def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:
 
 
 # options that name the model rather than change it
-_SOURCES = ("preset", "sets", "hf_config", "config", "save_config")
+_SOURCES = tuple(OPTIONS[name].keyword for name in MODEL_OPTIONS if OPTIONS[name].source)
 
 
 def model_name(ctx: click.Context) -> str:
@@ -361,6 +294,6 @@ def _hf_name(path: str) -> str:
     return (p if p.is_dir() else p.parent).name or p.stem
 
 
-__all__ = ["PARALLEL_DEFAULTS", "PRESETS", "TRAINING_KEYS", "assumptions", "config_section",
-           "deepspeed_workload", "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
+__all__ = ["PARALLEL_DEFAULTS", "PRESETS", "ByteSize", "assumptions", "config_section",
+           "deepspeed_settings", "deepspeed_workload", "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
            "resolve_setup", "training_options", "training_setup"]

@@ -7,32 +7,16 @@ from typing import Any
 import click
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..serve import (DEFAULT_NON_TORCH, ENGINES, KVPool, gpu_memory, kv_pool)
 from ..serving import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, serving
 from ..weights import KV_DTYPES, WEIGHT_DTYPES
-from ..units import binary_bytes, parse_bytes
+from ..units import binary_bytes
 from .infer import _json as infer_json, _ms
-from .options import describe, model_options
+from .options import ByteSize, describe, model_options
 from .render import emit_json, envelope, print_line, print_table
-
-
-def _size(field: str, text: str | None, zero_ok: bool = False) -> int | None:
-    if text is None:
-        return None
-    if zero_ok and text.strip() in ("0", "0B"):
-        return 0
-    try:
-        return parse_bytes(text, exact=False)
-    except ValueError as e:
-        raise ConfigError(field, str(e)) from None
-
-
-def _positive(field: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(field, f"must be a positive integer, got {value}")
 
 
 @click.command("serve")
@@ -41,7 +25,7 @@ def _positive(field: str, value: int | None) -> None:
               help="Serving engine whose KV pool is sized.")
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
-@click.option("--gpu-memory", default=None, metavar="SIZE",
+@click.option("--gpu-memory", type=ByteSize(exact=False), default=None, metavar="SIZE",
               help="Total memory of one GPU as the engine reads it (e.g. 79.22GiB); default "
                    "the --gpu's datasheet figure.")
 @click.option("--tp", type=int, default=1, show_default=True,
@@ -68,27 +52,29 @@ def _positive(field: str, value: int | None) -> None:
                    "--max-model-len).")
 @click.option("--gen-len", type=int, default=128, show_default=True,
               help="Of the --context tokens, how many are generated (throughput).")
-@click.option("--non-torch", default=None, metavar="SIZE",
+@click.option("--non-torch", type=ByteSize(exact=False, zero_ok=True), default=None,
+              metavar="SIZE",
               help=f"Memory outside PyTorch beyond the CUDA context (NCCL, cuBLAS) "
                    f"(default {binary_bytes(DEFAULT_NON_TORCH)}, as vLLM logs it).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
-            gpu_memory: str | None, tp: int, weights_dtype: str, kv_dtype: str,
+            gpu_memory: int | None, tp: int, weights_dtype: str, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
             max_num_batched_tokens: int | None, max_num_seqs: int | None,
-            kv_block_size: int | None, context: int | None, gen_len: int, non_torch: str | None,
+            kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
     cfg, wl = model
     g = find_gpu(gpu_name)
-    total = _size("gpu_memory", gpu_memory) or gpu_memory_for(g)
+    total = gpu_memory or gpu_memory_for(g)
     # the scheduler's options are checked as given, also under an engine that does not read them
     for field, value in (("max_model_len", max_model_len), ("context", context),
                          ("gen_len", gen_len), ("max_num_batched_tokens", max_num_batched_tokens),
                          ("max_num_seqs", max_num_seqs)):
-        _positive(field, value)
+        if value is not None:
+            positive_int(field, value)
     mml = cfg.block_size if max_model_len is None else max_model_len
     if mml > cfg.block_size:  # as vLLM allows with VLLM_ALLOW_LONG_MAX_MODEL_LEN
         cfg = cfg.replace(block_size=mml)
@@ -97,7 +83,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         raise ConfigError("context", f"{ctx:,} exceeds --max-model-len {mml:,}")
     if gen_len >= ctx:
         raise ConfigError("gen_len", f"{gen_len:,} leaves no prompt in --context {ctx:,}")
-    nt = _size("non_torch", non_torch, zero_ok=True)
+    nt = non_torch
     pool = kv_pool(cfg, total, engine, tp, weights_dtype, kv_dtype, utilization,
                    max_num_batched_tokens, max_num_seqs, kv_block_size,
                    DEFAULT_NON_TORCH if nt is None else nt, g.name)

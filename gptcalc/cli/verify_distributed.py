@@ -59,7 +59,7 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
         cfg = cfg.replace(n_layer=max_layers)
     ds_zero: tuple = ()
     if deepspeed_config:
-        from ..memory.engines.deepspeed import read_ds_config
+        from ..dsconfig import read_ds_config
 
         ds_zero = read_ds_config(deepspeed_config, cfg)["deepspeed_zero"]
     setup = TrainingSetup(mode=mode, attn_impl=attn, impl=impl, engine_settings=ds_zero, **layout)

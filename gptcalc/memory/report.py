@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, positive_int
 from ..families import modern_switches
 from ..training_setup import TrainingSetup
 from ..workload import Workload, validate_workload
@@ -87,8 +87,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     all on the device that holds the peak."""
     validate_setup(cfg, workload, setup)
     ctx = workload.seq_len if context is None else context
-    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx <= 0:
-        raise ConfigError("context", f"context must be a positive integer, got {ctx!r}")
+    positive_int("context", ctx)
     peak = step_peak(cfg, workload, setup)
     st = state_bytes(cfg, setup, peak.stage)
     acts = device_activations(cfg, workload, setup, peak.stage)

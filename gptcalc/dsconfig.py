@@ -1,0 +1,151 @@
+"""Reading a user's DeepSpeed ds_config.json, and writing the one a set-up runs with.
+
+`read_ds_config` turns the file into gptcalc settings (ZeRO stage, precision, micro-batch,
+accumulation, zero_optimization sizes), resolving "auto" as the Hugging Face integration does;
+a command reads the file once and passes the settings on. `ds_config_dict` is the reverse: the
+ds_config DeepSpeed runs a `TrainingSetup` with. Every failure is one ConfigError naming
+--deepspeed-config.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import GPTConfig
+from .documents import parse_document, read_text_file
+from .errors import ConfigError
+from .training_setup import TrainingSetup
+from .workload import Workload
+
+# DeepSpeedZeroConfig's defaults (deepspeed/runtime/zero/config.py), in ds_config's spelling
+ZERO_DEFAULTS: dict[str, int] = {
+    "reduce_bucket_size": 500_000_000,  # elements, in the communication dtype
+    "allgather_bucket_size": 500_000_000,  # elements (stages 1-2)
+    "stage3_prefetch_bucket_size": 50_000_000,  # elements
+    "stage3_param_persistence_threshold": 100_000,  # elements of one parameter
+    "stage3_model_persistence_threshold": sys.maxsize,  # elements of all persistent ones
+    "stage3_max_live_parameters": 1_000_000_000,  # elements
+    "sub_group_size": 1_000_000_000,  # elements of one optimizer sub-group (stage 3)
+    "contiguous_gradients": True,
+}
+# the zero_optimization keys gptcalc reads from a ds_config; any other key is reported
+ZERO_KEYS = ("stage", *ZERO_DEFAULTS, "overlap_comm", "reduce_scatter", "allgather_partitions",
+             "round_robin_gradients", "stage3_max_reuse_distance",
+             "stage3_gather_16bit_weights_on_model_save", "memory_efficient_linear")
+# keys a ds_config may hold that do not change what a rank holds in memory (read and ignored)
+IGNORED_KEYS = ("train_batch_size", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
+                "optimizer", "scheduler", "zero_allow_untested_optimizer", "prescale_gradients",
+                "gradient_predivide_factor", "communication_data_type", "flops_profiler",
+                "activation_checkpointing", "tensorboard", "wandb", "csv_monitor",
+                "comms_logger", "checkpoint", "data_types", "amp")
+KNOWN_KEYS = ("zero_optimization", "bf16", "fp16", "train_micro_batch_size_per_gpu",
+              "gradient_accumulation_steps", *IGNORED_KEYS)
+
+
+def read_ds_config(path: str, cfg: GPTConfig) -> dict[str, Any]:
+    """A user's ds_config.json as gptcalc settings: {"zero", "mode", "autocast_dtype",
+    "batch_size", "grad_accum", "deepspeed_zero"}; a setting the file leaves out or sets to
+    "auto" is absent (the command's own option or default decides it).
+
+    "auto" is resolved as the Hugging Face integration resolves it
+    (transformers.integrations.deepspeed, HfTrainerDeepSpeedConfig): micro-batch, gradient
+    accumulation and bf16/fp16 from the training arguments (here -B, --grad-accum, --mode);
+    reduce_bucket_size = hidden_size^2, and at stage 3 stage3_prefetch_bucket_size =
+    int(0.9 hidden_size^2), stage3_param_persistence_threshold = 10 hidden_size. A bad file,
+    an unknown key or a value of the wrong type raises ConfigError naming the option."""
+    raw = parse_document(read_text_file(Path(path), "deepspeed_config"), True,
+                         "deepspeed_config", Path(path))
+    if not isinstance(raw, dict):
+        raise ConfigError("deepspeed_config", f"{path}: expected a JSON object")
+    return ds_settings(raw, cfg, where=f"{path}: ")
+
+
+def _int(value: Any, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+            value != int(value)):
+        raise ConfigError("deepspeed_config", f"{where}{key} must be a whole number >= 0 or "
+                                              f"\"auto\", got {value!r}")
+    return int(value)
+
+
+def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[str, Any]:
+    """`read_ds_config` on a parsed ds_config object."""
+    unknown = sorted(set(raw) - set(KNOWN_KEYS))
+    if unknown:
+        raise ConfigError("deepspeed_config", f"{where}unknown keys {', '.join(unknown)}")
+    out: dict[str, Any] = {}
+    for key, field in (("train_micro_batch_size_per_gpu", "batch_size"),
+                       ("gradient_accumulation_steps", "grad_accum")):
+        if key in raw and raw[key] != "auto":
+            out[field] = _int(raw[key], key, where)
+    enabled = {}
+    for section in ("bf16", "fp16"):
+        sec = raw.get(section, {})
+        if not isinstance(sec, dict):
+            raise ConfigError("deepspeed_config", f"{where}{section} must be an object")
+        flag = sec.get("enabled", False if section in raw else None)
+        if flag not in (True, False, None, "auto"):
+            raise ConfigError("deepspeed_config", f"{where}{section}.enabled must be true, false "
+                                                  f"or \"auto\", got {flag!r}")
+        enabled[section] = flag
+    if True in enabled.values():
+        out["mode"] = "mixed"
+        out["autocast_dtype"] = "bf16" if enabled["bf16"] is True else "fp16"
+    elif enabled["bf16"] is False and enabled["fp16"] in (False, None) and (
+            "bf16" in raw or "fp16" in raw):
+        out["mode"] = "fp32"
+    zero = raw.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError("deepspeed_config", f"{where}zero_optimization must be an object")
+    bad = sorted(set(zero) - set(ZERO_KEYS))
+    if bad:
+        raise ConfigError("deepspeed_config", f"{where}zero_optimization has unknown keys "
+                                              f"{', '.join(bad)}")
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
+        raise ConfigError("deepspeed_config", f"{where}zero_optimization.stage must be 0-3, got "
+                                              f"{stage!r}")
+    out["zero"] = stage
+    h = cfg.n_embd  # the model's hidden_size
+    auto = {"reduce_bucket_size": h * h}
+    if stage == 3:
+        auto.update(stage3_prefetch_bucket_size=int(0.9 * h * h),
+                    stage3_param_persistence_threshold=10 * h)
+    pairs = []
+    for key in ZERO_DEFAULTS:
+        if key not in zero:
+            continue
+        value = zero[key]
+        if key == "contiguous_gradients":
+            if not isinstance(value, bool):
+                raise ConfigError("deepspeed_config", f"{where}zero_optimization.{key} must be "
+                                                      f"true or false, got {value!r}")
+        elif value == "auto":
+            if key not in auto:
+                continue  # the Hugging Face integration leaves it to DeepSpeed's default
+            value = auto[key]
+        else:
+            value = _int(value, f"zero_optimization.{key}", where)
+        if value != ZERO_DEFAULTS[key]:
+            pairs.append((key, value))
+    out["deepspeed_zero"] = tuple(pairs)
+    return out
+
+
+def ds_config_dict(setup: TrainingSetup, workload: Workload) -> dict[str, Any]:
+    """The ds_config DeepSpeed runs the set-up with: its stage, bf16/fp16 in mode mixed, the
+    micro-batch and accumulation, and the zero_optimization sizes that differ from the
+    defaults."""
+    mixed = setup.mode == "mixed"
+    return {"train_micro_batch_size_per_gpu": workload.batch_size,
+            "gradient_accumulation_steps": workload.grad_accum,
+            "zero_optimization": {"stage": setup.zero, **dict(setup.engine_settings)},
+            "bf16": {"enabled": mixed and setup.autocast_dtype == "bf16"},
+            "fp16": {"enabled": mixed and setup.autocast_dtype == "fp16"},
+            "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
+
+
+__all__ = ["IGNORED_KEYS", "KNOWN_KEYS", "ZERO_DEFAULTS", "ZERO_KEYS", "ds_config_dict",
+           "ds_settings", "read_ds_config"]

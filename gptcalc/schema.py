@@ -1,0 +1,178 @@
+"""One declaration per option: its type, range or choices, help, the config-file table it lives
+in and its command-line spelling, shared by the CLI, `--config` files and `--save-config`.
+
+The checks of one value are in `gptcalc.errors`; `byte_size` adds the one that parses a size
+("80GiB"). The CLI builds its click options from `OPTIONS`, a config file's tables are the
+`TABLES` the options name, and an error names the option a user typed (`cli_spelling`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .config import GPTConfig
+from .errors import ConfigError, integer
+from .families import ARCHS
+from .lora import TARGETS_HELP
+from .presets import DEFAULT_PRESET
+from .training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, DEVICES, IMPLS, MODES, OPTIMIZERS,
+                             RECOMPUTE)
+from .units import parse_bytes
+
+
+def byte_size(field: str, value: Any, exact: bool = True, zero_ok: bool = False) -> int:
+    """A size as bytes: an int, or text with its unit ("80GiB", "80GB" = 80 x 10^9, "512B").
+    `exact` False floors a fraction of a byte ("23.58GiB" as a tool prints it); `zero_ok`
+    accepts 0 ("0" or "0B": none)."""
+    if not isinstance(value, str):
+        return integer(field, value, min=0 if zero_ok else 1)
+    if zero_ok and value.strip().upper() in ("0", "0B"):
+        return 0
+    try:
+        return parse_bytes(value, exact=exact)
+    except ValueError as e:
+        raise ConfigError(field, str(e)) from None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. kind: int, float, text, choice, size or flag (an on/off pair);
+    `table`: the config-file table that holds it (None: the command line only); `source`: it
+    says where the model comes from rather than changing it; `dest`: the keyword, when not
+    `name`."""
+
+    name: str
+    cli: str
+    kind: str
+    help: str
+    table: str | None = None
+    choices: tuple[str, ...] = ()
+    short: str | None = None
+    metavar: str | None = None
+    source: bool = False
+    dest: str | None = None
+    multiple: bool = False
+    zero_ok: bool = False  # a size that may be 0
+
+    @property
+    def keyword(self) -> str:
+        return self.dest or self.name
+
+
+def _int(name: str, short: str | None, help: str, table: str = "model") -> Option:
+    return Option(name, "--" + name.replace("_", "-"), "int", help, table, short=short)
+
+
+_MODEL = (
+    Option("preset", "--preset", "text", f"Named model (see `gptcalc presets`); default "
+           f"{DEFAULT_PRESET}.", "model", metavar="NAME", source=True),
+    Option("arch", "--arch", "text", f"Family of switches: {', '.join(ARCHS)}; default the "
+           "preset's.", "model", metavar="FAMILY"),
+    _int("batch_size", "-B", "B: the micro-batch, sequences one device holds per "
+                             "forward/backward (default: the preset's, else 1).", "workload"),
+    _int("grad_accum", None, "Micro-batches accumulated per optimizer step (default 1); the "
+                             "global batch is B x dp x grad-accum.", "workload"),
+    _int("block_size", "-T", "T: context length the model is built for."),
+    _int("seq_len", None, "Tokens per sequence of the workload, at most T (default T; for "
+                          "--hf-config at most 4096).", "workload"),
+    _int("n_embd", "-E", "E: embedding width (d_model)."),
+    _int("n_layer", "-L", "L: number of blocks."),
+    _int("n_head", "-H", "H: attention (query) heads."),
+    _int("ffn_mult", "-F", "F: MLP expansion, d_ff = F*E."),
+    _int("d_ff", None, "Explicit MLP hidden width (overrides F)."),
+    _int("n_kv_head", None, "Key/value heads (grouped-query attention)."),
+    _int("head_dim", None, "Width of one head (default E/H)."),
+    _int("vocab_size", "-V", "V: vocabulary size."),
+    Option("dropout", "--dropout", "float", "Dropout probability.", "model"),
+    Option("set", "--set", "text", "Set any architecture switch, e.g. --set qkv_bias=false "
+           "--set norm=rmsnorm.", "model", metavar="FIELD=VALUE", source=True, dest="sets",
+           multiple=True),
+    Option("hf_config", "--hf-config", "text",
+           "A Hugging Face config.json (or its directory), or a Hub id read through "
+           "huggingface_hub's cache (HF_HUB_OFFLINE, HF_TOKEN; a local path wins): llama, "
+           "mistral, mixtral, qwen2/3(-moe), deepseek_v3, gemma 1-3, gpt_oss, phi, phi3, olmo2, "
+           "starcoder2, falcon, opt, bloom, ... (see README).", "model",
+           metavar="PATH|ORG/NAME[@REV]", source=True),
+    Option("config", "--config", "text", "A gptcalc config file (TOML or .json): [model], "
+           "[workload], [training], [parallel].", metavar="FILE", source=True),
+    Option("save_config", "--save-config", "text", "Write the effective configuration to FILE "
+           "(.toml or .json) for --config.", metavar="FILE", source=True),
+)
+
+_TRAINING = (
+    Option("mode", "--mode", "choice",
+           "Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (the engine's own: "
+           "DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy, Megatron-LM's bf16; on one "
+           "device or DDP ZeRO's 2+2+12), bf16 (pure). Default: mixed under deepspeed, fsdp2 "
+           "and megatron; else amp, or fp32 for the tutorial and notes families.", "training",
+           MODES),
+    Option("optimizer", "--optimizer", "choice", "adamw (default), sgd, sgd-momentum.",
+           "training", OPTIMIZERS),
+    Option("autocast_dtype", "--autocast-dtype", "choice", "16-bit dtype of amp and mixed "
+           "(default bf16).", "training", AUTOCAST_DTYPES),
+    Option("recompute", "--recompute", "choice", "Activation recomputation (default none).",
+           "training", RECOMPUTE),
+    Option("attn", "--attn", "choice", "Attention: sdpa (flash-type kernel; default) or manual "
+           "(S x S scores saved; the tutorial and notes families' default).", "training",
+           ATTN_IMPLS),
+    Option("impl", "--impl", "choice", "Whose saved tensors: reference (this project's model; "
+           "presets' default), transformers (--hf-config's default) or paper (Korthikanti et "
+           "al. 2022).", "training", IMPLS),
+    Option("overhead", "--overhead", "size", "Bytes added to every phase of the peak for what "
+           "is not modelled (CUDA context, fragmentation, communication buffers), e.g. 2GiB; "
+           "default 0.", "training", metavar="SIZE", zero_ok=True),
+    Option("zero", "--zero", "int", "ZeRO stage 0-3 (default 0).", "parallel"),
+    Option("engine", "--engine", "choice", "The training engine whose sharding and buffers "
+           "are counted.", "parallel"),
+    Option("deepspeed_config", "--deepspeed-config", "text",
+           "A DeepSpeed ds_config.json: its ZeRO stage, bf16/fp16, micro-batch, accumulation "
+           "and bucket sizes (\"auto\" as the Hugging Face integration fills it); options "
+           "given explicitly must agree with it.", metavar="FILE"),
+    Option("distributed_optimizer", "--distributed-optimizer", "flag",
+           "Megatron-LM's distributed optimizer (default on): fp32 master weights and Adam "
+           "states sharded over dp.", "parallel"),
+    Option("dp", "--dp", "int", "Data-parallel replicas (default 1).", "parallel"),
+    Option("tp", "--tp", "int", "Tensor-parallel ranks (default 1).", "parallel"),
+    Option("pp", "--pp", "int", "Pipeline stages, 1F1B (default 1).", "parallel"),
+    Option("sp", "--sp", "flag", "Sequence parallel (with tp).", "parallel"),
+    Option("ep", "--ep", "int", "Expert-parallel ranks: each holds n_expert/ep routed experts "
+           "(default 1).", "parallel"),
+    Option("lora_rank", "--lora-rank", "int", "LoRA fine-tuning at this rank: a frozen base, "
+           "trainable adapters (default 0: full training).", "training"),
+    Option("lora_targets", "--lora-targets", "text", TARGETS_HELP, "training", metavar="LIST"),
+    Option("weights_dtype", "--weights-dtype", "choice", "The frozen base under LoRA: bf16 "
+           "(default) or int4 = QLoRA's NF4 with double-quantised constants.", "training",
+           ("bf16", "int4")),
+    Option("device", "--device", "choice", "The device trained on, whose kernels decide what "
+           "is saved: cuda (default) or cpu (the tutorial and notes families' default; where "
+           "the reference model is measured exactly).", "training", DEVICES),
+)
+
+# every declared option, by name; MODEL_OPTIONS and TRAINING_OPTIONS in command-line order
+MODEL_OPTIONS = tuple(o.name for o in _MODEL)
+TRAINING_OPTIONS = tuple(o.name for o in _TRAINING)
+OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING)}
+
+# the tables of a config file: [model] holds every GPTConfig field too (gptcalc.coerce types
+# them); the others hold exactly the options that name them
+TABLES = ("model", "workload", "training", "parallel")
+
+
+def table_keys(table: str) -> tuple[str, ...]:
+    """The keys of a config-file table that options declare, in command-line order."""
+    return tuple(o.name for o in OPTIONS.values() if o.table == table and not o.source)
+
+
+def cli_spelling(field: str) -> str:
+    """The command-line spelling of an option or config field (switches are set with --set)."""
+    if field in OPTIONS:
+        return OPTIONS[field].cli
+    if field in {f.name for f in dataclasses.fields(GPTConfig)}:
+        return f"--set {field}"
+    return f"--{field.replace('_', '-')}"
+
+
+__all__ = ["MODEL_OPTIONS", "OPTIONS", "TABLES", "TRAINING_OPTIONS", "Option", "byte_size",
+           "cli_spelling", "table_keys"]
