@@ -9,8 +9,10 @@ import click
 from ..config import GPTConfig
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
-from ..serving import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving, serving
-from ..weights import GROUP_SIZE, KV_DTYPES, WEIGHT_DTYPES
+from ..inference.kv import KV_DTYPES
+from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving,
+                                  serving)
+from ..inference.weights import GROUP_SIZE, WEIGHT_DTYPES
 from ..units import binary_bytes, si
 from .options import describe, model_options
 from .render import emit_json, envelope, print_line, print_table

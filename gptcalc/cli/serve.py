@@ -10,9 +10,11 @@ from ..config import GPTConfig
 from ..errors import ConfigError
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
-from ..serve import (DEFAULT_NON_TORCH, ENGINES, KVPool, gpu_memory, kv_pool)
-from ..serving import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, serving
-from ..weights import KV_DTYPES, WEIGHT_DTYPES
+from ..inference.kv import KV_DTYPES
+from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
+from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
+                                  serving)
+from ..inference.weights import WEIGHT_DTYPES
 from ..units import binary_bytes, parse_bytes
 from .infer import _json as infer_json, _ms
 from .options import describe, model_options
@@ -37,7 +39,7 @@ def _positive(field: str, value: int | None) -> None:
 
 @click.command("serve")
 @model_options
-@click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,
+@click.option("--engine", type=click.Choice(SERVERS), default="vllm", show_default=True,
               help="Serving engine whose KV pool is sized.")
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
