@@ -23,7 +23,8 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`).")
 @click.option("--tp", "--gpus", "tp", type=int, default=1, show_default=True,
-              help="GPUs in tensor parallel: weights and KV heads split this many ways.")
+              help="GPUs in tensor parallel: weights and KV heads split this many ways "
+                   "(fewer KV heads than GPUs: one replicated per GPU).")
 @click.option("--prompt-len", type=int, default=None,
               help="Prompt tokens per sequence (default: 128, or T/2 if smaller).")
 @click.option("--gen-len", type=int, default=None,

@@ -107,8 +107,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
     precision = "fp16" if weights_dtype == "fp16" else "bf16"
-    if (batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second
-            and cfg.kv_heads % tp == 0):
+    if batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second:
         s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights_dtype, kv_dtype,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
     given = {"utilization": utilization, "max_model_len": max_model_len,
@@ -185,7 +184,7 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line) -> None:
     if s is None:
         if conc[str(ctx)] >= 1:
             print_line("no throughput: the GPU has no peak figure for these weights (a T4 "
-                       "runs fp16) or the KV heads do not split over --tp")
+                       "runs fp16)")
         return
     rate = [["prefill of the batch", _ms(s.prefill.seconds), _ms(s.expected_prefill_seconds)],
             ["decode step", _ms(s.decode_seconds_per_token),

@@ -2,7 +2,9 @@
 
 Roofline (Williams et al. 2009): a phase takes max(FLOPs / peak FLOP/s, bytes / bandwidth); the
 larger term names its bound. Per device, with tp-way tensor parallelism (Megatron: every matrix
-split tp ways; the KV cache as `gptcalc.inference.kv` counts it; communication not counted).
+split tp ways; the KV cache as `gptcalc.inference.kv` counts it, one replicated key/value head
+per GPU when tp exceeds the heads; communication not counted). With such replication the
+replicated K/V projections' weights and FLOPs are still counted split tp ways.
 
 - prefill: one forward over B prompts of p tokens (gptcalc.flops.inference_flops, attention over
   the full p x p, logits for every position); bytes = the weights read once + the KV cache
@@ -43,7 +45,7 @@ from ..errors import ConfigError
 from ..flops import inference_flops, matmul_flops
 from ..gpus import GPU, require_bandwidth, require_peak
 from ..time import check_fraction
-from .kv import kv_cache_bytes, kv_dtype_bytes
+from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
 from .pool import profile_activation_bytes, vllm_defaults
 from .weights import device_weight_bytes, weight_bytes
 
@@ -182,9 +184,9 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
     for field, value in (("tp", tp), ("batch_size", batch_size), ("gen_len", gen_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(field, f"must be a positive integer, got {value!r}")
-    if cfg.n_head % tp or cfg.kv_heads % tp:
-        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads and the "
-                                f"{cfg.kv_heads} key/value heads")
+    if cfg.n_head % tp:
+        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
+    kv_heads_per_device(cfg, tp)  # tp divides the key/value heads, or exceeds them
     kv_b = kv_dtype_bytes(kv_dtype)
     if prompt_len + gen_len > cfg.block_size:
         raise ConfigError("gen_len", f"prompt {prompt_len} + {gen_len} generated tokens exceed "
