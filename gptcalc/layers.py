@@ -119,7 +119,8 @@ def kv_cache_elements(cfg: GPTConfig, context: int, window_keeps: str = "window"
 
     per_token from `kv_elements_per_token` (2 * n_kv_head * head_dim, or MLA's latent).
     Multiply by the batch and the bytes per element for bytes; tensor and pipeline parallelism
-    divide it (heads and blocks). O(1) in L: block kinds are counted, never enumerated.
+    shard it (heads and blocks; `gptcalc.inference.kv` counts one device's share). O(1) in L:
+    block kinds are counted, never enumerated.
     """
     per_token = kv_elements_per_token(cfg, mla_cache)
     full, windowed = kv_tokens_per_layer(cfg, context, window_keeps)

@@ -103,11 +103,11 @@ TWIN_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def twin_row(family: str, tokens: int, seqs: int, device: str = "cpu") -> dict[str, Any]:
-    """Predicted (gptcalc.serve.profile_activation_bytes of the config gptcalc reads from the
-    same fields) and measured activation peak of one profile forward of `tokens` tokens in
-    `seqs` equal sequences, bf16, on `device`."""
+    """Predicted (gptcalc.inference.pool.profile_activation_bytes of the config gptcalc reads
+    from the same fields) and measured activation peak of one profile forward of `tokens` tokens
+    in `seqs` equal sequences, bf16, on `device`."""
     from gptcalc.hf import config_from_hf
-    from gptcalc.serve import profile_activation_bytes
+    from gptcalc.inference import profile_activation_bytes
 
     raw = TWIN_CONFIGS[family]
     predicted = sum(profile_activation_bytes(config_from_hf(raw), tokens, seqs).values())

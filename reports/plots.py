@@ -24,7 +24,7 @@ from matplotlib.ticker import (EngFormatter, FuncFormatter, LogLocator,  # noqa:
 
 from gptcalc.config import GPTConfig  # noqa: E402
 from gptcalc.flops import forward_flops  # noqa: E402
-from gptcalc.memory import kv_cache_bytes  # noqa: E402
+from gptcalc.inference import kv_cache_bytes  # noqa: E402
 from gptcalc.params import count_params  # noqa: E402
 from gptcalc.presets import PRESETS, from_name  # noqa: E402
 from gptcalc.units import binary_bytes, si  # noqa: E402

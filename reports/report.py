@@ -244,10 +244,10 @@ def _memory_blocks(cfg: GPTConfig, wl: Workload, setup=None) -> list[Block]:
 def _time_blocks(cfg: GPTConfig, wl: Workload, gpu_name: str, out_dir: Path,
                  name: str) -> tuple[list[Block], Any]:
     """Training time for a Chinchilla budget and the inference roofline on `gpu_name`
-    (gptcalc.time, gptcalc.serving), and the decode of a tiny model of this family timed on the
-    CPU with and without a KV cache (reference_model.timing) beside them."""
+    (gptcalc.time, gptcalc.inference.roofline), and the decode of a tiny model of this family
+    timed on the CPU with and without a KV cache (reference_model.timing) beside them."""
     from gptcalc.gpus import gpu as find_gpu
-    from gptcalc.serving import serving
+    from gptcalc.inference import serving
     from gptcalc.time import CHINCHILLA_TOKENS_PER_PARAM, training_time
     from reference_model.timing import decode_times, timing_config
 

@@ -16,9 +16,8 @@ from gptcalc import from_name
 from gptcalc.cli import cli
 from gptcalc.gpus import gpu
 from gptcalc.memory import kv_cache_bytes
-from gptcalc.serve import (kv_bytes_per_block, kv_bytes_per_token_layer, kv_pool,
-                           layer_blocks_per_request, profile_activation_bytes)
-from gptcalc.serving import serving
+from gptcalc.inference import (kv_bytes_per_block, kv_bytes_per_token_layer, kv_pool,
+                               layer_blocks_per_request, profile_activation_bytes, serving)
 
 GiB = 2**30
 LLAMA3 = from_name("llama3-8b")
@@ -137,7 +136,7 @@ def test_sliding_window_layers_hold_only_their_window():
     ("l4", 1, 0.879), ("l40s", 1, 0.792), ("l40s", 4, 0.76), ("h200", 1, 0.911),
     ("mi300x", 8, 0.833)])
 def test_sglang_default_fraction(name, tp, fraction):
-    from gptcalc.serve import sglang_mem_fraction_static
+    from gptcalc.inference import sglang_mem_fraction_static
 
     assert sglang_mem_fraction_static(gpu(name).memory_bytes, tp) == fraction
 

@@ -13,8 +13,7 @@ from hypothesis import given, settings, strategies as st
 from gptcalc import from_name
 from gptcalc.cli import cli
 from gptcalc.gpus import gpu
-from gptcalc.serving import crossing_batch, serving
-from gptcalc.weights import weight_bytes
+from gptcalc.inference import crossing_batch, serving, weight_bytes
 
 LLAMA2 = from_name("llama2-7b")
 A100 = gpu("a100-sxm-80gb")

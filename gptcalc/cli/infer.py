@@ -9,8 +9,10 @@ import click
 from ..config import GPTConfig
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
-from ..serving import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving, serving
-from ..weights import GROUP_SIZE, KV_DTYPES, WEIGHT_DTYPES
+from ..inference.kv import KV_DTYPES
+from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving,
+                                  serving)
+from ..inference.weights import GROUP_SIZE, WEIGHT_DTYPES
 from ..units import binary_bytes, si
 from .options import describe, model_options
 from .render import emit_json, envelope, print_line, print_table
@@ -21,7 +23,8 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`).")
 @click.option("--tp", "--gpus", "tp", type=int, default=1, show_default=True,
-              help="GPUs in tensor parallel: weights and KV heads split this many ways.")
+              help="GPUs in tensor parallel: weights and KV heads split this many ways "
+                   "(fewer KV heads than GPUs: one replicated per GPU).")
 @click.option("--prompt-len", type=int, default=None,
               help="Prompt tokens per sequence (default: 128, or T/2 if smaller).")
 @click.option("--gen-len", type=int, default=None,

@@ -10,9 +10,11 @@ from ..config import GPTConfig
 from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
-from ..serve import (DEFAULT_NON_TORCH, ENGINES, KVPool, gpu_memory, kv_pool)
-from ..serving import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, serving
-from ..weights import KV_DTYPES, WEIGHT_DTYPES
+from ..inference.kv import KV_DTYPES
+from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
+from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
+                                  serving)
+from ..inference.weights import WEIGHT_DTYPES
 from ..units import binary_bytes
 from .infer import _json as infer_json, _ms
 from .options import ByteSize, describe, model_options
@@ -21,7 +23,7 @@ from .render import emit_json, envelope, print_line, print_table
 
 @click.command("serve")
 @model_options
-@click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,
+@click.option("--engine", type=click.Choice(SERVERS), default="vllm", show_default=True,
               help="Serving engine whose KV pool is sized.")
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
@@ -91,8 +93,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
     precision = "fp16" if weights_dtype == "fp16" else "bf16"
-    if (batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second
-            and cfg.kv_heads % tp == 0):
+    if batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second:
         s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights_dtype, kv_dtype,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
     given = {"utilization": utilization, "max_model_len": max_model_len,
@@ -169,7 +170,7 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line) -> None:
     if s is None:
         if conc[str(ctx)] >= 1:
             print_line("no throughput: the GPU has no peak figure for these weights (a T4 "
-                       "runs fp16) or the KV heads do not split over --tp")
+                       "runs fp16)")
         return
     rate = [["prefill of the batch", _ms(s.prefill.seconds), _ms(s.expected_prefill_seconds)],
             ["decode step", _ms(s.decode_seconds_per_token),

@@ -5,9 +5,9 @@
 - `activations`: what backward keeps, by implementation profile (`reference`, `transformers`,
   `paper`), sharded as Korthikanti et al. 2022 shard it, with a pipeline stage's micro-batches
   in flight; the logits;
-- `inference`: the KV cache, and the longest context that fits;
 - `peak`: the step peak as a phase model of named terms;
-- `report`: everything `gptcalc memory` prints, and the largest batch / sequence that fit.
+- `report`: everything `gptcalc memory` prints, and the largest batch / sequence / inference
+  context that fit. The KV cache is `gptcalc.inference.kv`'s, re-exported here.
 
 This package never imports torch.
 """
@@ -16,9 +16,10 @@ from ..training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, DEVICES, IMPLS, MODES
                               RECOMPUTE, ZERO_STAGES, TrainingSetup)
 from .activations import (activations_paper, device_activations, logits_bytes,
                           paper_layer_bytes, saved_activations)
-from .inference import inference_bytes, kv_cache_bytes, max_context, serving_dtype_bytes
+from ..inference.kv import kv_cache_bytes
 from .peak import StepPeak, stage_phases, step_peak
-from .report import MemoryReport, max_batch, max_seq_len, memory_report, validate_setup
+from .report import (MemoryReport, inference_bytes, max_batch, max_context, max_seq_len,
+                     memory_report, serving_dtype_bytes, validate_setup)
 from .states import (OPTIMIZER_BYTES, STEP_COUNTER_BYTES, StateBytes,
                      autocast_weight_copies, stage_params, zero_bytes_per_param)
 from .engines import resident, state_bytes

@@ -9,6 +9,9 @@ the last token of each only and no KV cache yet (vllm/v1/worker/gpu_model_runner
     pool   = total memory x gpu_memory_utilization - weights - activation peak - non-torch
     blocks = pool // (block_size x KV bytes per token over every layer)
 
+the KV bytes per token counted by `gptcalc.inference.kv` (the device's key/value heads, one
+replicated head per GPU when tp exceeds them; MLA's whole latent on every GPU).
+
 non-torch being what the process holds outside PyTorch's allocator beyond its CUDA context
 (NCCL and cuBLAS handles, ...). It logs "Available KV cache memory", "GPU KV cache size: N
 tokens" (blocks x block_size) and "Maximum concurrency for C tokens per request" (blocks over
@@ -30,14 +33,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import GPTConfig
-from .errors import ConfigError
-from .gpus import GPU
-from .layers import global_layers, kv_elements_per_token, sliding_layers
-from .weights import KV_DTYPES, device_weight_bytes
-from .time import check_fraction
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..gpus import GPU
+from ..layers import global_layers, sliding_layers
+from ..time import check_fraction
+from .kv import kv_bytes_per_token_layer
+from .weights import device_weight_bytes
 
-ENGINES = ("vllm", "sglang")
+SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
 GiB = 2**30
 DEFAULT_BLOCK_SIZE = 16  # vLLM's --block-size on CUDA (vllm/config/cache.py)
 # Non-torch memory the engine subtracts, beyond the CUDA context: vLLM logs 0.16 GiB for
@@ -80,36 +84,6 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1) -> float:
     else:
         reserve = 32 * 1024
     return round((mib - reserve) / mib, 3)
-
-
-def kv_heads_per_device(cfg: GPTConfig, tp: int) -> int:
-    """Key/value heads one of tp GPUs caches: n_kv_head / tp, or one replicated head when there
-    are fewer heads than GPUs (vLLM's QKVParallelLinear, num_kv_head_replicas)."""
-    if cfg.kv_heads >= tp and cfg.kv_heads % tp:
-        raise ConfigError("tp", f"tp {tp} must divide the {cfg.kv_heads} key/value heads")
-    return max(1, cfg.kv_heads // tp)
-
-
-def kv_bytes_per_token_layer(cfg: GPTConfig, tp: int = 1, kv_dtype: str = "bf16") -> int:
-    """Cached bytes per token in one layer on one GPU.
-
-    Grouped-query attention: K and V of the device's heads, 2 x kv_heads_per_device x head_dim.
-    MLA: the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim, replicated on
-    every GPU (vLLM's MLAAttentionSpec). Times the element size of `kv_dtype` (fp8: 1 byte; its
-    per-tensor scales are not counted)."""
-    if kv_dtype not in KV_DTYPES:
-        raise ConfigError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}; got {kv_dtype!r}")
-    if cfg.mla:
-        elements = kv_elements_per_token(cfg)
-    else:
-        elements = 2 * kv_heads_per_device(cfg, tp) * cfg.head_size
-    return elements * KV_DTYPES[kv_dtype]
-
-
-def kv_bytes_per_block(cfg: GPTConfig, block_size: int, tp: int = 1,
-                       kv_dtype: str = "bf16") -> int:
-    """One block: block_size tokens of every layer, L x block_size x bytes per token-layer."""
-    return cfg.n_layer * block_size * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
 
 
 def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int,
@@ -230,8 +204,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "") -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (vllm_defaults, sglang_mem_fraction_static)."""
-    if engine not in ENGINES:
-        raise ConfigError("engine", f"must be one of {', '.join(ENGINES)}; got {engine!r}")
+    if engine not in SERVERS:
+        raise ConfigError("engine", f"must be one of {', '.join(SERVERS)}; got {engine!r}")
     if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
         raise ConfigError("tp", f"must be a positive integer, got {tp!r}")
     if cfg.n_head % tp:

@@ -2,7 +2,9 @@
 
 Roofline (Williams et al. 2009): a phase takes max(FLOPs / peak FLOP/s, bytes / bandwidth); the
 larger term names its bound. Per device, with tp-way tensor parallelism (Megatron: every matrix
-and the KV heads split tp ways; communication not counted).
+split tp ways; the KV cache as `gptcalc.inference.kv` counts it, one replicated key/value head
+per GPU when tp exceeds the heads; communication not counted). With such replication the
+replicated K/V projections' weights and FLOPs are still counted split tp ways.
 
 - prefill: one forward over B prompts of p tokens (gptcalc.flops.inference_flops, attention over
   the full p x p, logits for every position); bytes = the weights read once + the KV cache
@@ -28,7 +30,7 @@ gpt-fast README, "Benchmarks"). The expected time of a phase is the larger expec
 
 Memory per device: weights (with quantisation scales), the KV cache at prompt + gen tokens, and
 the activation peak of the prefill chunked as vLLM does by default on this GPU
-(`prefill_activation_bytes`, the model of `gptcalc.serve`). Scope: no framework overhead,
+(`prefill_activation_bytes`, the model of `gptcalc.inference.pool`). Scope: no framework overhead,
 CUDA context, paged-cache fragmentation or communication buffers.
 """
 
@@ -38,14 +40,14 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .config import GPTConfig
-from .errors import ConfigError
-from .flops import inference_flops, matmul_flops
-from .gpus import GPU, require_bandwidth, require_peak
-from .memory import kv_cache_bytes
-from .serve import profile_activation_bytes, vllm_defaults
-from .time import check_fraction
-from .weights import KV_DTYPES, device_weight_bytes, weight_bytes
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..flops import inference_flops, matmul_flops
+from ..gpus import GPU, require_bandwidth, require_peak
+from ..time import check_fraction
+from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
+from .pool import profile_activation_bytes, vllm_defaults
+from .weights import device_weight_bytes, weight_bytes
 
 ACT_BYTES = 2  # 16-bit activations
 DEFAULT_FLOPS_EFFICIENCY = 0.5
@@ -56,9 +58,9 @@ def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, t
                              chunk: int = 2048, max_seqs: int = 256) -> int:
     """Activation peak of the prefill of B prompts of p tokens, as a serving engine runs it:
     chunked, at most `chunk` tokens (max_num_batched_tokens) of at most `max_seqs` sequences
-    (max_num_seqs) per forward, logits for the last
-    token of each sequence only; the peak of the largest chunk by
-    `gptcalc.serve.profile_activation_bytes` (the model a serving engine's profile run uses)."""
+    (max_num_seqs) per forward, logits for the last token of each sequence only; the peak of the
+    largest chunk by `gptcalc.inference.pool.profile_activation_bytes` (the model a serving
+    engine's profile run uses)."""
     tokens = min(batch_size * prompt_len, chunk)
     seqs = min(batch_size, max_seqs, tokens)
     return sum(profile_activation_bytes(cfg, tokens, seqs, tp).values())
@@ -182,11 +184,10 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
     for field, value in (("tp", tp), ("batch_size", batch_size), ("gen_len", gen_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(field, f"must be a positive integer, got {value!r}")
-    if cfg.n_head % tp or cfg.kv_heads % tp:
-        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads and the "
-                                f"{cfg.kv_heads} key/value heads")
-    if kv_dtype not in KV_DTYPES:
-        raise ConfigError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}; got {kv_dtype!r}")
+    if cfg.n_head % tp:
+        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
+    kv_heads_per_device(cfg, tp)  # tp divides the key/value heads, or exceeds them
+    kv_b = kv_dtype_bytes(kv_dtype)
     if prompt_len + gen_len > cfg.block_size:
         raise ConfigError("gen_len", f"prompt {prompt_len} + {gen_len} generated tokens exceed "
                                      f"block_size {cfg.block_size}")
@@ -202,7 +203,6 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
     inf = inference_flops(cfg, prompt_len, prompt_len + gen_len)  # validates prompt_len
     parts = weight_bytes(cfg, weights_dtype)
     w_dev = device_weight_bytes(cfg, weights_dtype, tp)
-    kv_b = KV_DTYPES[kv_dtype]
     kv_token = Fraction(kv_cache_bytes(cfg, 1, 1, kv_b, tp=tp))  # per sequence per token
     # decode FLOPs at context c are a + b c (matmul_flops is affine in the scored pairs)
     a = sum(matmul_flops(cfg, 1, 0).values())

@@ -1,19 +1,19 @@
-"""The bytes of a model's weights, and of a KV-cache element, in the dtypes inference engines
-store them in: 16 bit, fp8, and weight-only int8 / int4 with their quantisation scales."""
+"""The bytes of a model's weights in the dtypes inference engines store them in: 16 bit, fp8,
+and weight-only int8 / int4 with their quantisation scales. (KV-cache elements:
+`gptcalc.inference.kv`.)"""
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
 
-from .config import GPTConfig
-from .errors import ConfigError
-from .linears import block_linears
-from .params import count_params
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..linears import block_linears
+from ..params import count_params
 
 # bytes per weight element; int8 / int4 also store one fp16 scale per GROUP_SIZE weights
 WEIGHT_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": Fraction(1, 2)}
-KV_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}  # per element; per-tensor scales ignored
 GROUP_SIZE = 128  # int8/int4: one scale per 128 consecutive input weights of an output (GPTQ/AWQ)
 SCALE_BYTES = 2  # fp16 scale per group
 FP8_SCALE_BYTES = 4  # fp8: one fp32 scale per matrix (per-tensor scaling)
