@@ -105,8 +105,9 @@ _TRAINING = (
     Option("mode", "--mode", "choice",
            "Precision: fp32, amp (fp32 states, 16-bit autocast), mixed (the engine's own: "
            "DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy, Megatron-LM's bf16; on one "
-           "device or DDP ZeRO's 2+2+12), bf16 (pure). Default: mixed under deepspeed, fsdp2 "
-           "and megatron; else amp, or fp32 for the tutorial and notes families.", "training",
+           "device or DDP ZeRO's 2+2+12), bf16 (pure). Default: mixed under an engine whose "
+           "own precision it is (see --engine); else amp, or fp32 for the tutorial and notes "
+           "families.", "training",
            MODES),
     Option("optimizer", "--optimizer", "choice", "adamw (default), sgd, sgd-momentum.",
            "training", OPTIMIZERS),

@@ -25,8 +25,14 @@ class EngineChoice(click.Choice):
 
 
 def engine_help(lead: str) -> str:
-    """`lead` followed by each registered engine's own phrase."""
-    return f"{lead} " + "; ".join(engines.engine_named(n).help for n in engines.names()) + "."
+    """`lead` followed by each registered engine's own phrase, and whether --mode defaults to
+    mixed under it."""
+    phrases = []
+    for name in engines.names():
+        engine = engines.engine_named(name)
+        phrases.append(engine.help + (", --mode mixed by default" if engine.mixed_by_default
+                                      else ""))
+    return f"{lead} " + "; ".join(phrases) + "."
 
 
 __all__ = ["EngineChoice", "engine_help"]
