@@ -10,6 +10,8 @@ the log-probabilities are a saved tensor (`cross_entropy/...`), the logits a sep
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..training_setup import TrainingSetup
@@ -174,6 +176,12 @@ def device_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             nbytes = 0
         out[key] = nbytes // _tp_divisor(key, setup)
     return out
+
+
+def saved_in(acts: Mapping[str, int], *places: str) -> int:
+    """Bytes of the saved-tensor lines of `places`: the first part of a line's key, before
+    its `/` (`embedding`, `input`, `layer`, `final`, `cross_entropy`, `weight_copy`)."""
+    return sum(v for k, v in acts.items() if k.split("/", 1)[0] in places)
 
 
 def logits_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ..config import GATED_MLPS, GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .activations import device_activations, logits_bytes, transformers_loss
+from .activations import device_activations, logits_bytes, saved_in, transformers_loss
 from .engines import Step, adjust, engine_for, state_bytes
 from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
                      GRADIENTS_ACCUMULATING, LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY,
@@ -200,8 +200,7 @@ def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -
 
     def layer(s: TrainingSetup) -> int:
         lines = device_activations(cfg, workload, s, "last")
-        return sum(v for k, v in lines.items() if k.startswith("layer/")) // (
-            cfg.n_layer // setup.pp)
+        return saved_in(lines, "layer") // (cfg.n_layer // setup.pp)
     return max(0, layer(replace(setup, recompute="none")) - layer(setup))
 
 
@@ -236,9 +235,9 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     logits = logits_bytes(cfg, workload, setup) if holds_head else 0
     loss = loss_transients(cfg, workload, setup) if holds_head else {"forward": 0,
                                                                      "backward": 0}
-    loss_saved = sum(v for k, v in acts.items() if k.startswith("cross_entropy/"))
+    loss_saved = saved_in(acts, "cross_entropy")
     # the head's backward (final norm, lm_head) runs before any block's and frees its inputs
-    head_saved = sum(v for k, v in acts.items() if k.startswith("final/"))
+    head_saved = saved_in(acts, "final")
     # with gradient accumulation the gradients of earlier micro-batches are alive throughout
     grads_early = st.gradients if workload.grad_accum > 1 else 0
     base = {WEIGHTS: st.weights, OPTIMIZER_STATES: st.optimizer, OVERHEAD: setup.overhead}
@@ -270,8 +269,7 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
             cfg, workload, setup, attention_backward_freed(cfg, acts, setup))})
     ledger.open(Phase.BACKWARD_END, {
         **base, GRADIENTS: st.gradients, TIED_EMBEDDING_GRADIENT: tied_grad, LOGITS: logits,
-        EMBEDDING_INPUTS: sum(v for k, v in acts.items()
-                              if k.startswith(("embedding/", "input/")))})
+        EMBEDDING_INPUTS: saved_in(acts, "embedding", "input")})
     ledger.open(Phase.OPTIMIZER_STEP, {
         **base, GRADIENTS: st.gradients,
         OPTIMIZER_TEMPORARIES: optimizer_temporaries(cfg, setup, st),

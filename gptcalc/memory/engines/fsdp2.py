@@ -132,12 +132,12 @@ def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     (`torch._chunk_cat`) converts through an intermediate in reduce_dtype the size of the
     input; CUDA's kernel casts in place (measured with FSDPMemTracker on CPU/gloo,
     torch 2.13)."""
-    from ..activations import device_activations
+    from ..activations import device_activations, saved_in
 
     acts = device_activations(cfg, workload, setup, stage)
     blocks = cfg.n_layer // setup.pp
-    layer = sum(v for k, v in acts.items() if k.startswith("layer/")) // blocks
-    loss = sum(v for k, v in acts.items() if k.startswith("cross_entropy/"))
+    layer = saved_in(acts, "layer") // blocks
+    loss = saved_in(acts, "cross_entropy")
     el = fsdp2_unsharded_elements(cfg, setup, stage)
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
     head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if stage == "last" or setup.pp == 1 else 0
