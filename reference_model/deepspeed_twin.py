@@ -108,10 +108,4 @@ class DeepSpeedRank(_Engine):
         return storage_bytes(weights), -1, storage_bytes(fp32 + state)
 
 
-def resident_tensors(runner: DeepSpeedRank, inputs) -> int:
-    """Bytes of every storage alive between steps, the model's buffers and `inputs` left out."""
-    skip = {_storage_key(t) for t in (*runner.raw.buffers(), *inputs)}
-    return sum(t.untyped_storage().nbytes() for t in live_tensors(skip))
-
-
-__all__ = ["DeepSpeedRank", "live_tensors", "resident_tensors"]
+__all__ = ["DeepSpeedRank", "live_tensors"]

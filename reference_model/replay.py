@@ -8,9 +8,7 @@ its buffers, CPU AdamW's temporaries and autograd's node order, which the calcul
 
 - `backward_walk`: live bytes through backward, node by node (`_Walk`);
 - `forward_end`: the forward's last op;
-- `replay_peak`: the largest of the forward's end, the walk and the optimizer step;
-- `replay_tolerance`: what the walk does not place one by one (each block's q/k/v input path,
-  the recomputed forward's transients); a bound, not a fit.
+- `replay_peak`: the largest of the forward's end, the walk and the optimizer step.
 """
 
 from __future__ import annotations
@@ -47,17 +45,6 @@ def _embedding_tensors(cfg: GPTConfig) -> int:
     return 1 + (1 if cfg.pos_embedding == "learned" else 0)
 
 
-def _head_tensors(cfg: GPTConfig) -> int:
-    """Final norm and lm_head tensors (a tied head weight is the embedding's tensor)."""
-    return ((_norm_tensors(cfg) if cfg.final_norm else 0) + (0 if cfg.tie_embeddings else 1)
-            + (1 if cfg.lm_head_bias else 0))
-
-
-def param_tensors(cfg: GPTConfig) -> int:
-    """Parameter tensors of the reference model (AdamW keeps one step counter per tensor)."""
-    return _embedding_tensors(cfg) + cfg.n_layer * _layer_tensors(cfg) + _head_tensors(cfg)
-
-
 # ---------------------------------------------------------------------------------------------
 # Buffers, the step peak, the summary
 # ---------------------------------------------------------------------------------------------
@@ -72,15 +59,6 @@ def buffer_bytes(cfg: GPTConfig, setup: TrainingSetup) -> int:
     # GPT-NeoX's partial rotary keeps tables only for the rotated rotary_dims of each head
     per_block = T * T + (2 * T * cfg.rotary_dims if cfg.pos_embedding == "rotary" else 0)
     return w * (L * per_block + (T * cfg.n_embd if cfg.pos_embedding == "sinusoidal" else 0))
-
-
-def largest_param_tensor(cfg: GPTConfig) -> int:
-    """Elements of the reference model's largest parameter tensor (sizes the CPU AdamW temps)."""
-    E, V, Dff, hd = cfg.n_embd, cfg.vocab_size, cfg.ffn_dim, cfg.head_size
-    qkv = {"fused": E * (cfg.q_width + 2 * cfg.kv_width), "separate": E * cfg.q_width,
-           "per_head": E * hd}[cfg.qkv_layout]
-    return max(V * E, qkv, cfg.q_width * E, E * Dff,
-               cfg.block_size * E if cfg.pos_embedding == "learned" else 0)
 
 
 def param_sizes(cfg: GPTConfig) -> list[int]:
@@ -551,45 +529,6 @@ class StepPeak:
     why: str
     phases: dict[str, int]
     lines: dict[str, int] = field(default_factory=dict)  # what is alive at the peak
-
-
-def replay_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
-    """Bytes by which `replay_peak` may miss MemTracker's CPU peak: what the walk does not place
-    one by one, as a bound on what those steps can hold (not a fit to measurements).
-
-    Each block's q/k/v input path is one step between levels the walk knows exactly; above them
-    it can hold the q, k and v gradients, N(Dq + 2Dkv), and two N x E input gradients of the
-    running sum, in the activation dtype (amp: the two sums fp32, a projection's 16-bit input
-    gradient awaiting its cast, and the largest q/k/v Linear's 16-bit weight and bias gradients
-    beside their fp32 casts). SDPA's CPU math path (with dropout) can peak inside a forward
-    block: one fp32 b x H x S x S stack. Recomputation's transients: one score stack, one
-    residual-stream tensor and, under amp, the recomputation's 16-bit casts of its input, q,
-    k and v. At least 1% of the prediction.
-    """
-    b, S = workload.batch_size, workload.seq_len
-    r = 4 if setup.mode in ("fp32", "amp") else setup.act_bytes  # the residual stream's bytes
-    path = b * S * (setup.act_bytes * (cfg.q_width + 2 * cfg.kv_width) + r * 2 * cfg.n_embd)
-    if setup.mode == "amp":
-        # a projection's 16-bit input gradient before its cast to fp32, and its 16-bit weight
-        # and bias gradients beside their fp32 casts (the largest q/k/v Linear's)
-        path += setup.act_bytes * b * S * cfg.n_embd
-        width = {"fused": cfg.q_width + 2 * cfg.kv_width, "separate": cfg.q_width,
-                 "per_head": cfg.head_size}[cfg.qkv_layout]
-        path += setup.act_bytes * width * (cfg.n_embd + cfg.qkv_bias)
-    if setup.attn_impl == "sdpa" and cfg.dropout > 0:
-        # SDPA's CPU math path (taken with dropout) builds fp32 score stacks in the forward;
-        # with one block and a tiny vocabulary the forward can hold the step's peak inside a
-        # block, and of the forward only its end is placed: allow one fp32 b x H x S x S stack
-        path += 4 * b * cfg.n_head * S * S
-    if setup.recompute != "none":
-        # the recomputed forward's transients that `_recompute_block` does not place one by
-        # one: a score stack before the softmax, a residual-stream sum, and (amp) the
-        # recomputation's own 16-bit casts of its inputs, q, k and v
-        m = 4 if setup.attn_impl == "sdpa" or setup.mode == "fp32" else setup.act_bytes
-        path += m * b * cfg.n_head * S * S + r * b * S * cfg.n_embd
-        if setup.mode == "amp":
-            path += 2 * b * S * (cfg.n_embd + cfg.q_width + 2 * cfg.kv_width)
-    return max(path, _ceil(replay_peak(cfg, workload, setup).bytes, 100))
 
 
 def linear_bias_elements(cfg: GPTConfig) -> int:
