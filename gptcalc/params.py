@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import GPTConfig
-from .inventory import ParamTensor, block_tensors, inventory
+from .inventory import ParamTensor, inventory
 
 EMBEDDING_KEYS = ("embedding/token", "embedding/position")
 
@@ -29,30 +29,16 @@ class ParamCount:
     active: int  # parameters one token uses: all but the routed experts it does not visit
 
 
-def norm_params(cfg: GPTConfig, width: int) -> int:
-    """Weight (and bias) of one normalisation layer over `width` features."""
-    return 2 * width if cfg.norm == "layernorm" else width  # LayerNorm γ,β; RMSNorm / no-bias γ
-
-
-def _by_component(tensors: list[ParamTensor], per_block: bool = False) -> dict[str, int]:
+def _by_component(tensors: list[ParamTensor]) -> dict[str, int]:
     out: dict[str, int] = {}
     for t in tensors:
-        n = t.numel * t.copies if per_block else t.elements
-        out[t.component] = out.get(t.component, 0) + n
+        out[t.component] = out.get(t.component, 0) + t.elements
     return out
 
 
 BLOCK_KEYS = ("attention/qkv", "attention/norm", "attention/sinks", "attention/out", "mlp/fc",
               "mlp/gate", "mlp/proj", "moe/router", "moe/experts", "moe/shared",
               "norm/attention", "norm/mlp")
-
-
-def layer_components(cfg: GPTConfig) -> dict[str, int]:
-    """Parameters of one transformer block, by component (the inventory's block tensors). With
-    mixture of experts, blocks differ: this lists a dense block's MLP and an MoE block's
-    experts side by side; `param_components` weights each by its number of blocks."""
-    got = _by_component(block_tensors(cfg), per_block=True)
-    return {k: got.get(k, 0) for k in BLOCK_KEYS}
 
 
 def param_components(cfg: GPTConfig) -> dict[str, int]:

@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from .distributed import LiveSaved, _Engine, _storage_key
+from .rank import LiveSaved, _Engine, _storage_key, storage_bytes
 
 
 def live_tensors(skip: set[int] = frozenset()) -> list[torch.Tensor]:
@@ -97,8 +97,6 @@ class DeepSpeedRank(_Engine):
         buffer the parameters are views of; stage 3: the flat partition buffer and the
         persistent parameters). Gradients: none are held after the step (-1: not measured).
         Optimizer: the fp32 partitions and AdamW's states."""
-        from .distributed import storage_bytes
-
         o = self.opt
         if self.setup.zero >= 3:
             weights = [o.lp_param_buffer, *(p.data for p in self.raw.parameters())]
@@ -110,10 +108,4 @@ class DeepSpeedRank(_Engine):
         return storage_bytes(weights), -1, storage_bytes(fp32 + state)
 
 
-def resident_tensors(runner: DeepSpeedRank, inputs) -> int:
-    """Bytes of every storage alive between steps, the model's buffers and `inputs` left out."""
-    skip = {_storage_key(t) for t in (*runner.raw.buffers(), *inputs)}
-    return sum(t.untyped_storage().nbytes() for t in live_tensors(skip))
-
-
-__all__ = ["DeepSpeedRank", "live_tensors", "resident_tensors"]
+__all__ = ["DeepSpeedRank", "live_tensors"]

@@ -25,6 +25,7 @@ import dataclasses
 import contextlib
 import functools
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -183,52 +184,87 @@ class _WeightCasts(TorchDispatchMode):
         return out
 
 
-def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
-                  setup: TrainingSetup | None = None) -> SavedReport:
-    """Every storage saved for backward by one training forward (logits and loss included)."""
-    setup = setup or TrainingSetup()
-    device = idx.device.type
+def tensors_in(out) -> list[torch.Tensor]:
+    """The tensors in a model's output: a tensor, or nested in mappings, tuples and lists."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, Mapping):
+        return [t for v in out.values() for t in tensors_in(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in tensors_in(v)]
+    return []
+
+
+def saved_during(model: torch.nn.Module, run, weight_copies: set[int] = frozenset(),
+                 names: bool = True) -> tuple[SavedReport, Any]:
+    """Every storage autograd saves while `run()` executes, deduplicated by storage, excluding
+    `model`'s parameters and buffers, each with the module running when it was saved; then the
+    tensors a model's checkpoints hold outside autograd (`op_checkpoint`'s cache,
+    `checkpoint_held`'s inputs). Returns the report and run()'s result. The one capture both
+    models are measured with: `run` does the forward, under whatever autocast it needs.
+
+    `weight_copies`: storage keys to report as autocast weight copies (filled while `run`
+    runs). `names`: name the autograd nodes that saved each storage (off where reading a
+    checkpointed node's saved tensors would run its recomputation)."""
     excluded = {storage_key(p) for p in model.parameters()}
     excluded |= {storage_key(b) for b in model.buffers()}
     seen: dict[int, dict] = {}
-    module_stack: list[str] = [""]
+    keep: list[torch.Tensor] = []  # keeps recorded storages (and their keys) alive
+    stack = [""]
     handles = []
     for name, mod in model.named_modules():
-        handles.append(mod.register_forward_pre_hook(
-            lambda m, a, n=name: module_stack.append(n)))
-        handles.append(mod.register_forward_hook(lambda m, a, o: (module_stack.pop(), None)[1]))
-
-    casts = _WeightCasts({storage_key(p) for p in model.parameters()})
+        handles.append(mod.register_forward_pre_hook(lambda m, a, n=name: stack.append(n)))
+        handles.append(mod.register_forward_hook(lambda m, a, o: (stack.pop(), None)[1]))
 
     def pack(t: torch.Tensor):
+        key = storage_key(t)
         st = t.untyped_storage()
-        ptr = storage_key(t)
-        if ptr not in excluded and ptr not in seen and st.nbytes():
-            seen[ptr] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
-                             shape=tuple(t.shape), module=module_stack[-1],
-                             category="autocast/weight_copy" if ptr in casts.copies
+        if key not in excluded and key not in seen and st.nbytes():
+            seen[key] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
+                             shape=tuple(t.shape), module=stack[-1],
+                             category="autocast/weight_copy" if key in weight_copies
                              else "activation")
+            keep.append(t)
         return t
 
     op_checkpoint = getattr(model, "op_checkpoint", None)
     if op_checkpoint is not None:
         op_checkpoint.clear()
+    getattr(model, "checkpoint_held", []).clear()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with autocast_context(setup, device), casts:
-                logits, loss = model(idx, targets)
+            result = run()
     finally:
         for h in handles:
             h.remove()
     if op_checkpoint is not None:  # op outputs kept by the checkpoints, outside autograd
-        module_stack.append("checkpoint cache")
+        stack.append("checkpoint cache")
         for t in op_checkpoint.cached():
             pack(t)
-    nodes = saving_nodes([loss.grad_fn]) if setup.recompute == "none" else {}
-    report = SavedReport([
-        SavedTensor(saved_by="+".join(sorted(nodes.get(ptr, {"?"}))), **info)
-        for ptr, info in seen.items()])
-    del logits, loss
+    stack.append("checkpoint inputs")
+    for ref in getattr(model, "checkpoint_held", []):
+        if (t := ref()) is not None:
+            pack(t)
+    roots = [t.grad_fn for t in tensors_in(result) if t.grad_fn is not None]
+    nodes = saving_nodes(roots) if names else {}
+    report = SavedReport([SavedTensor(saved_by="+".join(sorted(nodes.get(k, {"?"}))), **info)
+                          for k, info in seen.items()])
+    return report, result
+
+
+def measure_saved(model: GPT, idx: torch.Tensor, targets: torch.Tensor,
+                  setup: TrainingSetup | None = None) -> SavedReport:
+    """Every storage saved for backward by one training forward (logits and loss included)."""
+    setup = setup or TrainingSetup()
+    casts = _WeightCasts({storage_key(p) for p in model.parameters()})
+
+    def run():
+        with autocast_context(setup, idx.device.type), casts:
+            return model(idx, targets)
+
+    # a checkpointed node's saved tensors would be recomputed on reading: no names then
+    report, out = saved_during(model, run, casts.copies, names=setup.recompute == "none")
+    del out
     return report
 
 
@@ -414,7 +450,7 @@ def saved_for(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
 
 __all__ = ["MasterWeights", "PeakReport", "SavedReport", "SavedTensor", "apply_recompute",
            "build_for", "make_batch", "make_optimizer", "measure_saved", "measure_step_peak_cpu",
-           "measure_step_peak_cuda", "saved_for", "train_step", "try_step_peak_cuda", "F"]
+           "measure_step_peak_cuda", "saved_during", "saved_for", "tensors_in", "train_step", "try_step_peak_cuda", "F"]
 
 
 # Step-peak tolerances, constants with their reasons (measured on CPU with torch 2.13 over the

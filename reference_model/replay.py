@@ -8,9 +8,7 @@ its buffers, CPU AdamW's temporaries and autograd's node order, which the calcul
 
 - `backward_walk`: live bytes through backward, node by node (`_Walk`);
 - `forward_end`: the forward's last op;
-- `replay_peak`: the largest of the forward's end, the walk and the optimizer step;
-- `replay_tolerance`: what the walk does not place one by one (each block's q/k/v input path,
-  the recomputed forward's transients); a bound, not a fit.
+- `replay_peak`: the largest of the forward's end, the walk and the optimizer step.
 """
 
 from __future__ import annotations
@@ -47,17 +45,6 @@ def _embedding_tensors(cfg: GPTConfig) -> int:
     return 1 + (1 if cfg.pos_embedding == "learned" else 0)
 
 
-def _head_tensors(cfg: GPTConfig) -> int:
-    """Final norm and lm_head tensors (a tied head weight is the embedding's tensor)."""
-    return ((_norm_tensors(cfg) if cfg.final_norm else 0) + (0 if cfg.tie_embeddings else 1)
-            + (1 if cfg.lm_head_bias else 0))
-
-
-def param_tensors(cfg: GPTConfig) -> int:
-    """Parameter tensors of the reference model (AdamW keeps one step counter per tensor)."""
-    return _embedding_tensors(cfg) + cfg.n_layer * _layer_tensors(cfg) + _head_tensors(cfg)
-
-
 # ---------------------------------------------------------------------------------------------
 # Buffers, the step peak, the summary
 # ---------------------------------------------------------------------------------------------
@@ -72,15 +59,6 @@ def buffer_bytes(cfg: GPTConfig, setup: TrainingSetup) -> int:
     # GPT-NeoX's partial rotary keeps tables only for the rotated rotary_dims of each head
     per_block = T * T + (2 * T * cfg.rotary_dims if cfg.pos_embedding == "rotary" else 0)
     return w * (L * per_block + (T * cfg.n_embd if cfg.pos_embedding == "sinusoidal" else 0))
-
-
-def largest_param_tensor(cfg: GPTConfig) -> int:
-    """Elements of the reference model's largest parameter tensor (sizes the CPU AdamW temps)."""
-    E, V, Dff, hd = cfg.n_embd, cfg.vocab_size, cfg.ffn_dim, cfg.head_size
-    qkv = {"fused": E * (cfg.q_width + 2 * cfg.kv_width), "separate": E * cfg.q_width,
-           "per_head": E * hd}[cfg.qkv_layout]
-    return max(V * E, qkv, cfg.q_width * E, E * Dff,
-               cfg.block_size * E if cfg.pos_embedding == "learned" else 0)
 
 
 def param_sizes(cfg: GPTConfig) -> list[int]:
@@ -180,115 +158,103 @@ def _recompute_block(w: _Walk, cfg: GPTConfig, workload: Workload, setup: Traini
     w.free(recompute=extra)
 
 
-def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
-    """The live bytes of one backward pass of the reference model on CPU, node by node.
+class _Backward:
+    """One backward pass of the reference model on CPU, onto a `_Walk` (`self.w`): the sizes
+    every node reads, set once, then one method per part of the model in the order autograd
+    runs them (loss and head, final norm, the blocks from the last, the embeddings)."""
 
-    Start: weights, optimizer states and buffers, every saved activation (less the batch's idx,
-    which no op returns), the logits the caller holds, the loss and its seed gradient. Each
-    autograd node then allocates its outputs (gradients of its inputs, parameter gradients that
-    AccumulateGrad keeps) and, after it returns, frees its incoming gradient and the saved tensors
-    no later node needs. Modelled node by node: the cross entropy, lm_head, final norm, the MLP,
-    the residual sum, the attention output projection and core (manual; SDPA's CPU math path with
-    dropout; SDPA flash's single backward kernel), the embeddings. The q/k/v input path (views,
-    rotary, per-head projections) is taken as one step to the block's exact end level (its
-    saved tensors freed, its parameter gradients allocated): it allocates less than the core
-    before it. Blocks repeat with the live level moving by (parameter gradients - saved
-    activations) of one block. Recomputation: full recomputes each block's saved tensors at its
-    start (`_recompute_block`), selective the attention core's at the core (SDPA's math path
-    with its forward's transients, `sdpa_math_transients`); then the plain block's walk runs.
-    The forward's end is `forward_end`, from this walk's start.
-    """
-    b, S = workload.batch_size, workload.seq_len
-    N, a, g = b * S, setup.act_bytes, setup.weight_bytes
-    E, V, H, L = cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer
-    Dq, _Dkv, Dff, T = cfg.q_width, cfg.kv_width, cfg.ffn_dim, cfg.block_size
-    drop = cfg.dropout > 0
-    acts = saved_activations(cfg, workload, setup)
-    first = state_bytes(cfg, setup, "first")
-    rec = setup.recompute
-    # what a block saves without recomputation: torch.utils.checkpoint's recomputation makes
-    # exactly these tensors again inside backward (full: the whole block, whose input the
-    # checkpoint already keeps; selective: the attention core)
-    plain = dataclasses.replace(setup, recompute="none")
-    acts_plain = acts if rec == "none" else saved_activations(cfg, workload, plain)
-    plain_layer = {k[len("layer/"):]: v // L for k, v in acts_plain.items()
-                   if k.startswith("layer/")}
-    layer_saved = sum(v for k, v in acts.items() if k.startswith("layer/")) // L
-    if rec == "full":
-        layer_saved = sum(plain_layer.values())
-    sizes = param_sizes(cfg)
-    n_emb = _embedding_tensors(cfg)
-    n_layer_t = _layer_tensors(cfg)
-    layer_grads = g * sum(sizes[n_emb:n_emb + n_layer_t])
-    lp = acts["cross_entropy/log_probs"] // (N * V)
-    stats = acts.get("final/ln_f/mean", acts.get("layer/ln_1/mean", 0) // L) // N if (
-        cfg.norm != "rmsnorm") else 0
-    # amp: fp32 weights under autocast. The residual stream, norms and embeddings are fp32 (r
-    # bytes); each Linear gets a 16-bit copy of its weight (saved, freed with the Linear's node)
-    # and of its input when that is fp32; its backward makes 16-bit gradients, which the casts'
-    # backward (ToCopyBackward) turns into fp32: the input's gradient, then the weight's and
-    # the bias's (AccumulateGrad keeps those), each freeing its 16-bit source.
-    amp = setup.mode == "amp"
-    r = 4 if setup.mode in ("fp32", "amp") else a
-    # full recomputation remakes each block's weight copies with the block
-    copies = autocast_weight_copies(cfg, plain if rec == "full" else setup)
-    layer_saved += sum(v for k, v in copies.items() if not k.endswith("lm_head")) // L
-    lossb = lp  # the loss is the cross entropy's dtype (fp32 under autocast)
+    def __init__(self, cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
+        self.cfg, self.workload, self.setup = cfg, workload, setup
+        b, S = workload.batch_size, workload.seq_len
+        N, a, g = b * S, setup.act_bytes, setup.weight_bytes
+        V, L = cfg.vocab_size, cfg.n_layer
+        self.b, self.S, self.N, self.a, self.g = b, S, N, a, g
+        self.drop = cfg.dropout > 0
+        self.par = cfg.parallel_residual
+        acts = saved_activations(cfg, workload, setup)
+        rec = setup.recompute
+        # what a block saves without recomputation: torch.utils.checkpoint's recomputation
+        # makes exactly these tensors again inside backward (full: the whole block, whose input
+        # the checkpoint already keeps; selective: the attention core)
+        plain = dataclasses.replace(setup, recompute="none")
+        self.acts_plain = acts if rec == "none" else saved_activations(cfg, workload, plain)
+        self.plain_layer = {k[len("layer/"):]: v // L for k, v in self.acts_plain.items()
+                            if k.startswith("layer/")}
+        layer_saved = sum(v for k, v in acts.items() if k.startswith("layer/")) // L
+        if rec == "full":
+            layer_saved = sum(self.plain_layer.values())
+        sizes = param_sizes(cfg)
+        n_emb = _embedding_tensors(cfg)
+        self.layer_grads = g * sum(sizes[n_emb:n_emb + _layer_tensors(cfg)])
+        self.lp = acts["cross_entropy/log_probs"] // (N * V)
+        self.stats = acts.get("final/ln_f/mean", acts.get("layer/ln_1/mean", 0) // L) // N if (
+            cfg.norm != "rmsnorm") else 0
+        # amp: fp32 weights under autocast. The residual stream, norms and embeddings are fp32
+        # (r bytes); each Linear gets a 16-bit copy of its weight (saved, freed with the
+        # Linear's node) and of its input when that is fp32; its backward makes 16-bit
+        # gradients, which the casts' backward (ToCopyBackward) turns into fp32: the input's
+        # gradient, then the weight's and the bias's (AccumulateGrad keeps those), each freeing
+        # its 16-bit source.
+        self.amp = setup.mode == "amp"
+        self.r = 4 if setup.mode in ("fp32", "amp") else a
+        # amp: the fp32 stream's gradient is cast to a block's 16-bit branches
+        self.cast = self.r != a
+        # full recomputation remakes each block's weight copies with the block
+        self.copies = autocast_weight_copies(cfg, plain if rec == "full" else setup)
+        layer_saved += sum(v for k, v in self.copies.items() if not k.endswith("lm_head")) // L
+        self.layer_saved = layer_saved
+        first = state_bytes(cfg, setup, "first")
+        self.lossb = self.lp  # the loss is the cross entropy's dtype (fp32 under autocast)
+        self.w = _Walk({"weights": first.weights, "optimizer": first.optimizer,
+                        "buffers": buffer_bytes(cfg, setup),
+                        "saved": sum(v for k, v in acts.items() if k != "input/idx"),
+                        "logits": N * V * a, "loss": 2 * self.lossb, "gradients": 0,
+                        "grad_flow": 0})
 
-    def lin_grads(n: int) -> dict[str, int]:
+    # --- the steps every part is made of
+
+    def lin_grads(self, n: int) -> dict[str, int]:
         """A Linear's weight and bias gradients as its backward makes them."""
-        return {"grad_flow": a * n} if amp else {"gradients": g * n}
+        return {"grad_flow": self.a * n} if self.amp else {"gradients": self.g * n}
 
-    def lin_casts(where: str, *ns: int) -> None:
+    def lin_casts(self, where: str, *ns: int) -> None:
         """amp: the 16-bit weight / bias gradients cast to fp32 and accumulated, in turn."""
-        if amp:
+        if self.amp:
             for n in ns:
                 if n:
-                    w.alloc(where, gradients=g * n)
-                    w.free(grad_flow=a * n)
+                    self.w.alloc(where, gradients=self.g * n)
+                    self.w.free(grad_flow=self.a * n)
 
-    def lin(where: str, in_grad: int, n: int) -> None:
+    def lin(self, where: str, in_grad: int, n: int) -> None:
         """A Linear's backward: its input's gradient (bytes), weight and bias gradients (n)."""
-        if amp:
-            w.alloc(where, grad_flow=in_grad + a * n)
+        if self.amp:
+            self.w.alloc(where, grad_flow=in_grad + self.a * n)
         else:
-            w.alloc(where, grad_flow=in_grad, gradients=g * n)
+            self.w.alloc(where, grad_flow=in_grad, gradients=self.g * n)
 
-    def cp(name: str) -> int:
+    def cp(self, name: str) -> int:
         """amp: one block's 16-bit copy of a weight, saved by its Linear."""
-        return copies.get(f"weight_copy/{name}", 0) // L
+        return self.copies.get(f"weight_copy/{name}", 0) // self.cfg.n_layer
 
-    def input_cast(where: str, n: int) -> None:
+    def input_cast(self, where: str, n: int) -> None:
         """amp: a Linear's input gradient (n elements) cast back to the fp32 stream's dtype."""
-        if r != a:
-            w.alloc(where, grad_flow=n * r)
-            w.free(grad_flow=n * a)
+        if self.r != self.a:
+            self.w.alloc(where, grad_flow=n * self.r)
+            self.w.free(grad_flow=n * self.a)
 
-    w = _Walk({"weights": first.weights, "optimizer": first.optimizer,
-               "buffers": buffer_bytes(cfg, setup),
-               "saved": sum(v for k, v in acts.items() if k != "input/idx"),
-               "logits": N * V * a, "loss": 2 * lossb, "gradients": 0, "grad_flow": 0})
-    w.free(loss=lossb)  # the seed gradient, moved into the engine and dropped
-    w.alloc("cross entropy", grad_flow=N * V * lp)
-    w.alloc("cross entropy", grad_flow=N * V * lp)
-    w.free(grad_flow=N * V * lp, saved=N * V * lp)  # total_weight stays with the graph
-    if lp != a:  # autocast ran the cross entropy on an fp32 copy of the logits
-        w.alloc("cross entropy", grad_flow=N * V * a)
-        w.free(grad_flow=N * V * lp)
-    head_w, head_b = V * E, (V if cfg.lm_head_bias else 0)
-    w.alloc("lm_head", **lin_grads(head_w + head_b))
-    w.alloc("lm_head", grad_flow=N * E * a)
-    w.free(grad_flow=N * V * a, saved=N * E * a + copies.get("weight_copy/lm_head", 0))
-    input_cast("lm_head", N * E)
-    lin_casts("lm_head", head_w, head_b)
+    def input_sum(self, where: str) -> None:
+        """Two gradients of one tensor summed out of place, then both freed."""
+        N, E, r = self.N, self.cfg.n_embd, self.r
+        self.w.alloc(where, grad_flow=N * E * r)
+        self.w.free(grad_flow=2 * N * E * r)
 
-    par = cfg.parallel_residual
-
-    def norm(where: str, residual: bool, shared: bool = False) -> None:
+    def norm(self, where: str, residual: bool, shared: bool = False) -> None:
         """Backward of a norm whose incoming gradient (N*E) is in grad_flow; leaves its input's
         gradient there, summed with the residual stream's gradient when `residual`. `shared`:
         GPT-NeoX's parallel ln_2, whose input is ln_1's (saved once, freed there) and whose
         residual gradient is also the attention branch's incoming one (kept alive for it)."""
+        w, cfg = self.w, self.cfg
+        N, E, r, g = self.N, cfg.n_embd, self.r, self.g
         keep = N * E * r if shared else 0
         if cfg.norm == "rmsnorm":
             ne = N * E * r
@@ -315,40 +281,66 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
             w.free(grad_flow=2 * ne)
             return
         w.alloc(where, grad_flow=N * E * r, gradients=g * E * _norm_tensors(cfg))
-        w.free(grad_flow=N * E * r, saved=N * E * r - keep + 2 * N * stats)
+        w.free(grad_flow=N * E * r, saved=N * E * r - keep + 2 * N * self.stats)
         if residual:
             w.alloc(where, grad_flow=N * E * r)
             w.free(grad_flow=2 * N * E * r - keep)
 
-    if cfg.final_norm:
-        norm("final norm", False)
+    # --- the model's parts, in backward's order
 
-    def input_sum(where: str) -> None:
-        """Two gradients of one tensor summed out of place, then both freed."""
-        w.alloc(where, grad_flow=N * E * r)
-        w.free(grad_flow=2 * N * E * r)
+    def loss_and_head(self) -> None:
+        """The seed gradient, the cross entropy and lm_head."""
+        w, cfg = self.w, self.cfg
+        N, E, V, a, lp = self.N, cfg.n_embd, cfg.vocab_size, self.a, self.lp
+        w.free(loss=self.lossb)  # the seed gradient, moved into the engine and dropped
+        w.alloc("cross entropy", grad_flow=N * V * lp)
+        w.alloc("cross entropy", grad_flow=N * V * lp)
+        w.free(grad_flow=N * V * lp, saved=N * V * lp)  # total_weight stays with the graph
+        if lp != a:  # autocast ran the cross entropy on an fp32 copy of the logits
+            w.alloc("cross entropy", grad_flow=N * V * a)
+            w.free(grad_flow=N * V * lp)
+        head_w, head_b = V * E, (V if cfg.lm_head_bias else 0)
+        w.alloc("lm_head", **self.lin_grads(head_w + head_b))
+        w.alloc("lm_head", grad_flow=N * E * a)
+        w.free(grad_flow=N * V * a, saved=N * E * a + self.copies.get("weight_copy/lm_head", 0))
+        self.input_cast("lm_head", N * E)
+        self.lin_casts("lm_head", head_w, head_b)
 
-    head_grads = w.lines["gradients"]
-
-    for layer in range(L):
+    def block(self, layer: int, head_grads: int) -> None:
+        """Block `layer` counted from the last: its recomputation (full), the MLP, ln_2, the
+        attention, the q/k/v input path and ln_1. `head_grads`: the gradients alive before
+        the blocks (lm_head's, the final norm's)."""
+        L = self.cfg.n_layer
         where = "last block" if layer == 0 else ("first block" if layer == L - 1 else "block")
-        # --- full recomputation: the block's first saving node in backward (the MLP's dropout
-        # or down projection) unpacks a checkpointed tensor, and the whole block's forward runs
-        # again (non-reentrant checkpoint, early stop: up to the last tensor it saves), leaving
-        # every tensor a plain block saves alive beside the input the checkpoint kept
-        if rec == "full":
-            # ... less the block's input, which the checkpoint kept
-            to_core = sum(v for k, v in plain_layer.items() if k.startswith(("ln_1/", "attn/"))
-                          and k not in ("attn/out_input", "attn/resid_dropout_mask")
-                          ) - N * E * r + sum(
-                cp(c[len("weight_copy/"):]) for c in copies
-                if c.startswith("weight_copy/attention/") and c != "weight_copy/attention/out")
-            _recompute_block(w, cfg, workload, setup, where, layer_saved - N * E * r, to_core)
-        start = w.total
-        # --- MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it)
-        # amp: the fp32 stream's gradient is cast to the 16-bit branch (ToCopyBackward of the
-        # branch output's promotion), which the branch's first node then owns
-        cast = r != a
+        if self.setup.recompute == "full":
+            self.recompute_full(where)
+        start = self.w.total
+        self.mlp(where)
+        self.norm(f"{where} ln_2", True, shared=self.par)
+        self.attention(where)
+        self.qkv_input_path(where, layer, head_grads, start)
+
+    def recompute_full(self, where: str) -> None:
+        """Full recomputation: the block's first saving node in backward (the MLP's dropout or
+        down projection) unpacks a checkpointed tensor, and the whole block's forward runs
+        again (non-reentrant checkpoint, early stop: up to the last tensor it saves), leaving
+        every tensor a plain block saves alive beside the input the checkpoint kept."""
+        N, E, r = self.N, self.cfg.n_embd, self.r
+        # ... less the block's input, which the checkpoint kept
+        to_core = sum(v for k, v in self.plain_layer.items() if k.startswith(("ln_1/", "attn/"))
+                      and k not in ("attn/out_input", "attn/resid_dropout_mask")
+                      ) - N * E * r + sum(
+            self.cp(c[len("weight_copy/"):]) for c in self.copies
+            if c.startswith("weight_copy/attention/") and c != "weight_copy/attention/out")
+        _recompute_block(self.w, self.cfg, self.workload, self.setup, where,
+                         self.layer_saved - N * E * r, to_core)
+
+    def mlp(self, where: str) -> None:
+        """The MLP: g (N*E) is in grad_flow and stays there (the residual branch holds it).
+        amp: the fp32 stream's gradient is cast to the 16-bit branch (ToCopyBackward of the
+        branch output's promotion), which the branch's first node then owns."""
+        w, cfg = self.w, self.cfg
+        N, E, Dff, a, drop, cast = self.N, cfg.n_embd, cfg.ffn_dim, self.a, self.drop, self.cast
         if cast:
             w.alloc(f"{where} mlp output cast", grad_flow=N * E * a)
         if drop:
@@ -356,118 +348,176 @@ def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _
             w.free(saved=N * E, grad_flow=N * E * a if cast else 0)
         hid = N * Dff * a
         nb_e, nb_f = (E, Dff) if cfg.mlp_bias else (0, 0)
-        lin(f"{where} mlp proj", hid, Dff * E + nb_e)
+        self.lin(f"{where} mlp proj", hid, Dff * E + nb_e)
         w.free(grad_flow=N * E * a if (drop or cast) else 0,
-               saved=(0 if cfg.mlp == "relu" else hid) + cp("mlp/proj"))
-        lin_casts(f"{where} mlp proj", Dff * E, nb_e)
+               saved=(0 if cfg.mlp == "relu" else hid) + self.cp("mlp/proj"))
+        self.lin_casts(f"{where} mlp proj", Dff * E, nb_e)
         if cfg.mlp == "swiglu":
             w.alloc(f"{where} mlp swiglu", grad_flow=2 * hid)
             w.free(grad_flow=hid, saved=2 * hid)  # up output, silu output
-            lin(f"{where} mlp up", N * E * a, E * Dff + nb_f)
+            self.lin(f"{where} mlp up", N * E * a, E * Dff + nb_f)
             # amp: up and gate read their own 16-bit copies of ln_2's output
-            w.free(grad_flow=hid, saved=(N * E * a if amp else 0) + cp("mlp/fc"))
-            input_cast(f"{where} mlp up", N * E)
-            lin_casts(f"{where} mlp up", E * Dff, nb_f)
+            w.free(grad_flow=hid, saved=(N * E * a if self.amp else 0) + self.cp("mlp/fc"))
+            self.input_cast(f"{where} mlp up", N * E)
+            self.lin_casts(f"{where} mlp up", E * Dff, nb_f)
             w.alloc(f"{where} mlp silu", grad_flow=hid)
             w.free(grad_flow=hid, saved=hid)  # the gate's output
-            lin(f"{where} mlp gate", N * E * a, E * Dff + nb_f)
-            w.free(grad_flow=hid, saved=N * E * a + cp("mlp/gate"))
-            input_cast(f"{where} mlp gate", N * E)
-            lin_casts(f"{where} mlp gate", E * Dff, nb_f)
-            input_sum(f"{where} mlp input sum")
+            self.lin(f"{where} mlp gate", N * E * a, E * Dff + nb_f)
+            w.free(grad_flow=hid, saved=N * E * a + self.cp("mlp/gate"))
+            self.input_cast(f"{where} mlp gate", N * E)
+            self.lin_casts(f"{where} mlp gate", E * Dff, nb_f)
+            self.input_sum(f"{where} mlp input sum")
         else:
             w.alloc(f"{where} mlp activation", grad_flow=hid)
             w.free(grad_flow=hid, saved=hid * (2 if cfg.mlp in ("gelu", "gelu_tanh") else 1)
                    - (hid if cfg.mlp != "relu" else 0))
-            lin(f"{where} mlp fc", N * E * a, E * Dff + nb_f)
-            w.free(grad_flow=hid, saved=N * E * a + cp("mlp/fc"))
-            input_cast(f"{where} mlp fc", N * E)
-            lin_casts(f"{where} mlp fc", E * Dff, nb_f)
-        norm(f"{where} ln_2", True, shared=par)
-        # --- attention; in a parallel block the stream's gradient is freed by the branch's
-        # first node (the attention branch holds it last)
-        if cast:
+            self.lin(f"{where} mlp fc", N * E * a, E * Dff + nb_f)
+            w.free(grad_flow=hid, saved=N * E * a + self.cp("mlp/fc"))
+            self.input_cast(f"{where} mlp fc", N * E)
+            self.lin_casts(f"{where} mlp fc", E * Dff, nb_f)
+
+    def attention(self, where: str) -> None:
+        """The attention's output side: its dropout and output projection, then the core. In a
+        parallel block the stream's gradient is freed by the branch's first node (the
+        attention branch holds it last)."""
+        w, cfg, setup = self.w, self.cfg, self.setup
+        N, E, Dq, a, r, drop = self.N, cfg.n_embd, cfg.q_width, self.a, self.r, self.drop
+        if self.cast:
             w.alloc(f"{where} attn output cast", grad_flow=N * E * a)
-            w.free(grad_flow=N * E * r if par else 0)
-        owned = cast or par
+            w.free(grad_flow=N * E * r if self.par else 0)
+        owned = self.cast or self.par
         if drop:
             w.alloc(f"{where} attn dropout", grad_flow=N * E * a)
             w.free(saved=N * E, grad_flow=N * E * a if owned else 0)
         ob = E if cfg.attn_out_bias else 0
-        lin(f"{where} attn proj", N * Dq * a, Dq * E + ob)
-        att = b * H * S * S
+        self.lin(f"{where} attn proj", N * Dq * a, Dq * E + ob)
         flash = setup.attn_impl == "sdpa" and not drop
         # SDPA's fused kernel saves its own output for backward: c_proj's input is that very
         # tensor (unless partial rotary made c_proj's input a copy), freed only after the core;
         # selective recomputation makes the kernel's output anew, c_proj keeps the first
-        out_shared = flash and not acts_plain.get("layer/attn/sdpa_out", 0) and rec != "selective"
+        out_shared = (flash and not self.acts_plain.get("layer/attn/sdpa_out", 0)
+                      and setup.recompute != "selective")
         # the dropout's gradient; in a parallel block also the block output's gradient, which
         # the attention branch was the last to hold
         w.free(grad_flow=N * E * a if (drop or owned) else 0,
-               saved=(0 if out_shared else N * Dq * a) + cp("attention/out"))
-        lin_casts(f"{where} attn proj", Dq * E, ob)
-        core_saved = sum(v for k, v in plain_layer.items() if k in _CORE_LINES)
-        if rec == "selective" and setup.attn_impl == "sdpa" and not flash:
+               saved=(0 if out_shared else N * Dq * a) + self.cp("attention/out"))
+        self.lin_casts(f"{where} attn proj", Dq * E, ob)
+        if flash:
+            self.attention_core_flash(where)
+        else:
+            self.attention_core(where)
+
+    def attention_core(self, where: str) -> None:
+        """The core node by node: manual attention, or SDPA's CPU math path (with dropout)."""
+        w, cfg, setup, workload = self.w, self.cfg, self.setup, self.workload
+        N, Dq, a, drop = self.N, cfg.q_width, self.a, self.drop
+        b, S, H = self.b, self.S, cfg.n_head
+        att = b * H * S * S
+        rec = setup.recompute
+        core_saved = sum(v for k, v in self.plain_layer.items() if k in _CORE_LINES)
+        math_core_transients = 0
+        if rec == "selective" and setup.attn_impl == "sdpa":
             # ... beside the fp32 gradient of the core's output: the math path returns fp32
             # and casts it to 16 bit, whose backward (ToCopyBackward) upcasts the incoming
             # gradient before the recomputation, in place of the 16-bit contiguous copy
             math_core_transients = sdpa_math_transients(cfg, workload, setup) + (
                 N * Dq * (4 - a))
-        if not flash:
-            m = a if setup.attn_impl == "manual" else 4
-            w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
-            w.free(grad_flow=N * Dq * a)
-            if rec == "selective":  # att @ v's backward unpacks: the core runs again
-                w.alloc(f"{where} attn core recompute", saved=core_saved,
-                        recompute=math_core_transients if setup.attn_impl == "sdpa" else 0)
-                w.free(recompute=math_core_transients if setup.attn_impl == "sdpa" else 0)
-            w.alloc(f"{where} attn core", grad_flow=att * m + N * Dq * m)  # att @ v
-            w.free(grad_flow=N * Dq * a, saved=N * Dq * m + (att * m if drop else 0))
-            if drop:
-                w.alloc(f"{where} attn core", grad_flow=att * m)
-                w.free(grad_flow=att * m, saved=att * (1 if setup.attn_impl == "manual" else m))
-            w.alloc(f"{where} attn core", grad_flow=att * m)  # softmax
-            w.free(grad_flow=att * m, saved=att * m)
-            if setup.attn_impl == "manual":
-                w.alloc(f"{where} attn core", grad_flow=att * m)  # masked_fill
-                w.free(grad_flow=att * m)
-                w.alloc(f"{where} attn core", grad_flow=att * m)  # scale
-                w.free(grad_flow=att * m, saved=S * S)
-            w.alloc(f"{where} attn core", grad_flow=2 * N * Dq * m)  # q @ k^T
-        else:
-            if rec == "selective":  # the kernel's output and logsumexp, made again
-                w.alloc(f"{where} attn core recompute", saved=core_saved + N * Dq * a)
-            w.alloc(f"{where} attn core", grad_flow=3 * N * Dq * a)
-        # the q/k/v input path (views, rotary, grouped-query sums, the projections' backward and
-        # the sum of their input gradients) is taken as one step, to the exact level before
-        # ln_1's backward: every block parameter gradient but ln_1's allocated, ln_1's saved
-        # tensors alive, its output's gradient and the residual stream's gradient in flight
+        m = a if setup.attn_impl == "manual" else 4
+        w.alloc(f"{where} attn core", grad_flow=N * Dq * a)  # contiguous grad for the view
+        w.free(grad_flow=N * Dq * a)
+        if rec == "selective":  # att @ v's backward unpacks: the core runs again
+            w.alloc(f"{where} attn core recompute", saved=core_saved,
+                    recompute=math_core_transients)
+            w.free(recompute=math_core_transients)
+        w.alloc(f"{where} attn core", grad_flow=att * m + N * Dq * m)  # att @ v
+        w.free(grad_flow=N * Dq * a, saved=N * Dq * m + (att * m if drop else 0))
+        if drop:
+            w.alloc(f"{where} attn core", grad_flow=att * m)
+            w.free(grad_flow=att * m, saved=att * (1 if setup.attn_impl == "manual" else m))
+        w.alloc(f"{where} attn core", grad_flow=att * m)  # softmax
+        w.free(grad_flow=att * m, saved=att * m)
+        if setup.attn_impl == "manual":
+            w.alloc(f"{where} attn core", grad_flow=att * m)  # masked_fill
+            w.free(grad_flow=att * m)
+            w.alloc(f"{where} attn core", grad_flow=att * m)  # scale
+            w.free(grad_flow=att * m, saved=S * S)
+        w.alloc(f"{where} attn core", grad_flow=2 * N * Dq * m)  # q @ k^T
+
+    def attention_core_flash(self, where: str) -> None:
+        """SDPA flash's single backward kernel: the q, k and v gradients at once."""
+        N, Dq, a = self.N, self.cfg.q_width, self.a
+        if self.setup.recompute == "selective":  # the kernel's output and logsumexp, made again
+            core_saved = sum(v for k, v in self.plain_layer.items() if k in _CORE_LINES)
+            self.w.alloc(f"{where} attn core recompute", saved=core_saved + N * Dq * a)
+        self.w.alloc(f"{where} attn core", grad_flow=3 * N * Dq * a)
+
+    def qkv_input_path(self, where: str, layer: int, head_grads: int, start: int) -> None:
+        """The q/k/v input path (views, rotary, grouped-query sums, the projections' backward
+        and the sum of their input gradients) as one step, to the exact level before ln_1's
+        backward: every block parameter gradient but ln_1's allocated, ln_1's saved tensors
+        alive, its output's gradient and the residual stream's gradient in flight; then ln_1.
+        `start`: the live level at the block's start (after a full recomputation)."""
+        w, cfg = self.w, self.cfg
+        N, E, r, g = self.N, cfg.n_embd, self.r, self.g
         ln_1_grads = g * E * _norm_tensors(cfg)
-        ln_1_saved = sum(_norm_lines(cfg, N, r, stats).values())
-        end = start - layer_saved + layer_grads
-        w.lines.update(gradients=head_grads + (layer + 1) * layer_grads - ln_1_grads,
+        ln_1_saved = sum(_norm_lines(cfg, N, r, self.stats).values())
+        end = start - self.layer_saved + self.layer_grads
+        w.lines.update(gradients=head_grads + (layer + 1) * self.layer_grads - ln_1_grads,
                        grad_flow=2 * N * E * r)
         w.lines["saved"] = (end + ln_1_saved + N * E * r - ln_1_grads
                             - sum(v for k, v in w.lines.items() if k != "saved"))
         w.total = sum(w.lines.values())
         w.log.append((f"{where} q/k/v input path (one step)", w.total))
         w.moments.append((f"{where} q/k/v input path (one step)", dict(w.lines)))
-        norm(f"{where} ln_1", True)
+        self.norm(f"{where} ln_1", True)
         assert w.total == end, (w.total, end)
-    # --- embeddings: the stream's gradient goes to wpe's node first (created later), then wte's
-    if drop and cfg.embd_dropout:
-        w.alloc("embedding dropout", grad_flow=N * E * r)
-        w.free(grad_flow=N * E * r, saved=N * E)
-    if cfg.pos_embedding == "learned":
-        w.alloc("position embedding", grad_flow=S * E * r)  # summed over the batch
-        w.alloc("position embedding", gradients=g * T * E)
-        w.free(grad_flow=S * E * r, saved=8 * S)
-    w.alloc("token embedding", gradients=g * V * E)
-    w.free(grad_flow=N * E * r)
-    if cfg.tie_embeddings:  # AccumulateGrad adds out of place into lm_head's gradient
+
+    def embeddings(self) -> None:
+        """The stream's gradient goes to wpe's node first (created later), then wte's."""
+        w, cfg = self.w, self.cfg
+        N, E, V, T, S, r, g = (self.N, cfg.n_embd, cfg.vocab_size, cfg.block_size, self.S,
+                               self.r, self.g)
+        if self.drop and cfg.embd_dropout:
+            w.alloc("embedding dropout", grad_flow=N * E * r)
+            w.free(grad_flow=N * E * r, saved=N * E)
+        if cfg.pos_embedding == "learned":
+            w.alloc("position embedding", grad_flow=S * E * r)  # summed over the batch
+            w.alloc("position embedding", gradients=g * T * E)
+            w.free(grad_flow=S * E * r, saved=8 * S)
         w.alloc("token embedding", gradients=g * V * E)
-        w.free(gradients=2 * g * V * E)
-    return w
+        w.free(grad_flow=N * E * r)
+        if cfg.tie_embeddings:  # AccumulateGrad adds out of place into lm_head's gradient
+            w.alloc("token embedding", gradients=g * V * E)
+            w.free(gradients=2 * g * V * E)
+
+
+def backward_walk(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> _Walk:
+    """The live bytes of one backward pass of the reference model on CPU, node by node.
+
+    Start: weights, optimizer states and buffers, every saved activation (less the batch's idx,
+    which no op returns), the logits the caller holds, the loss and its seed gradient. Each
+    autograd node then allocates its outputs (gradients of its inputs, parameter gradients that
+    AccumulateGrad keeps) and, after it returns, frees its incoming gradient and the saved tensors
+    no later node needs. Modelled node by node: the cross entropy, lm_head, final norm, the MLP,
+    the residual sum, the attention output projection and core (manual; SDPA's CPU math path with
+    dropout; SDPA flash's single backward kernel), the embeddings. The q/k/v input path (views,
+    rotary, per-head projections) is taken as one step to the block's exact end level (its
+    saved tensors freed, its parameter gradients allocated): it allocates less than the core
+    before it. Blocks repeat with the live level moving by (parameter gradients - saved
+    activations) of one block. Recomputation: full recomputes each block's saved tensors at its
+    start (`_recompute_block`), selective the attention core's at the core (SDPA's math path
+    with its forward's transients, `sdpa_math_transients`); then the plain block's walk runs.
+    The forward's end is `forward_end`, from this walk's start.
+    """
+    p = _Backward(cfg, workload, setup)
+    p.loss_and_head()
+    if cfg.final_norm:
+        p.norm("final norm", False)
+    head_grads = p.w.lines["gradients"]
+    for layer in range(cfg.n_layer):
+        p.block(layer, head_grads)
+    p.embeddings()
+    return p.w
 
 
 @dataclass(frozen=True)
@@ -479,45 +529,6 @@ class StepPeak:
     why: str
     phases: dict[str, int]
     lines: dict[str, int] = field(default_factory=dict)  # what is alive at the peak
-
-
-def replay_tolerance(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
-    """Bytes by which `replay_peak` may miss MemTracker's CPU peak: what the walk does not place
-    one by one, as a bound on what those steps can hold (not a fit to measurements).
-
-    Each block's q/k/v input path is one step between levels the walk knows exactly; above them
-    it can hold the q, k and v gradients, N(Dq + 2Dkv), and two N x E input gradients of the
-    running sum, in the activation dtype (amp: the two sums fp32, a projection's 16-bit input
-    gradient awaiting its cast, and the largest q/k/v Linear's 16-bit weight and bias gradients
-    beside their fp32 casts). SDPA's CPU math path (with dropout) can peak inside a forward
-    block: one fp32 b x H x S x S stack. Recomputation's transients: one score stack, one
-    residual-stream tensor and, under amp, the recomputation's 16-bit casts of its input, q,
-    k and v. At least 1% of the prediction.
-    """
-    b, S = workload.batch_size, workload.seq_len
-    r = 4 if setup.mode in ("fp32", "amp") else setup.act_bytes  # the residual stream's bytes
-    path = b * S * (setup.act_bytes * (cfg.q_width + 2 * cfg.kv_width) + r * 2 * cfg.n_embd)
-    if setup.mode == "amp":
-        # a projection's 16-bit input gradient before its cast to fp32, and its 16-bit weight
-        # and bias gradients beside their fp32 casts (the largest q/k/v Linear's)
-        path += setup.act_bytes * b * S * cfg.n_embd
-        width = {"fused": cfg.q_width + 2 * cfg.kv_width, "separate": cfg.q_width,
-                 "per_head": cfg.head_size}[cfg.qkv_layout]
-        path += setup.act_bytes * width * (cfg.n_embd + cfg.qkv_bias)
-    if setup.attn_impl == "sdpa" and cfg.dropout > 0:
-        # SDPA's CPU math path (taken with dropout) builds fp32 score stacks in the forward;
-        # with one block and a tiny vocabulary the forward can hold the step's peak inside a
-        # block, and of the forward only its end is placed: allow one fp32 b x H x S x S stack
-        path += 4 * b * cfg.n_head * S * S
-    if setup.recompute != "none":
-        # the recomputed forward's transients that `_recompute_block` does not place one by
-        # one: a score stack before the softmax, a residual-stream sum, and (amp) the
-        # recomputation's own 16-bit casts of its inputs, q, k and v
-        m = 4 if setup.attn_impl == "sdpa" or setup.mode == "fp32" else setup.act_bytes
-        path += m * b * cfg.n_head * S * S + r * b * S * cfg.n_embd
-        if setup.mode == "amp":
-            path += 2 * b * S * (cfg.n_embd + cfg.q_width + 2 * cfg.kv_width)
-    return max(path, _ceil(replay_peak(cfg, workload, setup).bytes, 100))
 
 
 def linear_bias_elements(cfg: GPTConfig) -> int:

@@ -6,8 +6,9 @@ This module builds those classes from a `GPTConfig` (or a config.json dict), off
 weights, and measures what they hold:
 
 - `measure_saved`: every storage autograd saves in one training forward (`model(input_ids,
-  labels=labels)`, the loss computed inside the model as transformers does), through
-  `torch.autograd.graph.saved_tensors_hooks`, deduplicated by storage, parameters and buffers
+  labels=labels)`, the loss computed inside the model as transformers does), through the
+  reference model's capture (`reference_model.memory.saved_during`: saved_tensors_hooks),
+  deduplicated by storage, parameters and buffers
   (and their views) excluded, each entry with the saving autograd node, dtype, shape and module.
 - `measure_step_peak`: the peak live tensor bytes of one steady-state training step
   (zero_grad(set_to_none=True), forward with labels, loss.backward(), optimizer.step()) after a
@@ -34,7 +35,7 @@ from gptcalc.config import GPTConfig
 from gptcalc.errors import ConfigError
 from gptcalc.memory.profile_transformers import transformers_family
 
-from .memory import SavedReport, SavedTensor, saving_nodes, storage_key
+from .memory import SavedReport, SavedTensor, saved_during, tensors_in
 from .recompute import OpCheckpoint
 
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
@@ -177,7 +178,7 @@ def _holding(checkpoint_fn, held: list):
 
     def run(fn, *args):
         bound = list(args) + list(getattr(fn, "keywords", {}).values())
-        held.extend(weakref.ref(t) for t in _tensors_in(bound))
+        held.extend(weakref.ref(t) for t in tensors_in(bound))
         return checkpoint_fn(fn, *args)
     return run
 
@@ -210,65 +211,6 @@ def peft_lora(model: torch.nn.Module, rank: int, targets) -> torch.nn.Module:
 # --------------------------------------------------------------------------- saved tensors
 
 
-def saved_during(model: torch.nn.Module, run) -> tuple[SavedReport, Any]:
-    """Every storage autograd saves while `run()` executes, deduplicated by storage, excluding
-    `model`'s parameters and buffers; returns the report and run()'s result. The generic part of
-    the measurement, independent of the model's class: `run` does the forward."""
-    excluded = {storage_key(p) for p in model.parameters()}
-    excluded |= {storage_key(b) for b in model.buffers()}
-    seen: dict[int, dict] = {}
-    keep: list[torch.Tensor] = []  # keeps recorded storages (and their keys) alive
-    stack = [""]
-    handles = []
-    for name, mod in model.named_modules():
-        handles.append(mod.register_forward_pre_hook(lambda m, a, n=name: stack.append(n)))
-        handles.append(mod.register_forward_hook(lambda m, a, o: (stack.pop(), None)[1]))
-
-    def pack(t: torch.Tensor):
-        key = storage_key(t)
-        st = t.untyped_storage()
-        if key not in excluded and key not in seen and st.nbytes():
-            seen[key] = dict(nbytes=st.nbytes(), dtype=str(t.dtype).replace("torch.", ""),
-                             shape=tuple(t.shape), module=stack[-1])
-            keep.append(t)
-        return t
-
-    op_checkpoint = getattr(model, "op_checkpoint", None)
-    if op_checkpoint is not None:
-        op_checkpoint.clear()
-    getattr(model, "checkpoint_held", []).clear()
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            result = run()
-    finally:
-        for h in handles:
-            h.remove()
-    if op_checkpoint is not None:  # op outputs kept by the checkpoints, outside autograd
-        stack.append("checkpoint cache")
-        for t in op_checkpoint.cached():
-            pack(t)
-    stack.append("checkpoint inputs")
-    for ref in getattr(model, "checkpoint_held", []):
-        if (t := ref()) is not None:
-            pack(t)
-    roots = [t.grad_fn for t in _tensors_in(result) if t.grad_fn is not None]
-    # reading a checkpointed node's saved tensors would run its recomputation: no names then
-    nodes = saving_nodes(roots) if not hasattr(model, "checkpoint_held") else {}
-    report = SavedReport([SavedTensor(saved_by="+".join(sorted(nodes.get(k, {"?"}))), **info)
-                          for k, info in seen.items()])
-    return report, result
-
-
-def _tensors_in(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, Mapping):
-        return [t for v in out.values() for t in _tensors_in(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors_in(v)]
-    return []
-
-
 def _autocast(amp_dtype: torch.dtype | None, device: str):
     import contextlib
     if amp_dtype is None:
@@ -284,9 +226,10 @@ def measure_saved(model: torch.nn.Module, idx: torch.Tensor, labels: torch.Tenso
     Under autocast the 16-bit weight copies autograd saves are reported like any other tensor
     (their module is the Linear that cast them)."""
     with _autocast(amp_dtype, idx.device.type):
+        # reading a checkpointed node's saved tensors would run its recomputation: no names
         report, out = saved_during(
             model, lambda: {"loss": (o := model(input_ids=idx, labels=labels)).loss,
-                            "logits": o.logits})
+                            "logits": o.logits}, names=not hasattr(model, "checkpoint_held"))
     del out
     return report
 

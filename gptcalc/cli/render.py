@@ -40,11 +40,6 @@ def envelope(cfg: GPTConfig | None, workload: Workload | None = None,
     return out
 
 
-def model_json(cfg: GPTConfig, workload: Workload | None = None) -> dict[str, Any]:
-    """`envelope` without a training set-up (the name older commands use)."""
-    return envelope(cfg, workload)
-
-
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
                 caption: str | None = None, total_row: Sequence[Any] | None = None) -> None:
     """A rich table; the first column is left-aligned, numbers to the right."""
