@@ -24,7 +24,6 @@ from .hf_families import LINEAR_NAMES, PEFT_DEFAULT_TARGETS, PEFT_MOE_CONVERSION
 from .inventory import inventory
 from .layers import moe_layers
 from .linears import block_linears
-from .params import count_params
 
 LORA_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "q_a", "q_b", "kv_a", "kv_b",
                 "router")
@@ -230,29 +229,4 @@ def qlora_weight_bytes(n_params: int, double_quant: bool = True) -> dict[str, in
         "nf4": math.ceil(n_params / 2),
         "absmax": blocks if double_quant else 4 * blocks,
         "absmax_scales": 4 * math.ceil(blocks / ABSMAX_BLOCK) if double_quant else 0,
-    }
-
-
-def lora_state_bytes(cfg: GPTConfig, rank: int, targets: tuple[str, ...], base: str = "nf4",
-                     double_quant: bool = True) -> dict[str, int]:
-    """Bytes of (Q)LoRA fine-tuning's model states, by category; the values sum to the total.
-
-    base/weights: the frozen block Linears, NF4 (base="nf4", QLoRA) or 16-bit (base="bf16");
-    base/quant_constants: NF4's absmax values and their scales (qlora_weight_bytes);
-    base/other: embeddings, lm_head, norms and biases, 16-bit and frozen;
-    adapter/weights, adapter/gradients: fp32, 4 bytes per LoRA parameter each;
-    adapter/optimizer: AdamW's two fp32 moments, 8 bytes per LoRA parameter.
-    Not included: activations, the cross-entropy logits, framework workspace."""
-    if base not in ("nf4", "bf16"):
-        raise ConfigError("base", f"base must be nf4 or bf16, got {base!r}")
-    n_lora = sum(lora_params(cfg, rank, targets).values())
-    n_matrix = sum(m.weights for m in block_linears(cfg))
-    q = qlora_weight_bytes(n_matrix, double_quant)
-    return {
-        "base/weights": q["nf4"] if base == "nf4" else 2 * n_matrix,
-        "base/quant_constants": q["absmax"] + q["absmax_scales"] if base == "nf4" else 0,
-        "base/other": 2 * (count_params(cfg).total - n_matrix),
-        "adapter/weights": 4 * n_lora,
-        "adapter/gradients": 4 * n_lora,
-        "adapter/optimizer": 8 * n_lora,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 from gptcalc import count_params, from_name
 from gptcalc.cli import cli
 from gptcalc.linears import block_linears
-from gptcalc.lora import lora_params, lora_state_bytes, parse_targets, qlora_weight_bytes
+from gptcalc.lora import lora_params, parse_targets, qlora_weight_bytes
+from gptcalc.memory.finetune import finetune_state_bytes
 from gptcalc.presets import PRESETS
 from gptcalc.memory import TrainingSetup, state_bytes
 
@@ -65,14 +67,20 @@ def test_qlora_constants_per_parameter():
 def test_lora_state_bytes_categories():
     cfg = from_name("llama3-8b")
     targets = parse_targets("all", cfg)
-    s = lora_state_bytes(cfg, 16, targets)
+    qlora = TrainingSetup(mode="amp", lora_rank=16, lora_targets=targets, base_dtype="nf4")
+    s = finetune_state_bytes(cfg, qlora)
     n_lora = 32 * 16 * 81_920
     assert s["adapter/weights"] == s["adapter/gradients"] == 4 * n_lora
-    assert s["adapter/optimizer"] == 8 * n_lora
-    # embedding and untied head 2 x 128256 x 4096, norms 65 x 4096, all 16-bit
-    assert s["base/other"] == 2 * (2 * 128_256 * 4096 + 65 * 4096)
-    bf16 = lora_state_bytes(cfg, 16, targets, base="bf16")
-    assert bf16["base/weights"] == 4 * s["base/weights"] and bf16["base/quant_constants"] == 0
+    # AdamW's two fp32 moments, and torch's 4-byte step counter for each of the 448 adapter
+    # tensors (A and B of 7 targets in 32 blocks)
+    assert s["adapter/optimizer"] == 8 * n_lora + 4 * 448
+    # the 4-bit block Linears with their constants, and the embedding, untied head 2 x 128256
+    # x 4096 and norms 65 x 4096 in 16 bit
+    q = qlora_weight_bytes(sum(m.weights for m in block_linears(cfg)))
+    other = 2 * (2 * 128_256 * 4096 + 65 * 4096)
+    assert s["base/weights"] == q["nf4"] + q["absmax"] + q["absmax_scales"] + other
+    bf16 = finetune_state_bytes(cfg, dataclasses.replace(qlora, base_dtype="same"))
+    assert bf16["base/weights"] == 2 * sum(m.weights for m in block_linears(cfg)) + other
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
