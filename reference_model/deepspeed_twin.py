@@ -2,7 +2,7 @@
 
 DeepSpeed runs on CPU ranks with `DS_ACCELERATOR=cpu` over gloo; the client optimizer is
 `torch.optim.AdamW` (DeepSpeed's own CPUAdam needs a compiled op). The ds_config is the one
-gptcalc models (`gptcalc.memory.engines.deepspeed.ds_config_dict`): the ZeRO stage, bf16 in
+gptcalc models (`gptcalc.dsconfig.ds_config_dict`): the ZeRO stage, bf16 in
 mode mixed (the module cast to bf16, fp32 master partition) or fp32, the micro-batch, and the
 bucket sizes of the set-up (DeepSpeed's defaults or a user's ds_config). The loss is computed
 as the reference model's mixed mode computes it: under CPU autocast, which with bf16 weights
@@ -55,7 +55,7 @@ class DeepSpeedRank(_Engine):
         import deepspeed
         from deepspeed.utils import logger
 
-        from gptcalc.memory.engines.deepspeed import ds_config_dict
+        from gptcalc.dsconfig import ds_config_dict
 
         logger.setLevel("WARNING")
         deepspeed.init_distributed(dist_backend="gloo")

@@ -163,7 +163,7 @@ def test_lazy_and_relative_imports_are_edges():
     assert "gptcalc.memory.finetune" in graph["gptcalc.memory.activations"]
     # `from . import memory` inside gptcalc/__init__ is the submodule, not the package itself
     assert "gptcalc.memory" in graph["gptcalc"]
-    # likewise `from . import engines` in memory/peak.py: the engines package, not memory's
+    # `from .engines import ...` in memory/peak.py: the engines package, not memory's
     # __init__ (which imports peak): no loop through the package
     assert "gptcalc.memory.engines" in graph["gptcalc.memory.peak"]
     assert "gptcalc.memory" not in graph["gptcalc.memory.peak"]

@@ -27,7 +27,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 from ...config import GPTConfig
-from ...dsconfig import ZERO_DEFAULTS, ds_config_dict  # ds_config_dict: for the DeepSpeed twin
+from ...dsconfig import ZERO_DEFAULTS
 from ...training_setup import TrainingSetup
 from ..ledger import GRADIENTS, STEADY_PHASES, Ledger, Phase, Term
 from ..states import OPTIMIZER_BYTES, STEP_COUNTER_BYTES, stage_tensors
@@ -260,6 +260,6 @@ def describe_buffers(setup: TrainingSetup) -> str:
 
 
 __all__ = ["DeepSpeed", "ZERO_DEFAULTS", "deepspeed_adjust", "deepspeed_buffers",
-           "deepspeed_rank_states", "deepspeed_resident", "describe_buffers", "ds_config_dict",
+           "deepspeed_rank_states", "deepspeed_resident", "describe_buffers",
            "flat_group_elements", "stage3_partition_elements", "stage3_persistent_elements",
            "zero_settings"]
