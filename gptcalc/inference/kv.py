@@ -18,7 +18,7 @@ the layers.
 from __future__ import annotations
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, one_of
 from ..layers import global_layers, kv_elements_per_token, kv_tokens_per_layer, sliding_layers
 
 KV_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}  # per element; per-tensor scales ignored
@@ -44,9 +44,7 @@ def kv_elements_per_token_layer(cfg: GPTConfig, tp: int = 1) -> int:
 
 def kv_dtype_bytes(kv_dtype: str) -> int:
     """Bytes per cached element of `kv_dtype` (fp8 and int8: 1 byte; scales not counted)."""
-    if kv_dtype not in KV_DTYPES:
-        raise ConfigError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}; got {kv_dtype!r}")
-    return KV_DTYPES[kv_dtype]
+    return KV_DTYPES[one_of("kv_dtype", kv_dtype, tuple(KV_DTYPES))]
 
 
 def kv_bytes_per_token_layer(cfg: GPTConfig, tp: int = 1, kv_dtype: str = "bf16") -> int:

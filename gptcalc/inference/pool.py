@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, one_of, positive_int
 from ..gpus import GPU
 from ..layers import global_layers, sliding_layers
 from ..time import check_fraction
@@ -133,9 +133,8 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     add-and-norm in place, rotary in place) hold the same widths at the same moments. The
     sampler's further buffers depend on its path (FlashInfer or PyTorch top-k/top-p) and are
     not counted."""
-    for field, value in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(field, f"must be a positive integer, got {value!r}")
+    positive_int("max_num_batched_tokens", tokens)
+    positive_int("max_num_seqs", seqs)
     T, E, F, V, a = tokens, cfg.n_embd, cfg.ffn_dim, cfg.vocab_size, act_bytes
     S = min(seqs, T)
     gated = cfg.mlp in ("swiglu", "geglu")
@@ -204,10 +203,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "") -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (vllm_defaults, sglang_mem_fraction_static)."""
-    if engine not in SERVERS:
-        raise ConfigError("engine", f"must be one of {', '.join(SERVERS)}; got {engine!r}")
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
-        raise ConfigError("tp", f"must be a positive integer, got {tp!r}")
+    one_of("engine", engine, SERVERS)
+    positive_int("tp", tp)
     if cfg.n_head % tp:
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     if not isinstance(non_torch, int) or non_torch < 0:
@@ -227,8 +224,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         frac = 0.9 if utilization is None else utilization
         bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     frac = check_fraction(frac, name)
-    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
-        raise ConfigError("kv_block_size", f"must be a positive integer, got {bs!r}")
+    positive_int("kv_block_size", bs)
     act = {} if engine == "sglang" else profile_activation_bytes(cfg, tokens, min(seqs, tokens),
                                                                  tp)
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, positive_int
 from ..flops import inference_flops, matmul_flops
 from ..gpus import GPU, require_bandwidth, require_peak
 from ..time import check_fraction
@@ -182,8 +182,7 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
     """Memory and roofline of B sequences: a prefill of prompt_len tokens, then gen_len decode
     steps, on tp GPUs; see the module docstring for the model."""
     for field, value in (("tp", tp), ("batch_size", batch_size), ("gen_len", gen_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(field, f"must be a positive integer, got {value!r}")
+        positive_int(field, value)
     if cfg.n_head % tp:
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     kv_heads_per_device(cfg, tp)  # tp divides the key/value heads, or exceeds them

@@ -8,7 +8,7 @@ import math
 from fractions import Fraction
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import one_of
 from ..linears import block_linears
 from ..params import count_params
 
@@ -26,9 +26,7 @@ def weight_bytes(cfg: GPTConfig, dtype: str = "bf16") -> dict[str, int]:
     per group of 128 input weights of each output (ceil(in / 128) x out per matrix), fp8 one fp32
     per matrix, none for 16-bit; other: embeddings, lm_head, norms and biases, kept 16-bit
     (GPTQ, AWQ and bitsandbytes leave them unquantised)."""
-    if dtype not in WEIGHT_DTYPES:
-        raise ConfigError("weights_dtype", f"must be one of {', '.join(WEIGHT_DTYPES)}; "
-                                           f"got {dtype!r}")
+    one_of("weights_dtype", dtype, tuple(WEIGHT_DTYPES))
     mats = block_linears(cfg)
     n_matrix = sum(m.weights for m in mats)
     if dtype in ("int8", "int4"):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from ...config import GPTConfig
-from ...errors import ConfigError
+from ...errors import ConfigError, one_of
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import Ledger, Term
@@ -150,9 +150,7 @@ def names() -> tuple[str, ...]:
 
 def engine_named(name: str) -> Engine:
     """The engine `name`; an unknown name is ConfigError("engine")."""
-    if name not in _REGISTRY:
-        raise ConfigError("engine", f"engine must be one of {', '.join(names())}; got {name!r}")
-    return _REGISTRY[name]
+    return _REGISTRY[one_of("engine", name, names())]
 
 
 def default_engine(zero: int) -> Engine:
