@@ -2,7 +2,7 @@
 its own floor or below, heavy packages only where the document allows them.
 
 The import graph is read from the source (an AST walk; imports inside functions count), so a
-lazy import cannot hide a cycle. `python tests/test_architecture.py` prints the summary.
+lazy import cannot hide a cycle. `python -m tests.test_architecture` prints the summary.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from ._imports import import_targets, modules as all_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gptcalc"
@@ -32,11 +34,7 @@ def short(dotted: str) -> str:
 
 def modules() -> dict[str, Path]:
     """Every module of the package by dotted name (packages by their own name)."""
-    out = {}
-    for p in PACKAGE.rglob("*.py"):
-        rel = p.relative_to(ROOT).with_suffix("")
-        out[".".join(rel.parts).removesuffix(".__init__")] = p
-    return out
+    return all_modules("gptcalc")
 
 
 def _function_nodes(tree: ast.AST) -> set[int]:
@@ -59,22 +57,9 @@ def imports() -> list[Import]:
         tree = ast.parse(path.read_text(), filename=str(path))
         inside = _function_nodes(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = pkg
-                    for _ in range(node.level - 1):
-                        base = base.rsplit(".", 1)[0]
-                    module = base + "." + node.module if node.module else base
-                else:
-                    module = node.module or ""
-                targets = []
-                for a in node.names:
-                    full = module + "." + a.name
-                    targets.append(full if full in mods else module)
-            else:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
+            targets = import_targets(node, pkg, mods)
             for t in targets:
                 internal = t in mods
                 if not internal and t.split(".")[0] == "gptcalc":

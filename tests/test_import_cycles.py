@@ -19,7 +19,7 @@ import x` inside `gptcalc/memory/`) is an edge to the package's `__init__`; if t
 imports the submodule back, directly or through others, it is a cycle and this test fails.
 
 Modules outside the three packages (torch, the standard library) are not nodes.
-`python tests/test_import_cycles.py` prints the cycles found.
+`python -m tests.test_import_cycles` prints the cycles found.
 """
 
 from __future__ import annotations
@@ -27,40 +27,20 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from ._imports import import_targets, modules as all_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gptcalc", "reference_model", "reports")
 
 
 def modules() -> dict[str, Path]:
     """Every module of the three packages by dotted name (a package by its own name)."""
-    out = {}
-    for package in PACKAGES:
-        for p in (ROOT / package).rglob("*.py"):
-            rel = p.relative_to(ROOT).with_suffix("")
-            out[".".join(rel.parts).removesuffix(".__init__")] = p
-    return out
+    return all_modules(*PACKAGES)
 
 
 def _ancestors(name: str) -> list[str]:
     parts = name.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def _targets(node: ast.AST, package: str, mods: dict[str, Path]) -> list[str]:
-    """The modules an import statement names, resolved (not yet filtered to the project)."""
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    if not isinstance(node, ast.ImportFrom):
-        return []
-    if node.level:
-        base = package
-        for _ in range(node.level - 1):
-            base = base.rsplit(".", 1)[0]
-        module = base + "." + node.module if node.module else base
-    else:
-        module = node.module or ""
-    return [module + "." + a.name if module + "." + a.name in mods else module
-            for a in node.names]
 
 
 def edges() -> dict[str, dict[str, int]]:
@@ -70,7 +50,7 @@ def edges() -> dict[str, dict[str, int]]:
     for name, path in mods.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            for target in _targets(node, package, mods):
+            for target in import_targets(node, package, mods):
                 above = [a for a in _ancestors(target)
                          if not (name == a or name.startswith(a + "."))]
                 for t in (target, *above):
@@ -173,5 +153,8 @@ def test_lazy_and_relative_imports_are_edges():
 
 if __name__ == "__main__":
     g = edges()
-    for c in cycles(g):
+    found = cycles(g)
+    for c in found:
         print(describe(c, g))
+    print(f"{len(g)} modules of {', '.join(PACKAGES)}, {sum(map(len, g.values()))} imports "
+          f"(lazy ones included), {len(found)} import cycles")
