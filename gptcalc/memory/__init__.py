@@ -5,7 +5,9 @@
 - `activations`: what backward keeps, by implementation profile (`reference`, `transformers`,
   `paper`), sharded as Korthikanti et al. 2022 shard it, with a pipeline stage's micro-batches
   in flight; the logits;
-- `peak`: the step peak as a phase model of named terms;
+- `ledger`: the moments of a training step (`Phase`) and their named terms;
+- `engines`: each training engine's states per rank and terms at each moment, by registry;
+- `peak`: the step peak: the ledger of one device, its largest moment;
 - `report`: everything `gptcalc memory` prints, and the largest batch / sequence / inference
   context that fit. The KV cache is `gptcalc.inference.kv`'s, re-exported here.
 
@@ -17,7 +19,8 @@ from ..training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, DEVICES, IMPLS, MODES
 from .activations import (activations_paper, device_activations, logits_bytes,
                           paper_layer_bytes, saved_activations)
 from ..inference.kv import kv_cache_bytes
-from .peak import StepPeak, stage_phases, step_peak
+from .ledger import Phase
+from .peak import StepPeak, stage_ledger, step_peak
 from .report import (MemoryReport, inference_bytes, max_batch, max_context, max_seq_len,
                      memory_report, serving_dtype_bytes, validate_setup)
 from .states import (OPTIMIZER_BYTES, STEP_COUNTER_BYTES, StateBytes,
@@ -26,10 +29,10 @@ from .engines import resident, state_bytes
 
 __all__ = [
     "ATTN_IMPLS", "AUTOCAST_DTYPES", "DEVICES", "IMPLS", "MODES", "OPTIMIZERS",
-    "OPTIMIZER_BYTES", "RECOMPUTE", "STEP_COUNTER_BYTES", "ZERO_STAGES", "MemoryReport",
+    "OPTIMIZER_BYTES", "Phase", "RECOMPUTE", "STEP_COUNTER_BYTES", "ZERO_STAGES", "MemoryReport",
     "StateBytes", "StepPeak", "TrainingSetup", "activations_paper", "autocast_weight_copies",
     "device_activations", "inference_bytes", "kv_cache_bytes", "logits_bytes", "max_batch",
     "max_context", "max_seq_len", "memory_report", "paper_layer_bytes", "saved_activations",
-    "resident", "serving_dtype_bytes", "stage_params", "stage_phases", "state_bytes", "step_peak",
+    "resident", "serving_dtype_bytes", "stage_params", "stage_ledger", "state_bytes", "step_peak",
     "validate_setup", "zero_bytes_per_param",
 ]

@@ -288,12 +288,6 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     return ledger
 
 
-def stage_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
-                 ) -> dict[str, dict[str, int]]:
-    """Each phase's terms on one device of pipeline stage `stage`, by label."""
-    return stage_ledger(cfg, workload, setup, stage).labelled()
-
-
 def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
               stage: str | None = None) -> StepPeak:
     """The peak of one training step on the most loaded device: the largest phase of
