@@ -17,8 +17,8 @@ from .errors import ConfigError, integer
 from .families import ARCHS
 from .lora import TARGETS_HELP
 from .presets import DEFAULT_PRESET
-from .training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, DEVICES, IMPLS, MODES, OPTIMIZERS,
-                             RECOMPUTE)
+from .training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, DEFAULT_LOSS_CHUNKS, DEVICES, IMPLS,
+                             LOSSES, MODES, OPTIMIZERS, RECOMPUTE)
 from .units import parse_bytes
 
 
@@ -121,6 +121,17 @@ _TRAINING = (
     Option("impl", "--impl", "choice", "Whose saved tensors: reference (this project's model; "
            "presets' default), transformers (--hf-config's default) or paper (Korthikanti et "
            "al. 2022).", "training", IMPLS),
+    Option("loss", "--loss", "choice", "The loss over the logits: standard (default: the "
+           "whole logits, cross_entropy on them), chunked (torchtune's CEWithChunkedOutputLoss: "
+           "the head's output in --loss-chunks chunks, each upcast to fp32 in turn; --impl "
+           "reference) or fused (Liger's fused linear cross entropy: no logits beyond one chunk "
+           "of rows, the head's gradients made in the forward).", "training", LOSSES),
+    Option("loss_chunks", "--loss-chunks", "int", f"Chunks of tokens of --loss chunked "
+           f"(default {DEFAULT_LOSS_CHUNKS}, torchtune's).", "training"),
+    Option("keep_logits", "--keep-logits", "flag", "Whether the training loop holds the "
+           "logits through backward (default on: the reference model's and litgpt's loops); "
+           "--no-keep-logits: dropped before backward, as the Hugging Face Trainer, torchtitan "
+           "and torchtune do.", "training"),
     Option("overhead", "--overhead", "size", "Bytes added to every phase of the peak for what "
            "is not modelled (CUDA context, fragmentation, communication buffers), e.g. 2GiB; "
            "default 0.", "training", metavar="SIZE", zero_ok=True),

@@ -14,7 +14,7 @@ from .dsconfig import read_ds_config
 from .schema import byte_size
 from .errors import ConfigError
 from .families import family_of
-from .training_setup import ZERO_STAGES, TrainingSetup
+from .training_setup import DEFAULT_LOSS_CHUNKS, ZERO_STAGES, TrainingSetup
 
 # The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's
 # "Let's build GPT" and the decoder-only notes); everything else
@@ -71,7 +71,8 @@ def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, 
     family = training_defaults(cfg, hf=from_hf)
     return {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
             "recompute": "none", "attn": family["attn"], "device": family["device"],
-            "impl": family["impl"], "overhead": 0, "lora_rank": 0, "lora_targets": "",
+            "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
+            "keep_logits": True, "overhead": 0, "lora_rank": 0, "lora_targets": "",
             "weights_dtype": ""}
 
 

@@ -17,6 +17,13 @@ RECOMPUTE = ("none", "selective", "op", "full")
 ATTN_IMPLS = ("manual", "sdpa")
 DEVICES = ("cpu", "cuda")
 IMPLS = ("reference", "transformers", "paper")
+# the loss over the logits: standard (the whole logits, cross_entropy over them); chunked
+# (torchtune's CEWithChunkedOutputLoss: the head's output in loss_chunks chunks of tokens, each
+# upcast to fp32 in the loss); fused (Liger's fused linear cross entropy: the logits made one
+# chunk of rows at a time inside the loss, the head's gradients computed in the forward)
+LOSSES = ("standard", "chunked", "fused")
+# torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
+DEFAULT_LOSS_CHUNKS = 8
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -42,7 +49,11 @@ class TrainingSetup:
     base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4. `overhead`: bytes
     added to every
     phase of the peak for what the model does not cover (framework context, allocator
-    fragmentation, communication buckets); 0 unless given, always printed.
+    fragmentation, communication buckets); 0 unless given, always printed. `loss`: how the
+    cross entropy meets the logits (`LOSSES`), `loss_chunks` the chunks of tokens of the
+    chunked loss. `keep_logits`: the training loop holds the model's logits through backward
+    (the reference model's loop and litgpt's) rather than dropping them before it (Hugging Face
+    Trainer, torchtitan's `del pred`, torchtune's `del logits`).
 
     The dataclass defaults are the bare fp32 CPU set-up the reference model is measured in;
     `training_defaults` gives the set-up a family is usually trained with.
@@ -68,11 +79,15 @@ class TrainingSetup:
     lora_targets: tuple[str, ...] = ()
     base_dtype: str = "same"
     engine_settings: tuple[tuple[str, int], ...] = ()
+    loss: str = "standard"
+    loss_chunks: int = DEFAULT_LOSS_CHUNKS
+    keep_logits: bool = True
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
-                              ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS)):
+                              ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
+                              ("loss", LOSSES)):
             one_of(name, getattr(self, name), choices)
         for name in ("dp", "tp", "pp", "ep"):
             positive_int(name, getattr(self, name))
@@ -90,6 +105,11 @@ class TrainingSetup:
             raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
                                                "--lora-rank")
         nonneg_int("overhead", self.overhead)
+        positive_int("loss_chunks", self.loss_chunks)
+        boolean("keep_logits", self.keep_logits)
+        if self.loss == "chunked" and self.impl == "transformers":
+            raise ConfigError("loss", "transformers' models return the logits whole; the "
+                                      "chunked output is torchtune's: use --impl reference")
 
     @property
     def weight_bytes(self) -> int:
@@ -122,4 +142,13 @@ class TrainingSetup:
                     f"{base} base")
         return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, "
                 f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
-                f"{self.recompute}{tune}, {layout}")
+                f"{self.recompute}{tune}, {self.describe_loss()}, {layout}")
+
+    def describe_loss(self) -> str:
+        """The loss and what the training loop does with the logits, in words."""
+        loss = {"standard": "standard loss", "fused": "fused linear cross-entropy loss (Liger)",
+                "chunked": f"chunked loss ({self.loss_chunks} chunks, torchtune)"}[self.loss]
+        if self.loss == "fused":
+            return loss + ", no logits"
+        return loss + (", logits kept through backward" if self.keep_logits
+                       else ", logits dropped before backward")

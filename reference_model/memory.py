@@ -279,6 +279,10 @@ def make_batch(cfg: GPTConfig, workload: Workload, device: str = "cpu", seed: in
 def build_for(cfg: GPTConfig, setup: TrainingSetup, device: str = "cpu") -> GPT:
     model = build_model(cfg, setup.attn_impl, device=device, dtype=model_dtype(setup))
     model.train()
+    if setup.loss == "chunked":  # torchtune's chunked output and loss (model.py)
+        model.num_output_chunks = setup.loss_chunks
+    elif setup.loss != "standard":
+        raise ValueError(f"the {setup.loss} loss runs Triton kernels: no CPU twin")
     return apply_recompute(model, setup.recompute)
 
 
@@ -336,12 +340,18 @@ class MasterWeights:
 def train_step(model: GPT, opt, idx, targets, setup: TrainingSetup
                ) -> None:
     """zero_grad(set_to_none) -> forward (autocast per mode) -> backward -> step. The caller's
-    references to logits and loss are dropped before the optimizer step."""
+    references to the logits are dropped before the backward unless `setup.keep_logits` (the
+    reference loop keeps them to the optimizer step, as litgpt's does; the Hugging Face
+    Trainer, torchtitan and torchtune drop them), the loss's before the optimizer step."""
     opt.zero_grad(set_to_none=True)
     with autocast_context(setup, idx.device.type):
         logits, loss = model(idx, targets)
+    if not setup.keep_logits:
+        del logits
     loss.backward()
-    del logits, loss
+    if setup.keep_logits:
+        del logits
+    del loss
     opt.step()
 
 

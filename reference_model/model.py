@@ -440,6 +440,8 @@ class GPT(nn.Module):
         super().__init__()
         cfg = self.config = config
         self.attn_impl = attn_impl
+        # torchtune's chunked output (TransformerDecoder.set_num_output_chunks): 0 = one tensor
+        self.num_output_chunks = 0
         modules = dict(wte=nn.Embedding(cfg.vocab_size, cfg.embd_dim))
         if cfg.embd_dim != cfg.n_embd:  # OPT's word_embed_proj_dim
             modules["proj_in"] = nn.Linear(cfg.embd_dim, cfg.n_embd, bias=False)
@@ -490,6 +492,10 @@ class GPT(nn.Module):
             x = self.transformer.ln_f(x)
         if cfg.embd_dim != cfg.n_embd:
             x = self.transformer.proj_out(x)
+        if self.num_output_chunks:  # torchtune: the head per chunk of tokens, a list out
+            chunks = [self.lm_head(c) for c in x.tensor_split(self.num_output_chunks, dim=1)]
+            del x  # torchtune's loss runs after the model has returned: its hidden state is gone
+            return chunks, None if targets is None else chunked_cross_entropy(chunks, targets)
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
@@ -555,6 +561,22 @@ _KEY_PATTERNS = [
     (r"transformer\.ln_f\.(weight|bias)", "norm/final"),
     (r"lm_head\.(weight|bias)", "lm_head"),
 ]
+
+
+def chunked_cross_entropy(chunks: list[torch.Tensor], targets: torch.Tensor,
+                          ignore_index: int = -100) -> torch.Tensor:
+    """The mean cross entropy over logits given in chunks of tokens, as torchtune's
+    CEWithChunkedOutputLoss computes it in eager mode (torchtune/modules/loss/
+    ce_chunked_output_loss.py): the targets split as the logits were (`tensor_split` along the
+    sequence), each chunk upcast to fp32 (`.float()`) and summed with reduction "sum", the sum
+    divided by the count of targets that are not `ignore_index`."""
+    count = (targets != ignore_index).sum()
+    labels = [t.reshape(-1) for t in targets.tensor_split(len(chunks), dim=1)]
+    total = 0.0
+    for logits, y in zip(chunks, labels):
+        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y,
+                                 ignore_index=ignore_index, reduction="sum")
+    return total / count
 
 
 def param_key(name: str) -> str:

@@ -16,6 +16,7 @@ from ..config import GPTConfig
 from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
+from .losses import logits_alive, loss_saved_lines
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
 from .states import autocast_weight_copies
@@ -104,7 +105,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         from dataclasses import replace
 
         setup = replace(setup, mode="mixed")
-    out = PROFILES[setup.impl](cfg, workload, setup)
+    out = loss_saved_lines(cfg, workload, setup, PROFILES[setup.impl](cfg, workload, setup))
     if setup.impl == "paper":
         return out
     if setup.lora_rank:  # a frozen base: only what the adapters' gradients need
@@ -124,7 +125,7 @@ _SEQUENCE_SHARDED = ("embedding/", "final/", "layer/ln_", "layer/block_input",
                      "layer/mlp/fc_input", "layer/mlp/dropout_mask", "layer/norm",
                      "layer/moe/router", "layer/moe/topk")
 _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
-               "cross_entropy/total_weight",
+               "cross_entropy/total_weight", "cross_entropy/count",
                # op-level checkpointing keeps a row-parallel (or replicated) Linear's mm
                # output, the full-width partial sum before its all-reduce / reduce-scatter
                "layer/op/c_proj", "layer/op/mlp_proj", "layer/op/q_a_proj",
@@ -186,11 +187,10 @@ def saved_in(acts: Mapping[str, int], *places: str) -> int:
 
 def logits_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
     """The logits of one micro-batch, b x S x V in the compute dtype, vocabulary-parallel over
-    tp (Megatron pads V to a multiple of tp). The model returns them, so they stay alive until
-    the backward has used their gradient. The cross entropy's saved log-probabilities are a
-    saved activation (`cross_entropy/log_probs`), not counted here."""
-    v_shard = -(-cfg.vocab_size // setup.tp)
-    return workload.batch_size * workload.seq_len * v_shard * setup.act_bytes
+    tp (Megatron pads V to a multiple of tp), where the loss makes them (not the fused loss:
+    `losses.logits_alive`). The cross entropy's saved log-probabilities are a saved activation
+    (`cross_entropy/log_probs`), not counted here."""
+    return logits_alive(cfg, workload, setup)["forward"]
 
 
 def activations_paper(cfg: GPTConfig, workload: Workload, setup: TrainingSetup

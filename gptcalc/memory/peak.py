@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from ..config import GATED_MLPS, GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .activations import device_activations, logits_bytes, saved_in, transformers_loss
+from .activations import device_activations, saved_in, transformers_loss
 from .engines import Step, adjust, engine_for, state_bytes
+from .losses import chunked_loss_transients, fused_loss_transients, logits_alive
 from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
                      GRADIENTS_ACCUMULATING, LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY,
                      OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
@@ -60,11 +61,16 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     """What the loss holds beyond the saved tensors and the logits, at the forward's end and at
     the backward's start, on the device that computes it (vocabulary-parallel over tp).
 
-    Reference model and paper: forward: autocast (amp, mixed) runs the cross entropy on an fp32 copy of the 16-bit logits
-    (N V 4). backward: log_softmax's backward holds the incoming gradient and its result, two
-    N x V tensors in the log-probabilities' dtype (fp32 under autocast). transformers: its
-    profile's measured terms (`activations.transformers_loss`).
+    Reference model and paper, standard loss: forward: autocast (amp, mixed) runs the cross
+    entropy on an fp32 copy of the 16-bit logits (N V 4). backward: log_softmax's backward
+    holds the incoming gradient and its result, two N x V tensors in the log-probabilities'
+    dtype (fp32 under autocast). transformers: its profile's measured terms
+    (`activations.transformers_loss`). The chunked and fused losses: `losses`.
     """
+    if setup.loss == "chunked":
+        return chunked_loss_transients(cfg, workload, setup)
+    if setup.loss == "fused":
+        return fused_loss_transients(cfg, workload, setup)
     if setup.impl == "transformers":  # its loss upcasts and shifts: the profile's own terms
         return {k: v // setup.tp for k, v in transformers_loss(cfg, workload, setup).items()}
     n = workload.batch_size * workload.seq_len * -(-cfg.vocab_size // setup.tp)
@@ -232,7 +238,10 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     acts = device_activations(cfg, workload, setup, stage)
     saved = sum(acts.values())
     holds_head = setup.pp == 1 or stage == "last"
-    logits = logits_bytes(cfg, workload, setup) if holds_head else 0
+    # the logits as the loss reads them, and as the training loop holds them through backward
+    alive = logits_alive(cfg, workload, setup)
+    logits = alive["forward"] if holds_head else 0
+    kept = alive["backward"] if holds_head else 0
     loss = loss_transients(cfg, workload, setup) if holds_head else {"forward": 0,
                                                                      "backward": 0}
     loss_saved = saved_in(acts, "cross_entropy")
@@ -258,7 +267,7 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     ledger.open(Phase.FORWARD_END, {**base, SAVED: saved, LOGITS: logits,
                                     LOSS_LOGITS_COPY: loss["forward"],
                                     GRADIENTS_ACCUMULATING: grads_early})
-    ledger.open(Phase.BACKWARD_START, {**base, SAVED: saved, LOGITS: logits,
+    ledger.open(Phase.BACKWARD_START, {**base, SAVED: saved, LOGITS: kept,
                                        LOSS_GRADIENT: loss["backward"],
                                        GRADIENTS_ACCUMULATING: grads_early})
     ledger.open(Phase.BACKWARD_LAST_BLOCK, {
@@ -268,7 +277,7 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
         BLOCK_GRADIENTS: block_backward_transients(
             cfg, workload, setup, attention_backward_freed(cfg, acts, setup))})
     ledger.open(Phase.BACKWARD_END, {
-        **base, GRADIENTS: st.gradients, TIED_EMBEDDING_GRADIENT: tied_grad, LOGITS: logits,
+        **base, GRADIENTS: st.gradients, TIED_EMBEDDING_GRADIENT: tied_grad, LOGITS: kept,
         EMBEDDING_INPUTS: saved_in(acts, "embedding", "input")})
     ledger.open(Phase.OPTIMIZER_STEP, {
         **base, GRADIENTS: st.gradients,
@@ -283,7 +292,7 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
             GRADIENTS_ACCUMULATING: grads_early})
     # an engine's own moment (FSDP2's root all-gather at backward start) starts from the
     # forward's tensors without the loss's transients
-    forward = {**base, SAVED: saved, LOGITS: logits, GRADIENTS_ACCUMULATING: grads_early}
+    forward = {**base, SAVED: saved, LOGITS: kept, GRADIENTS_ACCUMULATING: grads_early}
     adjust(ledger, Step(cfg, workload, setup, stage, logits, st.gradients, forward))
     return ledger
 
