@@ -83,6 +83,9 @@ def test_lines_sum_to_the_budget():
     assert sum(out["activation"].values()) == out["activation_peak"]
     budget = int(out["gpu_memory_bytes"] * out["utilization"])
     assert out["weights"] + out["activation_peak"] + out["non_torch"] + out["kv_cache"] == budget
+    assert out["shortfall"] == 0 and out["fits"]
+    assert out["to_fit"] == {"tp": None, "weights_dtype": None, "gpu": None,
+                             "max_model_len": None}
     # vLLM's defaults on an 80 GiB H100: 8,192 tokens, 1,024 sequences, blocks of 16
     assert (out["max_num_batched_tokens"], out["max_num_seqs"], out["block_size"]) == \
         (8192, 1024, 16)
@@ -293,9 +296,11 @@ def test_pool_terms_blocks_and_concurrency(preset, name, tp, engine, kv, util, t
         return
     p = kv_pool(cfg, g.memory_bytes, engine, tp, "bf16", kv, util, tokens, seqs,
                 gpu_name=g.name)
-    # the terms sum to the budget, the engine's floor of memory x utilization
+    # the terms sum to the budget, the engine's floor of memory x utilization, and what they
+    # exceed it by; the pool is never negative, and it is empty when there is a shortfall
     assert p.weights + p.activation_peak + p.non_torch + p.kv_cache == \
-        int(g.memory_bytes * util)
+        int(g.memory_bytes * util) + p.shortfall
+    assert p.kv_cache >= 0 and p.shortfall >= 0 and min(p.kv_cache, p.shortfall) == 0
     # blocks: whole blocks of block_size tokens of every layer, no more
     per_token = kv_bytes_per_token_layer(cfg, tp, kv) * cfg.n_layer
     assert p.bytes_per_block == p.block_size * per_token
@@ -306,7 +311,7 @@ def test_pool_terms_blocks_and_concurrency(preset, name, tp, engine, kv, util, t
     pages = layer_blocks_per_request(cfg, ctx, p.block_size,
                                      None if engine == "sglang" else tokens)
     n = math.floor(p.max_concurrency(cfg, ctx))
-    pool_pages = max(0, p.kv_cache) // p.layer_block_bytes
+    pool_pages = p.kv_cache // p.layer_block_bytes
     assert n * pages <= pool_pages < (n + 1) * pages
     if cfg.sliding_window is None:  # full attention: as vLLM logs it, tokens / context
         assert p.max_concurrency(cfg, ctx) == pytest.approx(
@@ -400,3 +405,67 @@ def test_serve_fuzz_never_tracebacks(opts, as_json):
             r.stderr.count("\n") == 1, (args, r.stderr)
     elif as_json:
         json.loads(r.stdout)
+
+
+def _keys(obj, prefix=""):
+    """Every key path of a JSON object (dicts of dicts), and every number in it."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _keys(v, f"{prefix}/{k}")
+    else:
+        yield prefix, obj
+
+
+def test_nothing_fits_says_so_with_the_keys_of_a_fitting_run():
+    fitting = serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm")
+    out = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm")
+    # llama3-70b: 70,553,706,496 parameters (transformers' count, test above) x 2 bytes =
+    # 131.4 GiB of bf16 weights against 90% of one H100
+    assert out["weights"] == 2 * 70_553_706_496
+    assert {k for k, _ in _keys(out)} - {f"/max_concurrency/{out['max_model_len']}"} == \
+        {k for k, _ in _keys(fitting)} - {f"/max_concurrency/{fitting['max_model_len']}"}
+    assert not out["fits"] and out["kv_cache"] == 0 and out["kv_blocks"] == 0
+    budget = int(out["gpu_memory_bytes"] * out["utilization"])
+    assert out["shortfall"] == out["weights"] + out["activation_peak"] + out["non_torch"] - budget
+    negative = [(k, v) for k, v in _keys(out) if isinstance(v, (int, float))
+                and not isinstance(v, bool) and v < 0]
+    assert negative == []
+
+
+@pytest.mark.parametrize("change,fits_with,not_with", [
+    # tp 2 halves the weights (65.7 GiB) under the 0.9 budget; tp 1 is the failing run
+    ("tp", ["--tp", "2"], ["--tp", "1"]),
+    # int4 (36.8 GiB with its scales) leaves a pool; fp8, the next wider, leaves 2.3 GiB, less
+    # than one request of 8,192 tokens x 320 KiB (80 layers x 8 heads x 128 x 2 x 2 bytes)
+    ("weights_dtype", ["--weights-dtype", "int4"], ["--weights-dtype", "fp8"]),
+    # a B200's 180 GB holds the 131.4 GiB of weights at 0.9; an H200's 141 GB does not
+    ("gpu", ["--gpu", "b200"], ["--gpu", "h200"]),
+])
+def test_each_advised_change_fits_and_the_next_smaller_does_not(change, fits_with, not_with):
+    out = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm")
+    assert str(out["to_fit"][change]) == fits_with[1]
+    base = ["--preset", "llama3-70b", "--gpu", "h100-sxm"]
+    assert serve_json(*base, *fits_with)["fits"]
+    assert not serve_json(*base, *not_with)["fits"]
+
+
+def test_a_shorter_max_model_len_is_advised_only_when_the_weights_fit():
+    # weights over the budget: no --max-model-len advice, in JSON or text
+    out = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm")
+    assert out["to_fit"]["max_model_len"] is None
+    text = run("serve", "--preset", "llama3-70b", "--gpu", "h100-sxm").stdout
+    assert "does NOT fit" in text and "--max-model-len" not in text.split("does NOT fit")[1]
+    assert "--tp 2" in text and "--weights-dtype int4" in text and "--gpu b200" in text
+    # fp8 weights leave a pool too small for 8,192 tokens: the longest request it holds fits,
+    # one token more does not
+    fp8 = ["--preset", "llama3-70b", "--gpu", "h100-sxm", "--weights-dtype", "fp8"]
+    n = serve_json(*fp8)["to_fit"]["max_model_len"]
+    assert 0 < n < 8192
+    assert serve_json(*fp8, "--max-model-len", str(n))["fits"]
+    assert not serve_json(*fp8, "--max-model-len", str(n + 1))["fits"]
+
+
+def test_serving_keys_are_the_keys_infer_writes():
+    from gptcalc.cli.infer import SERVING_KEYS, serving_json
+
+    assert tuple(serving_json(serving(LLAMA3, gpu("h100-sxm")))) == SERVING_KEYS

@@ -11,12 +11,13 @@ from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..inference.kv import KV_DTYPES
+from ..inference.fit import to_fit
 from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   serving)
 from ..inference.weights import WEIGHT_DTYPES
 from ..units import binary_bytes
-from .infer import _json as infer_json, _ms
+from .infer import _ms, serving_json
 from .options import ByteSize, describe, model_options
 from .render import emit_json, envelope, print_line, print_table
 
@@ -86,9 +87,12 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     if gen_len >= ctx:
         raise ConfigError("gen_len", f"{gen_len:,} leaves no prompt in --context {ctx:,}")
     nt = non_torch
-    pool = kv_pool(cfg, total, engine, tp, weights_dtype, kv_dtype, utilization,
-                   max_num_batched_tokens, max_num_seqs, kv_block_size,
-                   DEFAULT_NON_TORCH if nt is None else nt, g.name)
+    args = dict(engine=engine, tp=tp, weights_dtype=weights_dtype, kv_dtype=kv_dtype,
+                utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs, block_size=kv_block_size,
+                non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name)
+    pool = kv_pool(cfg, total, **args)
+    advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
     batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
@@ -104,9 +108,9 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     if cfg.moe and pool.activation:
         line += "; MoE layers' activations as one dense MLP of width d_ff"
     if as_json:
-        emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line))
+        emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line, advice))
         return
-    _render(cfg, pool, conc, mml, ctx, s, line)
+    _render(cfg, pool, conc, mml, ctx, s, line, advice)
 
 
 def gpu_memory_for(g) -> int:
@@ -133,10 +137,8 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, wd: str, kd: str, mml
             "activations")
 
 
-def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if s is not None:
-        out.update(infer_json(cfg, wl, s))
+def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]:
+    out: dict[str, Any] = serving_json(s)  # null figures when no throughput is computed
     out.update({
         **envelope(cfg, wl), "assumptions": line, "engine": p.engine,
         "gpu_memory_bytes": p.gpu_memory_bytes, "utilization": p.utilization,
@@ -144,13 +146,29 @@ def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line) -> dict[str, Any]:
         "max_num_seqs": p.max_num_seqs, "block_size": p.block_size,
         "weights": p.weights, "activation_peak": p.activation_peak,
         "activation": p.activation, "non_torch": p.non_torch, "kv_cache": p.kv_cache,
-        "kv_blocks": p.kv_blocks, "kv_tokens": p.kv_tokens, "max_concurrency": conc,
-        "fits": p.kv_cache > 0 and conc[str(mml)] >= 1,
+        "shortfall": p.shortfall, "kv_blocks": p.kv_blocks, "kv_tokens": p.kv_tokens,
+        "max_concurrency": conc, "fits": p.fits(cfg, mml), "to_fit": advice,
     })
     return out
 
 
-def _render(cfg, p: KVPool, conc, mml, ctx, s, line) -> None:
+def _does_not_fit(p: KVPool, mml: int, advice: dict[str, Any]) -> str:
+    """Why the engine refuses to start, and each single option that would let it."""
+    if p.shortfall:
+        why = (f"does NOT fit: weights, activation peak and non-torch memory exceed the budget "
+               f"by {binary_bytes(p.shortfall)}, leaving no KV cache pool")
+    else:
+        why = (f"does NOT fit: the pool of {binary_bytes(p.kv_cache)} does not hold one request "
+               f"of max_model_len {mml:,} tokens")
+    spelled = {"tp": "--tp {:,}", "weights_dtype": "--weights-dtype {}", "gpu": "--gpu {}",
+               "max_model_len": "--max-model-len {:,}"}
+    options = [spelled[k].format(v) for k, v in advice.items() if v is not None]
+    return (f"{why}; the engine refuses to start. "
+            + (f"It fits with any one of: {'; '.join(options)}" if options else
+               "No single change of --tp, --weights-dtype, --gpu or --max-model-len fits it"))
+
+
+def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice) -> None:
     print_line(line)
     print_line(describe(cfg))
     rows = [[f"budget: {binary_bytes(p.gpu_memory_bytes)} x {p.utilization:g}",
@@ -164,9 +182,8 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line) -> None:
                         f"tokens ({binary_bytes(p.bytes_per_block)} per block)")
     c_rows = [[f"{int(k):,}", f"{v:,.2f}x"] for k, v in conc.items()]
     print_table("Maximum concurrency", ["tokens per request", "requests at once"], c_rows)
-    if p.kv_cache <= 0 or conc[str(mml)] < 1:
-        print_line(f"the pool does not hold one request of max_model_len {mml:,} tokens: the "
-                   "engine refuses to start; lower --max-model-len or raise the utilization")
+    if not p.fits(cfg, mml):
+        print_line(_does_not_fit(p, mml, advice))
     if s is None:
         if conc[str(ctx)] >= 1:
             print_line("no throughput: the GPU has no peak figure for these weights (a T4 "

@@ -177,12 +177,19 @@ class KVPool:
 
     @property
     def kv_cache(self) -> int:
-        """The pool: the budget less weights, activation peak and non-torch memory."""
-        return self.budget - self.weights - self.activation_peak - self.non_torch
+        """The pool: the budget less weights, activation peak and non-torch memory, never
+        below 0 (the engine then refuses to start)."""
+        return max(0, self.budget - self.weights - self.activation_peak - self.non_torch)
+
+    @property
+    def shortfall(self) -> int:
+        """Bytes by which weights, activation peak and non-torch memory exceed the budget (0
+        when they fit): budget + shortfall = weights + activation peak + non-torch + pool."""
+        return max(0, self.weights + self.activation_peak + self.non_torch - self.budget)
 
     @property
     def kv_blocks(self) -> int:
-        return max(0, self.kv_cache) // self.bytes_per_block
+        return self.kv_cache // self.bytes_per_block
 
     @property
     def kv_tokens(self) -> int:
@@ -191,9 +198,13 @@ class KVPool:
     def max_concurrency(self, cfg: GPTConfig, context: int) -> float:
         """Requests of `context` tokens the pool holds at once, as vLLM logs it: the pool's
         per-layer pages over the per-layer pages of one request."""
-        layer_pages = max(0, self.kv_cache) // self.layer_block_bytes
+        layer_pages = self.kv_cache // self.layer_block_bytes
         chunk = None if self.engine == "sglang" else self.max_num_batched_tokens
         return layer_pages / layer_blocks_per_request(cfg, context, self.block_size, chunk)
+
+    def fits(self, cfg: GPTConfig, max_model_len: int) -> bool:
+        """The engine starts: its pool holds one request of max_model_len tokens."""
+        return self.kv_cache > 0 and self.max_concurrency(cfg, max_model_len) >= 1
 
 
 def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int = 1,
