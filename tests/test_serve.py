@@ -42,8 +42,10 @@ def serve_json(*args: str) -> dict:
     # max_model_len 20k): "total_gpu_memory=23.58GiB ... non_torch_memory=0.35GiB
     # kv_cache_size=3.81GiB gpu_memory_utilization=0.90", "# GPU blocks: 1952",
     # "Maximum concurrency for 20000 tokens per request: 1.56x" (max_num_seqs 256)
-    (["--gpu-memory", "23.58GiB", "--max-model-len", "20000", "--max-num-batched-tokens",
-      "20000", "--max-num-seqs", "256", "--non-torch", "0.35GiB"], 3.81, 1952),
+    # Llama-3.1's context is 131,072 tokens (its config.json's max_position_embeddings)
+    (["--set", "block_size=131072", "--gpu-memory", "23.58GiB", "--max-model-len", "20000",
+      "--max-num-batched-tokens", "20000", "--max-num-seqs", "256", "--non-torch", "0.35GiB"],
+     3.81, 1952),
     # https://github.com/vllm-project/vllm/pull/10511 (H100, Meta-Llama-3-8B, max_model_len
     # 8192, then profiled at 8,192 tokens of 256 sequences): "total_gpu_memory 79.22GiB",
     # "non_torch_memory 1.79GiB", "available_kv_cache_memory 53.29GiB"
@@ -192,6 +194,8 @@ BAD = [
     (["--tp", "3"], "--tp"), (["--tp", "0"], "--tp"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--max-model-len", "0"], "--max-model-len"),
+    # beyond llama3-8b's 8,192 tokens, refused as vLLM refuses it
+    (["--max-model-len", "8193"], "--max-model-len"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
     (["--max-num-seqs", "-1"], "--max-num-seqs"), (["--kv-block-size", "0"], "--kv-block-size"),
     (["--context", "9000", "--max-model-len", "8192"], "--context"),
@@ -469,3 +473,12 @@ def test_serving_keys_are_the_keys_infer_writes():
     from gptcalc.cli.infer import SERVING_KEYS, serving_json
 
     assert tuple(serving_json(serving(LLAMA3, gpu("h100-sxm")))) == SERVING_KEYS
+
+
+def test_a_longer_max_model_len_than_the_model_needs_the_allowance():
+    # llama3-8b's context is 8,192 tokens: one token more is refused, naming the allowance
+    r = run("serve", "--preset", "llama3-8b", "--max-model-len", "8193")
+    assert r.exit_code == 2 and "--allow-long-max-model-len" in r.stderr, r.output
+    out = serve_json("--preset", "llama3-8b", "--max-model-len", "16384",
+                     "--allow-long-max-model-len")
+    assert out["max_model_len"] == 16384 and out["config"]["block_size"] == 16384

@@ -43,6 +43,9 @@ from .render import emit_json, envelope, print_line, print_table
                                  "0.9; SGLang: its memory less a reserve by GPU size).")
 @click.option("--max-model-len", type=int, default=None,
               help="Longest request in tokens (default: the model's context T).")
+@click.option("--allow-long-max-model-len", is_flag=True,
+              help="Accept a --max-model-len beyond the model's context T (vLLM refuses it "
+                   "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1).")
 @click.option("--max-num-batched-tokens", type=int, default=None,
               help="Tokens per forward, the profile run's size (vLLM's default: 8192 on GPUs "
                    "of 70 GiB or more other than A100, else 2048).")
@@ -63,7 +66,8 @@ from .render import emit_json, envelope, print_line, print_table
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             gpu_memory: int | None, tp: int, weights_dtype: str, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
-            max_num_batched_tokens: int | None, max_num_seqs: int | None,
+            allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
+            max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
@@ -79,7 +83,9 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         if value is not None:
             positive_int(field, value)
     mml = cfg.block_size if max_model_len is None else max_model_len
-    if mml > cfg.block_size:  # as vLLM allows with VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    if mml > cfg.block_size:
+        if not allow_long_max_model_len:
+            raise ConfigError("max_model_len", too_long(mml, cfg.block_size))
         cfg = cfg.replace(block_size=mml)
     ctx = mml if context is None else context
     if ctx > mml:
@@ -111,6 +117,15 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line, advice))
         return
     _render(cfg, pool, conc, mml, ctx, s, line, advice)
+
+
+def too_long(max_model_len: int, context: int) -> str:
+    """vLLM's refusal of a max_model_len beyond the model's (vllm/config/model.py,
+    `_get_and_verify_max_len`: "User-specified max_model_len ... is greater than the derived
+    max_model_len ... set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")."""
+    return (f"{max_model_len:,} is greater than the model's context of {context:,} tokens "
+            "(max_position_embeddings); add --allow-long-max-model-len to size it anyway, as "
+            "vLLM does with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
 
 
 def gpu_memory_for(g) -> int:
