@@ -106,7 +106,9 @@ def _ms(seconds: float) -> str:
 
 
 def _render(cfg, s: Serving) -> None:
-    print_line(f"Assuming {s.tp} x {s.gpu} (tensor parallel), batch {s.batch_size}, prompt "
+    print_line(f"Assuming {s.tp} x {s.gpu} (tensor parallel) of {binary_bytes(s.memory_bytes)} "
+               f"usable (torch.cuda.mem_get_info's total; datasheet "
+               f"{binary_bytes(find_gpu(s.gpu).memory_bytes)}), batch {s.batch_size}, prompt "
                f"{s.prompt_len:,} + {s.gen_len:,} generated tokens, weights {s.weights_dtype}, "
                f"KV cache {s.kv_dtype}, efficiency {s.flops_efficiency:g} of the dense FLOP/s "
                f"peak and {s.bandwidth_efficiency:g} of the memory bandwidth")

@@ -29,8 +29,10 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
 @click.option("--gpu-memory", type=ByteSize(exact=False), default=None, metavar="SIZE",
-              help="Total memory of one GPU as the engine reads it (e.g. 79.22GiB); default "
-                   "the --gpu's datasheet figure.")
+              help="Total memory of one GPU as the engine reads it, torch.cuda.mem_get_info's "
+                   "total (e.g. 79.22GiB); default the --gpu's usable figure (`gptcalc gpus`). "
+                   "\"80GB\" is 80 x 10^9 bytes, \"80GiB\" 80 x 2^30; vLLM's logs print GiB, "
+                   "SGLang's print \"GB\" meaning GiB.")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="GPUs in tensor parallel: weights and KV heads split (fewer KV heads than "
                    "GPUs: one replicated per GPU).")
@@ -143,8 +145,10 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, wd: str, kd: str, mml
                else f"profile run of {p.max_num_batched_tokens:,} tokens"
                     f"{d('max_num_batched_tokens')} in {seqs:,} sequences (max_num_seqs "
                     f"{p.max_num_seqs:,}{d('max_num_seqs')})")
+    memory = (f"{gpu}'s usable memory, torch.cuda.mem_get_info's total; datasheet "
+              f"{binary_bytes(find_gpu(gpu).memory_bytes)}" if datasheet else "given")
     return (f"Assuming {p.engine} on {tp} x {binary_bytes(total)} "
-            f"({gpu + ' datasheet' if datasheet else 'given'}; throughput at {gpu}'s peaks), "
+            f"({memory}; throughput at {gpu}'s peaks), "
             f"weights {wd}, KV cache {kd}, {knob} {p.utilization:g}{d('utilization')}, "
             f"max_model_len {mml:,}{d('max_model_len')}, {profile}, blocks of {p.block_size} "
             f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch)}{d('non_torch')}, "

@@ -247,8 +247,9 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
 
 
 def gpu_memory(g: GPU) -> int:
-    """The memory figure of a catalogue GPU, or ConfigError naming --gpu."""
-    if g.memory_bytes is None:
+    """The memory an engine sizes against on a catalogue GPU: its usable figure
+    (torch.cuda.mem_get_info's total, `gptcalc.gpus.USABLE`), or ConfigError naming --gpu."""
+    if g.usable_memory_bytes is None:
         raise ConfigError("gpu", f"{g.name} has no memory figure; pick an accelerator or give "
                                  "--gpu-memory")
-    return g.memory_bytes
+    return g.usable_memory_bytes

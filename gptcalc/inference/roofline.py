@@ -28,7 +28,8 @@ prefill is the same matmuls) and `bandwidth_efficiency` (default 0.685: gpt-fast
 bf16 at batch 1 on an A100-80GB moves 1,397.31 GB/s of the 2,039 GB/s peak at 104.9 tokens/s,
 gpt-fast README, "Benchmarks"). The expected time of a phase is the larger expected term.
 
-Memory per device: weights (with quantisation scales), the KV cache at prompt + gen tokens, and
+Memory per device: the GPU's usable memory (torch.cuda.mem_get_info's total, `gptcalc.gpus`)
+against weights (with quantisation scales), the KV cache at prompt + gen tokens, and
 the activation peak of the prefill chunked as vLLM does by default on this GPU
 (`prefill_activation_bytes`, the model of `gptcalc.inference.pool`). Scope: no framework overhead,
 CUDA context, paged-cache fragmentation or communication buffers.
@@ -46,7 +47,7 @@ from ..flops import inference_flops, matmul_flops
 from ..gpus import GPU, require_bandwidth, require_peak
 from ..time import check_fraction
 from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
-from .pool import profile_activation_bytes, vllm_defaults
+from .pool import gpu_memory, profile_activation_bytes, vllm_defaults
 from .weights import device_weight_bytes, weight_bytes
 
 ACT_BYTES = 2  # 16-bit activations
@@ -198,7 +199,8 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
                                            "cores run fp16): use fp16 weights")
     peak = require_peak(gpu, precision)
     bw = require_bandwidth(gpu)
-    chunk, max_seqs = vllm_defaults(gpu.memory_bytes, gpu.name)
+    memory = gpu_memory(gpu)  # usable: torch.cuda.mem_get_info's total
+    chunk, max_seqs = vllm_defaults(memory, gpu.name)
     inf = inference_flops(cfg, prompt_len, prompt_len + gen_len)  # validates prompt_len
     parts = weight_bytes(cfg, weights_dtype)
     w_dev = device_weight_bytes(cfg, weights_dtype, tp)
@@ -218,7 +220,7 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
         kv_cache_bytes=kv_cache_bytes(cfg, batch_size, prompt_len + gen_len, kv_b, tp=tp),
         activation_bytes=prefill_activation_bytes(cfg, batch_size, prompt_len, tp, chunk,
                                                   max_seqs),
-        memory_bytes=gpu.memory_bytes, prefill=prefill, decode=decode, weights_read=w_dev,
+        memory_bytes=memory, prefill=prefill, decode=decode, weights_read=w_dev,
         kv_per_sequence=kv_seq, decode_flops_per_sequence=f_seq,
         flops_efficiency=fe, bandwidth_efficiency=be,
     )
