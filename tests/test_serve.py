@@ -482,3 +482,21 @@ def test_a_longer_max_model_len_than_the_model_needs_the_allowance():
     out = serve_json("--preset", "llama3-8b", "--max-model-len", "16384",
                      "--allow-long-max-model-len")
     assert out["max_model_len"] == 16384 and out["config"]["block_size"] == 16384
+
+
+def test_fp32_weights_take_four_bytes_and_run_32_bit_activations():
+    # vLLM's --dtype float32: 8,030,261,248 parameters (transformers' count of Llama-3-8B) x 4
+    # bytes, every weight unquantised; the profile run's activations in 4 bytes, twice bf16's
+    # (the int64 positions unchanged)
+    fp32 = serve_json("--preset", "llama3-8b", "--weights-dtype", "fp32", "--kv-dtype", "fp32")
+    bf16 = serve_json("--preset", "llama3-8b")
+    assert fp32["weights"] == 4 * 8_030_261_248
+    assert fp32["activation"] == {k: v if k == "positions" else 2 * v
+                                  for k, v in bf16["activation"].items()}
+    assert "32-bit activations" in fp32["assumptions"]
+    # Llama-3-8B caches 32 layers x 8 heads x 128 x 2 (K and V) elements per token: 4 bytes each
+    assert kv_bytes_per_token_layer(LLAMA3, 1, "fp32") * 32 == 32 * 8 * 128 * 2 * 4
+    # and the advice to fit narrows fp32 to bf16 first: Llama-3-8B's 29.9 GiB of fp32 weights
+    # overflow an RTX 4090's 23.64 GiB, its 15.0 GiB of bf16 do not
+    out = serve_json("--preset", "llama3-8b", "--gpu", "rtx-4090", "--weights-dtype", "fp32")
+    assert not out["fits"] and out["to_fit"]["weights_dtype"] == "bf16"

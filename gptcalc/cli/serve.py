@@ -14,7 +14,7 @@ from ..inference.kv import KV_DTYPES
 from ..inference.fit import to_fit
 from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
-                                  serving)
+                                  compute_precision, serving)
 from ..inference.weights import WEIGHT_DTYPES
 from ..units import binary_bytes
 from .infer import _ms, serving_json
@@ -104,7 +104,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
     batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
-    precision = "fp16" if weights_dtype == "fp16" else "bf16"
+    precision = compute_precision(weights_dtype)
     if batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second:
         s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights_dtype, kv_dtype,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
@@ -152,8 +152,8 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, wd: str, kd: str, mml
             f"weights {wd}, KV cache {kd}, {knob} {p.utilization:g}{d('utilization')}, "
             f"max_model_len {mml:,}{d('max_model_len')}, {profile}, blocks of {p.block_size} "
             f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch)}{d('non_torch')}, "
-            f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), 16-bit "
-            "activations")
+            f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), "
+            f"{'32' if wd == 'fp32' else '16'}-bit activations")
 
 
 def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from ..gpus import GPU
 from ..layers import global_layers, sliding_layers
 from ..time import check_fraction
 from .kv import kv_bytes_per_token_layer
-from .weights import device_weight_bytes
+from .weights import device_weight_bytes, unquantised_bytes
 
 SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
 GiB = 2**30
@@ -236,8 +236,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     frac = check_fraction(frac, name)
     positive_int("kv_block_size", bs)
-    act = {} if engine == "sglang" else profile_activation_bytes(cfg, tokens, min(seqs, tokens),
-                                                                 tp)
+    act = {} if engine == "sglang" else profile_activation_bytes(
+        cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype))
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
     return KVPool(engine=engine, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
                   weights=device_weight_bytes(cfg, weights_dtype, tp), activation=act,
