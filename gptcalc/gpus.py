@@ -8,15 +8,22 @@ Units: FLOP/s and bytes/s in SI (a datasheet's "2,039 GB/s" is 2.039e12 bytes/s)
 are binary: an "80GB" A100 or H100 holds 80 GiB (nvidia-smi reports 81,920 MiB), so a
 datasheet's "N GB" of HBM or GDDR is stored as N GiB.
 
+Usable memory: what `torch.cuda.mem_get_info()` reports as the total, the figure serving engines
+size against (vLLM logs it as total_gpu_memory), below the datasheet's on every card (the driver
+and ECC keep the rest): an "80GB" H100 reports 79.22 GiB. Each figure is a published log's
+(vLLM's, or PyTorch's out-of-memory message "GPU 0 has a total capacity of ..."), printed to
+0.01 GiB; where none was found, the comment says how it was derived.
+
 `cpu` measures nothing: it has no peak figures (None), so `time` and `infer` refuse it with a
 message rather than dividing by zero; it exists so that a CPU run can be named.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ConfigError, one_of
+from .units import parse_bytes
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -37,6 +44,8 @@ class GPU:
     fp8_flops: float | None
     hbm_bytes_per_second: float | None  # memory bandwidth (HBM, or GDDR where so noted)
     source: str
+    usable_memory_bytes: int | None = None  # torch.cuda.mem_get_info()'s total (USABLE)
+    usable_source: str = ""  # the log it was read from, or how it was derived
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s at `precision` (one of PRECISIONS), None when there is none."""
@@ -124,6 +133,63 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("cpu", None, None, None, None, None, None, None,
         "none: no peak figures for a CPU; time and infer need an accelerator"),
 )}
+
+# The H100 SXM's published share of its datasheet memory, for cards with no published figure
+_H100_SHARE = 79.22 / 80
+# The RTX 3090's (GA102, GDDR6X), for the RTX A6000 (GA102, GDDR6)
+_GA102_SHARE = 23.58 / 24
+
+
+
+def _gib(amount: float) -> int:
+    """Bytes of `amount` GiB printed to 2 decimals, floored as `--gpu-memory 79.22GiB` reads it."""
+    return parse_bytes(f"{amount:.2f}GiB", exact=False)
+
+
+# torch.cuda.mem_get_info()'s total by card in bytes, and its source.
+USABLE: dict[str, tuple[int, str]] = {
+    "a100-sxm-40gb": (_gib(39.50), "PyTorch OOM message on an A100 40GB, 'GPU 0 has a total "
+                                   "capacity of 39.50 GiB' (github.com/TianheWu/CoSeR issue 10)"),
+    "a100-pcie-40gb": (_gib(39.50), "taken equal to the A100 SXM 40GB's (the same 40 GiB)"),
+    "a100-sxm-80gb": (_gib(79.14), "PyTorch OOM message on an A100 80GB, 'GPU 0 has a total "
+                                   "capacity of 79.14 GiB' (github.com/lianqi1008/Control-GIC "
+                                   "issue 6)"),
+    "a100-pcie-80gb": (_gib(79.14), "taken equal to the A100 SXM 80GB's (the same 80 GiB; "
+                                    "nvidia-smi reports 81,920 MiB on both)"),
+    "h100-sxm": (_gib(79.22), "vLLM log on an H100, 'total_gpu_memory 79.22GiB' "
+                              "(github.com/vllm-project/vllm pull 10511)"),
+    "h100-pcie": (_gib(79.22), "taken equal to the H100 SXM's (no published figure found; the "
+                               "same 80 GiB)"),
+    "h200": (_gib(141 * _H100_SHARE), "derived, no published figure found: 141 GiB x the H100 "
+                                      "SXM's share 79.22 / 80"),
+    "b200": (_gib(180 * _H100_SHARE), "derived, no published figure found: 180 GiB x the H100 "
+                                      "SXM's share 79.22 / 80"),
+    "l40s": (_gib(44.40), "the L40's (the same 48GB GDDR6 with ECC; no L40S figure found): "
+                          "PyTorch OOM message 'GPU 0 has a total capacity of 44.40 GiB' "
+                          "(github.com/NVlabs/Eagle issue 68)"),
+    "rtx-4090": (_gib(23.64), "PyTorch OOM message on an RTX 4090, 'GPU 0 has a total capacity "
+                              "of 23.64 GiB' (github.com/3DTopia/Phidias-Diffusion issue 8)"),
+    "mi300x": (_gib(192 * _H100_SHARE), "derived, no published figure found: 192 GiB x the "
+                                        "H100 SXM's share 79.22 / 80"),
+    "rtx-3090": (_gib(23.58), "vLLM log on an RTX 3090, 'total_gpu_memory=23.58GiB' "
+                              "(github.com/vllm-project/vllm issue 10517)"),
+    "a10g": (_gib(22.18), "PyTorch OOM message on an A10 (the A10G is the same 24GB GDDR6 "
+                          "board), 'GPU 0 has a total capacity of 22.18 GiB' "
+                          "(github.com/OpenBMB/MiniCPM-V issue 640)"),
+    "l4": (_gib(22.18) + 6 * 2**20, "derived, no published figure found: the A10's 22.18 GiB + "
+                                    "6 MiB, the difference of their nvidia-smi totals (23,034 "
+                                    "and 23,028 MiB, github.com/modal-labs/modal-client pull "
+                                    "2797)"),
+    "t4": (_gib(14.75), "PyTorch OOM message on a Colab T4, 'GPU 0 has a total capacity of "
+                        "14.75 GiB' (github.com/hpcaitech/Open-Sora issue 697)"),
+    "a6000": (_gib(48 * _GA102_SHARE), "derived, no published figure found: 48 GiB x the RTX "
+                                       "3090's share 23.58 / 24 (both GA102)"),
+    "h20": (_gib(96 * _H100_SHARE), "derived, no published figure found: 96 GiB x the H100 "
+                                    "SXM's share 79.22 / 80"),
+}
+GPUS = {name: replace(g, usable_memory_bytes=USABLE[name][0],
+                      usable_source=USABLE[name][1]) if name in USABLE else g
+        for name, g in GPUS.items()}
 
 DEFAULT_GPU = "h100-sxm"
 

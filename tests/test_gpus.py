@@ -14,8 +14,8 @@ from gptcalc.gpus import GPUS, gpu, require_peak
 REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm",
             "h100-pcie", "h200", "b200", "l40s", "rtx-4090", "mi300x", "cpu",
             "rtx-3090", "a10g", "l4", "t4", "a6000", "h20")
-KEYS = {"name", "memory_bytes", "fp32_flops", "tf32_flops", "bf16_flops", "fp16_flops",
-        "fp8_flops", "hbm_bytes_per_second", "source"}
+KEYS = {"name", "memory_bytes", "usable_memory_bytes", "usable_source", "fp32_flops",
+        "tf32_flops", "bf16_flops", "fp16_flops", "fp8_flops", "hbm_bytes_per_second", "source"}
 
 
 def test_catalogue_has_the_required_lowercase_ids():
@@ -118,3 +118,49 @@ def test_new_commands_run_in_a_real_process():
     r = subprocess.run(["sh", "-c", script], cwd=Path(__file__).resolve().parents[1],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("name,gib", [
+    # vLLM's "Memory profiling results" on an H100: "total_gpu_memory 79.22GiB"
+    # (github.com/vllm-project/vllm pull 10511)
+    ("h100-sxm", "79.22"),
+    # vLLM on an RTX 3090: "total_gpu_memory=23.58GiB" (github.com/vllm-project/vllm issue 10517)
+    ("rtx-3090", "23.58"),
+    # PyTorch's OOM message "GPU 0 has a total capacity of N GiB": A100 80GB
+    # (lianqi1008/Control-GIC issue 6), A100 40GB (TianheWu/CoSeR issue 10), RTX 4090
+    # (3DTopia/Phidias-Diffusion issue 8), A10 (OpenBMB/MiniCPM-V issue 640), Colab T4
+    # (hpcaitech/Open-Sora issue 697)
+    ("a100-sxm-80gb", "79.14"), ("a100-sxm-40gb", "39.50"), ("rtx-4090", "23.64"),
+    ("a10g", "22.18"), ("t4", "14.75"),
+])
+def test_usable_memory_is_the_published_mem_get_info_total(name, gib):
+    from gptcalc.units import parse_bytes
+
+    # as `--gpu-memory 79.22GiB` reads the printed figure
+    assert GPUS[name].usable_memory_bytes == parse_bytes(f"{gib}GiB", exact=False)
+
+
+def test_every_card_has_a_usable_figure_below_its_datasheet_and_a_source():
+    for g in GPUS.values():
+        if g.memory_bytes is None:
+            assert g.usable_memory_bytes is None
+            continue
+        # 24 GB cards 22-23.7 GiB, 80 GB cards about 79.2 GiB: never the datasheet's
+        assert 0.9 * g.memory_bytes < g.usable_memory_bytes < g.memory_bytes, g.name
+        assert g.usable_source, g.name
+
+
+def test_serve_and_infer_size_against_the_usable_figure_and_say_so():
+    r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--gpu", "h100-sxm",
+                                 "--json"])
+    out = json.loads(r.stdout)
+    assert out["gpu_memory_bytes"] == GPUS["h100-sxm"].usable_memory_bytes
+    assert "79.22 GiB (h100-sxm's usable memory" in out["assumptions"]
+    assert "datasheet 80.00 GiB" in out["assumptions"]
+    r = CliRunner().invoke(cli, ["infer", "--preset", "llama3-8b", "--gpu", "l4", "--json"])
+    assert json.loads(r.stdout)["memory_bytes"] == GPUS["l4"].usable_memory_bytes
+    text = CliRunner().invoke(cli, ["infer", "--preset", "llama3-8b", "--gpu", "l4"]).stdout
+    assert "22.19 GiB usable" in text.splitlines()[0]

@@ -42,8 +42,10 @@ def serve_json(*args: str) -> dict:
     # max_model_len 20k): "total_gpu_memory=23.58GiB ... non_torch_memory=0.35GiB
     # kv_cache_size=3.81GiB gpu_memory_utilization=0.90", "# GPU blocks: 1952",
     # "Maximum concurrency for 20000 tokens per request: 1.56x" (max_num_seqs 256)
-    (["--gpu-memory", "23.58GiB", "--max-model-len", "20000", "--max-num-batched-tokens",
-      "20000", "--max-num-seqs", "256", "--non-torch", "0.35GiB"], 3.81, 1952),
+    # Llama-3.1's context is 131,072 tokens (its config.json's max_position_embeddings)
+    (["--set", "block_size=131072", "--gpu-memory", "23.58GiB", "--max-model-len", "20000",
+      "--max-num-batched-tokens", "20000", "--max-num-seqs", "256", "--non-torch", "0.35GiB"],
+     3.81, 1952),
     # https://github.com/vllm-project/vllm/pull/10511 (H100, Meta-Llama-3-8B, max_model_len
     # 8192, then profiled at 8,192 tokens of 256 sequences): "total_gpu_memory 79.22GiB",
     # "non_torch_memory 1.79GiB", "available_kv_cache_memory 53.29GiB"
@@ -72,7 +74,7 @@ def test_pool_against_a_published_llama2_7b_log():
     # https://github.com/vllm-project/vllm/pull/2031: "Llama2-7B with TP=1 and 1xA100-80GB ...
     # # GPU blocks: 7351" (max_model_len 4096, then 4,096 tokens of 256 sequences profiled).
     # That vLLM also counted its CUDA context against the pool, which the default non-torch
-    # memory leaves out: 7,535 blocks here, 2.5% more.
+    # memory leaves out: 7,436 blocks here (on the A100's usable 79.14 GiB), 1.2% more.
     out = serve_json("--preset", "llama2-7b", "--gpu", "a100-sxm-80gb", "--max-model-len",
                      "4096", "--max-num-batched-tokens", "4096", "--max-num-seqs", "256")
     _check_log(out, None, 7351)
@@ -83,6 +85,9 @@ def test_lines_sum_to_the_budget():
     assert sum(out["activation"].values()) == out["activation_peak"]
     budget = int(out["gpu_memory_bytes"] * out["utilization"])
     assert out["weights"] + out["activation_peak"] + out["non_torch"] + out["kv_cache"] == budget
+    assert out["shortfall"] == 0 and out["fits"]
+    assert out["to_fit"] == {"tp": None, "weights_dtype": None, "gpu": None,
+                             "max_model_len": None}
     # vLLM's defaults on an 80 GiB H100: 8,192 tokens, 1,024 sequences, blocks of 16
     assert (out["max_num_batched_tokens"], out["max_num_seqs"], out["block_size"]) == \
         (8192, 1024, 16)
@@ -189,6 +194,8 @@ BAD = [
     (["--tp", "3"], "--tp"), (["--tp", "0"], "--tp"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--max-model-len", "0"], "--max-model-len"),
+    # beyond llama3-8b's 8,192 tokens, refused as vLLM refuses it
+    (["--max-model-len", "8193"], "--max-model-len"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
     (["--max-num-seqs", "-1"], "--max-num-seqs"), (["--kv-block-size", "0"], "--kv-block-size"),
     (["--context", "9000", "--max-model-len", "8192"], "--context"),
@@ -293,9 +300,11 @@ def test_pool_terms_blocks_and_concurrency(preset, name, tp, engine, kv, util, t
         return
     p = kv_pool(cfg, g.memory_bytes, engine, tp, "bf16", kv, util, tokens, seqs,
                 gpu_name=g.name)
-    # the terms sum to the budget, the engine's floor of memory x utilization
+    # the terms sum to the budget, the engine's floor of memory x utilization, and what they
+    # exceed it by; the pool is never negative, and it is empty when there is a shortfall
     assert p.weights + p.activation_peak + p.non_torch + p.kv_cache == \
-        int(g.memory_bytes * util)
+        int(g.memory_bytes * util) + p.shortfall
+    assert p.kv_cache >= 0 and p.shortfall >= 0 and min(p.kv_cache, p.shortfall) == 0
     # blocks: whole blocks of block_size tokens of every layer, no more
     per_token = kv_bytes_per_token_layer(cfg, tp, kv) * cfg.n_layer
     assert p.bytes_per_block == p.block_size * per_token
@@ -306,7 +315,7 @@ def test_pool_terms_blocks_and_concurrency(preset, name, tp, engine, kv, util, t
     pages = layer_blocks_per_request(cfg, ctx, p.block_size,
                                      None if engine == "sglang" else tokens)
     n = math.floor(p.max_concurrency(cfg, ctx))
-    pool_pages = max(0, p.kv_cache) // p.layer_block_bytes
+    pool_pages = p.kv_cache // p.layer_block_bytes
     assert n * pages <= pool_pages < (n + 1) * pages
     if cfg.sliding_window is None:  # full attention: as vLLM logs it, tokens / context
         assert p.max_concurrency(cfg, ctx) == pytest.approx(
@@ -400,3 +409,94 @@ def test_serve_fuzz_never_tracebacks(opts, as_json):
             r.stderr.count("\n") == 1, (args, r.stderr)
     elif as_json:
         json.loads(r.stdout)
+
+
+def _keys(obj, prefix=""):
+    """Every key path of a JSON object (dicts of dicts), and every number in it."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _keys(v, f"{prefix}/{k}")
+    else:
+        yield prefix, obj
+
+
+def test_nothing_fits_says_so_with_the_keys_of_a_fitting_run():
+    fitting = serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm")
+    out = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm")
+    # llama3-70b: 70,553,706,496 parameters (transformers' count, test above) x 2 bytes =
+    # 131.4 GiB of bf16 weights against 90% of one H100
+    assert out["weights"] == 2 * 70_553_706_496
+    assert {k for k, _ in _keys(out)} - {f"/max_concurrency/{out['max_model_len']}"} == \
+        {k for k, _ in _keys(fitting)} - {f"/max_concurrency/{fitting['max_model_len']}"}
+    assert not out["fits"] and out["kv_cache"] == 0 and out["kv_blocks"] == 0
+    budget = int(out["gpu_memory_bytes"] * out["utilization"])
+    assert out["shortfall"] == out["weights"] + out["activation_peak"] + out["non_torch"] - budget
+    negative = [(k, v) for k, v in _keys(out) if isinstance(v, (int, float))
+                and not isinstance(v, bool) and v < 0]
+    assert negative == []
+
+
+@pytest.mark.parametrize("change,fits_with,not_with", [
+    # tp 2 halves the weights (65.7 GiB) under the 0.9 budget; tp 1 is the failing run
+    ("tp", ["--tp", "2"], ["--tp", "1"]),
+    # int4 (36.8 GiB with its scales) leaves a pool; fp8, the next wider, leaves 2.3 GiB, less
+    # than one request of 8,192 tokens x 320 KiB (80 layers x 8 heads x 128 x 2 x 2 bytes)
+    ("weights_dtype", ["--weights-dtype", "int4"], ["--weights-dtype", "fp8"]),
+    # a B200's 180 GB holds the 131.4 GiB of weights at 0.9; an H200's 141 GB does not
+    ("gpu", ["--gpu", "b200"], ["--gpu", "h200"]),
+])
+def test_each_advised_change_fits_and_the_next_smaller_does_not(change, fits_with, not_with):
+    out = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm")
+    assert str(out["to_fit"][change]) == fits_with[1]
+    base = ["--preset", "llama3-70b", "--gpu", "h100-sxm"]
+    assert serve_json(*base, *fits_with)["fits"]
+    assert not serve_json(*base, *not_with)["fits"]
+
+
+def test_a_shorter_max_model_len_is_advised_only_when_the_weights_fit():
+    # weights over the budget: no --max-model-len advice, in JSON or text
+    out = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm")
+    assert out["to_fit"]["max_model_len"] is None
+    text = run("serve", "--preset", "llama3-70b", "--gpu", "h100-sxm").stdout
+    assert "does NOT fit" in text and "--max-model-len" not in text.split("does NOT fit")[1]
+    assert "--tp 2" in text and "--weights-dtype int4" in text and "--gpu b200" in text
+    # fp8 weights leave a pool too small for 8,192 tokens: the longest request it holds fits,
+    # one token more does not
+    fp8 = ["--preset", "llama3-70b", "--gpu", "h100-sxm", "--weights-dtype", "fp8"]
+    n = serve_json(*fp8)["to_fit"]["max_model_len"]
+    assert 0 < n < 8192
+    assert serve_json(*fp8, "--max-model-len", str(n))["fits"]
+    assert not serve_json(*fp8, "--max-model-len", str(n + 1))["fits"]
+
+
+def test_serving_keys_are_the_keys_infer_writes():
+    from gptcalc.cli.infer import SERVING_KEYS, serving_json
+
+    assert tuple(serving_json(serving(LLAMA3, gpu("h100-sxm")))) == SERVING_KEYS
+
+
+def test_a_longer_max_model_len_than_the_model_needs_the_allowance():
+    # llama3-8b's context is 8,192 tokens: one token more is refused, naming the allowance
+    r = run("serve", "--preset", "llama3-8b", "--max-model-len", "8193")
+    assert r.exit_code == 2 and "--allow-long-max-model-len" in r.stderr, r.output
+    out = serve_json("--preset", "llama3-8b", "--max-model-len", "16384",
+                     "--allow-long-max-model-len")
+    assert out["max_model_len"] == 16384 and out["config"]["block_size"] == 16384
+
+
+def test_fp32_weights_take_four_bytes_and_run_32_bit_activations():
+    # vLLM's --dtype float32: 8,030,261,248 parameters (transformers' count of Llama-3-8B) x 4
+    # bytes, every weight unquantised; the profile run's activations in 4 bytes, twice bf16's
+    # (the int64 positions unchanged)
+    fp32 = serve_json("--preset", "llama3-8b", "--weights-dtype", "fp32", "--kv-dtype", "fp32")
+    bf16 = serve_json("--preset", "llama3-8b")
+    assert fp32["weights"] == 4 * 8_030_261_248
+    assert fp32["activation"] == {k: v if k == "positions" else 2 * v
+                                  for k, v in bf16["activation"].items()}
+    assert "32-bit activations" in fp32["assumptions"]
+    # Llama-3-8B caches 32 layers x 8 heads x 128 x 2 (K and V) elements per token: 4 bytes each
+    assert kv_bytes_per_token_layer(LLAMA3, 1, "fp32") * 32 == 32 * 8 * 128 * 2 * 4
+    # and the advice to fit narrows fp32 to bf16 first: Llama-3-8B's 29.9 GiB of fp32 weights
+    # overflow an RTX 4090's 23.64 GiB, its 15.0 GiB of bf16 do not
+    out = serve_json("--preset", "llama3-8b", "--gpu", "rtx-4090", "--weights-dtype", "fp32")
+    assert not out["fits"] and out["to_fit"]["weights_dtype"] == "bf16"

@@ -59,8 +59,27 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_le
 
 
 def _json(cfg, wl, s: Serving) -> dict[str, Any]:
+    return {**envelope(cfg, wl), **serving_json(s)}
+
+
+# serving_json's keys, in its order: `serve --json` writes them null when it has no throughput
+SERVING_KEYS = (
+    "gpu", "tp", "batch_size", "prompt_len", "gen_len", "weights_dtype", "kv_dtype", "weights",
+    "weights_bytes", "kv_cache_bytes", "activation_bytes", "total_bytes", "memory_bytes",
+    "fits", "mean_context", "prefill_flops", "prefill_bytes", "prefill_seconds",
+    "prefill_bound", "expected_prefill_seconds", "decode_flops_per_step",
+    "decode_bytes_per_step", "decode_seconds_per_token", "decode_tokens_per_second",
+    "decode_batch_tokens_per_second", "decode_bound", "expected_decode_seconds_per_token",
+    "expected_decode_tokens_per_second", "compute_bound_batch",
+    "compute_bound_batch_weights_only", "flops_efficiency", "bandwidth_efficiency")
+
+
+def serving_json(s: Serving | None) -> dict[str, Any]:
+    """infer's figures by SERVING_KEYS; each None when there is no Serving."""
+    if s is None:
+        return dict.fromkeys(SERVING_KEYS)
     return {
-        **envelope(cfg, wl), "gpu": s.gpu, "tp": s.tp, "batch_size": s.batch_size,
+        "gpu": s.gpu, "tp": s.tp, "batch_size": s.batch_size,
         "prompt_len": s.prompt_len, "gen_len": s.gen_len, "weights_dtype": s.weights_dtype,
         "kv_dtype": s.kv_dtype, "weights": s.weights, "weights_bytes": s.weights_bytes,
         "kv_cache_bytes": s.kv_cache_bytes, "activation_bytes": s.activation_bytes,
@@ -87,7 +106,9 @@ def _ms(seconds: float) -> str:
 
 
 def _render(cfg, s: Serving) -> None:
-    print_line(f"Assuming {s.tp} x {s.gpu} (tensor parallel), batch {s.batch_size}, prompt "
+    print_line(f"Assuming {s.tp} x {s.gpu} (tensor parallel) of {binary_bytes(s.memory_bytes)} "
+               f"usable (torch.cuda.mem_get_info's total; datasheet "
+               f"{binary_bytes(find_gpu(s.gpu).memory_bytes)}), batch {s.batch_size}, prompt "
                f"{s.prompt_len:,} + {s.gen_len:,} generated tokens, weights {s.weights_dtype}, "
                f"KV cache {s.kv_dtype}, efficiency {s.flops_efficiency:g} of the dense FLOP/s "
                f"peak and {s.bandwidth_efficiency:g} of the memory bandwidth")

@@ -11,12 +11,13 @@ from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..inference.kv import KV_DTYPES
+from ..inference.fit import to_fit
 from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
-                                  serving)
+                                  compute_precision, serving)
 from ..inference.weights import WEIGHT_DTYPES
 from ..units import binary_bytes
-from .infer import _json as infer_json, _ms
+from .infer import _ms, serving_json
 from .options import ByteSize, describe, model_options
 from .render import emit_json, envelope, print_line, print_table
 
@@ -28,8 +29,10 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
 @click.option("--gpu-memory", type=ByteSize(exact=False), default=None, metavar="SIZE",
-              help="Total memory of one GPU as the engine reads it (e.g. 79.22GiB); default "
-                   "the --gpu's datasheet figure.")
+              help="Total memory of one GPU as the engine reads it, torch.cuda.mem_get_info's "
+                   "total (e.g. 79.22GiB); default the --gpu's usable figure (`gptcalc gpus`). "
+                   "\"80GB\" is 80 x 10^9 bytes, \"80GiB\" 80 x 2^30; vLLM's logs print GiB, "
+                   "SGLang's print \"GB\" meaning GiB.")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="GPUs in tensor parallel: weights and KV heads split (fewer KV heads than "
                    "GPUs: one replicated per GPU).")
@@ -42,6 +45,9 @@ from .render import emit_json, envelope, print_line, print_table
                                  "0.9; SGLang: its memory less a reserve by GPU size).")
 @click.option("--max-model-len", type=int, default=None,
               help="Longest request in tokens (default: the model's context T).")
+@click.option("--allow-long-max-model-len", is_flag=True,
+              help="Accept a --max-model-len beyond the model's context T (vLLM refuses it "
+                   "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1).")
 @click.option("--max-num-batched-tokens", type=int, default=None,
               help="Tokens per forward, the profile run's size (vLLM's default: 8192 on GPUs "
                    "of 70 GiB or more other than A100, else 2048).")
@@ -62,7 +68,8 @@ from .render import emit_json, envelope, print_line, print_table
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             gpu_memory: int | None, tp: int, weights_dtype: str, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
-            max_num_batched_tokens: int | None, max_num_seqs: int | None,
+            allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
+            max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
@@ -78,7 +85,9 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         if value is not None:
             positive_int(field, value)
     mml = cfg.block_size if max_model_len is None else max_model_len
-    if mml > cfg.block_size:  # as vLLM allows with VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    if mml > cfg.block_size:
+        if not allow_long_max_model_len:
+            raise ConfigError("max_model_len", too_long(mml, cfg.block_size))
         cfg = cfg.replace(block_size=mml)
     ctx = mml if context is None else context
     if ctx > mml:
@@ -86,13 +95,16 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     if gen_len >= ctx:
         raise ConfigError("gen_len", f"{gen_len:,} leaves no prompt in --context {ctx:,}")
     nt = non_torch
-    pool = kv_pool(cfg, total, engine, tp, weights_dtype, kv_dtype, utilization,
-                   max_num_batched_tokens, max_num_seqs, kv_block_size,
-                   DEFAULT_NON_TORCH if nt is None else nt, g.name)
+    args = dict(engine=engine, tp=tp, weights_dtype=weights_dtype, kv_dtype=kv_dtype,
+                utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs, block_size=kv_block_size,
+                non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name)
+    pool = kv_pool(cfg, total, **args)
+    advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
     batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
-    precision = "fp16" if weights_dtype == "fp16" else "bf16"
+    precision = compute_precision(weights_dtype)
     if batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second:
         s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights_dtype, kv_dtype,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
@@ -104,9 +116,18 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     if cfg.moe and pool.activation:
         line += "; MoE layers' activations as one dense MLP of width d_ff"
     if as_json:
-        emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line))
+        emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line, advice))
         return
-    _render(cfg, pool, conc, mml, ctx, s, line)
+    _render(cfg, pool, conc, mml, ctx, s, line, advice)
+
+
+def too_long(max_model_len: int, context: int) -> str:
+    """vLLM's refusal of a max_model_len beyond the model's (vllm/config/model.py,
+    `_get_and_verify_max_len`: "User-specified max_model_len ... is greater than the derived
+    max_model_len ... set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")."""
+    return (f"{max_model_len:,} is greater than the model's context of {context:,} tokens "
+            "(max_position_embeddings); add --allow-long-max-model-len to size it anyway, as "
+            "vLLM does with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
 
 
 def gpu_memory_for(g) -> int:
@@ -124,19 +145,19 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, wd: str, kd: str, mml
                else f"profile run of {p.max_num_batched_tokens:,} tokens"
                     f"{d('max_num_batched_tokens')} in {seqs:,} sequences (max_num_seqs "
                     f"{p.max_num_seqs:,}{d('max_num_seqs')})")
+    memory = (f"{gpu}'s usable memory, torch.cuda.mem_get_info's total; datasheet "
+              f"{binary_bytes(find_gpu(gpu).memory_bytes)}" if datasheet else "given")
     return (f"Assuming {p.engine} on {tp} x {binary_bytes(total)} "
-            f"({gpu + ' datasheet' if datasheet else 'given'}; throughput at {gpu}'s peaks), "
+            f"({memory}; throughput at {gpu}'s peaks), "
             f"weights {wd}, KV cache {kd}, {knob} {p.utilization:g}{d('utilization')}, "
             f"max_model_len {mml:,}{d('max_model_len')}, {profile}, blocks of {p.block_size} "
             f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch)}{d('non_torch')}, "
-            f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), 16-bit "
-            "activations")
+            f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), "
+            f"{'32' if wd == 'fp32' else '16'}-bit activations")
 
 
-def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if s is not None:
-        out.update(infer_json(cfg, wl, s))
+def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]:
+    out: dict[str, Any] = serving_json(s)  # null figures when no throughput is computed
     out.update({
         **envelope(cfg, wl), "assumptions": line, "engine": p.engine,
         "gpu_memory_bytes": p.gpu_memory_bytes, "utilization": p.utilization,
@@ -144,13 +165,29 @@ def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line) -> dict[str, Any]:
         "max_num_seqs": p.max_num_seqs, "block_size": p.block_size,
         "weights": p.weights, "activation_peak": p.activation_peak,
         "activation": p.activation, "non_torch": p.non_torch, "kv_cache": p.kv_cache,
-        "kv_blocks": p.kv_blocks, "kv_tokens": p.kv_tokens, "max_concurrency": conc,
-        "fits": p.kv_cache > 0 and conc[str(mml)] >= 1,
+        "shortfall": p.shortfall, "kv_blocks": p.kv_blocks, "kv_tokens": p.kv_tokens,
+        "max_concurrency": conc, "fits": p.fits(cfg, mml), "to_fit": advice,
     })
     return out
 
 
-def _render(cfg, p: KVPool, conc, mml, ctx, s, line) -> None:
+def _does_not_fit(p: KVPool, mml: int, advice: dict[str, Any]) -> str:
+    """Why the engine refuses to start, and each single option that would let it."""
+    if p.shortfall:
+        why = (f"does NOT fit: weights, activation peak and non-torch memory exceed the budget "
+               f"by {binary_bytes(p.shortfall)}, leaving no KV cache pool")
+    else:
+        why = (f"does NOT fit: the pool of {binary_bytes(p.kv_cache)} does not hold one request "
+               f"of max_model_len {mml:,} tokens")
+    spelled = {"tp": "--tp {:,}", "weights_dtype": "--weights-dtype {}", "gpu": "--gpu {}",
+               "max_model_len": "--max-model-len {:,}"}
+    options = [spelled[k].format(v) for k, v in advice.items() if v is not None]
+    return (f"{why}; the engine refuses to start. "
+            + (f"It fits with any one of: {'; '.join(options)}" if options else
+               "No single change of --tp, --weights-dtype, --gpu or --max-model-len fits it"))
+
+
+def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice) -> None:
     print_line(line)
     print_line(describe(cfg))
     rows = [[f"budget: {binary_bytes(p.gpu_memory_bytes)} x {p.utilization:g}",
@@ -164,9 +201,8 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line) -> None:
                         f"tokens ({binary_bytes(p.bytes_per_block)} per block)")
     c_rows = [[f"{int(k):,}", f"{v:,.2f}x"] for k, v in conc.items()]
     print_table("Maximum concurrency", ["tokens per request", "requests at once"], c_rows)
-    if p.kv_cache <= 0 or conc[str(mml)] < 1:
-        print_line(f"the pool does not hold one request of max_model_len {mml:,} tokens: the "
-                   "engine refuses to start; lower --max-model-len or raise the utilization")
+    if not p.fits(cfg, mml):
+        print_line(_does_not_fit(p, mml, advice))
     if s is None:
         if conc[str(ctx)] >= 1:
             print_line("no throughput: the GPU has no peak figure for these weights (a T4 "

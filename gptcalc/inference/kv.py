@@ -21,7 +21,8 @@ from ..config import GPTConfig
 from ..errors import ConfigError, one_of
 from ..layers import global_layers, kv_elements_per_token, kv_tokens_per_layer, sliding_layers
 
-KV_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}  # per element; per-tensor scales ignored
+# bytes per element; per-tensor scales ignored; fp32 is what vLLM's "auto" caches for fp32 weights
+KV_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
 def kv_heads_per_device(cfg: GPTConfig, tp: int) -> int:

@@ -39,7 +39,7 @@ from ..gpus import GPU
 from ..layers import global_layers, sliding_layers
 from ..time import check_fraction
 from .kv import kv_bytes_per_token_layer
-from .weights import device_weight_bytes
+from .weights import device_weight_bytes, unquantised_bytes
 
 SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
 GiB = 2**30
@@ -177,12 +177,19 @@ class KVPool:
 
     @property
     def kv_cache(self) -> int:
-        """The pool: the budget less weights, activation peak and non-torch memory."""
-        return self.budget - self.weights - self.activation_peak - self.non_torch
+        """The pool: the budget less weights, activation peak and non-torch memory, never
+        below 0 (the engine then refuses to start)."""
+        return max(0, self.budget - self.weights - self.activation_peak - self.non_torch)
+
+    @property
+    def shortfall(self) -> int:
+        """Bytes by which weights, activation peak and non-torch memory exceed the budget (0
+        when they fit): budget + shortfall = weights + activation peak + non-torch + pool."""
+        return max(0, self.weights + self.activation_peak + self.non_torch - self.budget)
 
     @property
     def kv_blocks(self) -> int:
-        return max(0, self.kv_cache) // self.bytes_per_block
+        return self.kv_cache // self.bytes_per_block
 
     @property
     def kv_tokens(self) -> int:
@@ -191,9 +198,13 @@ class KVPool:
     def max_concurrency(self, cfg: GPTConfig, context: int) -> float:
         """Requests of `context` tokens the pool holds at once, as vLLM logs it: the pool's
         per-layer pages over the per-layer pages of one request."""
-        layer_pages = max(0, self.kv_cache) // self.layer_block_bytes
+        layer_pages = self.kv_cache // self.layer_block_bytes
         chunk = None if self.engine == "sglang" else self.max_num_batched_tokens
         return layer_pages / layer_blocks_per_request(cfg, context, self.block_size, chunk)
+
+    def fits(self, cfg: GPTConfig, max_model_len: int) -> bool:
+        """The engine starts: its pool holds one request of max_model_len tokens."""
+        return self.kv_cache > 0 and self.max_concurrency(cfg, max_model_len) >= 1
 
 
 def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int = 1,
@@ -225,8 +236,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     frac = check_fraction(frac, name)
     positive_int("kv_block_size", bs)
-    act = {} if engine == "sglang" else profile_activation_bytes(cfg, tokens, min(seqs, tokens),
-                                                                 tp)
+    act = {} if engine == "sglang" else profile_activation_bytes(
+        cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype))
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
     return KVPool(engine=engine, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
                   weights=device_weight_bytes(cfg, weights_dtype, tp), activation=act,
@@ -236,8 +247,9 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
 
 
 def gpu_memory(g: GPU) -> int:
-    """The memory figure of a catalogue GPU, or ConfigError naming --gpu."""
-    if g.memory_bytes is None:
+    """The memory an engine sizes against on a catalogue GPU: its usable figure
+    (torch.cuda.mem_get_info's total, `gptcalc.gpus.USABLE`), or ConfigError naming --gpu."""
+    if g.usable_memory_bytes is None:
         raise ConfigError("gpu", f"{g.name} has no memory figure; pick an accelerator or give "
                                  "--gpu-memory")
-    return g.memory_bytes
+    return g.usable_memory_bytes

@@ -28,7 +28,8 @@ prefill is the same matmuls) and `bandwidth_efficiency` (default 0.685: gpt-fast
 bf16 at batch 1 on an A100-80GB moves 1,397.31 GB/s of the 2,039 GB/s peak at 104.9 tokens/s,
 gpt-fast README, "Benchmarks"). The expected time of a phase is the larger expected term.
 
-Memory per device: weights (with quantisation scales), the KV cache at prompt + gen tokens, and
+Memory per device: the GPU's usable memory (torch.cuda.mem_get_info's total, `gptcalc.gpus`)
+against weights (with quantisation scales), the KV cache at prompt + gen tokens, and
 the activation peak of the prefill chunked as vLLM does by default on this GPU
 (`prefill_activation_bytes`, the model of `gptcalc.inference.pool`). Scope: no framework overhead,
 CUDA context, paged-cache fragmentation or communication buffers.
@@ -46,16 +47,22 @@ from ..flops import inference_flops, matmul_flops
 from ..gpus import GPU, require_bandwidth, require_peak
 from ..time import check_fraction
 from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
-from .pool import profile_activation_bytes, vllm_defaults
-from .weights import device_weight_bytes, weight_bytes
+from .pool import gpu_memory, profile_activation_bytes, vllm_defaults
+from .weights import device_weight_bytes, unquantised_bytes, weight_bytes
 
 ACT_BYTES = 2  # 16-bit activations
 DEFAULT_FLOPS_EFFICIENCY = 0.5
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.685
 
 
+def compute_precision(weights_dtype: str) -> str:
+    """The peak a model's matmuls run at: fp32 weights in fp32 (PyTorch's default, no TF32),
+    fp16 in fp16, every other dtype (bf16, and weight-only quantisation) in bf16."""
+    return weights_dtype if weights_dtype in ("fp32", "fp16") else "bf16"
+
+
 def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, tp: int = 1,
-                             chunk: int = 2048, max_seqs: int = 256) -> int:
+                             chunk: int = 2048, max_seqs: int = 256, act_bytes: int = 2) -> int:
     """Activation peak of the prefill of B prompts of p tokens, as a serving engine runs it:
     chunked, at most `chunk` tokens (max_num_batched_tokens) of at most `max_seqs` sequences
     (max_num_seqs) per forward, logits for the last token of each sequence only; the peak of the
@@ -63,7 +70,7 @@ def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, t
     engine's profile run uses)."""
     tokens = min(batch_size * prompt_len, chunk)
     seqs = min(batch_size, max_seqs, tokens)
-    return sum(profile_activation_bytes(cfg, tokens, seqs, tp).values())
+    return sum(profile_activation_bytes(cfg, tokens, seqs, tp, act_bytes).values())
 
 
 @dataclass(frozen=True)
@@ -192,13 +199,14 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
                                      f"block_size {cfg.block_size}")
     fe = check_fraction(flops_efficiency, "flops_efficiency")
     be = check_fraction(bandwidth_efficiency, "bandwidth_efficiency")
-    precision = "fp16" if weights_dtype == "fp16" else "bf16"
+    precision = compute_precision(weights_dtype)
     if gpu.peak_flops(precision) is None and gpu.peak_flops("fp16") is not None:
         raise ConfigError("weights_dtype", f"{gpu.name} has no {precision} peak (its tensor "
                                            "cores run fp16): use fp16 weights")
     peak = require_peak(gpu, precision)
     bw = require_bandwidth(gpu)
-    chunk, max_seqs = vllm_defaults(gpu.memory_bytes, gpu.name)
+    memory = gpu_memory(gpu)  # usable: torch.cuda.mem_get_info's total
+    chunk, max_seqs = vllm_defaults(memory, gpu.name)
     inf = inference_flops(cfg, prompt_len, prompt_len + gen_len)  # validates prompt_len
     parts = weight_bytes(cfg, weights_dtype)
     w_dev = device_weight_bytes(cfg, weights_dtype, tp)
@@ -217,8 +225,8 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
         weights_dtype=weights_dtype, kv_dtype=kv_dtype, weights=parts, weights_bytes=w_dev,
         kv_cache_bytes=kv_cache_bytes(cfg, batch_size, prompt_len + gen_len, kv_b, tp=tp),
         activation_bytes=prefill_activation_bytes(cfg, batch_size, prompt_len, tp, chunk,
-                                                  max_seqs),
-        memory_bytes=gpu.memory_bytes, prefill=prefill, decode=decode, weights_read=w_dev,
+                                                  max_seqs, unquantised_bytes(weights_dtype)),
+        memory_bytes=memory, prefill=prefill, decode=decode, weights_read=w_dev,
         kv_per_sequence=kv_seq, decode_flops_per_sequence=f_seq,
         flops_efficiency=fe, bandwidth_efficiency=be,
     )
