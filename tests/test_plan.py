@@ -105,6 +105,20 @@ def test_text_lists_the_table_the_commands_and_the_fewest():
     assert "Fewest GPUs: 1 " in r.output
 
 
+def test_a_config_files_training_tables_reach_every_plan(tmp_path):
+    run_toml = tmp_path / "run.toml"
+    run_toml.write_text('[model]\npreset = "gpt2"\n[training]\noptimizer = "sgd-momentum"\n'
+                        '[parallel]\nsp = true\n')
+    out = run_json("plan", "--config", str(run_toml), "--seq-len", "512", "--gpu-memory",
+                   "4GiB", "--global-batch", "8", "--max-gpus", "8", "--top", "6")
+    assert out["plans"]
+    assert all(f"--config {run_toml}" in p["command"] for p in out["plans"])
+    assert_commands_reproduce(out)
+    mem = rerun_peak(out["plans"][0]["command"])
+    assert mem["setup"]["optimizer"] == "sgd-momentum"
+    assert mem["setup"]["sp"] == out["plans"][0]["sp"]
+
+
 def test_nothing_fits_says_so_and_names_the_closest():
     args = ("plan", "--preset", "llama3-8b", "--seq-len", "4096", "--gpu-memory", "20GiB",
             "--max-gpus", "2", "--global-batch", "8")
@@ -132,7 +146,7 @@ def test_nothing_fits_says_so_and_names_the_closest():
     (("--top", "0"), "--top"),
     (("--mfu", "1.5"), "--mfu"),
     (("--gpu", "nope"), "--gpu"),
-    (("--gpu", "cpu"), "--gpu"),
+    (("--gpu", "cpu"), "--gpu:"),
     (("--lora-targets", "q"), "--lora-targets"),
 ])
 def test_bad_input_is_one_line_naming_the_option(args, option):

@@ -69,10 +69,8 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
     cfg, wl = model
     _refuse_workload()
     g = find_gpu(gpu_name)
-    budget = gpu_memory if gpu_memory is not None else g.memory_bytes
-    if budget is None:
-        raise ConfigError("gpu_memory", f"{g.name} has no memory figure; give --gpu-memory")
     peak = require_peak(g, precision)
+    budget = gpu_memory if gpu_memory is not None else g.memory_bytes
     batch = sequences(wl.seq_len, global_batch, tokens_per_step)
     kept = {k: v for k, v in given.items() if v is not None}
 
