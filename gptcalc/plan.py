@@ -140,19 +140,20 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def engine_stages() -> list[tuple[str, int]]:
-    """(engine, ZeRO stage) pairs to plan: every registered engine at each stage it runs, but
-    an engine's stage 0 only when that is all it runs (DeepSpeed at ZeRO 0 replicates every
-    state as DistributedDataParallel does)."""
+def engine_stages(engines: tuple[str, ...] | None = None) -> list[tuple[str, int]]:
+    """(engine, ZeRO stage) pairs to plan: every registered engine (or those of `engines`) at
+    each stage it runs, but an engine's stage 0 only when that is all it runs (DeepSpeed at
+    ZeRO 0 replicates every state as DistributedDataParallel does)."""
     out = []
-    for name in names():
+    for name in engines or names():
         stages = engine_named(name).stages
         out += [(name, z) for z in stages if z > 0 or stages == (0,)]
     return out
 
 
 def candidate_layouts(cfg: GPTConfig, seq_len: int, batch: int, max_gpus: int,
-                      lora: bool = False) -> list[Layout]:
+                      lora: bool = False, engines: tuple[str, ...] | None = None
+                      ) -> list[Layout]:
     """Every layout of the search space (module docstring); validity against the model is
     checked later, when a layout is evaluated."""
     tps = (1,) if lora else tuple(t for t in TP_SIZES if cfg.n_head % t == 0)
@@ -161,7 +162,7 @@ def candidate_layouts(cfg: GPTConfig, seq_len: int, batch: int, max_gpus: int,
     for tp in tps:
         for pp in (p for p in pps if tp * p <= max_gpus):
             for dp in (d for d in divisors(batch) if d * tp * pp <= max_gpus):
-                for engine, zero in engine_stages():
+                for engine, zero in engine_stages(engines):
                     if zero and dp == 1:
                         continue
                     out += [Layout(dp, tp, pp, tp > 1 and seq_len % tp == 0, engine, zero, r)
@@ -282,11 +283,12 @@ class _Evaluator:
 def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, peak_flops: float,
            utilisation: float = 0.4, max_gpus: int = DEFAULT_MAX_GPUS, top: int | None = None,
            setup_for: Callable[[Layout], TrainingSetup] | None = None, lora: bool = False,
-           order: str = "time") -> PlanSearch:
+           order: str = "time", engines: tuple[str, ...] | None = None) -> PlanSearch:
     """The plans that fit `budget` bytes per GPU for `batch` sequences of `seq_len` tokens per
     step, best first: by step time, then fewer GPUs (`order` "time"), or by GPUs, then time
     (`order` "gpus"); the first `top` of them, or every one (None). `setup_for` gives a
-    layout's TrainingSetup (default: `layout_setup` with the family's usual set-up)."""
+    layout's TrainingSetup (default: `layout_setup` with the family's usual set-up); `engines`
+    limits the engines tried (default every registered one)."""
     positive_int("seq_len", seq_len)
     positive_int("max_gpus", max_gpus)
     utilisation = fraction("mfu", utilisation)
@@ -294,7 +296,9 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, peak_flops: fl
         positive_int("top", top)
     setup_for = setup_for or (lambda layout: layout_setup(cfg, layout))
     flops = {r: count_flops(cfg, Workload(1, seq_len), recompute=r) for r in PLANNED_RECOMPUTE}
-    layouts = candidate_layouts(cfg, seq_len, batch, max_gpus, lora)
+    for name in engines or ():
+        engine_named(name)  # an unknown name is ConfigError("engine")
+    layouts = candidate_layouts(cfg, seq_len, batch, max_gpus, lora, engines)
     largest = {}
     for layout in layouts:
         largest[layout.group] = max(largest.get(layout.group, 0), layout.dp)

@@ -105,6 +105,15 @@ def test_text_lists_the_table_the_commands_and_the_fewest():
     assert "Fewest GPUs: 1 " in r.output
 
 
+def test_engines_limits_the_engines_planned():
+    out = run_json("plan", "--preset", "gpt2", "--seq-len", "512", "--gpu-memory", "6GiB",
+                   "--global-batch", "16", "--max-gpus", "8", "--top", "8",
+                   "--engines", "fsdp2,megatron")
+    assert len(out["plans"]) == 8
+    assert {p["engine"] for p in out["plans"]} <= {"fsdp2", "megatron"}
+    assert_commands_reproduce(out)
+
+
 def test_a_config_files_training_tables_reach_every_plan(tmp_path):
     run_toml = tmp_path / "run.toml"
     run_toml.write_text('[model]\npreset = "gpt2"\n[training]\noptimizer = "sgd-momentum"\n'
@@ -148,6 +157,8 @@ def test_nothing_fits_says_so_and_names_the_closest():
     (("--gpu", "nope"), "--gpu"),
     (("--gpu", "cpu"), "--gpu:"),
     (("--lora-targets", "q"), "--lora-targets"),
+    (("--engines", "fsdp3"), "--engines"),
+    (("--engines", ","), "--engines"),
 ])
 def test_bad_input_is_one_line_naming_the_option(args, option):
     r = run("plan", "--preset", "gpt2", "--seq-len", "512", *args)

@@ -10,6 +10,7 @@ import click
 
 from ..config import GPTConfig
 from ..errors import ConfigError
+from ..memory.engines import names
 from ..gpus import DEFAULT_GPU, gpu as find_gpu, require_peak
 from ..plan import (DEFAULT_MAX_GPUS, Layout, Plan, PlanSearch, global_batch as sequences,
                     layout_setup, search)
@@ -52,6 +53,9 @@ def _kept_options(command):
 @_count("--tokens-per-step", "Tokens per optimizer step, a multiple of --seq-len.")
 @click.option("--max-gpus", type=int, default=DEFAULT_MAX_GPUS, show_default=True,
               help="Largest GPU count to plan for.")
+@click.option("--engines", default=None, metavar="LIST",
+              help="Engines to plan with, e.g. fsdp2,megatron (default: every engine; see "
+                   "`--engine` of `gptcalc memory`).")
 @click.option("--top", type=int, default=10, show_default=True, help="Plans to list.")
 @click.option("--mfu", type=float, default=0.4, show_default=True,
               help="Utilisation of the dense peak by the FLOPs a step executes (recomputation "
@@ -61,8 +65,9 @@ def _kept_options(command):
 @_kept_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes, seconds).")
 def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | None,
-            global_batch: int | None, tokens_per_step: int | None, max_gpus: int, top: int,
-            mfu: float, precision: str, as_json: bool, **given: Any) -> None:
+            global_batch: int | None, tokens_per_step: int | None, max_gpus: int,
+            engines: str | None, top: int, mfu: float, precision: str, as_json: bool,
+            **given: Any) -> None:
     """The data, tensor and pipeline layouts, engines and recomputation that fit a training
     step in each GPU's memory, ranked by estimated step time (then fewer GPUs); each with the
     `gptcalc memory` command that reproduces its peak."""
@@ -78,7 +83,8 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
         return layout_setup(cfg, layout, kept, _sections(), _from_hf())
 
     base = dict(budget=budget, peak_flops=peak, utilisation=mfu, max_gpus=max_gpus,
-                setup_for=setup_for, lora=bool(kept.get("lora_rank")))
+                setup_for=setup_for, lora=bool(kept.get("lora_rank")),
+                engines=_engines(engines))
     resolve_training(cfg, _sections(), kept, _from_hf())  # a bad option fails here, by name
     found = search(cfg, wl.seq_len, batch, top=top, **base)
     fewest = search(cfg, wl.seq_len, batch, top=1, order="gpus", **base).plans
@@ -99,6 +105,19 @@ def _refuse_workload() -> None:
         if params.get(key) is not None:
             raise ConfigError(key, "the planner chooses the micro-batch and the accumulation; "
                                    "give the global batch (--global-batch or --tokens-per-step)")
+
+
+def _engines(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    chosen = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not chosen:
+        raise ConfigError("engines", "give at least one engine, e.g. fsdp2")
+    unknown = [n for n in chosen if n not in names()]
+    if unknown:
+        raise ConfigError("engines", f"unknown engine {unknown[0]!r}; engines: "
+                                     f"{', '.join(names())}")
+    return chosen
 
 
 def _sections() -> dict[str, Any]:
