@@ -56,10 +56,10 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import (flops, gpus, infer, memory, params, plot, presets, report, serve, time,
+    from . import (flops, gpus, infer, memory, params, plan, plot, presets, report, serve, time,
                    verify)
 
-    for module in (presets, params, flops, memory, gpus, time, infer, serve, verify, plot,
+    for module in (presets, params, flops, memory, plan, gpus, time, infer, serve, verify, plot,
                    report):
         cli.add_command(module.command)
 

@@ -1,0 +1,311 @@
+"""`gptcalc plan` against `gptcalc memory` re-run independently, and the search against brute
+force: every plan fits, every layout that fits is found, with the micro-batch the rule picks,
+in the order the step time gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc import api
+from gptcalc.cli import cli
+from gptcalc.config import GPTConfig
+from gptcalc.errors import ConfigError
+from gptcalc.gpus import gpu
+from gptcalc.memory import memory_report
+from gptcalc.plan import (DEFAULT_TOKENS_PER_STEP, PLANNED_RECOMPUTE, candidate_layouts,
+                          global_batch, search)
+from gptcalc.training import resolve_training
+from gptcalc.workload import Workload
+
+H100 = gpu("h100-sxm")
+SEQ, BATCH, MAX_GPUS = 128, 8, 16
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def run_json(*args: str) -> dict:
+    r = run(*args, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def rerun_peak(command: str) -> dict:
+    """A plan's command through `gptcalc memory --json`."""
+    args = shlex.split(command)
+    assert args[:2] == ["gptcalc", "memory"]
+    return run_json(*args[1:])
+
+
+def assert_commands_reproduce(out: dict) -> None:
+    for plan in out["plans"]:
+        mem = rerun_peak(plan["command"])
+        assert mem["peak"] == plan["peak"] <= out["budget"]
+        assert mem["fit"]["max_batch"] >= plan["micro_batch"]
+        assert mem["workload"] == {"batch_size": plan["micro_batch"], "seq_len": out["seq_len"],
+                                   "grad_accum": plan["grad_accum"]}
+        assert mem["global_batch"] == out["global_batch"]
+        assert (mem["setup"]["dp"], mem["setup"]["tp"], mem["setup"]["pp"],
+                mem["setup"]["zero"], mem["setup"]["engine"], mem["setup"]["recompute"]) == (
+            plan["dp"], plan["tp"], plan["pp"], plan["zero"], plan["engine"], plan["recompute"])
+        assert plan["gpus"] == plan["dp"] * plan["tp"] * plan["pp"]
+
+
+# --- the command: each plan's command re-run through `gptcalc memory` ---------------------------
+
+
+def test_70b_plans_are_reproduced_by_memory():
+    out = run_json("plan", "--preset", "llama3-70b", "--gpu", "h100-sxm", "--seq-len", "4096",
+                   "--top", "3")
+    assert out["global_batch"] == DEFAULT_TOKENS_PER_STEP // 4096 == 1024
+    assert out["budget"] == 80 * 2**30  # the H100 SXM's 80 GiB
+    assert len(out["plans"]) == 3
+    assert_commands_reproduce(out)
+    assert_commands_reproduce({**out, "plans": [out["fewest_gpus"]]})
+    # 70B's weights, gradients and AdamW states (16 bytes a parameter) are 1.1 TB: more than
+    # 8 GPUs however sharded
+    assert out["fewest_gpus"]["gpus"] > 8
+    # the pruning evaluates few of the layouts
+    assert out["searched"]["step_peaks"] < out["searched"]["layouts"] / 10
+
+
+def test_small_model_every_plan_reproduced():
+    out = run_json("plan", "--preset", "gpt2", "--seq-len", "512", "--gpu-memory", "6GiB",
+                   "--global-batch", "16", "--max-gpus", "8", "--top", "25")
+    assert len(out["plans"]) == 25
+    assert_commands_reproduce(out)
+    seconds = [p["step_seconds"] for p in out["plans"]]
+    assert seconds == sorted(seconds)
+    for p in out["plans"]:
+        assert p["tokens_per_second"] == pytest.approx(16 * 512 / p["step_seconds"])
+
+
+def test_lora_plans_are_data_parallel_and_reproduced():
+    out = run_json("plan", "--preset", "llama3-8b", "--seq-len", "2048", "--gpu", "a10g",
+                   "--lora-rank", "16", "--lora-targets", "q,v", "--weights-dtype", "int4",
+                   "--global-batch", "8", "--max-gpus", "8", "--top", "4")
+    assert out["plans"]
+    assert all(p["tp"] == p["pp"] == 1 for p in out["plans"])
+    assert all("--lora-rank 16" in p["command"] for p in out["plans"])
+    assert_commands_reproduce(out)
+
+
+def test_text_lists_the_table_the_commands_and_the_fewest():
+    r = run("plan", "--preset", "gpt2", "--seq-len", "512", "--gpu-memory", "6GiB",
+            "--global-batch", "16", "--max-gpus", "8", "--top", "3")
+    assert r.exit_code == 0, r.output
+    assert "Layouts that fit, fastest first" in r.output
+    assert "3: gptcalc memory --preset gpt2 --seq-len 512" in r.output
+    assert "Fewest GPUs: 1 " in r.output
+
+
+def test_engines_limits_the_engines_planned():
+    out = run_json("plan", "--preset", "gpt2", "--seq-len", "512", "--gpu-memory", "6GiB",
+                   "--global-batch", "16", "--max-gpus", "8", "--top", "8",
+                   "--engines", "fsdp2,megatron")
+    assert len(out["plans"]) == 8
+    assert {p["engine"] for p in out["plans"]} <= {"fsdp2", "megatron"}
+    assert_commands_reproduce(out)
+
+
+def test_a_config_files_training_tables_reach_every_plan(tmp_path):
+    run_toml = tmp_path / "run.toml"
+    run_toml.write_text('[model]\npreset = "gpt2"\n[training]\noptimizer = "sgd-momentum"\n'
+                        '[parallel]\nsp = true\n')
+    out = run_json("plan", "--config", str(run_toml), "--seq-len", "512", "--gpu-memory",
+                   "4GiB", "--global-batch", "8", "--max-gpus", "8", "--top", "6")
+    assert out["plans"]
+    assert all(f"--config {run_toml}" in p["command"] for p in out["plans"])
+    assert_commands_reproduce(out)
+    mem = rerun_peak(out["plans"][0]["command"])
+    assert mem["setup"]["optimizer"] == "sgd-momentum"
+    assert mem["setup"]["sp"] == out["plans"][0]["sp"]
+
+
+def test_nothing_fits_says_so_and_names_the_closest():
+    args = ("plan", "--preset", "llama3-8b", "--seq-len", "4096", "--gpu-memory", "20GiB",
+            "--max-gpus", "2", "--global-batch", "8")
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    assert "No layout fits 20.00 GiB per GPU within 2 GPUs; closest:" in r.output
+    out = run_json(*args)
+    assert out["plans"] == [] and out["fewest_gpus"] is None
+    c = out["closest"]
+    assert c["peak"] > out["budget"]
+    cmd = (f"gptcalc memory --preset llama3-8b --seq-len 4096 -B {c['micro_batch']} "
+           f"--grad-accum {c['grad_accum']} --dp {c['dp']} --tp {c['tp']} --pp {c['pp']} "
+           f"--zero {c['zero']} --engine {c['engine']} --recompute {c['recompute']}"
+           + (" --sp" if c["sp"] else ""))
+    assert rerun_peak(cmd)["peak"] == c["peak"]
+
+
+@pytest.mark.parametrize("args, option", [
+    (("-B", "2"), "--batch-size"),
+    (("--grad-accum", "2"), "--grad-accum"),
+    (("--tokens-per-step", "1000"), "--tokens-per-step"),
+    (("--global-batch", "8", "--tokens-per-step", "4096"), "--global-batch"),
+    (("--global-batch", "0"), "--global-batch"),
+    (("--max-gpus", "0"), "--max-gpus"),
+    (("--top", "0"), "--top"),
+    (("--mfu", "1.5"), "--mfu"),
+    (("--gpu", "nope"), "--gpu"),
+    (("--gpu", "cpu"), "--gpu:"),
+    (("--lora-targets", "q"), "--lora-targets"),
+    (("--engines", "fsdp3"), "--engines"),
+    (("--engines", ","), "--engines"),
+])
+def test_bad_input_is_one_line_naming_the_option(args, option):
+    r = run("plan", "--preset", "gpt2", "--seq-len", "512", *args)
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and option in lines[0], r.stderr
+
+
+def test_global_batch_defaults_to_4m_tokens():
+    assert global_batch(4096) == 1024
+    assert global_batch(8192, tokens_per_step=8192 * 3) == 3
+    assert global_batch(2**23) == 1  # at least one sequence
+    with pytest.raises(ConfigError):
+        global_batch(512, tokens_per_step=1000)
+
+
+# --- the search against brute force --------------------------------------------------------------
+
+
+def _model(preset: str, **sizes) -> GPTConfig:
+    return api.resolve_setup(preset=preset, seq_len=SEQ, overrides=sizes).config
+
+
+MODELS = {
+    # GPT-2 blocks, 12 heads: tp 1, 2, 4
+    "gpt2": _model("gpt2", n_layer=4),
+    # Llama blocks with 2 key/value heads: tp 4 and 8 are refused by the model, not the search
+    "llama": _model("llama3-8b", n_layer=4, n_embd=256, n_head=8, n_kv_head=2, d_ff=512,
+                    vocab_size=1000),
+}
+
+
+def _setup(cfg, layout):
+    """The layout's set-up, resolved here as `gptcalc memory` resolves its options."""
+    given = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "sp": layout.sp,
+             "engine": layout.engine, "zero": layout.zero, "recompute": layout.recompute}
+    return resolve_training(cfg, {}, given)[0]
+
+
+def _brute(cfg) -> dict:
+    """Every candidate layout's peak at every micro-batch dividing its share of the batch,
+    by memory_report; a layout the model or engine refuses is left out."""
+    out = {}
+    for layout in candidate_layouts(cfg, SEQ, BATCH, MAX_GPUS):
+        try:
+            setup = _setup(cfg, layout)
+            n = BATCH // layout.dp
+            out[layout] = {b: memory_report(cfg, Workload(b, SEQ, n // b), setup).peak.bytes
+                           for b in range(1, n + 1) if n % b == 0}
+        except ConfigError:
+            continue
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def brute(request):
+    cfg = MODELS[request.param]
+    return cfg, _brute(cfg)
+
+
+def _budgets(peaks: dict) -> list[int]:
+    smallest = sorted(min(p.values()) for p in peaks.values())
+    return [smallest[len(smallest) * q // 8] for q in (1, 3, 5, 7)] + [smallest[0] - 1]
+
+
+def _search(cfg, budget, **kw):
+    return search(cfg, SEQ, BATCH, budget, H100.bf16_flops, max_gpus=MAX_GPUS, **kw)
+
+
+def test_one_replica_can_need_less_than_two():
+    # DDP's gradient buckets exist with more than one replica only: dp = 1 is a group of its own
+    cfg = MODELS["gpt2"]
+    one, two = (memory_report(cfg, Workload(1, SEQ, BATCH // dp), resolve_training(
+        cfg, {}, {"dp": dp, "engine": "ddp", "zero": 0})[0]).peak.bytes for dp in (1, 2))
+    assert one < two
+
+
+def test_memory_is_monotone_where_the_search_prunes(brute):
+    cfg, peaks = brute
+    for layout, by_b in peaks.items():
+        n = BATCH // layout.dp
+        below = [by_b[b] for b in sorted(by_b) if b < n]
+        assert below == sorted(below), layout  # grows with B at a given accumulation
+        r = PLANNED_RECOMPUTE.index(layout.recompute)
+        if r + 1 < len(PLANNED_RECOMPUTE):
+            less = peaks[dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[r + 1])]
+            assert all(less[b] <= by_b[b] for b in by_b), layout
+        same = ("tp", "pp", "sp", "engine", "zero", "recompute")
+        bigger = [other for other in peaks if layout.dp > 1 and other.dp > layout.dp and all(
+            getattr(other, k) == getattr(layout, k) for k in same)]
+        for other in bigger:  # more replicas: the least peak of a layout does not grow
+            assert min(peaks[other].values()) <= min(by_b.values()), (layout, other)
+
+
+@pytest.mark.parametrize("q", range(5))
+def test_search_finds_every_layout_that_fits_and_nothing_else(brute, q):
+    cfg, peaks = brute
+    budget = _budgets(peaks)[q]
+    found = _search(cfg, budget)
+    fitting = {layout for layout, by_b in peaks.items() if min(by_b.values()) <= budget}
+    assert {p.layout for p in found.plans} == fitting
+    assert len(found.plans) == len(fitting)  # each layout once
+    for p in found.plans:
+        fits = sorted(b for b, peak in peaks[p.layout].items() if peak <= budget)
+        # no pipeline: the largest micro-batch that fits; a pipeline: the most micro-batches
+        assert p.micro_batch == (fits[-1] if p.layout.pp == 1 else fits[0])
+        assert p.peak == peaks[p.layout][p.micro_batch] <= budget
+        assert p.grad_accum * p.micro_batch * p.layout.dp == BATCH
+    keys = [(p.step_seconds, p.gpus) for p in found.plans]
+    assert keys == sorted(keys)
+    if not fitting:
+        least = min(min(by_b.values()) for by_b in peaks.values())
+        assert found.closest is not None and found.closest.peak == least > budget
+
+
+@pytest.mark.parametrize("q", range(4))
+def test_top_is_the_head_of_the_full_ranking(brute, q):
+    cfg, peaks = brute
+    budget = _budgets(peaks)[q]
+    full = _search(cfg, budget).plans
+    for top in (1, 3, 10):
+        assert _search(cfg, budget, top=top).plans == full[:top]
+    fewest = _search(cfg, budget, top=1, order="gpus").plans
+    assert fewest[0].gpus == min(p.gpus for p in full)
+    assert fewest[0].step_seconds == min(p.step_seconds for p in full
+                                         if p.gpus == fewest[0].gpus)
+
+
+def test_no_plan_with_fewer_gpus_at_the_same_settings_is_missed(brute):
+    cfg, peaks = brute
+    budget = _budgets(peaks)[2]
+    listed = {p.layout for p in _search(cfg, budget).plans}
+    for layout in listed:
+        for other, by_b in peaks.items():
+            if (other.group, other.recompute) == (layout.group, layout.recompute) and (
+                    other.dp < layout.dp and min(by_b.values()) <= budget):
+                assert other in listed, other
+
+
+def test_step_time_is_hardware_flops_over_the_gpus_with_the_bubble():
+    from gptcalc.flops import count_flops
+
+    cfg = MODELS["gpt2"]
+    for p in _search(cfg, 10**12).plans:
+        flops = BATCH * count_flops(cfg, Workload(1, SEQ), recompute=p.layout.recompute
+                                    ).hardware_total
+        bubble = (p.layout.pp - 1) / p.grad_accum
+        assert p.step_seconds == pytest.approx(
+            flops / (p.gpus * H100.bf16_flops * 0.4) * (1 + bubble))
