@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.memory import state_bytes
 from gptcalc.memory.engines import chunk_rows, rank_training_flops
 from gptcalc.memory.engines.fsdp2 import fsdp2_rank_states
+from gptcalc.memory.states import stage_tensors
 from gptcalc.memory.engines.shards import tp_rank_states
 from gptcalc.memory.engines.zero_redundancy import zero1_partition, zero1_rank_states
 
@@ -229,3 +232,29 @@ def test_fsdp2_mixed_precision_policy_on_a_transformers_llama():
     cfg = from_name("llama3-8b").replace(n_layer=4, n_embd=128, n_head=4, n_kv_head=2,
                                          d_ff=344, vocab_size=8192)
     _mixed_checks(cfg, Workload(4, 128), 3, impl="transformers")
+
+
+def _partition_as_torch_writes_it(sizes, world):
+    # torch.distributed.optim.ZeroRedundancyOptimizer._partition_parameters (torch 2.13):
+    # sorted by size, largest first, each to the first rank of least load
+    loads = [0] * world
+    owned = [[] for _ in range(world)]
+    for i in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
+        r = loads.index(min(loads))
+        owned[r].append(i)
+        loads[r] += sizes[i]
+    return tuple(tuple(o) for o in owned)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 50), min_size=1, max_size=30), world=st.integers(1, 40))
+def test_zero1_partition_is_torchs_greedy_assignment(sizes, world):
+    assert zero1_partition(tuple(sizes), world) == _partition_as_torch_writes_it(sizes, world)
+
+
+def test_zero1_at_a_huge_dp_costs_nothing():
+    # a rank per tensor and more: each tensor on a rank of its own, the largest on rank 0
+    setup = TrainingSetup(dp=10**19, zero=1, engine="zero-redundancy")
+    st_ = state_bytes(DEBUG, setup)
+    largest = max(t.shard(1) for t in stage_tensors(DEBUG, setup, "first"))
+    assert st_.optimizer == 8 * largest + 4

@@ -10,6 +10,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 import functools
+import heapq
 
 from ...config import GPTConfig
 from ...training_setup import TrainingSetup
@@ -18,18 +19,32 @@ from .base import Engine, register
 from .shards import RankStates, coords, first_rank, stage_of, step_counters
 
 
-def zero1_partition(sizes: tuple[int, ...], world: int) -> tuple[tuple[int, ...], ...]:
+@functools.lru_cache(maxsize=64)
+def zero1_owned(sizes: tuple[int, ...], world: int) -> dict[int, tuple[int, ...]]:
     """ZeroRedundancyOptimizer's assignment of whole tensors to ranks (torch.distributed.optim,
     `_partition_parameters`): tensors sorted by size, largest first (a stable sort), each to the
     rank with the fewest elements so far (the lowest such rank on a tie). Returns the indices
-    into `sizes` each rank owns. Greedy, not 1/N: ranks are uneven."""
-    loads = [0] * world
-    owned: list[list[int]] = [[] for _ in range(world)]
+    into `sizes` of each rank that owns any; the others own nothing. Greedy, not 1/N: ranks
+    are uneven. The least loaded rank comes from a heap of the ranks given a tensor so far and
+    the lowest rank not given one yet (its load is 0), so the cost does not grow with world."""
+    heap: list[tuple[int, int]] = []  # (load, rank) of the ranks given a tensor
+    fresh = 0  # the lowest rank not given a tensor yet
+    owned: dict[int, list[int]] = {}
     for i in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
-        r = loads.index(min(loads))
-        owned[r].append(i)
-        loads[r] += sizes[i]
-    return tuple(tuple(o) for o in owned)
+        if fresh < world and (not heap or (0, fresh) < heap[0]):
+            load, r = 0, fresh
+            fresh += 1
+        else:
+            load, r = heapq.heappop(heap)
+        owned.setdefault(r, []).append(i)
+        heapq.heappush(heap, (load + sizes[i], r))
+    return {r: tuple(o) for r, o in owned.items()}
+
+
+def zero1_partition(sizes: tuple[int, ...], world: int) -> tuple[tuple[int, ...], ...]:
+    """`zero1_owned` for every rank of `world`, in rank order."""
+    owned = zero1_owned(sizes, world)
+    return tuple(owned.get(r, ()) for r in range(world))
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,7 +61,7 @@ def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> Ra
     states (and AdamW's step counters) of the tensors `zero1_partition` gives it."""
     pp_rank, dp_rank, _ = coords(rank, setup)
     sizes = _zero1_sizes(cfg, setup, stage_of(setup, pp_rank))
-    mine = zero1_partition(sizes, setup.dp)[dp_rank]
+    mine = zero1_owned(sizes, setup.dp).get(dp_rank, ())
     n, wb = sum(sizes), setup.weight_bytes
     steps = step_counters(setup, len(mine))
     opt = optimizer_bytes_per_param(setup) * sum(sizes[i] for i in mine) + steps
@@ -57,8 +72,8 @@ def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> Ra
 def zero1_most_loaded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
     """The data-parallel rank holding the most optimizer elements under `zero1_partition`."""
     sizes = _zero1_sizes(cfg, setup, stage)
-    loads = [sum(sizes[i] for i in o) for o in zero1_partition(sizes, setup.dp)]
-    return loads.index(max(loads))
+    loads = {r: sum(sizes[i] for i in o) for r, o in zero1_owned(sizes, setup.dp).items()}
+    return max(sorted(loads), key=loads.__getitem__, default=0)
 
 
 def zero1_peak_rank(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
@@ -95,5 +110,5 @@ class ZeroRedundancy(Engine):
 
 register(ZeroRedundancy())
 
-__all__ = ["ZeroRedundancy", "zero1_most_loaded", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
+__all__ = ["ZeroRedundancy", "zero1_most_loaded", "zero1_owned", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
            "zero1_resident"]
