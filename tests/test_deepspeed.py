@@ -174,3 +174,34 @@ def test_llama3_70b_holds_about_one_head_and_a_few_modules_not_the_model():
     head = cfg.vocab_size * cfg.n_embd
     assert head <= out[Phase.FORWARD_END] < head + 2 * cfg.n_embd * cfg.ffn_dim
     assert stage3_blocks(cfg, setup, 0) < cfg.n_layer
+
+
+# the thresholds scaled to LLAMA (head 102,464 elements; largest block Linear 11,264): each
+# alone and in pairs, at 0 and between module sizes
+THRESHOLD_CASES = [
+    {"stage3_max_reuse_distance": 0},
+    {"stage3_prefetch_bucket_size": 0},
+    {"stage3_max_live_parameters": 0},
+    {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0},
+    {"stage3_max_reuse_distance": 102465, "stage3_prefetch_bucket_size": 0},
+    {"stage3_max_reuse_distance": 11265, "stage3_prefetch_bucket_size": 0},
+    {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 5000},
+    {"stage3_prefetch_bucket_size": 5000, "stage3_max_live_parameters": 110000,
+     "stage3_max_reuse_distance": 0},
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", THRESHOLD_CASES, ids=lambda z: ",".join(
+    f"{k.replace('stage3_', '')}={v}" for k, v in z.items()))
+def test_deepspeed_twin_peak_under_scaled_thresholds(zero):
+    pytest.importorskip("deepspeed")
+    from reference_model.distributed import run_layout
+
+    setup = TrainingSetup(dp=2, zero=3, engine="deepspeed", mode="mixed",
+                          engine_settings=tuple({**SMALL, **zero}.items()))
+    wl = Workload(2, 32)
+    peak = step_peak(LLAMA, wl, setup, stage="first").bytes
+    for r in run_layout(LLAMA, wl, setup):
+        measured = r.peak - r.peak_categories.get("Buffer", 0)
+        assert abs(peak - measured) <= PEAK_TOLERANCE * measured, (peak, measured)
