@@ -2,6 +2,11 @@
 steps and the step peak, predicted against measured, one row per (stage, mode, buckets, rank).
 
     DS_ACCELERATOR=cpu python benchmarks/deepspeed_twins.py [reference|transformers]
+    DS_ACCELERATOR=cpu python benchmarks/deepspeed_twins.py thresholds
+
+"thresholds" runs ZeRO-3 (mixed, "small" buckets) with the coordinator's thresholds scaled to
+the model (tests/test_deepspeed.py's THRESHOLD_CASES) and prints the gathered elements gptcalc
+predicts at the forward's end beside the step peak, predicted and measured.
 
 The model is a Llama of E 64, L 2, H 4 (2 KV heads), d_ff 176, V 1,601, at 2 x 32 tokens on
 2 gloo ranks. "default" runs DeepSpeed's default buckets, "small" a ds_config that shrinks them
@@ -25,6 +30,28 @@ SMALL = (("reduce_bucket_size", 4096), ("allgather_bucket_size", 4096),
          ("stage3_max_live_parameters", 65536))
 
 
+def thresholds(cfg, wl) -> None:
+    from reference_model.distributed import run_layout
+    from tests.test_deepspeed import THRESHOLD_CASES
+
+    from gptcalc.memory.engines.deepspeed import stage3_moments
+    from gptcalc.memory.ledger import Phase
+
+    print("| thresholds | rank | gathered at forward end (predicted, elements) "
+          "| peak predicted | measured | error | phase |")
+    print("|---|---|---|---|---|---|---|")
+    for zero in THRESHOLD_CASES:
+        setup = TrainingSetup(dp=2, zero=3, engine="deepspeed", mode="mixed",
+                              engine_settings=tuple({**dict(SMALL), **zero}.items()))
+        peak = step_peak(cfg, wl, setup, stage="first")
+        words = ", ".join(f"{k.replace('stage3_', '')} {v:,}" for k, v in zero.items())
+        for r in run_layout(cfg, wl, setup):
+            gathered = stage3_moments(cfg, setup, r.rank)[Phase.FORWARD_END]
+            measured = r.peak - r.peak_categories.get("Buffer", 0)
+            print(f"| {words} | {r.rank} | {gathered:,} | {peak.bytes:,} | {measured:,} | "
+                  f"{(peak.bytes - measured) / measured:+.3%} | {peak.phase} |", flush=True)
+
+
 def main() -> None:
     from reference_model.distributed import run_layout
 
@@ -32,6 +59,8 @@ def main() -> None:
     cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
                     vocab_size=1601, block_size=32)
     wl = Workload(2, 32)
+    if impl == "thresholds":
+        return thresholds(cfg, wl)
     print("| ZeRO | mode | buckets | rank | resident predicted | measured | error "
           "| peak predicted | measured | error | phase |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -27,13 +27,14 @@ ZERO_DEFAULTS: dict[str, int] = {
     "stage3_param_persistence_threshold": 100_000,  # elements of one parameter
     "stage3_model_persistence_threshold": sys.maxsize,  # elements of all persistent ones
     "stage3_max_live_parameters": 1_000_000_000,  # elements
+    "stage3_max_reuse_distance": 1_000_000_000,  # elements
     "sub_group_size": 1_000_000_000,  # elements of one optimizer sub-group (stage 3)
     "contiguous_gradients": True,
 }
 # the zero_optimization keys gptcalc reads from a ds_config; any other key is reported
 ZERO_KEYS = ("stage", *ZERO_DEFAULTS, "overlap_comm", "reduce_scatter", "allgather_partitions",
-             "round_robin_gradients", "stage3_max_reuse_distance",
-             "stage3_gather_16bit_weights_on_model_save", "memory_efficient_linear")
+             "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
+             "memory_efficient_linear")
 # keys a ds_config may hold that do not change what a rank holds in memory (read and ignored)
 IGNORED_KEYS = ("train_batch_size", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
                 "optimizer", "scheduler", "zero_allow_untested_optimizer", "prescale_gradients",

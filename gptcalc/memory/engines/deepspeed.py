@@ -26,6 +26,9 @@ Every function here is pure and never imports torch.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from dataclasses import dataclass
+
 from ...config import GPTConfig
 from ...dsconfig import ZERO_DEFAULTS
 from ...training_setup import TrainingSetup
@@ -153,9 +156,205 @@ def reduce_bucket_bytes(setup: TrainingSetup) -> int:
     return setup.weight_bytes * s["reduce_bucket_size"] if s["contiguous_gradients"] else 0
 
 
+# ---------------------------------------------------------------- stage 3's gathered parameters
+
+
+@dataclass(frozen=True)
+class TraceModule:
+    """One entry of stage 3's module trace: a module's fetch (`fetch_sub_module`), with its
+    own parameters (indices into the trace's sizes); a container has none, and its fetch
+    still runs the prefetcher."""
+
+    key: str
+    params: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The modules of one forward and backward in the order the coordinator records them
+    (`record_module`), the elements and persistence of each parameter, and the trace indices
+    of the step's moments."""
+
+    order: tuple[TraceModule, ...]
+    sizes: tuple[int, ...]
+    persistent: tuple[bool, ...]
+    marks: dict[str, int]
+
+
+def _modules(tensors, first: int, tag: str) -> list[tuple[str, list[int]]]:
+    """The (module path, parameter indices) of `tensors`, in their order, numbered from
+    `first`: a tensor's module is its name less the last part; `copies` parameters each."""
+    out: dict[str, list[int]] = {}
+    for t in tensors:
+        for _ in range(t.copies):
+            out.setdefault(f"{tag}{t.name.rsplit('.', 1)[0]}", []).append(first)
+            first += 1
+    return list(out.items())
+
+
+def _block_calls(mods: list[tuple[str, list[int]]], tag: str, backward: bool
+                 ) -> list[TraceModule]:
+    """One block's submodule calls: a module under a container (`attn.q_proj` under `attn`)
+    is preceded by the container's own call, once per run of its children; backward runs the
+    groups in reverse, each container before its children in reverse."""
+    groups: list[tuple[str | None, list[TraceModule]]] = []
+    for path, params in mods:
+        parts = path[len(tag):].split(".")
+        parent = tag + parts[0] if len(parts) > 1 else None
+        if not groups or groups[-1][0] != parent or parent is None:
+            groups.append((parent, []))
+        groups[-1][1].append(TraceModule(path, tuple(params)))
+    out: list[TraceModule] = []
+    for parent, children in (reversed(groups) if backward else groups):
+        out += [TraceModule(parent)] if parent else []
+        out += list(reversed(children)) if backward else children
+    return out
+
+
+def stage3_trace(cfg: GPTConfig, setup: TrainingSetup, rank: int, blocks: int) -> Trace:
+    """Stage 3's module trace of one step over `blocks` blocks, as the coordinator records it
+    for the reference model and Hugging Face decoders (partitioned_param_coordinator.py,
+    `record_module`; parameter_offload.py's hooks): forward: the root, the embeddings, each
+    block (the block, then its submodules: a norm, the attention container and its
+    projections, a norm, the MLP container and its Linears), the final norm and the head;
+    backward (the pre-backward hooks): the root, the head, the final norm, the blocks in
+    reverse, each block before its submodules in reverse, the embeddings. With activation
+    checkpointing that re-runs a block's forward (`full`, `op`), the block's submodules are
+    fetched again in forward order right after the block's backward hook. Parameters are
+    the inventory's tensors of `rank`'s stage (tensor-parallel shards), a tied lm_head the
+    token embedding's; the gate and up Linears of a gated MLP run in inventory order."""
+    pp_rank, _, _ = coords(rank, setup)
+    tensors = stage_tensors(cfg, setup, stage_of(setup, pp_rank))
+    sizes: list[int] = []
+    emb = _modules(tensors_of(tensors, "embedding"), 0, "")
+    first = sum(len(p) for _, p in emb)
+    per_block = tensors_of(tensors, "block")
+    block_mods = []
+    for b in range(blocks):
+        mods = _modules(per_block, first, f"h.{b}.")
+        first += sum(len(p) for _, p in mods)
+        block_mods.append(mods)
+    head = _modules(tensors_of(tensors, "head"), first, "")
+    if cfg.tie_embeddings and not any(k == "lm_head" for k, _ in head) and emb:
+        head.append(("lm_head", emb[0][1]))
+    for group in (tensors_of(tensors, "embedding"), *[per_block] * blocks,
+                  tensors_of(tensors, "head")):
+        sizes += [t.shard(setup.tp) for t in group for _ in range(t.copies)]
+    rerun = setup.recompute in ("full", "op")
+    fwd = [TraceModule("root"), *(TraceModule(k, tuple(p)) for k, p in emb)]
+    for b, mods in enumerate(block_mods):
+        fwd += [TraceModule(f"h.{b}"), *_block_calls(mods, f"h.{b}.", backward=False)]
+    fwd += [TraceModule(k, tuple(p)) for k, p in head]
+    bwd = [TraceModule("root"), *(TraceModule(k, tuple(p)) for k, p in reversed(head))]
+    marks = {"attention": next((i for i, m in enumerate(fwd) if m.key.endswith(".attn.c_proj")
+                                and m.key.startswith(f"h.{blocks - 1}.")), len(fwd) - 1),
+             "forward_end": len(fwd)}
+    for b in reversed(range(blocks)):
+        if b == blocks - 1:
+            marks["last_block"] = len(fwd) + len(bwd)
+        bwd.append(TraceModule(f"h.{b}"))
+        if rerun:
+            bwd += _block_calls(block_mods[b], f"h.{b}.", backward=False)
+        bwd += _block_calls(block_mods[b], f"h.{b}.", backward=True)
+        if b == blocks - 1:
+            marks["last_block_end"] = len(fwd) + len(bwd)
+    marks["embedding"] = len(fwd) + len(bwd)
+    bwd += [TraceModule(k, tuple(p)) for k, p in reversed(emb)]
+    persistent = _persistent(sizes, setup)
+    return Trace(tuple(fwd + bwd), tuple(sizes), tuple(persistent), marks)
+
+
+def stage3_gathered(trace: Trace, setup: TrainingSetup) -> tuple[list[int], list[int]]:
+    """Elements gathered whole (non-persistent parameters all-gathered or in flight) before
+    and after each fetch of a steady-state step (its trace recorded by an earlier one), a
+    replay of partitioned_param_coordinator.py's `PartitionedParameterCoordinator`:
+
+    - `fetch_sub_module`: gather the module's parameters; pop its own entries off the
+      parameter queue (the trace's parameters in order, each with the step of its use), then
+      prefetch: pop entries while the elements newly gathered stay below
+      min(stage3_max_live_parameters - available, stage3_prefetch_bucket_size) (none when
+      the bucket is 0), gathering those not available and marking every popped parameter as
+      fetched for its step (`__most_recent_step_id_param_fetched_for`);
+    - `release_sub_module` (`__params_to_release`), after a module's forward or backward:
+      release its non-persistent parameters unless marked fetched for a later step, or used
+      again by a module reached before the traversed elements of the modules after it reach
+      stage3_max_reuse_distance (`params_traversed >= __max_reuse_dist_in_numel`).
+
+    A container's release frees nothing (no parameters of its own), so only leaves release,
+    right after their fetch. Scope: the steady-state step; the first step has no trace and
+    releases every parameter after its module (nothing is gathered beyond the module
+    running); `memory_efficient_linear` and the all-gather's transient flat buffer are not
+    modelled."""
+    s = zero_settings(setup)
+    bucket, live_max = s["stage3_prefetch_bucket_size"], s["stage3_max_live_parameters"]
+    reuse, order, size = s["stage3_max_reuse_distance"], trace.order, trace.sizes
+    queue = [(p, i) for i, m in enumerate(order) for p in sorted(set(m.params))]
+    uses: dict[int, list[int]] = {}
+    cum = [0]  # elements of the modules before each trace index
+    for i, m in enumerate(order):
+        for p in m.params:
+            uses.setdefault(p, []).append(i)
+        cum.append(cum[-1] + sum(size[p] for p in m.params))
+    avail = list(trace.persistent)
+    fetched: dict[int, int] = {}
+    q = n_avail = live = 0
+    before, after = [], []
+
+    def gather(params) -> None:
+        nonlocal n_avail, live
+        for p in params:
+            if not avail[p]:
+                avail[p], n_avail, live = True, n_avail + size[p], live + size[p]
+
+    for i, m in enumerate(order):
+        before.append(live)
+        gather(m.params)
+        pending = {p for p in m.params if fetched.get(p, -1) < i}
+        popped: set[int] = set()
+        while q < len(queue) and len(popped) < len(pending):
+            p, at = queue[q]
+            q, fetched[p] = q + 1, at
+            popped.add(p)
+        if bucket > 0:
+            limit, numel, chosen = min(live_max - n_avail, bucket), 0, []
+            while q < len(queue) and numel < limit:
+                p, at = queue[q]
+                q, fetched[p] = q + 1, max(fetched.get(p, -1), at)
+                if not avail[p] and p not in chosen:
+                    chosen.append(p)
+                    numel += size[p]
+            gather(chosen)
+        after.append(live)
+        # the modules scanned for reuse: those before the traversed elements reach `reuse`
+        end = bisect_left(cum, cum[i + 1] + reuse, lo=i + 1)
+        for p in set(m.params):
+            nxt = uses[p][bisect_left(uses[p], i + 1)] if uses[p][-1] > i else len(order)
+            keep = trace.persistent[p] or fetched.get(p, -1) > i + 1 or nxt < end
+            if avail[p] and not keep:
+                avail[p], n_avail, live = False, n_avail - size[p], live - size[p]
+    return before, after
+
+
+def tensors_of(tensors, place: str) -> list:
+    """The tensors of one place (embedding, block, head), in inventory order."""
+    return [t for t in tensors if t.place == place]
+
+
+def _persistent(sizes: list[int], setup: TrainingSetup) -> list[bool]:
+    """Whether each parameter stays whole (`stage3_persistent_elements`' rule)."""
+    s = zero_settings(setup)
+    kept, out = 0, []
+    for n in sizes:
+        keep = n <= s["stage3_param_persistence_threshold"] and (
+            kept + n <= s["stage3_model_persistence_threshold"])
+        kept += n if keep else 0
+        out.append(keep)
+    return out
+
+
 REDUCE_BUCKET = Term("DeepSpeed reduce bucket (reduce_bucket_size)")
 INF_NAN_TRACKER = Term("DeepSpeed inf/nan tracker")
-GATHERED = Term("DeepSpeed gathered parameters (held for backward)")
+GATHERED = Term("DeepSpeed gathered parameters (all-gathered and prefetched)")
 
 
 def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
@@ -169,9 +368,8 @@ def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
     under LoRA; DeepSpeed keeps its layout and buffers at dp = 1 too.
 
     Stage 3 (stage3.py): its buffers (`deepspeed_buffers`) and the gradient partitions'
-    flat buffer are alive in every phase; the parameters it all-gathers in forward stay
-    whole until their backward, held by autograd (the whole 16-bit parameters less the
-    persistent ones, which are whole anyway)."""
+    flat buffer are alive in every phase; beside them the parameters the coordinator holds
+    gathered at each moment (`stage3_moments`), none in the optimizer step."""
     cfg, setup = step.cfg, step.setup
     if setup.zero == 0 or setup.lora_rank:
         return
@@ -185,15 +383,51 @@ def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
         return
     rank = first_rank(setup, step.stage)
     st = deepspeed_rank_states(cfg, setup, rank)
-    sizes = _sizes(cfg, setup, rank)
-    gathered = setup.weight_bytes * (sum(sizes) - stage3_persistent_elements(sizes, setup))
+    gathered = stage3_moments(cfg, setup, rank)
     forward = (*ledger.forward_phases(), Phase.BACKWARD_START)
     for phase in dict.fromkeys((*STEADY_PHASES, *forward)):
         ledger.add(phase, REDUCE_BUCKET, reduce_bucket_bytes(setup))
         ledger.add(phase, INF_NAN_TRACKER, INF_OR_NAN_TRACKER_BYTES)
         (ledger.add if phase in forward else ledger.replace)(phase, GRADIENTS, st.gradients)
-        if phase in forward or phase is Phase.BACKWARD_LAST_BLOCK:
-            ledger.add(phase, GATHERED, gathered)
+        if phase in gathered:
+            ledger.add(phase, GATHERED, setup.weight_bytes * gathered[phase])
+
+
+def stage3_blocks(cfg: GPTConfig, setup: TrainingSetup, rank: int) -> int:
+    """Blocks of the trace `stage3_moments` replays: the stage's, or when fewer suffice, two
+    more than the largest of the reuse distance, the prefetch bucket and the live limit
+    spans in blocks (a parameter farther than that from the forward's end is released after
+    its forward and not prefetched before the backward's last block), so that the replay
+    costs the same at any depth."""
+    s = zero_settings(setup)
+    window = max(s["stage3_max_reuse_distance"], s["stage3_prefetch_bucket_size"],
+                 s["stage3_max_live_parameters"])
+    pp_rank, _, _ = coords(rank, setup)
+    tensors = stage_tensors(cfg, setup, stage_of(setup, pp_rank))
+    per_block = sum(t.shard(setup.tp) * t.copies for t in tensors_of(tensors, "block"))
+    layers = max((t.layers for t in tensors_of(tensors, "block")), default=0)
+    return min(layers, 2 + -(-window // max(1, per_block)))
+
+
+def stage3_moments(cfg: GPTConfig, setup: TrainingSetup, rank: int,
+                   blocks: int | None = None) -> dict[Phase, int]:
+    """Elements stage 3 holds gathered at each moment of a steady-state step on `rank`
+    (`stage3_gathered` over `stage3_trace`): inside the last block's attention core (before
+    its output projection's fetch), at the forward's end (after the head's release), at the
+    backward's start (after the root's backward fetch and its prefetch), the largest during
+    the last block's backward (after each fetch of its section, the re-run forward under
+    checkpointing included), and while the embedding's backward runs."""
+    blocks = stage3_blocks(cfg, setup, rank) if blocks is None else blocks
+    trace = stage3_trace(cfg, setup, rank, blocks)
+    before, after = stage3_gathered(trace, setup)
+    mk = trace.marks
+    out = {Phase.ATTENTION_CORE: before[mk["attention"]],
+           Phase.FORWARD_END: before[mk["forward_end"]],
+           Phase.BACKWARD_START: after[mk["forward_end"]],
+           Phase.BACKWARD_END: after[min(mk["embedding"], len(after) - 1)]}
+    if blocks:
+        out[Phase.BACKWARD_LAST_BLOCK] = max(after[mk["last_block"]:mk["last_block_end"]])
+    return out
 
 
 def deepspeed_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
