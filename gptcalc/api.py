@@ -38,6 +38,9 @@ class Setup:
     workload: Workload
     sections: dict[str, Any] = field(default_factory=dict)
     from_hf: bool = False  # the model came from a Hugging Face config.json (transformers' modules)
+    # that config.json's quantization_config as the file states it (None: none, or no file);
+    # gptcalc.inference.quant reads it
+    quantization: Mapping[str, Any] | None = None
 
 
 def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | None = None,
@@ -80,9 +83,11 @@ def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | N
         layer(arch_switches(p.arch), "preset")
         swapped = next((a for a in (arch, file_arch) if a is not None), None)
         layer(preset_fields(p, swapped), "preset")
+    quantization = None
     if hf is not None:
         raw = hf if isinstance(hf, Mapping) else read_hf_json(hf)
         layer(hf_fields(raw), "hf_config")
+        quantization = raw.get("quantization_config")
     if file_arch is not None:
         try:
             layer(arch_switches(file_arch), "config")
@@ -120,7 +125,7 @@ def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | N
             raise ConfigError("config", f"{cf.path}: {e.message} (set --seq-len)") from None
         raise
     return Setup(config=cfg, workload=workload, sections=dict(cf.sections),
-                 from_hf=hf is not None and preset_name is None)
+                 from_hf=hf is not None and preset_name is None, quantization=quantization)
 
 
 # A Hugging Face config states the longest context the model supports (Mistral-Nemo: 1,024,000

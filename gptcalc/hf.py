@@ -50,6 +50,8 @@ attention in a mistral one) is a ConfigError naming it; never a silent default.
 Not modelled, because they change neither a parameter nor a matmul count: rotary base and
 scaling, norm epsilons, multipliers and scales, cache settings, dtypes. Soft-capping is read as
 a switch only (`attn_softcap`, `logit_softcap`: its tanh saves a tensor for backward).
+A `quantization_config` changes no count either: `serve` and `infer` read it for the weights'
+bytes (`gptcalc.inference.quant`).
 """
 
 from __future__ import annotations

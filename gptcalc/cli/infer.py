@@ -12,9 +12,10 @@ from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..inference.kv import KV_DTYPES
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving,
                                   serving)
-from ..inference.weights import GROUP_SIZE, WEIGHT_DTYPES
+from ..inference.quant import quantization_from_hf
+from ..inference.weights import GROUP_SIZE, WEIGHT_DTYPES, WeightsDtype, weights_label
 from ..units import binary_bytes, si
-from .options import describe, model_options
+from .options import current_setup, describe, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -29,9 +30,9 @@ from .render import emit_json, envelope, print_line, print_table
               help="Prompt tokens per sequence (default: 128, or T/2 if smaller).")
 @click.option("--gen-len", type=int, default=None,
               help="Generated tokens per sequence (default: 128, or what T leaves if smaller).")
-@click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="bf16",
-              show_default=True,
-              help=f"Weights; int8/int4 add one fp16 scale per {GROUP_SIZE} weights.")
+@click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
+              help=f"Weights; int8/int4 add one fp16 scale per {GROUP_SIZE} weights (default: "
+                   "as the --hf-config's quantization_config stores them, else bf16).")
 @click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16",
               show_default=True, help="KV cache elements.")
 @click.option("--flops-efficiency", type=float, default=DEFAULT_FLOPS_EFFICIENCY,
@@ -41,21 +42,35 @@ from .render import emit_json, envelope, print_line, print_table
                                       "Llama-2-7B on an A100-80GB).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_len: int | None,
-            gen_len: int | None, weights_dtype: str, kv_dtype: str, flops_efficiency: float,
+            gen_len: int | None, weights_dtype: str | None, kv_dtype: str, flops_efficiency: float,
             bandwidth_efficiency: float, as_json: bool) -> None:
     """Memory (weights, KV cache, prefill activations) and whether it fits; prefill and decode
     times on the roofline and expected at the given efficiencies; the batch where decode turns
     compute-bound."""
     cfg, wl = model
+    weights, source = weights_used(weights_dtype)
     T = cfg.block_size
     prompt = min(128, max(1, T // 2)) if prompt_len is None else prompt_len
     gen = min(128, max(1, T - prompt)) if gen_len is None else gen_len
-    s = serving(cfg, find_gpu(gpu_name), wl.batch_size, prompt, gen, tp, weights_dtype, kv_dtype,
+    s = serving(cfg, find_gpu(gpu_name), wl.batch_size, prompt, gen, tp, weights, kv_dtype,
                 flops_efficiency, bandwidth_efficiency)
     if as_json:
         emit_json(_json(cfg, wl, s))
         return
-    _render(cfg, s)
+    _render(cfg, s, source)
+
+
+def weights_used(given: str | None) -> tuple[WeightsDtype, str]:
+    """The weights a serving command sizes and where they come from: --weights-dtype as given
+    (over the file's quantisation, named), else the --hf-config's quantization_config, else
+    bf16. A quantization_config gptcalc cannot read is refused even when overridden."""
+    setup = current_setup()
+    q = quantization_from_hf(setup.quantization if setup is not None else None)
+    if given is not None:
+        return given, "--weights-dtype" + (f", over --hf-config's {q.label}" if q else "")
+    if q is not None:
+        return q, "--hf-config's quantization_config"
+    return "bf16", "default"
 
 
 def _json(cfg, wl, s: Serving) -> dict[str, Any]:
@@ -80,7 +95,7 @@ def serving_json(s: Serving | None) -> dict[str, Any]:
         return dict.fromkeys(SERVING_KEYS)
     return {
         "gpu": s.gpu, "tp": s.tp, "batch_size": s.batch_size,
-        "prompt_len": s.prompt_len, "gen_len": s.gen_len, "weights_dtype": s.weights_dtype,
+        "prompt_len": s.prompt_len, "gen_len": s.gen_len, "weights_dtype": weights_label(s.weights_dtype),
         "kv_dtype": s.kv_dtype, "weights": s.weights, "weights_bytes": s.weights_bytes,
         "kv_cache_bytes": s.kv_cache_bytes, "activation_bytes": s.activation_bytes,
         "total_bytes": s.total_bytes, "memory_bytes": s.memory_bytes, "fits": s.fits,
@@ -105,11 +120,12 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.3f} ms"
 
 
-def _render(cfg, s: Serving) -> None:
+def _render(cfg, s: Serving, source: str) -> None:
     print_line(f"Assuming {s.tp} x {s.gpu} (tensor parallel) of {binary_bytes(s.memory_bytes)} "
                f"usable (torch.cuda.mem_get_info's total; datasheet "
                f"{binary_bytes(find_gpu(s.gpu).memory_bytes)}), batch {s.batch_size}, prompt "
-               f"{s.prompt_len:,} + {s.gen_len:,} generated tokens, weights {s.weights_dtype}, "
+               f"{s.prompt_len:,} + {s.gen_len:,} generated tokens, weights {weights_label(s.weights_dtype)} "
+               f"({source}), "
                f"KV cache {s.kv_dtype}, efficiency {s.flops_efficiency:g} of the dense FLOP/s "
                f"peak and {s.bandwidth_efficiency:g} of the memory bandwidth")
     print_line(describe(cfg))

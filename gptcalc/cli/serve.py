@@ -15,9 +15,9 @@ from ..inference.fit import to_fit
 from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
-from ..inference.weights import WEIGHT_DTYPES
+from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
-from .infer import _ms, serving_json
+from .infer import _ms, serving_json, weights_used
 from .options import ByteSize, describe, model_options
 from .render import emit_json, envelope, print_line, print_table
 
@@ -36,8 +36,9 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--tp", type=int, default=1, show_default=True,
               help="GPUs in tensor parallel: weights and KV heads split (fewer KV heads than "
                    "GPUs: one replicated per GPU).")
-@click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="bf16",
-              show_default=True, help="Weights.")
+@click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
+              help="Weights (default: as the --hf-config's quantization_config stores them, "
+                   "else bf16).")
 @click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16",
               show_default=True, help="KV cache elements.")
 @click.option("--gpu-memory-utilization", "--mem-fraction-static", "utilization", type=float,
@@ -66,7 +67,7 @@ from .render import emit_json, envelope, print_line, print_table
                    f"(default {binary_bytes(DEFAULT_NON_TORCH)}, as vLLM logs it).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
-            gpu_memory: int | None, tp: int, weights_dtype: str, kv_dtype: str,
+            gpu_memory: int | None, tp: int, weights_dtype: str | None, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
             allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
             max_num_seqs: int | None,
@@ -76,6 +77,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
     cfg, wl = model
+    weights, source = weights_used(weights_dtype)
     g = find_gpu(gpu_name)
     total = gpu_memory or gpu_memory_for(g)
     # the scheduler's options are checked as given, also under an engine that does not read them
@@ -95,7 +97,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     if gen_len >= ctx:
         raise ConfigError("gen_len", f"{gen_len:,} leaves no prompt in --context {ctx:,}")
     nt = non_torch
-    args = dict(engine=engine, tp=tp, weights_dtype=weights_dtype, kv_dtype=kv_dtype,
+    args = dict(engine=engine, tp=tp, weights_dtype=weights, kv_dtype=kv_dtype,
                 utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs, block_size=kv_block_size,
                 non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name)
@@ -104,19 +106,21 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
     batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
-    precision = compute_precision(weights_dtype)
+    precision = compute_precision(weights)
     if batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second:
-        s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights_dtype, kv_dtype,
+        s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights, kv_dtype,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
     given = {"utilization": utilization, "max_model_len": max_model_len,
              "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
              "block_size": kv_block_size, "context": context, "non_torch": nt}
-    line = _assumptions(pool, g.name, total, tp, weights_dtype, kv_dtype, mml, ctx, gen_len,
+    line = _assumptions(pool, g.name, total, tp, (weights, source), kv_dtype, mml, ctx, gen_len,
                         gpu_memory is None, {k for k, v in given.items() if v is None})
     if cfg.moe and pool.activation:
         line += "; MoE layers' activations as one dense MLP of width d_ff"
     if as_json:
-        emit_json(_json(cfg, wl, pool, conc, mml, ctx, s, line, advice))
+        out = _json(cfg, wl, pool, conc, mml, ctx, s, line, advice)
+        out.update(weights_dtype=weights_label(weights), weights_source=source)
+        emit_json(out)
         return
     _render(cfg, pool, conc, mml, ctx, s, line, advice)
 
@@ -134,11 +138,12 @@ def gpu_memory_for(g) -> int:
     return gpu_memory(g)
 
 
-def _assumptions(p: KVPool, gpu: str, total: int, tp: int, wd: str, kd: str, mml: int,
-                 ctx: int, gen: int, datasheet: bool, defaults: set[str]) -> str:
+def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, str], kd: str,
+                 mml: int, ctx: int, gen: int, datasheet: bool, defaults: set[str]) -> str:
     def d(name: str) -> str:
         return " (default)" if name in defaults else ""
 
+    wd, source = weights
     knob = "mem_fraction_static" if p.engine == "sglang" else "gpu_memory_utilization"
     seqs = min(p.max_num_seqs, p.max_num_batched_tokens)
     profile = ("no profile run (activations live outside the fraction)" if p.engine == "sglang"
@@ -149,7 +154,8 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, wd: str, kd: str, mml
               f"{binary_bytes(find_gpu(gpu).memory_bytes)}" if datasheet else "given")
     return (f"Assuming {p.engine} on {tp} x {binary_bytes(total)} "
             f"({memory}; throughput at {gpu}'s peaks), "
-            f"weights {wd}, KV cache {kd}, {knob} {p.utilization:g}{d('utilization')}, "
+            f"weights {weights_label(wd)} ({source}), KV cache {kd}, "
+            f"{knob} {p.utilization:g}{d('utilization')}, "
             f"max_model_len {mml:,}{d('max_model_len')}, {profile}, blocks of {p.block_size} "
             f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch)}{d('non_torch')}, "
             f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), "

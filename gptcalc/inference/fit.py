@@ -19,6 +19,7 @@ from typing import Any
 from ..config import GPTConfig
 from ..gpus import GPUS
 from .pool import KVPool, gpu_memory, kv_pool
+from .quant import Quantization
 from .weights import WEIGHT_DTYPES
 
 CHANGES = ("tp", "weights_dtype", "gpu", "max_model_len")  # the keys of `to_fit`
@@ -44,7 +45,8 @@ def widest_fitting_weights_dtype(cfg: GPTConfig, mml: int, memory: int,
                                  args: dict[str, Any]) -> str | None:
     """The widest weights dtype narrower than args["weights_dtype"] whose pool fits (WEIGHT_DTYPES
     in its order: wider first)."""
-    width = WEIGHT_DTYPES[args["weights_dtype"]]
+    given = args["weights_dtype"]
+    width = given.bits / 8 if isinstance(given, Quantization) else WEIGHT_DTYPES[given]
     return next((d for d, b in WEIGHT_DTYPES.items() if b < width
                  and _fits(cfg, mml, memory, {**args, "weights_dtype": d})), None)
 
