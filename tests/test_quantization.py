@@ -19,7 +19,9 @@ from gptcalc.inference.quant import quantization_from_hf
 from gptcalc.inference.weights import weight_bytes
 
 HERE = Path(__file__).parent / "quantized"
-# Each fixture is the quantized checkpoint's config.json as published on the Hub:
+# Each fixture is a quantized checkpoint's config.json in the form the checkpoint below ships
+# it: gpt-oss-20b's is a copy of the published file; the other five were written with the
+# fields and values of their checkpoints' quantization_config, not copied from the files.
 FIXTURES = {
     "qwen3-8b-fp8": "Qwen/Qwen3-8B-FP8",
     "llama-3.1-8b-w8a8": "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8",
