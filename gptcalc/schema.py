@@ -151,10 +151,22 @@ _TRAINING = (
            "the reference model is measured exactly).", "training", DEVICES),
 )
 
-# every declared option, by name; MODEL_OPTIONS and TRAINING_OPTIONS in command-line order
+# the device a step must fit (`memory`); the command line only
+_DEVICE = (
+    Option("gpu", "--gpu", "text", "A catalogue accelerator (see `gptcalc gpus`) whose memory "
+           "the step must fit, e.g. h100-sxm; instead of --gpu-memory.", metavar="NAME",
+           dest="gpu_name"),
+    Option("gpu_memory", "--gpu-memory", "size", "Memory per device, e.g. 80GiB or 80GB: the "
+           "largest micro-batch and training sequence that fit one step, the longest inference "
+           "context, and when nothing fits the smallest changes that would.", metavar="SIZE"),
+)
+
+# every declared option, by name; MODEL_OPTIONS, TRAINING_OPTIONS and DEVICE_OPTIONS in
+# command-line order
 MODEL_OPTIONS = tuple(o.name for o in _MODEL)
 TRAINING_OPTIONS = tuple(o.name for o in _TRAINING)
-OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING)}
+DEVICE_OPTIONS = tuple(o.name for o in _DEVICE)
+OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING, *_DEVICE)}
 
 # the tables of a config file: [model] holds every GPTConfig field too (gptcalc.coerce types
 # them); the others hold exactly the options that name them
@@ -175,5 +187,5 @@ def cli_spelling(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
-__all__ = ["MODEL_OPTIONS", "OPTIONS", "TABLES", "TRAINING_OPTIONS", "Option", "byte_size",
-           "cli_spelling", "table_keys"]
+__all__ = ["DEVICE_OPTIONS", "MODEL_OPTIONS", "OPTIONS", "TABLES", "TRAINING_OPTIONS", "Option",
+           "byte_size", "cli_spelling", "table_keys"]

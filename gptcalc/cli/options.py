@@ -197,17 +197,26 @@ def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | N
     the --config file's [training] and [parallel] tables > the family's defaults), recorded so
     --save-config writes it. `ds`: --deepspeed-config's settings, read once by the command
     (`deepspeed_settings`)."""
+    setup, tables = resolve_given(cfg, given, ds)
+    for name, table in tables.items():
+        record_section(name, table)
+    return setup
+
+
+def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
+    """The TrainingSetup and the effective [training] and [parallel] tables of the running
+    command for the options `given`, recording nothing (`training_setup` records them): what a
+    command would resolve to with other options, as the fit advice asks."""
     from ..training import resolve_training
 
     s = current_setup()
     ctx = click.get_current_context(silent=True)
     path = ctx.params.get("config") if ctx else None
-    setup, tables = resolve_training(cfg, {k: config_section(k) for k in ("training", "parallel")},
-                                     given, from_hf=bool(s and s.from_hf),
-                                     where=f"{path}: " if path else "", ds=ds)
-    for name, table in tables.items():
-        record_section(name, table)
-    return setup
+    # the --config file's own tables, not those a first resolution recorded for --save-config
+    sections = dict(s.sections) if s is not None else {}
+    return resolve_training(cfg, {k: dict(sections.get(k, {})) for k in ("training", "parallel")},
+                            given, from_hf=bool(s and s.from_hf),
+                            where=f"{path}: " if path else "", ds=ds)
 
 
 def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] | None:
@@ -295,5 +304,6 @@ def _hf_name(path: str) -> str:
 
 
 __all__ = ["PARALLEL_DEFAULTS", "PRESETS", "ByteSize", "assumptions", "config_section",
-           "deepspeed_settings", "deepspeed_workload", "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
-           "resolve_setup", "training_options", "training_setup"]
+           "deepspeed_settings", "deepspeed_workload", "describe", "model_name", "model_options",
+           "option_for", "pop_training", "record_section", "resolve_given", "resolve_setup",
+           "training_options", "training_setup"]
