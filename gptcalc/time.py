@@ -25,6 +25,8 @@ beyond what the MFU absorbs.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -73,7 +75,10 @@ def check_positive(value: float, field: str) -> float:
 
 def compute_seconds(flops: float, peak_flops: float, gpus: int, mfu: float) -> float:
     """flops / (gpus x peak x MFU): the wall time of `flops` model FLOPs at utilisation `mfu`."""
-    return flops / (gpus * peak_flops * mfu)
+    seconds = flops / (gpus * peak_flops * mfu)
+    if not math.isfinite(seconds):
+        raise OverflowError("the training time is not a finite number")
+    return seconds
 
 
 def achieved_mfu(flops_per_token: float, tokens_per_second: float, peak_flops: float,

@@ -163,6 +163,38 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
     return " ".join(parts)
 
 
+def float_range(command: Callable) -> Callable:
+    """For a command that computes in floating point (time, infer, serve): a result past a
+    float's range (about 1.8e308; OverflowError, or a JSON value that is not finite) is one
+    line naming the option given furthest from 1, the likeliest cause, never a traceback or an
+    infinite figure."""
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except OverflowError:
+            ctx = click.get_current_context()
+            raise ConfigError(_most_extreme(ctx.params), "a result passes the floating-point "
+                              "range (about 1.8e308) with sizes this far from 1") from None
+    return wrapper
+
+
+def _most_extreme(params: dict[str, Any]) -> str:
+    """The option (its declared name) whose given number is furthest from 1 on a log scale;
+    else the first of --set, --config, --hf-config given; else --preset."""
+    import math
+
+    def distance(v: Any) -> float:
+        return abs(math.log10(abs(v))) if v else 0.0
+    numbers = {k: v for k, v in params.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and v}
+    if numbers:
+        key = max(numbers, key=lambda k: distance(numbers[k]))
+    else:
+        key = next((k for k in ("sets", "config", "hf_config") if params.get(k)), "preset")
+    return next((o.name for o in OPTIONS.values() if o.keyword == key), key)
+
+
 # --- the training set-up: memory, report and plot share these options ---------------------------
 
 

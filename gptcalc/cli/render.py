@@ -17,7 +17,13 @@ SCHEMA = "gptcalc/2"
 
 
 def emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2))
+    """Strict JSON: a value that is not finite (NaN, Infinity: not JSON) raises OverflowError,
+    which the commands computing in floats turn into one line naming an option."""
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=False)
+    except ValueError:
+        raise OverflowError("a result is not a finite number") from None
+    click.echo(text)
 
 
 def envelope(cfg: GPTConfig | None, workload: Workload | None = None,
@@ -52,7 +58,7 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
 
     rows = [[str(c) for c in row] for row in rows]
     total = None if total_row is None else [str(c) for c in total_row]
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    table = Table(title=title, title_justify="left")
     for i, name in enumerate(columns):
         cells = [r[i] for r in rows if i < len(r)] + ([total[i]] if total else [])
         widest = max([len(name), *map(len, cells)])
@@ -71,6 +77,8 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     need = console.measure(table, options=console.options.update_width(10**4))
     width = console.width if _fixed_width(console) else need.maximum
     _console(max(width, need.minimum)).print(table, crop=False)
+    if caption:  # under the table, wrapped as a line of text, not to the table's width
+        print_line(caption)
 
 
 def print_line(text: str) -> None:
