@@ -178,8 +178,13 @@ def table_keys(table: str) -> tuple[str, ...]:
     return tuple(o.name for o in OPTIONS.values() if o.table == table and not o.source)
 
 
+# TrainingSetup fields that an option of another name sets
+_FIELD_OPTIONS = {"attn_impl": "attn", "base_dtype": "weights_dtype"}
+
+
 def cli_spelling(field: str) -> str:
     """The command-line spelling of an option or config field (switches are set with --set)."""
+    field = _FIELD_OPTIONS.get(field, field)
     if field in OPTIONS:
         return OPTIONS[field].cli
     if field in {f.name for f in dataclasses.fields(GPTConfig)}:

@@ -42,16 +42,25 @@ CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 tokens per paramet
 MAX_COUNT = 10**30  # a bound on typed counts: beyond any real token budget, and finite
 
 
+# the SI prefixes of a count, as gptcalc.units.si prints them (k, M, G, T, ...)
+_SI_SUFFIXES = {p: 1000 ** (i + 1) for i, p in enumerate("kMGTPEZ")} | {"K": 1000}
+
+
 def parse_count(text: str, field: str) -> int:
-    """A positive whole number from '300e9', '3e11', '300000000000' or '300_000_000_000'.
+    """A positive whole number from '300e9', '3e11', '300000000000', '300_000_000_000', or with
+    an SI prefix as gptcalc prints counts: '300G', '1.5T', '2.49 G'.
 
     Strict: rejects 0, negatives, fractions ('1.5'), inf, nan and anything not a number, with
     ConfigError(field). Decimal keeps '300e9' exact where float would round large values."""
     raw = str(text).strip().replace("_", "")
+    scale = 1
+    if raw[-1:] in _SI_SUFFIXES:  # as `si` prints a count: "1.00 T"
+        raw, scale = raw[:-1].strip(), _SI_SUFFIXES[raw[-1]]
     try:
-        value = Decimal(raw)
+        value = Decimal(raw) * scale
     except InvalidOperation:
-        raise ConfigError(field, f"expected a whole number such as 300e9, got {text!r}") from None
+        raise ConfigError(field, f"expected a whole number such as 300e9 or 300G, got "
+                                 f"{text!r}") from None
     if not value.is_finite():
         raise ConfigError(field, f"must be a finite whole number, got {text!r}")
     if value != value.to_integral_value():

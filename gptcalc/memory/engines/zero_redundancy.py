@@ -10,6 +10,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 import functools
+import heapq
 
 from ...config import GPTConfig
 from ...training_setup import TrainingSetup
@@ -22,13 +23,18 @@ def zero1_partition(sizes: tuple[int, ...], world: int) -> tuple[tuple[int, ...]
     """ZeroRedundancyOptimizer's assignment of whole tensors to ranks (torch.distributed.optim,
     `_partition_parameters`): tensors sorted by size, largest first (a stable sort), each to the
     rank with the fewest elements so far (the lowest such rank on a tie). Returns the indices
-    into `sizes` each rank owns. Greedy, not 1/N: ranks are uneven."""
-    loads = [0] * world
-    owned: list[list[int]] = [[] for _ in range(world)]
+    into `sizes` each rank owns. Greedy, not 1/N: ranks are uneven.
+
+    Only the first min(world, len(sizes)) ranks ever receive a tensor (each of the first tensors
+    goes to an empty rank, the lowest first), so those are returned and the rest own nothing: a
+    heap of (elements, rank) over them, never a loop over every rank of a huge world."""
+    used = min(world, len(sizes))
+    heap = [(0, r) for r in range(used)]  # already a heap: sorted
+    owned: list[list[int]] = [[] for _ in range(used)]
     for i in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
-        r = loads.index(min(loads))
+        load, r = heapq.heappop(heap)
         owned[r].append(i)
-        loads[r] += sizes[i]
+        heapq.heappush(heap, (load + sizes[i], r))
     return tuple(tuple(o) for o in owned)
 
 
@@ -46,7 +52,8 @@ def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> Ra
     states (and AdamW's step counters) of the tensors `zero1_partition` gives it."""
     pp_rank, dp_rank, _ = coords(rank, setup)
     sizes = _zero1_sizes(cfg, setup, stage_of(setup, pp_rank))
-    mine = zero1_partition(sizes, setup.dp)[dp_rank]
+    parts = zero1_partition(sizes, setup.dp)
+    mine = parts[dp_rank] if dp_rank < len(parts) else ()
     n, wb = sum(sizes), setup.weight_bytes
     steps = step_counters(setup, len(mine))
     opt = optimizer_bytes_per_param(setup) * sum(sizes[i] for i in mine) + steps
