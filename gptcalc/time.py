@@ -132,7 +132,10 @@ class TrainingTime:
 
     @property
     def gpu_hours(self) -> float:
-        return self.seconds * self.gpus / 3600
+        hours = self.seconds * self.gpus / 3600
+        if not math.isfinite(hours):
+            raise OverflowError("the GPU-hours are not a finite number")
+        return hours
 
     @property
     def hfu(self) -> float:

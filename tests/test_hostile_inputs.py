@@ -229,3 +229,13 @@ def test_zero_redundancy_over_a_huge_world_is_quick_and_exact(dp):
     # the most loaded rank holds the largest tensor alone (wte: 50,257 x 768): AdamW's two fp32
     # moments of it
     assert out["breakdown"]["state"]["optimizer/states"] == 8 * 50257 * 768
+
+
+@pytest.mark.parametrize("engine", [["--zero", "1"],
+                                    ["--engine", "zero-redundancy", "--zero", "1"]])
+def test_a_partition_of_more_tensors_than_any_model_is_refused(engine):
+    refused(["memory", "--preset", "gpt2", "-L", str(10**12), *engine], "--n-layer")
+
+
+def test_gpu_hours_past_a_float_s_range_are_refused():
+    refused(["time", "--preset", "gpt3-175b", "--mfu", "1e-300", "--gpus", "1024"], "--mfu")
