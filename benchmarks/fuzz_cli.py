@@ -254,6 +254,8 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
         label.append("preset")
     pool = MODEL_OPTS + COMMAND_OPTS[command] if not refuse else COMMAND_OPTS[command]
     for name, good, bad in rng.sample(pool, k=min(len(pool), rng.randint(0, 4))):
+        if name in args:  # an option given twice: the last wins, and may hide a bad value
+            continue
         if bad and rng.random() < 0.2:
             args += [name, rng.choice(bad)]
             refuse = True
