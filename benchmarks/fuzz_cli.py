@@ -63,12 +63,15 @@ COMMAND_OPTS = {
         ("--weights-dtype", ["bf16", "int4"], ["int3"]),
         ("--autocast-dtype", ["bf16", "fp16"], ["fp8x"]),
         ("--device", ["cpu", "cuda"], ["tpu"]),
-        ("--gpu-memory", ["80GiB", "24GB", "1TiB"], ["-1GiB", "lots", "0"]),
+        ("--gpu-memory", ["80GiB", "24GB", "1TiB", "24G", "24Gi"], ["-1GiB", "lots", "0", "24"]),
+        ("--gpu", list(GPUS)[:4], ["rtx9999"]),
+        ("--set", ["qkv_layout=fused", "mlp=swiglu", "mlp=gelu"], ["qkv_layout=x"]),
         ("--overhead", ["0", "1GiB"], ["-5", "x"]),
         ("--context", ["1", "128"], BAD_INT),
     ],
     "time": [
-        ("--tokens", ["1e9", "300e9", "1000"], ["-1", "0", "x", "nan", "inf"]),
+        ("--tokens", ["1e9", "300e9", "1000", "1T", "2.49 G"], ["-1", "0", "x", "nan", "inf", "T"]),
+        ("-L", [str(10**150)], []), ("--mfu", ["1e-300", "5e-324"], []),
         ("--gpu", ["h100-sxm", "a100-80gb"] + list(GPUS)[:3], ["rtx9999"]),
         ("--gpus", ["1", "8", "1024"], BAD_INT),
         ("--mfu", ["0.4", "1"], ["0", "1.5", "-0.2", "nan"]),
@@ -81,7 +84,7 @@ COMMAND_OPTS = {
     "infer": [
         ("--gpu", ["h100-sxm"] + list(GPUS)[:3], ["rtx9999"]),
         ("--tp", ["1", "2", "8"], BAD_INT), ("--prompt-len", ["1", "128"], BAD_INT),
-        ("--gen-len", ["1", "128"], BAD_INT),
+        ("--gen-len", ["1", "128"], BAD_INT), ("-L", [str(10**150)], []),
         ("--weights-dtype", ["bf16", "fp16", "fp8", "int8", "int4"], ["int3"]),
         ("--kv-dtype", ["bf16", "fp16", "fp8", "int8"], ["int4"]),
         ("--flops-efficiency", ["0.5", "1"], ["0", "1.5", "nan"]),
@@ -108,7 +111,19 @@ COMMAND_OPTS = {
     "params": [], "gpus": [],
 }
 HUB_IDS = ["meta-llama/Llama-3.1-8B", "org/name", "Qwen/Qwen3-8B", "a/b/c", "org/", "/name",
-           "gpt2", "org//name", "org/name@main", "org/name:rev", "ORG/NAME", "-/-", "x/y z"]
+           "gpt2", "org//name", "org/name@main", "org/name:rev", "ORG/NAME", "-/-", "x/y z",
+           "a/b..c", "org/-name", "org/" + "x" * 300, "x" * 300 + "/config.json"]
+# ds_config files (memory --deepspeed-config): numbers no setting holds, and good ones
+DS_CONFIGS = {
+    '{"zero_optimization": {"stage": NaN}}': True,
+    '{"train_micro_batch_size_per_gpu": Infinity}': True,
+    '{"train_micro_batch_size_per_gpu": 1e400}': True,
+    '{"train_micro_batch_size_per_gpu": ' + "9" * 5000 + "}": True,
+    '{"bf16": {"enabled": 1}}': True,
+    '{"zero_optimization": {"stage": 1.0}}': True,
+    '{"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}}': False,
+    '{"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}}': False,
+}
 
 
 # ------------------------------------------------------------------ config.json mutations
@@ -226,7 +241,7 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
         return args, False, "gpus"
     source = rng.random()
     if source < 0.45:
-        path, kind, invalid = files[rng.choice(list(files))]
+        path, kind, invalid = files[rng.choice([k for k in files if not k.startswith("ds:")])]
         args += ["--hf-config", path]
         refuse |= invalid
         label.append(f"config:{kind}")
@@ -239,6 +254,8 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
         label.append("preset")
     pool = MODEL_OPTS + COMMAND_OPTS[command] if not refuse else COMMAND_OPTS[command]
     for name, good, bad in rng.sample(pool, k=min(len(pool), rng.randint(0, 4))):
+        if name in args:  # an option given twice: the last wins, and may hide a bad value
+            continue
         if bad and rng.random() < 0.2:
             args += [name, rng.choice(bad)]
             refuse = True
@@ -246,9 +263,27 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
         else:
             v = rng.choice(good)
             args += [name] if v is None else [name, v]
+    if command == "memory" and rng.random() < 0.1:
+        text = rng.choice(list(DS_CONFIGS))
+        args += ["--deepspeed-config", files["ds:" + text][0]]
+        refuse |= DS_CONFIGS[text]
+        label.append("ds_config")
+    if command == "memory" and not refuse and rng.random() < 0.05:  # a later --zero wins
+        args += ["--engine", "zero-redundancy", "--zero", "1", "--dp",
+                 rng.choice(["1000000", str(10**19)])]
+        label.append("huge dp")
     if rng.random() < 0.3:
         args.append("--json")
     return args, refuse, " ".join(label)
+
+
+def _not_json(text: str):
+    raise ValueError(f"{text} is not JSON")
+
+
+# every option some command has (an error must name one of them)
+_OPTIONS = {o for c in cli.commands.values() for p in c.params
+            for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
 
 
 def classify(result, refuse: bool, args: list[str]) -> str | None:
@@ -264,12 +299,15 @@ def classify(result, refuse: bool, args: list[str]) -> str | None:
         if result.stdout or not result.stderr.startswith("Error: ") or (
                 result.stderr.count("\n") != 1):
             return "refusal not one line"
+        named = result.stderr[len("Error: "):].split(":")[0].split(" ")[0]
+        if named.startswith("--") and named not in _OPTIONS:
+            return f"error names no option ({named})"
         return None
     if refuse:
         return "invalid accepted (exit 0)"
     if "--json" in args:
         try:
-            json.loads(result.stdout)
+            json.loads(result.stdout, parse_constant=_not_json)
         except ValueError:
             return "invalid JSON"
     low = out.lower()
@@ -293,6 +331,10 @@ def main() -> int:
         p = tmp / f"c{i}.json"
         p.write_text(json.dumps(cfg))
         files[str(p)] = (str(p), kind, invalid)
+    for i, text in enumerate(DS_CONFIGS):
+        p = tmp / f"ds{i}.json"
+        p.write_text(text)
+        files["ds:" + text] = (str(p), "ds_config", DS_CONFIGS[text])
     # Hub ids are read offline: the fuzz tests gptcalc's refusals, not the network's retries
     runner = CliRunner(env={"HF_HUB_OFFLINE": "1"})
     per_command: dict[str, Counter] = defaultdict(Counter)

@@ -4,6 +4,7 @@ Hugging Face config.json files): one line naming the option for anything that is
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -60,19 +61,44 @@ def nesting_depth(doc: Any) -> int:
     return deepest
 
 
+class _NotFinite(ValueError):
+    """A number a document spells that no setting can hold: NaN, an infinity, or a float
+    literal too large for a float (1e400)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _constant(text: str) -> float:
+    raise _NotFinite(text)  # JSON's NaN, Infinity, -Infinity: not JSON at all
+
+
 def parse_document(text: str, is_json: bool, field: str, path: Path) -> Any:
     """JSON or TOML text as Python values; nesting over MAX_DEPTH is an error (a parser
-    recursing through thousands of brackets would otherwise fail with a RecursionError)."""
+    recursing through thousands of brackets would otherwise fail with a RecursionError), and
+    so is a JSON number that is not finite (NaN, Infinity, 1e400: not JSON) or an integer of
+    more digits than Python converts."""
     import tomllib
 
     try:
-        doc = json.loads(text) if is_json else tomllib.loads(text)
+        # TOML spells nan and inf as floats, which each setting's own check refuses by name
+        doc = (json.loads(text, parse_float=_finite, parse_constant=_constant) if is_json
+               else tomllib.loads(text))
+    except _NotFinite as e:
+        raise ConfigError(field, f"{path}: {e} is not a finite number") from None
     except json.JSONDecodeError as e:
         raise ConfigError(field, f"{path} is not valid JSON: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(field, f"{path} is not valid TOML: {e}") from None
     except RecursionError:
         raise ConfigError(field, f"{path} nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # int() of more than sys.get_int_max_str_digits() digits
+        raise ConfigError(field, f"{path} holds a number too long to read (over "
+                                 "4,300 digits)") from None
     if nesting_depth(doc) > MAX_DEPTH:
         raise ConfigError(field, f"{path} nests deeper than {MAX_DEPTH} levels")
     return doc

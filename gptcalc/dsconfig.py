@@ -9,13 +9,14 @@ ds_config DeepSpeed runs a `TrainingSetup` with. Every failure is one ConfigErro
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from .config import GPTConfig
 from .documents import parse_document, read_text_file
-from .errors import ConfigError
+from .errors import MAX_SIZE, ConfigError
 from .training_setup import TrainingSetup
 from .workload import Workload
 
@@ -65,10 +66,17 @@ def read_ds_config(path: str, cfg: GPTConfig) -> dict[str, Any]:
 
 def _int(value: Any, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-            value != int(value)):
+            isinstance(value, float) and not math.isfinite(value)) or (
+            value != int(value) or value > MAX_SIZE):
         raise ConfigError("deepspeed_config", f"{where}{key} must be a whole number >= 0 or "
-                                              f"\"auto\", got {value!r}")
+                                              f"\"auto\", got {_shown(value)}")
     return int(value)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SIZE:
+        return f"a {value.bit_length()}-bit integer"
+    return repr(value)
 
 
 def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[str, Any]:
@@ -87,7 +95,7 @@ def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[st
         if not isinstance(sec, dict):
             raise ConfigError("deepspeed_config", f"{where}{section} must be an object")
         flag = sec.get("enabled", False if section in raw else None)
-        if flag not in (True, False, None, "auto"):
+        if not (isinstance(flag, bool) or flag is None or flag == "auto"):
             raise ConfigError("deepspeed_config", f"{where}{section}.enabled must be true, false "
                                                   f"or \"auto\", got {flag!r}")
         enabled[section] = flag
@@ -105,9 +113,9 @@ def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[st
         raise ConfigError("deepspeed_config", f"{where}zero_optimization has unknown keys "
                                               f"{', '.join(bad)}")
     stage = zero.get("stage", 0)
-    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
+    if type(stage) is not int or stage not in (0, 1, 2, 3):
         raise ConfigError("deepspeed_config", f"{where}zero_optimization.stage must be 0-3, got "
-                                              f"{stage!r}")
+                                              f"{_shown(stage)}")
     out["zero"] = stage
     h = cfg.n_embd  # the model's hidden_size
     auto = {"reduce_bucket_size": h * h}

@@ -82,9 +82,18 @@ def hub_id(ref: str | Path) -> tuple[str, str | None] | None:
     no local file or directory of that name exists (a local path always wins); else None."""
     text = str(ref)
     m = HUB_ID.match(text)
-    if m is None or Path(text).exists():
+    if m is None or _exists(Path(text)):
         return None
     return m["repo"], m["rev"]
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; a name the file system refuses (a component over 255 bytes) is
+    none."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
@@ -110,6 +119,10 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
     try:
         return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision,
                                                     local_files_only=offline))
+    except errors.HFValidationError as e:  # passes HUB_ID, not huggingface_hub's own rules
+        detail = " ".join(str(e).split())
+        raise ConfigError("hf_config", f"{where}: no such local path, nor a valid Hub id "
+                                       f"({detail})") from None
     except errors.LocalEntryNotFoundError:  # offline, or the Hub unreachable, and not cached
         offline = offline or huggingface_hub.constants.HF_HUB_OFFLINE
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
@@ -142,8 +155,11 @@ def read_hf_json(path: str | Path) -> dict[str, Any]:
     repository's config.json (`org/name[@revision]`, see `hub_config_path`)."""
     hub = hub_id(path)
     p = hub_config_path(*hub) if hub else Path(path)
-    if p.is_dir():
-        p = p / "config.json"
+    try:
+        if p.is_dir():
+            p = p / "config.json"
+    except OSError as e:  # a name too long for the file system
+        raise ConfigError("hf_config", f"cannot read {p}: {e.strerror}") from None
     raw = parse_document(read_text_file(p, "hf_config"), True, "hf_config", p)
     if not isinstance(raw, dict):
         raise ConfigError("hf_config", f"{p} must hold a JSON object, got {type(raw).__name__}")

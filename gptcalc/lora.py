@@ -81,7 +81,7 @@ def adapters(cfg: GPTConfig) -> list[Adapter]:
         module = m.name.rsplit(".", 1)[0]
         if module == "moe.experts" or (m.target == "router" and not moe_params):
             continue  # fused 3-D parameters / a router module that is not an nn.Linear
-        name = names[m.target]
+        name = names.get(m.target, m.target)  # a --set layout the family lacks: gptcalc's name
         key = (module.split(".")[0] if m.target == "router" else module, name)
         if key in out:  # one fused Linear: the same input, the outputs side by side
             a = out[key]
@@ -119,16 +119,19 @@ def all_linear(cfg: GPTConfig) -> tuple[str, ...]:
 def default_targets(cfg: GPTConfig) -> tuple[str, ...]:
     """PEFT's defaults for the family (hf_families.PEFT_DEFAULT_TARGETS); where PEFT has none,
     or for gptcalc's own layout: q and v, or the fused qkv module (GPT-2's c_attn)."""
-    if cfg.hf_model_type in PEFT_DEFAULT_TARGETS:
+    names = LINEAR_NAMES.get(cfg.hf_model_type, {})
+    # the family's own layout (not one --set changed, such as a fused qkv in Llama)
+    own_layout = all(m.target in names for m in block_linears(cfg))
+    if cfg.hf_model_type in PEFT_DEFAULT_TARGETS and own_layout:
         return PEFT_DEFAULT_TARGETS[cfg.hf_model_type]
     fused = cfg.qkv_layout == "fused"
     if not cfg.hf_model_type:
         return ("qkv",) if fused else ("q", "v")
-    names = LINEAR_NAMES[cfg.hf_model_type]
     if fused:
-        return (names["qkv"],)
+        return (names.get("qkv", "qkv"),)
     q = "q_b" if cfg.mla and cfg.q_lora_rank else "q"  # MLA: the per-head up-projections
-    return (names[q], names["kv_b" if cfg.mla else "v"])
+    v = "kv_b" if cfg.mla else "v"
+    return (names.get(q, q), names.get(v, v))
 
 
 def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:

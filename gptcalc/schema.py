@@ -162,10 +162,22 @@ _TRAINING = (
            "the reference model is measured exactly).", "training", DEVICES),
 )
 
-# every declared option, by name; MODEL_OPTIONS and TRAINING_OPTIONS in command-line order
+# the device a step must fit (`memory`); the command line only
+_DEVICE = (
+    Option("gpu", "--gpu", "text", "A catalogue accelerator (see `gptcalc gpus`) whose memory "
+           "the step must fit, e.g. h100-sxm; instead of --gpu-memory.", metavar="NAME",
+           dest="gpu_name"),
+    Option("gpu_memory", "--gpu-memory", "size", "Memory per device, e.g. 80GiB or 80GB: the "
+           "largest micro-batch and training sequence that fit one step, the longest inference "
+           "context, and when nothing fits the smallest changes that would.", metavar="SIZE"),
+)
+
+# every declared option, by name; MODEL_OPTIONS, TRAINING_OPTIONS and DEVICE_OPTIONS in
+# command-line order
 MODEL_OPTIONS = tuple(o.name for o in _MODEL)
 TRAINING_OPTIONS = tuple(o.name for o in _TRAINING)
-OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING)}
+DEVICE_OPTIONS = tuple(o.name for o in _DEVICE)
+OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING, *_DEVICE)}
 
 # the tables of a config file: [model] holds every GPTConfig field too (gptcalc.coerce types
 # them); the others hold exactly the options that name them
@@ -177,8 +189,13 @@ def table_keys(table: str) -> tuple[str, ...]:
     return tuple(o.name for o in OPTIONS.values() if o.table == table and not o.source)
 
 
+# TrainingSetup fields that an option of another name sets
+_FIELD_OPTIONS = {"attn_impl": "attn", "base_dtype": "weights_dtype"}
+
+
 def cli_spelling(field: str) -> str:
     """The command-line spelling of an option or config field (switches are set with --set)."""
+    field = _FIELD_OPTIONS.get(field, field)
     if field in OPTIONS:
         return OPTIONS[field].cli
     if field in {f.name for f in dataclasses.fields(GPTConfig)}:
@@ -186,5 +203,5 @@ def cli_spelling(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
-__all__ = ["MODEL_OPTIONS", "OPTIONS", "TABLES", "TRAINING_OPTIONS", "Option", "byte_size",
-           "cli_spelling", "table_keys"]
+__all__ = ["DEVICE_OPTIONS", "MODEL_OPTIONS", "OPTIONS", "TABLES", "TRAINING_OPTIONS", "Option",
+           "byte_size", "cli_spelling", "table_keys"]

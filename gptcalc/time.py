@@ -25,6 +25,8 @@ beyond what the MFU absorbs.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -40,16 +42,25 @@ CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 tokens per paramet
 MAX_COUNT = 10**30  # a bound on typed counts: beyond any real token budget, and finite
 
 
+# the SI prefixes of a count, as gptcalc.units.si prints them (k, M, G, T, ...)
+_SI_SUFFIXES = {p: 1000 ** (i + 1) for i, p in enumerate("kMGTPEZ")} | {"K": 1000}
+
+
 def parse_count(text: str, field: str) -> int:
-    """A positive whole number from '300e9', '3e11', '300000000000' or '300_000_000_000'.
+    """A positive whole number from '300e9', '3e11', '300000000000', '300_000_000_000', or with
+    an SI prefix as gptcalc prints counts: '300G', '1.5T', '2.49 G'.
 
     Strict: rejects 0, negatives, fractions ('1.5'), inf, nan and anything not a number, with
     ConfigError(field). Decimal keeps '300e9' exact where float would round large values."""
     raw = str(text).strip().replace("_", "")
+    scale = 1
+    if raw[-1:] in _SI_SUFFIXES:  # as `si` prints a count: "1.00 T"
+        raw, scale = raw[:-1].strip(), _SI_SUFFIXES[raw[-1]]
     try:
-        value = Decimal(raw)
+        value = Decimal(raw) * scale
     except InvalidOperation:
-        raise ConfigError(field, f"expected a whole number such as 300e9, got {text!r}") from None
+        raise ConfigError(field, f"expected a whole number such as 300e9 or 300G, got "
+                                 f"{text!r}") from None
     if not value.is_finite():
         raise ConfigError(field, f"must be a finite whole number, got {text!r}")
     if value != value.to_integral_value():
@@ -73,7 +84,10 @@ def check_positive(value: float, field: str) -> float:
 
 def compute_seconds(flops: float, peak_flops: float, gpus: int, mfu: float) -> float:
     """flops / (gpus x peak x MFU): the wall time of `flops` model FLOPs at utilisation `mfu`."""
-    return flops / (gpus * peak_flops * mfu)
+    seconds = flops / (gpus * peak_flops * mfu)
+    if not math.isfinite(seconds):
+        raise OverflowError("the training time is not a finite number")
+    return seconds
 
 
 def achieved_mfu(flops_per_token: float, tokens_per_second: float, peak_flops: float,
@@ -118,7 +132,10 @@ class TrainingTime:
 
     @property
     def gpu_hours(self) -> float:
-        return self.seconds * self.gpus / 3600
+        hours = self.seconds * self.gpus / 3600
+        if not math.isfinite(hours):
+            raise OverflowError("the GPU-hours are not a finite number")
+        return hours
 
     @property
     def hfu(self) -> float:

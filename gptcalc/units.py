@@ -82,7 +82,8 @@ def binary_bytes(n: int | float) -> str:
 
 
 # a size: a decimal amount and a unit, e.g. 80GiB, 40 GB, 1.5TiB, 512B
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]i?B|B)\s*", re.IGNORECASE)
+# the unit's B may be left out: 24G = 24GB, as `si` prints a count ("24.00 G")
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]i?B?|B)\s*", re.IGNORECASE)
 BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -90,14 +91,16 @@ BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 def parse_bytes(text: str, exact: bool = True) -> int:
     """A size with its unit as bytes: '80GiB' -> 85899345920, '40GB' -> 40 * 10**9.
 
-    The unit is required (B; KB, MB, GB, TB = 10^3..; KiB, MiB, GiB, TiB = 2^10..); the amount
+    The unit is required (B; KB, MB, GB, TB = 10^3..; KiB, MiB, GiB, TiB = 2^10..; the B may
+    be left out: 24G = 24GB, 24Gi = 24GiB); the amount
     is a positive decimal number that makes a whole number of bytes. Anything else (a bare
     number, 0, a negative or non-finite amount, '1e999GiB', '0.5B') raises ValueError."""
     m = _SIZE.fullmatch(text) if isinstance(text, str) and len(text) <= 64 else None
     if m is None:
         raise ValueError(f"not a size: {text!r} (a positive amount and a unit: B, KB, MB, GB, "
-                         "TB, KiB, MiB, GiB, TiB; e.g. 80GiB)")
+                         "TB (or K, M, G, T), KiB, MiB, GiB, TiB; e.g. 80GiB)")
     amount, unit = m.group(1), m.group(2).upper()
+    unit = unit if unit.endswith("B") else unit + "B"
     whole, _, frac = amount.partition(".")
     scale = 10 ** len(frac)
     numerator = int(whole or "0") * scale + int(frac or "0")

@@ -1,8 +1,9 @@
 """Writing a directory of results safely: locked, staged, renamed into place.
 
 `staged_output(DIR)` takes an exclusive lock on DIR/.gptcalc.lock (a second run on the same
-directory is refused, not interleaved), yields a hidden staging directory inside DIR, and when
-the body finishes renames every file written there onto its final name in DIR. An interrupted or
+directory is refused, not interleaved; the file is removed when the run ends), yields a hidden
+staging directory inside DIR, and when the body finishes renames every file written there onto
+its final name in DIR. An interrupted or
 failed run removes the staging directory, so DIR holds either what it held before or the whole
 new result, never a half-written file under a final name. A final name that is a symbolic link is
 refused: the run would otherwise replace a link the user made, or, in a naive writer, write
@@ -50,6 +51,8 @@ def staged_output(out_dir: Path) -> Iterator[Path]:
                 raise ConfigError("out", f"{out_dir} is busy: another gptcalc run is writing "
                                          "there") from None
             raise
+        if not _same_file(lock, out_dir / LOCK_NAME):  # its holder removed it as we opened it
+            raise ConfigError("out", f"{out_dir} is busy: another gptcalc run is writing there")
         staging = Path(tempfile.mkdtemp(prefix=".gptcalc-staging-", dir=out_dir))
         try:
             yield staging
@@ -60,8 +63,20 @@ def staged_output(out_dir: Path) -> Iterator[Path]:
                 os.replace(staging / name, out_dir / name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            if _same_file(lock, out_dir / LOCK_NAME):
+                os.unlink(out_dir / LOCK_NAME)  # removed while held: none is left behind
     finally:
         os.close(lock)  # closing releases the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the file at `path` (a run removes its lock file
+    while holding it; a run that opened the old one then finds it gone and stops)."""
+    try:
+        st, here = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 def moved(obj, staging: Path, out_dir: Path):

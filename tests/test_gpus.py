@@ -86,7 +86,9 @@ def test_a_precision_the_gpu_lacks_names_precision():
 def test_gpus_json():
     r = CliRunner().invoke(cli, ["gpus", "--json"])
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.stdout)
+    out = json.loads(r.stdout)
+    assert set(out) == {"schema", "gpus"}
+    rows = out["gpus"]
     assert {row["name"] for row in rows} == set(GPUS)
     assert all(set(row) == KEYS for row in rows)
     a100 = next(row for row in rows if row["name"] == "a100-sxm-80gb")

@@ -25,7 +25,8 @@ def test_a_complete_run_renames_every_file_into_place(tmp_path):
         (staging / "plot.png").write_bytes(b"png")
         assert listing(tmp_path)["report.md"] == b"old"  # nothing final until the end
     assert listing(tmp_path) == {"report.md": b"new", "plot.png": b"png"}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, "plot.png", "report.md"]
+    # and no lock file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png", "report.md"]
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
@@ -37,7 +38,7 @@ def test_an_interrupted_run_leaves_the_directory_as_it_was(tmp_path, error):
             (staging / "plot.png").write_bytes(b"")  # a half-written file
             raise error()
     assert listing(tmp_path) == before  # no 0-byte final name
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, "report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
 
 
 def test_a_symlinked_output_name_is_refused_and_nothing_moves(tmp_path):

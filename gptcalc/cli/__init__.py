@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 import traceback
@@ -20,9 +22,12 @@ class GptcalcGroup(click.Group):
     """A group whose errors are one line on stderr and exit code 2, never a traceback."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        held = _Held(sys.stdout)
         try:
-            rv = super().main(args, prog_name or "gptcalc", complete_var,
-                              standalone_mode=False, **extra)
+            with contextlib.redirect_stdout(held):
+                rv = super().main(args, prog_name or "gptcalc", complete_var,
+                                  standalone_mode=False, **extra)
+            held.release()
         except ConfigError as e:
             _fail(f"{option_for(e.field)}: {e.message}")
         except _NO_ARGS_IS_HELP as e:  # click >= 8.2 raises this for a bare `gptcalc`
@@ -42,6 +47,22 @@ class GptcalcGroup(click.Group):
         if not standalone_mode:
             return code
         sys.exit(code)
+
+
+class _Held(io.StringIO):
+    """Standard output held until the command ends: an error then leaves no results printed
+    above it. A terminal stays one (rich asks `isatty` to pick its width and colours)."""
+
+    def __init__(self, stream) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def release(self) -> None:
+        self.stream.write(self.getvalue())
+        self.stream.flush()
 
 
 def _fail(message: str, code: int = 2) -> None:

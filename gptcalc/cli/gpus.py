@@ -8,7 +8,7 @@ import click
 
 from ..gpus import GPUS, PRECISIONS
 from ..units import binary_bytes
-from .render import emit_json, print_table
+from .render import emit_json, envelope, print_table
 
 
 @click.command("gpus")
@@ -17,7 +17,7 @@ def command(as_json: bool) -> None:
     """Accelerators: memory (datasheet and usable), dense peak FLOP/s per precision (never
     sparsity figures), memory bandwidth and the datasheet each comes from."""
     if as_json:
-        emit_json([dataclasses.asdict(g) for g in GPUS.values()])
+        emit_json({**envelope(None), "gpus": [dataclasses.asdict(g) for g in GPUS.values()]})
         return
     tflops = lambda v: "n/a" if v is None else f"{v / 1e12:,.2f}"  # noqa: E731
     size = lambda v: "n/a" if v is None else binary_bytes(v)  # noqa: E731

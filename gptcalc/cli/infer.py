@@ -15,7 +15,7 @@ from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EF
 from ..inference.quant import quantization_from_hf
 from ..inference.weights import GROUP_SIZE, WEIGHT_DTYPES, WeightsDtype, weights_label
 from ..units import binary_bytes, si
-from .options import current_setup, describe, model_options
+from .options import current_setup, describe, float_range, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -41,6 +41,7 @@ from .render import emit_json, envelope, print_line, print_table
               show_default=True, help="Share of peak bandwidth reached (default: gpt-fast's "
                                       "Llama-2-7B on an A100-80GB).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@float_range
 def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_len: int | None,
             gen_len: int | None, weights_dtype: str | None, kv_dtype: str, flops_efficiency: float,
             bandwidth_efficiency: float, as_json: bool) -> None:

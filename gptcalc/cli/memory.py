@@ -10,10 +10,12 @@ from ..config import GPTConfig
 from ..errors import positive_int
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
+from ..memory import MemoryReport, memory_report
 from ..memory.engines import engine_for
 from ..units import binary_bytes
-from .options import (ByteSize, assumptions, deepspeed_settings, deepspeed_workload, describe,
+from ..schema import OPTIONS
+from .fit import device_budget, fit_section, render_fit
+from .options import (assumptions, click_option, deepspeed_settings, deepspeed_workload, describe,
                       model_options, training_options, training_setup)
 from .render import emit_json, envelope, print_line, print_table
 
@@ -21,13 +23,13 @@ from .render import emit_json, envelope, print_line, print_table
 @click.command("memory")
 @model_options
 @training_options()
-@click.option("--gpu-memory", type=ByteSize(), default=None, metavar="SIZE",
-              help="Memory per device, e.g. 80GiB: the largest micro-batch and training "
-                   "sequence that fit one step, and the longest inference context.")
+@click_option(OPTIONS["gpu"])
+@click_option(OPTIONS["gpu_memory"])
 @click.option("--context", type=int, default=None,
               help="KV-cache context in tokens (default seq-len).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes).")
-def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **given) -> None:
+def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, context, as_json,
+            **given) -> None:
     """Memory per device of one training step, and the KV cache of an inference run.
 
     Defaults follow how each family is trained (printed on the first line); settings not given
@@ -39,13 +41,10 @@ def command(model: tuple[GPTConfig, Workload], gpu_memory, context, as_json, **g
     setup = training_setup(cfg, given, ds)
     if context is not None:
         positive_int("context", context)
+    budget = device_budget(gpu_name, gpu_memory)
     rep = memory_report(cfg, wl, setup, context)
-    fit = None
-    if gpu_memory is not None:
-        budget = gpu_memory
-        fit = {"budget": budget, "max_batch": max_batch(cfg, wl, setup, budget),
-               "max_seq_len": max_seq_len(cfg, wl, setup, budget),
-               "max_context": max_context(cfg, wl.batch_size, setup, budget)}
+    fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
+                                                  ds)
     if as_json:
         emit_json(_json(cfg, wl, setup, rep, fit))
         return
@@ -100,27 +99,5 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
     print_table(f"Saved activations ({setup.impl}), one line per saved tensor kind",
                 ["tensor", "bytes", "binary"], _rows(rep.breakdown["activations"]))
     if fit:
-        _render_fit(cfg, wl, rep, fit)
+        render_fit(cfg, wl, rep, fit)
 
-
-def _render_fit(cfg, wl, rep: MemoryReport, fit) -> None:
-    budget = binary_bytes(fit["budget"])
-    if fit["max_batch"]:
-        print_line(f"Training in {budget} per device: largest micro-batch {fit['max_batch']:,} "
-                   f"at seq_len {wl.seq_len:,}; longest sequence {fit['max_seq_len']:,} tokens at "
-                   f"micro-batch {wl.batch_size}"
-                   + (f" (a memory bound: the model's block size is {cfg.block_size:,})"
-                      if fit["max_seq_len"] > cfg.block_size else ""))
-    else:
-        states = rep.weights + rep.gradients + rep.optimizer
-        print_line(f"Training in {budget} per device: no micro-batch fits (peak "
-                   f"{binary_bytes(rep.peak.bytes)} at B={wl.batch_size}; weights, gradients and "
-                   f"optimizer states alone {binary_bytes(states)})")
-    if fit["max_context"] is None:
-        ctx = "no limit by memory (every block's cache is bounded by its sliding window)"
-    else:
-        ctx = f"{fit['max_context']:,} tokens"
-        if fit["max_context"] > cfg.block_size:
-            ctx += f" by memory (the model's block size is {cfg.block_size:,})"
-    print_line(f"Inference in {budget} per device (weights + KV cache in the serving dtype, "
-               f"batch {wl.batch_size}): longest context {ctx}")

@@ -163,6 +163,38 @@ def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
     return " ".join(parts)
 
 
+def float_range(command: Callable) -> Callable:
+    """For a command that computes in floating point (time, infer, serve): a result past a
+    float's range (about 1.8e308; OverflowError, or a JSON value that is not finite) is one
+    line naming the option given furthest from 1, the likeliest cause, never a traceback or an
+    infinite figure."""
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except OverflowError:
+            ctx = click.get_current_context()
+            raise ConfigError(_most_extreme(ctx.params), "a result passes the floating-point "
+                              "range (about 1.8e308) with sizes this far from 1") from None
+    return wrapper
+
+
+def _most_extreme(params: dict[str, Any]) -> str:
+    """The option (its declared name) whose given number is furthest from 1 on a log scale;
+    else the first of --set, --config, --hf-config given; else --preset."""
+    import math
+
+    def distance(v: Any) -> float:
+        return abs(math.log10(abs(v))) if v else 0.0
+    numbers = {k: v for k, v in params.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and v}
+    if numbers:
+        key = max(numbers, key=lambda k: distance(numbers[k]))
+    else:
+        key = next((k for k in ("sets", "config", "hf_config") if params.get(k)), "preset")
+    return next((o.name for o in OPTIONS.values() if o.keyword == key), key)
+
+
 # --- the training set-up: memory, report and plot share these options ---------------------------
 
 
@@ -197,17 +229,26 @@ def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | N
     the --config file's [training] and [parallel] tables > the family's defaults), recorded so
     --save-config writes it. `ds`: --deepspeed-config's settings, read once by the command
     (`deepspeed_settings`)."""
+    setup, tables = resolve_given(cfg, given, ds)
+    for name, table in tables.items():
+        record_section(name, table)
+    return setup
+
+
+def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
+    """The TrainingSetup and the effective [training] and [parallel] tables of the running
+    command for the options `given`, recording nothing (`training_setup` records them): what a
+    command would resolve to with other options, as the fit advice asks."""
     from ..training import resolve_training
 
     s = current_setup()
     ctx = click.get_current_context(silent=True)
     path = ctx.params.get("config") if ctx else None
-    setup, tables = resolve_training(cfg, {k: config_section(k) for k in ("training", "parallel")},
-                                     given, from_hf=bool(s and s.from_hf),
-                                     where=f"{path}: " if path else "", ds=ds)
-    for name, table in tables.items():
-        record_section(name, table)
-    return setup
+    # the --config file's own tables, not those a first resolution recorded for --save-config
+    sections = dict(s.sections) if s is not None else {}
+    return resolve_training(cfg, {k: dict(sections.get(k, {})) for k in ("training", "parallel")},
+                            given, from_hf=bool(s and s.from_hf),
+                            where=f"{path}: " if path else "", ds=ds)
 
 
 def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] | None:
@@ -295,5 +336,6 @@ def _hf_name(path: str) -> str:
 
 
 __all__ = ["PARALLEL_DEFAULTS", "PRESETS", "ByteSize", "assumptions", "config_section",
-           "deepspeed_settings", "deepspeed_workload", "describe", "model_name", "model_options", "option_for", "pop_training", "record_section",
-           "resolve_setup", "training_options", "training_setup"]
+           "deepspeed_settings", "deepspeed_workload", "describe", "model_name", "model_options",
+           "option_for", "pop_training", "record_section", "resolve_given", "resolve_setup",
+           "training_options", "training_setup"]

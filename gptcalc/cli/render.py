@@ -17,7 +17,13 @@ SCHEMA = "gptcalc/2"
 
 
 def emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2))
+    """Strict JSON: a value that is not finite (NaN, Infinity: not JSON) raises OverflowError,
+    which the commands computing in floats turn into one line naming an option."""
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=False)
+    except ValueError:
+        raise OverflowError("a result is not a finite number") from None
+    click.echo(text)
 
 
 def envelope(cfg: GPTConfig | None, workload: Workload | None = None,
@@ -42,27 +48,55 @@ def envelope(cfg: GPTConfig | None, workload: Workload | None = None,
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
                 caption: str | None = None, total_row: Sequence[Any] | None = None) -> None:
-    """A rich table; the first column is left-aligned, numbers to the right."""
+    """A rich table; the first column is left-aligned, numbers to the right.
+
+    A number is never cut: every column but the first is as wide as its widest cell and never
+    wraps or ellipsizes; the first column (the labels) wraps at spaces instead. When even that
+    does not fit the terminal, the table is printed wider than the terminal (its lines wrap on
+    screen, the numbers stay whole in the text)."""
     from rich.table import Table
 
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    rows = [[str(c) for c in row] for row in rows]
+    total = None if total_row is None else [str(c) for c in total_row]
+    table = Table(title=title, title_justify="left")
     for i, name in enumerate(columns):
-        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        cells = [r[i] for r in rows if i < len(r)] + ([total[i]] if total else [])
+        widest = max([len(name), *map(len, cells)])
+        if i == 0:
+            table.add_column(name, justify="left", overflow="fold")
+        else:
+            table.add_column(name, justify="right", no_wrap=True, overflow="fold",
+                             min_width=widest)
     for row in rows:
-        table.add_row(*(str(c) for c in row))
-    if total_row is not None:
+        table.add_row(*row)
+    if total is not None:
         table.add_section()
-        table.add_row(*(f"[bold]{c}[/bold]" for c in total_row))
-    _console().print(table)
+        table.add_row(*(f"[bold]{c}[/bold]" for c in total))
+    console = _console()
+    # measured without a width to keep to: the labels' longest word, the numbers whole
+    need = console.measure(table, options=console.options.update_width(10**4))
+    width = console.width if _fixed_width(console) else need.maximum
+    _console(max(width, need.minimum)).print(table, crop=False)
+    if caption:  # under the table, wrapped as a line of text, not to the table's width
+        print_line(caption)
 
 
 def print_line(text: str) -> None:
     _console().print(text, soft_wrap=True, highlight=False)
 
 
-def _console():
+def _fixed_width(console) -> bool:
+    """A width to keep to: a terminal's, or the COLUMNS a pipe was given."""
+    import os
+
+    return console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit()
+
+
+def _console(width: int | None = None):
+    """The console to print on; `width` None: the terminal's, or COLUMNS, else no limit (piped
+    output has no width to go by, and tables then take the width they need)."""
     from rich.console import Console
 
-    console = Console()
-    # piped output has no width to go by: rich would squeeze tables into 80 columns
-    return console if console.is_terminal else Console(width=120)
+    if width is None and not _fixed_width(Console()):
+        width = 10**4
+    return Console(width=width)

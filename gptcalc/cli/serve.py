@@ -18,7 +18,7 @@ from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EF
 from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
-from .options import ByteSize, describe, model_options
+from .options import ByteSize, describe, float_range, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -66,6 +66,7 @@ from .render import emit_json, envelope, print_line, print_table
               help=f"Memory outside PyTorch beyond the CUDA context (NCCL, cuBLAS) "
                    f"(default {binary_bytes(DEFAULT_NON_TORCH)}, as vLLM logs it).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             gpu_memory: int | None, tp: int, weights_dtype: str | None, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,

@@ -14,7 +14,7 @@ from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..time import (TrainingTime, achieved_mfu, check_positive, parse_count, tokens_per_step,
                     training_time)
 from ..units import si
-from .options import describe, model_options
+from .options import float_range, describe, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -45,6 +45,7 @@ def count_option(*names: str, help: str):
 @count_option("--tokens-per-step", help="Tokens per optimizer step (default B x seq_len x gpus: "
                                         "every GPU a data-parallel rank, no accumulation).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@float_range
 def command(model: tuple[GPTConfig, Workload], tokens: int | None, gpu_name: str, gpus: int,
             mfu: float, precision: str, recompute: str, tokens_per_second: float | None,
             seconds_per_step: float | None, tokens_per_step: int | None, as_json: bool) -> None:

@@ -8,7 +8,7 @@ import time
 import click
 
 from ..config import GPTConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, nonneg_int, positive_int
 from ..workload import Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
 from .extras import require
@@ -63,6 +63,9 @@ def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: 
     1: one training step per rank under FSDP2, ZeroRedundancyOptimizer, DDP, DTensor
     tensor/sequence parallel or 1F1B pipelining, every rank's states, resident bytes, saved
     activations, step peak and FLOPs checked."""
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp)):
+        positive_int(name, value)
+    nonneg_int("zero", zero)
     require("verify", "torch", "fvcore")
     cfg, wl = model
     if dp > 1 or tp > 1 or pp > 1 or zero or sp or engine or impl != "reference":

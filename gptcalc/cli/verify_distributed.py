@@ -3,7 +3,10 @@ distributed engines, every rank's measurements against the per-rank analytic val
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import sys
 import time
 
 from ..config import GPTConfig
@@ -75,7 +78,8 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
                      "FakeTensorMode tensors with a fake process group (FakeStore): the same "
                      "engines, modules and tensor sizes, no arithmetic and no communication")
     start = time.perf_counter()
-    checks, results = distributed_checks(cfg, wl, setup, impl, picked)
+    with _stdout_to_stderr():  # DeepSpeed's op builds print on stdout, before any JSON
+        checks, results = distributed_checks(cfg, wl, setup, impl, picked)
     seconds = time.perf_counter() - start
     ok = all(c.ok for c in checks)
     engine = engine_of(setup)
@@ -110,3 +114,19 @@ def run(cfg: GPTConfig, wl: Workload, *, device: str, attn: str, tensors: str, m
     if failed:
         print_line(f"[bold red]{failed} check(s) failed[/bold red]")
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Standard output, Python's and the file descriptor's (compilers, subprocesses), sent to
+    standard error while the measurement runs: stdout holds the results alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

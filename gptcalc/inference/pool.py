@@ -229,6 +229,10 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         name = "mem_fraction_static"
         frac = (sglang_mem_fraction_static(gpu_memory_bytes, tp) if utilization is None
                 else utilization)
+        if utilization is None and not 0 < frac <= 1:  # the default, from the GPU's memory
+            raise ConfigError("gpu_memory", f"SGLang's default mem_fraction_static for "
+                                            f"{gpu_memory_bytes / 2**30:.2f} GiB is {frac:.3g}: "
+                                            "too little memory for SGLang's reserve")
         bs = 1 if block_size is None else block_size
     else:
         name = "gpu_memory_utilization"

@@ -194,9 +194,10 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     kv_heads_per_device(cfg, tp)  # tp divides the key/value heads, or exceeds them
     kv_b = kv_dtype_bytes(kv_dtype)
-    if prompt_len + gen_len > cfg.block_size:
-        raise ConfigError("gen_len", f"prompt {prompt_len} + {gen_len} generated tokens exceed "
-                                     f"block_size {cfg.block_size}")
+    if prompt_len + gen_len > cfg.block_size:  # blame the one that alone leaves no room
+        raise ConfigError("prompt_len" if prompt_len >= cfg.block_size else "gen_len",
+                          f"prompt {prompt_len} + {gen_len} generated tokens exceed "
+                          f"block_size {cfg.block_size}")
     fe = check_fraction(flops_efficiency, "flops_efficiency")
     be = check_fraction(bandwidth_efficiency, "bandwidth_efficiency")
     precision = compute_precision(weights_dtype)

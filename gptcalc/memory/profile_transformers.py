@@ -179,7 +179,7 @@ def transformers_family(cfg: GPTConfig) -> str:
     q/k/v with q/k/v bias and no output bias), qwen3 (RMSNorm over each q and k head) or llama
     (the same without that bias pattern; mistral is the same network, with or without its
     sliding window), phi3 (Llama's block with fused qkv_proj and gate_up_proj). Raises ConfigError(field="impl") for switches the profile has not measured
-    (MoE, MLA, Gemma's norms and GeGLU, ...) and ConfigError(field="family") otherwise."""
+    (MoE, MLA, Gemma's norms and GeGLU, ...) and for a set of switches no class has."""
     missing = _not_modelled(cfg)
     if missing:
         raise ConfigError("impl", f"the transformers profile does not model {', '.join(missing)} "
@@ -202,7 +202,8 @@ def transformers_family(cfg: GPTConfig) -> str:
         if cfg.qk_norm == "head":
             return "qwen3"
         return "qwen2" if cfg.qkv_bias and not cfg.attn_out_bias else "llama"
-    raise ConfigError("family", "no transformers class implements this GPTConfig: gpt2 needs "
+    raise ConfigError("impl", "no transformers class implements this GPTConfig (use --impl "
+                              "reference): gpt2 needs "
                                 "learned positions, fused q/k/v and LayerNorm; gpt_neox rotary, "
                                 "fused q/k/v and LayerNorm; llama / mistral / qwen2 / qwen3 "
                                 "RMSNorm, SwiGLU and separate q/k/v; phi3 RMSNorm, SwiGLU, "

@@ -35,7 +35,7 @@ from ...training_setup import TrainingSetup
 from ..ledger import GRADIENTS, STEADY_PHASES, Ledger, Phase, Term
 from ..states import OPTIMIZER_BYTES, STEP_COUNTER_BYTES, stage_tensors
 from .base import Engine, Step, register
-from .shards import RankStates, coords, first_rank, stage_of
+from .shards import RankStates, coords, first_rank, stage_of, tensor_sizes
 
 # stage_1_and_2.py: "4-byte alignment/sizeof(fp16) = 2"; the flat group is padded to this
 # times the dp world size
@@ -53,10 +53,7 @@ def zero_settings(setup: TrainingSetup) -> dict[str, int]:
 def _sizes(cfg: GPTConfig, setup: TrainingSetup, rank: int) -> list[int]:
     """Elements of every parameter tensor of `rank`'s pipeline stage, in inventory order."""
     pp_rank, _, _ = coords(rank, setup)
-    out: list[int] = []
-    for t in stage_tensors(cfg, setup, stage_of(setup, pp_rank)):
-        out += [t.shard(setup.tp)] * t.count
-    return out
+    return tensor_sizes(stage_tensors(cfg, setup, stage_of(setup, pp_rank)), setup.tp)
 
 
 def flat_group_elements(n: int, dp: int) -> int:

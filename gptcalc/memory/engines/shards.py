@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from ...config import GPTConfig
+from ...errors import ConfigError
 from ...training_setup import TrainingSetup
 from ...inventory import ParamTensor
 from ..states import STEP_COUNTER_BYTES, optimizer_bytes_per_param, stage_tensors
@@ -111,3 +112,21 @@ def tp_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankS
 __all__ = ["RankStates", "chunk_rows", "coords", "first_rank", "padded_rows",
            "rows_times_rest", "stage_list", "stage_of", "step_counters", "tp_local_shape",
            "tp_rank_states"]
+
+
+# The most parameter tensors a partition that places each tensor counts (DeepSpeed's
+# buckets, ZeroRedundancyOptimizer's greedy assignment): far past any real model's thousands.
+MAX_TENSORS = 10**7
+
+
+def tensor_sizes(tensors, tp: int) -> list[int]:
+    """Elements of every parameter tensor (each of `count` copies), in inventory order; more
+    than MAX_TENSORS is ConfigError naming --n-layer (a list that long is no model's)."""
+    total = sum(t.count for t in tensors)
+    if total > MAX_TENSORS:
+        raise ConfigError("n_layer", f"{total:,} parameter tensors: more than the {MAX_TENSORS:,} "
+                                     "this engine's per-tensor partition is counted for")
+    out: list[int] = []
+    for t in tensors:
+        out += [t.shard(tp)] * t.count
+    return out

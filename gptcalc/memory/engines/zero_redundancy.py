@@ -16,7 +16,8 @@ from ...config import GPTConfig
 from ...training_setup import TrainingSetup
 from ..states import optimizer_bytes_per_param, stage_tensors
 from .base import Engine, register
-from .shards import RankStates, coords, first_rank, stage_of, step_counters
+from .shards import (RankStates, coords, first_rank, stage_of, step_counters,
+                     tensor_sizes)
 
 
 @functools.lru_cache(maxsize=64)
@@ -50,10 +51,7 @@ def zero1_partition(sizes: tuple[int, ...], world: int) -> tuple[tuple[int, ...]
 @functools.lru_cache(maxsize=64)
 def _zero1_sizes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
                  ) -> tuple[int, ...]:
-    sizes: list[int] = []
-    for t in stage_tensors(cfg, setup, stage):
-        sizes += [t.shard(setup.tp)] * t.count
-    return tuple(sizes)
+    return tuple(tensor_sizes(stage_tensors(cfg, setup, stage), setup.tp))
 
 
 def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:

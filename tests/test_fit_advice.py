@@ -1,0 +1,93 @@
+"""`memory --gpu-memory/--gpu`: when no micro-batch fits, the options that would, each one
+re-run and found to fit."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc.cli import cli
+from gptcalc.gpus import GPUS
+
+LORA = ["memory", "--preset", "llama3-8b", "--lora-rank", "16", "--lora-targets", "all",
+        "--seq-len", "2048"]
+
+
+def run_json(args):
+    r = CliRunner().invoke(cli, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def rerun(args, options):
+    """The command with an advised change: --gpu NAME replaces --gpu-memory."""
+    if options.startswith("--gpu "):
+        i = args.index("--gpu-memory")
+        args = args[:i] + args[i + 2:]
+    return run_json(args + options.split())
+
+
+@pytest.mark.parametrize("args", [
+    LORA + ["--gpu-memory", "24GiB"],
+    ["memory", "--preset", "llama3-8b", "--seq-len", "2048", "--gpu-memory", "24GiB"],
+])
+def test_every_advised_change_fits_when_re_run(args):
+    fit = run_json(args)["fit"]
+    assert fit["max_batch"] == 0 and fit["advice"]
+    for a in fit["advice"]:
+        out = rerun(args, a["options"])
+        assert out["peak"] == a["peak"] <= out["fit"]["budget"], a
+        assert out["fit"]["max_batch"] >= 1 and out["fit"]["advice"] == []
+
+
+def test_lora_at_24_gib_is_advised_recomputation_and_qlora():
+    fit = run_json(LORA + ["--gpu-memory", "24GiB"])["fit"]
+    options = [a["options"] for a in fit["advice"]]
+    assert f"--seq-len {fit['max_seq_len']}" in options and fit["max_seq_len"] > 1000
+    assert any(o.startswith("--recompute ") for o in options)
+    assert "--weights-dtype int4" in options
+    zero = [o for o in options if o.startswith("--zero 3 --dp ")]
+    assert zero  # the fewest ranks: one fewer does not fit
+    n = int(zero[0].split()[-1])
+    if n > 2:
+        assert rerun(LORA + ["--gpu-memory", "24GiB"], f"--zero 3 --dp {n - 1}")["fit"][
+            "max_batch"] == 0
+
+
+def test_the_text_names_the_longest_sequence_and_the_changes():
+    r = CliRunner().invoke(cli, LORA + ["--gpu-memory", "24GiB"])
+    assert r.exit_code == 0
+    assert "no micro-batch fits at seq_len 2,048" in r.output
+    assert "the longest sequence that fits is 1,215 tokens" in r.output
+    assert "--weights-dtype int4" in r.output and "--recompute" in r.output
+
+
+def test_a_step_that_fits_has_no_advice():
+    fit = run_json(["memory", "--preset", "gpt2", "--gpu-memory", "80GiB"])["fit"]
+    assert fit["max_batch"] > 0 and fit["advice"] == []
+
+
+def test_gpu_takes_the_catalogue_memory():
+    fit = run_json(["memory", "--preset", "gpt2", "--gpu", "H100-SXM"])["fit"]
+    assert fit["budget"] == GPUS["h100-sxm"].memory_bytes and fit["gpu"] == "h100-sxm"
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--gpu", "h100-sxm", "--gpu-memory", "80GiB"], "--gpu"),
+    (["--gpu", "nope"], "--gpu"),
+])
+def test_bad_gpu_is_one_line_naming_the_option(args, option):
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", *args])
+    assert r.exit_code == 2 and r.output.startswith(f"Error: {option}:")
+
+
+def test_the_advice_leaves_the_saved_config_alone(tmp_path):
+    path = tmp_path / "run.toml"
+    r = CliRunner().invoke(cli, LORA + ["--gpu-memory", "24GiB", "--save-config", str(path)])
+    assert r.exit_code == 0, r.output
+    saved = tomllib.loads(path.read_text())
+    assert saved["parallel"]["zero"] == 0 and saved["parallel"]["dp"] == 1
+    assert saved["training"]["recompute"] == "none"

@@ -1,0 +1,83 @@
+"""Tables never cut a number: at any terminal width, piped or not, every number a command's JSON
+holds that its text prints appears whole in the text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc.cli import cli
+from gptcalc.units import binary_bytes
+
+COMMANDS = {
+    "memory": "memory --preset llama3-70b --engine fsdp2 --zero 3 --dp 8 --gpu-memory 80GiB",
+    "flops": "flops --preset llama3-70b",
+    "params": "params --preset llama3-70b --lora-rank 16",
+    "serve": "serve --preset llama3-70b --tp 8",
+    "infer": "infer --preset llama3-70b --tp 8",
+    "time": "time --preset llama3-70b --tokens 15000000000000 --gpus 1024",
+    "gpus": "gpus",
+}
+# how many of the JSON's integers each command's text prints (at least): a floor, so that the
+# check below never passes on a text that prints none
+PRINTED = {"memory": 20, "flops": 6, "params": 10, "serve": 4, "infer": 4, "time": 5, "gpus": 5}
+
+
+def run(args: str, columns: str | None) -> str:
+    r = CliRunner().invoke(cli, args.split(), env={"COLUMNS": columns})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def integers(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from integers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from integers(v)
+    elif isinstance(obj, int) and not isinstance(obj, bool) and obj >= 1000:
+        yield obj
+
+
+def shown(value: int, text: str) -> bool:
+    return f"{value:,}" in text or binary_bytes(value) in text
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_printed_number_is_whole_at_every_width(name):
+    args = COMMANDS[name]
+    values = set(integers(json.loads(run(args + " --json", None))))
+    wide = run(args, "100000")
+    printed = {v for v in values if shown(v, wide)}
+    assert len(printed) >= PRINTED[name]
+    for columns in ("60", "80", "120", None):  # None: piped, no width given
+        text = run(args, columns)
+        assert "…" not in text
+        missing = sorted(v for v in printed if not shown(v, text))
+        assert not missing, f"COLUMNS={columns}: {missing}"
+
+
+def test_memory_prints_every_line_of_its_json_in_80_columns():
+    args = COMMANDS["memory"]
+    out = json.loads(run(args + " --json", None))
+    text = run(args, "80")
+    for key in ("weights", "gradients", "optimizer", "activations", "activations_paper",
+                "kv_cache", "resident", "peak"):
+        assert f"{out[key]:,}" in text, key
+
+
+def test_labels_wrap_and_the_table_keeps_to_the_width_it_is_given():
+    text = run("memory --preset llama3-8b -B 1 --gpu-memory 80GiB", "80")
+    table = [line for line in text.splitlines() if line[:1] in "┏┃┡│├└"]
+    assert table and max(map(len, table)) <= 80
+    assert any(line.startswith("│ (ddp: weights") or "(ddp:" in line for line in table)
+
+
+def test_piped_output_is_as_wide_as_its_content():
+    text = run("memory --preset gpt2 --zero 1", None)
+    assert "1,493,277,700" in text
+    assert "resident between steps (deepspeed: weights, optimizer states, kept gradients and " \
+           "buffers)" in text  # not wrapped: no width to keep to
