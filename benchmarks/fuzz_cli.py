@@ -231,6 +231,16 @@ def mutate(rng: random.Random, cfg: dict) -> tuple[dict, str, bool]:
 
 # ------------------------------------------------------------------ calls
 
+def write_ds_configs(folder: Path) -> dict[str, tuple[str, str, bool]]:
+    """Each of DS_CONFIGS written to `folder`, keyed as `draw_call` reads them ("ds:" + text)."""
+    out = {}
+    for i, text in enumerate(DS_CONFIGS):
+        p = folder / f"ds{i}.json"
+        p.write_text(text)
+        out["ds:" + text] = (str(p), "ds_config", DS_CONFIGS[text])
+    return out
+
+
 def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
     """(args, must_refuse, label)."""
     command = rng.choice(COMMANDS)
@@ -331,10 +341,7 @@ def main() -> int:
         p = tmp / f"c{i}.json"
         p.write_text(json.dumps(cfg))
         files[str(p)] = (str(p), kind, invalid)
-    for i, text in enumerate(DS_CONFIGS):
-        p = tmp / f"ds{i}.json"
-        p.write_text(text)
-        files["ds:" + text] = (str(p), "ds_config", DS_CONFIGS[text])
+    files.update(write_ds_configs(tmp))
     # Hub ids are read offline: the fuzz tests gptcalc's refusals, not the network's retries
     runner = CliRunner(env={"HF_HUB_OFFLINE": "1"})
     per_command: dict[str, Counter] = defaultdict(Counter)

@@ -202,6 +202,16 @@ def gpu(name: str) -> GPU:
     return GPUS[key]
 
 
+def usable_memory(g: GPU) -> int:
+    """The memory a training or serving engine can use on `g`: torch.cuda.mem_get_info()'s
+    total (`USABLE`, below the datasheet's: the driver and ECC keep the rest); ConfigError
+    naming --gpu where the catalogue has no memory figure."""
+    if g.usable_memory_bytes is None:
+        raise ConfigError("gpu", f"{g.name} has no memory figure; pick an accelerator or give "
+                                 "--gpu-memory")
+    return g.usable_memory_bytes
+
+
 def require_peak(g: GPU, precision: str) -> float:
     """Dense peak FLOP/s of `g` at `precision`, or ConfigError naming the option that picked it."""
     if all(g.peak_flops(p) is None for p in PRECISIONS):

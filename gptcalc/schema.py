@@ -164,8 +164,9 @@ _TRAINING = (
 
 # the device a step must fit (`memory`); the command line only
 _DEVICE = (
-    Option("gpu", "--gpu", "text", "A catalogue accelerator (see `gptcalc gpus`) whose memory "
-           "the step must fit, e.g. h100-sxm; instead of --gpu-memory.", metavar="NAME",
+    Option("gpu", "--gpu", "text", "A catalogue accelerator (see `gptcalc gpus`) whose usable "
+           "memory (what torch.cuda.mem_get_info reports, below the datasheet's) the step must "
+           "fit, e.g. h100-sxm; instead of --gpu-memory.", metavar="NAME",
            dest="gpu_name"),
     Option("gpu_memory", "--gpu-memory", "size", "Memory per device, e.g. 80GiB or 80GB: the "
            "largest micro-batch and training sequence that fit one step, the longest inference "

@@ -134,8 +134,9 @@ def test_every_command_and_mutated_config_is_refused_in_one_line(tmp_path_factor
     d = tmp_path_factory.mktemp("hf")
     cfg, kind, invalid = fz.mutate(rng, rng.choice(fz.seeds()))
     (d / "config.json").write_text(json.dumps(cfg))
-    args, refuse, label = fz.draw_call(rng, {str(d / "config.json"): (
-        str(d / "config.json"), kind, invalid)})
+    files = {str(d / "config.json"): (str(d / "config.json"), kind, invalid),
+             **fz.write_ds_configs(d)}
+    args, refuse, label = fz.draw_call(rng, files)
     # Hub ids offline: a machine without a network would wait out huggingface_hub's retries
     result = CliRunner(env={"HF_HUB_OFFLINE": "1"}).invoke(cli, args)
     assert fz.classify(result, refuse, args) is None, (args, label, cfg, result.output)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import GPTConfig
 from ..errors import ConfigError
-from ..gpus import GPUS, gpu as find_gpu
+from ..gpus import GPUS, gpu as find_gpu, usable_memory
 from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
 from ..training_setup import RECOMPUTE, TrainingSetup
 from ..units import binary_bytes
@@ -27,10 +27,7 @@ def device_budget(gpu_name: str | None, gpu_memory: int | None) -> int | None:
         return gpu_memory
     if gpu_memory is not None:
         raise ConfigError("gpu", "give --gpu or --gpu-memory, not both")
-    card = find_gpu(gpu_name)
-    if card.memory_bytes is None:
-        raise ConfigError("gpu", f"{card.name} has no memory figure; give --gpu-memory")
-    return card.memory_bytes
+    return usable_memory(find_gpu(gpu_name))
 
 
 def fit_section(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, rep: MemoryReport,
@@ -74,9 +71,9 @@ def advice(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, rep: MemoryReport
         if setup.lora_rank and setup.base_dtype != "nf4":
             singles.append(_mildest(peak, budget, [{**full, "weights_dtype": "int4"}]))
     out += [s for s in singles if s]
-    card = min((g for g in GPUS.values() if g.memory_bytes and g.memory_bytes > budget
-                and g.memory_bytes >= rep.peak.bytes), key=lambda g: g.memory_bytes,
-               default=None)
+    card = min((g for g in GPUS.values() if g.usable_memory_bytes and
+                g.usable_memory_bytes > budget and g.usable_memory_bytes >= rep.peak.bytes),
+               key=lambda g: g.usable_memory_bytes, default=None)
     if card is not None:
         out.append({"options": f"--gpu {card.name}", "peak": rep.peak.bytes})
     return out

@@ -11,7 +11,7 @@ import click
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..memory.engines import names
-from ..gpus import DEFAULT_GPU, gpu as find_gpu, require_peak
+from ..gpus import DEFAULT_GPU, gpu as find_gpu, require_peak, usable_memory
 from ..plan import (DEFAULT_MAX_GPUS, Layout, Plan, PlanSearch, global_batch as sequences,
                     layout_setup, search)
 from ..schema import MODEL_OPTIONS, OPTIONS
@@ -45,7 +45,8 @@ def _kept_options(command):
 @click.command("plan")
 @model_options
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
-              help="Accelerator (see `gptcalc gpus`): its memory and dense peak.")
+              help="Accelerator (see `gptcalc gpus`): its usable memory (what "
+                   "torch.cuda.mem_get_info reports) and dense peak.")
 @click.option("--gpu-memory", type=ByteSize(), default=None, metavar="SIZE",
               help="Memory per GPU, e.g. 80GiB (default: the --gpu's).")
 @_count("--global-batch", "Sequences per optimizer step (default: 4M tokens' worth, "
@@ -75,7 +76,7 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
     _refuse_workload()
     g = find_gpu(gpu_name)
     peak = require_peak(g, precision)
-    budget = gpu_memory if gpu_memory is not None else g.memory_bytes
+    budget = gpu_memory if gpu_memory is not None else usable_memory(g)
     batch = sequences(wl.seq_len, global_batch, tokens_per_step)
     kept = {k: v for k, v in given.items() if v is not None}
 
@@ -90,11 +91,12 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
     fewest = search(cfg, wl.seq_len, batch, top=1, order="gpus", **base).plans
     fewest_plan = fewest[0] if fewest else None
     line = _assumptions(g.name, budget, peak, precision, mfu, batch, wl.seq_len, max_gpus)
-    commands = [_command(p, wl.seq_len, budget, kept) for p in found.plans]
+    device = ["--gpu-memory", _size(gpu_memory)] if gpu_memory is not None else ["--gpu", g.name]
+    commands = [_command(p, wl.seq_len, device, kept) for p in found.plans]
     if as_json:
         emit_json(_json(cfg, wl.seq_len, batch, budget, line, found, commands, fewest_plan,
                         None if fewest_plan is None else
-                        _command(fewest_plan, wl.seq_len, budget, kept)))
+                        _command(fewest_plan, wl.seq_len, device, kept)))
         return
     _render(cfg, budget, max_gpus, line, found, commands, fewest_plan)
 
@@ -147,7 +149,7 @@ def _size(n: int) -> str:
     return f"{n // 2**30}GiB" if n % 2**30 == 0 else f"{n}B"
 
 
-def _command(plan: Plan, seq_len: int, budget: int, kept: dict[str, Any]) -> str:
+def _command(plan: Plan, seq_len: int, device: list[str], kept: dict[str, Any]) -> str:
     """`gptcalc memory ...` with every setting of the plan spelt out."""
     lay = plan.layout
     args = ["gptcalc", "memory", *_model_args(), "--seq-len", str(seq_len),
@@ -164,8 +166,7 @@ def _command(plan: Plan, seq_len: int, budget: int, kept: dict[str, Any]) -> str
             value = kept[name]
             args += [OPTIONS[name].cli, _size(value) if name == "overhead" and value else
                      str(value)]
-    args += ["--gpu-memory", _size(budget)]
-    return shlex.join(args)
+    return shlex.join(args + device)
 
 
 def _assumptions(gpu: str, budget: int, peak: float, precision: str, mfu: float, batch: int,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ..config import GPTConfig
 from ..errors import ConfigError, one_of, positive_int
-from ..gpus import GPU
+from ..gpus import GPU, usable_memory
 from ..layers import global_layers, sliding_layers
 from ..time import check_fraction
 from .kv import kv_bytes_per_token_layer
@@ -251,9 +251,5 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
 
 
 def gpu_memory(g: GPU) -> int:
-    """The memory an engine sizes against on a catalogue GPU: its usable figure
-    (torch.cuda.mem_get_info's total, `gptcalc.gpus.USABLE`), or ConfigError naming --gpu."""
-    if g.usable_memory_bytes is None:
-        raise ConfigError("gpu", f"{g.name} has no memory figure; pick an accelerator or give "
-                                 "--gpu-memory")
-    return g.usable_memory_bytes
+    """The memory an engine sizes against on a catalogue GPU (`gpus.usable_memory`)."""
+    return usable_memory(g)
