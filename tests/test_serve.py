@@ -500,3 +500,19 @@ def test_fp32_weights_take_four_bytes_and_run_32_bit_activations():
     # overflow an RTX 4090's 23.64 GiB, its 15.0 GiB of bf16 do not
     out = serve_json("--preset", "llama3-8b", "--gpu", "rtx-4090", "--weights-dtype", "fp32")
     assert not out["fits"] and out["to_fit"]["weights_dtype"] == "bf16"
+
+
+def test_the_tp_advice_is_bounded_whatever_the_head_count(tmp_path):
+    # a config with 10^12 query heads (a fuzz's draw): the advice once tried every tp up to
+    # n_head; it looks at most MAX_TP wide, so the answer comes at once
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+           "moe_intermediate_size": 768, "num_hidden_layers": 48,
+           "num_attention_heads": 10**12, "num_key_value_heads": 4, "head_dim": 128,
+           "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936,
+           "max_position_embeddings": 40960, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path / "config.json"),
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert not out["fits"] and out["kv_cache"] == 0 and out["to_fit"]["tp"] is None

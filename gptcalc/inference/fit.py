@@ -23,6 +23,9 @@ from .quant import Quantization
 from .weights import WEIGHT_DTYPES
 
 CHANGES = ("tp", "weights_dtype", "gpu", "max_model_len")  # the keys of `to_fit`
+# the widest tensor-parallel group the advice looks at: 128 nodes of 8 GPUs, far beyond any
+# serving deployment, and a bound on the search whatever a config's head count
+MAX_TP = 1024
 
 
 def _fits(cfg: GPTConfig, mml: int, memory: int, args: dict[str, Any]) -> bool:
@@ -36,8 +39,9 @@ def _shards(cfg: GPTConfig, tp: int) -> bool:
 
 def smallest_fitting_tp(cfg: GPTConfig, mml: int, memory: int, args: dict[str, Any]
                         ) -> int | None:
-    """The smallest tp above args["tp"] whose pool fits, None when even tp = n_head does not."""
-    return next((tp for tp in range(args["tp"] + 1, cfg.n_head + 1) if _shards(cfg, tp)
+    """The smallest tp above args["tp"] (up to n_head and MAX_TP) whose pool fits, else None."""
+    return next((tp for tp in range(args["tp"] + 1, min(cfg.n_head, MAX_TP) + 1)
+                 if _shards(cfg, tp)
                  and _fits(cfg, mml, memory, {**args, "tp": tp})), None)
 
 
