@@ -109,7 +109,10 @@ _TRAINING = (
            "own precision it is (see --engine); else amp, or fp32 for the tutorial and notes "
            "families.", "training",
            MODES),
-    Option("optimizer", "--optimizer", "choice", "adamw (default), sgd, sgd-momentum.",
+    Option("optimizer", "--optimizer", "choice", "adamw (default; torch.optim.AdamW), sgd, "
+           "sgd-momentum, adamw8bit and paged_adamw8bit (bitsandbytes' 8-bit block-wise "
+           "states), adafactor (transformers' Adafactor: factored second moment, no first "
+           "moment), lion (one moment).",
            "training", OPTIMIZERS),
     Option("autocast_dtype", "--autocast-dtype", "choice", "16-bit dtype of amp and mixed "
            "(default bf16).", "training", AUTOCAST_DTYPES),

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int
 
 MODES = ("fp32", "amp", "mixed", "bf16")
-OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+# adamw8bit / paged_adamw8bit: bitsandbytes' AdamW8bit / PagedAdamW8bit; adafactor:
+# transformers' Adafactor (no first moment); lion: lion-pytorch's Lion
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adamw8bit", "paged_adamw8bit", "adafactor",
+              "lion")
 AUTOCAST_DTYPES = ("bf16", "fp16")
 # recompute: none; selective, the attention core (Korthikanti et al. 2022, sec. 5); op,
 # torchtitan's op-level selective checkpointing (matmul and attention-kernel outputs kept but

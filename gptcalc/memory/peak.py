@@ -41,7 +41,7 @@ from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUT
                      OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
                      SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger,
                      Phase)
-from .states import STAGES, StateBytes, largest_tensor
+from .states import BNB_MIN_8BIT_SIZE, STAGES, StateBytes, largest_tensor
 
 
 @dataclass(frozen=True)
@@ -210,21 +210,67 @@ def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -
     return max(0, layer(replace(setup, recompute="none")) - layer(setup))
 
 
+def bnb_8bit_update_temporaries(n: int, device: str, param_bytes: int) -> int:
+    """Bytes bitsandbytes' 8-bit AdamW allocates while it updates one tensor of `n` elements.
+
+    CUDA: its fused kernels (`optimizer_update_8bit_blockwise`, `optimizer_update_32bit` in
+    bitsandbytes/backends/cuda/ops.py) update the parameter and the states in place: none.
+    CPU (bitsandbytes/backends/cpu/ops.py, 0.50): `_optimizer_update_8bit_blockwise_cpu`
+    dequantizes both states to fp32 (2 x 4 n), upcasts the gradient (`g.float() *
+    gnorm_scale`, 4 n) and, while `denom = (state2.sqrt() / correction2)` is made, holds the
+    square root and the quotient (2 x 4 n): 20 n, plus the fp32 copy of a 16-bit parameter
+    (`p.data.float()`, 4 n). A tensor under min_8bit_size takes `_optimizer_update_32bit_cpu`:
+    the fp32 gradient, the square root and `sqrt + eps` (12 n), plus the 16-bit parameter's
+    copy."""
+    if device == "cuda":
+        return 0
+    copy = 4 * n if param_bytes != 4 else 0
+    return (20 if n >= BNB_MIN_8BIT_SIZE else 12) * n + copy
+
+
+def adafactor_update_temporaries(n: int, param_bytes: int) -> int:
+    """Bytes transformers' Adafactor allocates while it updates one tensor of `n` elements
+    (transformers/optimization.py, `Adafactor.step`, on CPU and CUDA alike): two fp32 tensors
+    of the tensor's size at once (`grad**2` and `grad**2 + eps`; the old and the new `update`
+    of `_approx_sq_grad` or `exp_avg_sq.rsqrt()`; `update` and `-update`), 8 n, plus the fp32
+    copies of a 16-bit gradient and parameter (`grad.float()`, `p.float()`, 4 n each)."""
+    return 8 * n + (8 * n if param_bytes != 4 else 0)
+
+
+def lion_update_temporaries(n: int, param_bytes: int) -> int:
+    """Bytes lion-pytorch's Lion allocates while it updates one tensor of `n` elements
+    (lion_pytorch/lion_pytorch.py, `update_fn`): `exp_avg.clone()` and its `.add(grad)`, two
+    tensors in the parameter's dtype, 2 n x param_bytes (the sign is taken in place)."""
+    return 2 * n * param_bytes
+
+
 def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) -> int:
     """Bytes the optimizer's update allocates beside the states.
 
     AdamW on CUDA takes torch's foreach path: `_foreach_sqrt` of every exp_avg_sq at once, one
     fp32 tensor per parameter of the device's (ZeRO-sharded) optimizer partition. On CPU the
     single-tensor path: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)` makes two
-    tensors the size of the largest parameter. SGD updates in place. mixed: the fp32 master
-    weights' gradients, as the engine keeps them (`Engine.master_gradient_bytes`).
+    tensors the size of the largest parameter. SGD updates in place. The others update one
+    tensor at a time, so their temporaries are those of the largest tensor the optimizer
+    steps (`Engine.largest_optimizer_tensor`: a DeepSpeed flat partition is one):
+    `bnb_8bit_update_temporaries`, `adafactor_update_temporaries`, `lion_update_temporaries`,
+    in the dtype of the weights the optimizer steps (fp32 master weights in mode mixed).
+    mixed: the fp32 master weights' gradients, as the engine keeps them
+    (`Engine.master_gradient_bytes`).
     """
     engine = engine_for(setup)
     shard = -(-st.params // setup.dp)
     masters = engine.master_gradient_bytes(setup, st.params)
+    wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
+    if setup.optimizer in ("adamw8bit", "paged_adamw8bit", "adafactor", "lion"):
+        n = engine.largest_optimizer_tensor(cfg, setup, st.params)
+        if setup.optimizer == "adafactor":
+            return masters + adafactor_update_temporaries(n, wb)
+        if setup.optimizer == "lion":
+            return masters + lion_update_temporaries(n, wb)
+        return masters + bnb_8bit_update_temporaries(n, setup.device, wb)
     if setup.optimizer != "adamw":
         return masters
-    wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
     if setup.device == "cuda":
         return masters + wb * (shard if engine.optimizer_sharded(setup) else st.params)
     return masters + wb * 2 * largest_tensor(cfg, setup)
