@@ -295,8 +295,30 @@ def make_optimizer(model: GPT, setup: TrainingSetup):
 
 
 def _torch_optimizer(params, setup: TrainingSetup) -> torch.optim.Optimizer:
+    """The optimizer `setup.optimizer` names: torch's AdamW and SGD, bitsandbytes'
+    AdamW8bit and PagedAdamW8bit, transformers' Adafactor (a fixed learning rate, as the
+    Trainer's `adafactor` runs it), lion-pytorch's Lion."""
     if setup.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+    if setup.optimizer in ("adamw8bit", "paged_adamw8bit"):
+        import warnings
+
+        import bitsandbytes as bnb
+
+        make = bnb.optim.AdamW8bit if setup.optimizer == "adamw8bit" else (
+            bnb.optim.PagedAdamW8bit)
+        with warnings.catch_warnings():  # the paged one falls back to unpaged on CPU
+            warnings.simplefilter("ignore")
+            return make(params, lr=1e-4, weight_decay=0.1)
+    if setup.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-4, relative_step=False, scale_parameter=False,
+                         warmup_init=False)
+    if setup.optimizer == "lion":
+        from lion_pytorch import Lion
+
+        return Lion(params, lr=1e-4, weight_decay=0.1)
     if setup.optimizer == "sgd-momentum":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
     return torch.optim.SGD(params, lr=1e-3)

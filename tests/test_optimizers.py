@@ -106,3 +106,47 @@ def test_lion_states_equal_lion_pytorch(mode, dtype, shapes):
     lion = pytest.importorskip("lion_pytorch")
     opt = stepped(lambda ps: lion.Lion(ps, lr=1e-4), shapes, getattr(torch, dtype))
     assert measured_state_bytes(opt) == predicted("lion", shapes, mode)
+
+
+def allocator_peak(opt) -> int:
+    """The peak of the CPU allocator's running total over one `opt.step()`, above its start:
+    torch.profiler's memory events, which see the allocations inside a custom op's kernel too
+    (bitsandbytes' CPU update is one op to MemTracker)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        opt.step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    run = peak = 0
+    for _, nbytes in events:
+        run += nbytes
+        peak = max(peak, run)
+    return peak
+
+
+@pytest.mark.parametrize("optimizer", ["adamw8bit", "adafactor", "lion"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows", [63, 64, 1024])  # 4032 elements: bitsandbytes' 32-bit path
+def test_update_temporaries_equal_the_allocator(optimizer, dtype, rows):
+    from gptcalc.memory.peak import (adafactor_update_temporaries,
+                                     bnb_8bit_update_temporaries, lion_update_temporaries)
+    from reference_model.memory import _torch_optimizer
+
+    if optimizer == "adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    if optimizer == "lion":
+        pytest.importorskip("lion_pytorch")
+    shape, n = (rows, 64), rows * 64
+    pb = 2 if dtype == "bfloat16" else 4
+    opt = stepped(lambda ps: _torch_optimizer(ps, TrainingSetup(optimizer=optimizer)), [shape],
+                  getattr(torch, dtype))
+    measured = allocator_peak(opt)
+    if optimizer == "lion":
+        assert measured == lion_update_temporaries(n, pb)
+    elif optimizer == "adamw8bit":
+        # beside the formula: the re-quantization's own outputs, made after the peak
+        assert measured - bnb_8bit_update_temporaries(n, "cpu", pb) in range(0, 16)
+    else:
+        # beside the formula: the factored update's row and column vectors, 4 (R + C + 1)
+        assert measured - adafactor_update_temporaries(n, pb) == 4 * (rows + 64 + 1)

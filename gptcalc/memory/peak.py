@@ -233,7 +233,9 @@ def adafactor_update_temporaries(n: int, param_bytes: int) -> int:
     (transformers/optimization.py, `Adafactor.step`, on CPU and CUDA alike): two fp32 tensors
     of the tensor's size at once (`grad**2` and `grad**2 + eps`; the old and the new `update`
     of `_approx_sq_grad` or `exp_avg_sq.rsqrt()`; `update` and `-update`), 8 n, plus the fp32
-    copies of a 16-bit gradient and parameter (`grad.float()`, `p.float()`, 4 n each)."""
+    copies of a 16-bit gradient and parameter (`grad.float()`, `p.float()`, 4 n each). Not
+    counted: a factored update's row and column vectors beside them (`_approx_sq_grad`'s
+    factors, 4 (R + C + 1) bytes for an R x C tensor)."""
     return 8 * n + (8 * n if param_bytes != 4 else 0)
 
 
