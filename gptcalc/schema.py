@@ -109,7 +109,10 @@ _TRAINING = (
            "own precision it is (see --engine); else amp, or fp32 for the tutorial and notes "
            "families.", "training",
            MODES),
-    Option("optimizer", "--optimizer", "choice", "adamw (default), sgd, sgd-momentum.",
+    Option("optimizer", "--optimizer", "choice", "adamw (default; torch.optim.AdamW), sgd, "
+           "sgd-momentum, adamw8bit and paged_adamw8bit (bitsandbytes' 8-bit block-wise "
+           "states), adafactor (transformers' Adafactor: factored second moment, no first "
+           "moment), lion (one moment).",
            "training", OPTIMIZERS),
     Option("autocast_dtype", "--autocast-dtype", "choice", "16-bit dtype of amp and mixed "
            "(default bf16).", "training", AUTOCAST_DTYPES),
@@ -132,6 +135,10 @@ _TRAINING = (
            "logits through backward (default on: the reference model's and litgpt's loops); "
            "--no-keep-logits: dropped before backward, as the Hugging Face Trainer, torchtitan "
            "and torchtune do.", "training"),
+    Option("optimizer_in_backward", "--optimizer-in-backward", "flag", "Each parameter's "
+           "optimizer step runs in its post-accumulate-grad hook and frees its gradient "
+           "(torchtune's optimizer_in_bwd): no full set of gradients; not with gradient "
+           "accumulation or sharded gradients.", "training"),
     Option("overhead", "--overhead", "size", "Bytes added to every phase of the peak for what "
            "is not modelled (CUDA context, fragmentation, communication buffers), e.g. 2GiB; "
            "default 0.", "training", metavar="SIZE", zero_ok=True),

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int
 
 MODES = ("fp32", "amp", "mixed", "bf16")
-OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+# adamw8bit / paged_adamw8bit: bitsandbytes' AdamW8bit / PagedAdamW8bit; adafactor:
+# transformers' Adafactor (no first moment); lion: lion-pytorch's Lion
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adamw8bit", "paged_adamw8bit", "adafactor",
+              "lion")
 AUTOCAST_DTYPES = ("bf16", "fp16")
 # recompute: none; selective, the attention core (Korthikanti et al. 2022, sec. 5); op,
 # torchtitan's op-level selective checkpointing (matmul and attention-kernel outputs kept but
@@ -53,7 +56,9 @@ class TrainingSetup:
     cross entropy meets the logits (`LOSSES`), `loss_chunks` the chunks of tokens of the
     chunked loss. `keep_logits`: the training loop holds the model's logits through backward
     (the reference model's loop and litgpt's) rather than dropping them before it (Hugging Face
-    Trainer, torchtitan's `del pred`, torchtune's `del logits`).
+    Trainer, torchtitan's `del pred`, torchtune's `del logits`). `optimizer_in_backward`:
+    each parameter's optimizer step runs in its post-accumulate-grad hook and frees its
+    gradient (torchtune's optimizer_in_bwd), so no full set of gradients exists.
 
     The dataclass defaults are the bare fp32 CPU set-up the reference model is measured in;
     `training_defaults` gives the set-up a family is usually trained with.
@@ -82,6 +87,7 @@ class TrainingSetup:
     loss: str = "standard"
     loss_chunks: int = DEFAULT_LOSS_CHUNKS
     keep_logits: bool = True
+    optimizer_in_backward: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
@@ -107,6 +113,11 @@ class TrainingSetup:
         nonneg_int("overhead", self.overhead)
         positive_int("loss_chunks", self.loss_chunks)
         boolean("keep_logits", self.keep_logits)
+        boolean("optimizer_in_backward", self.optimizer_in_backward)
+        if self.optimizer_in_backward and self.zero >= 2:
+            raise ConfigError("optimizer_in_backward", "each parameter steps in its gradient "
+                                                       "hook on its whole gradient: not with "
+                                                       "sharded gradients (ZeRO 2 or 3)")
         if self.loss == "chunked" and self.impl == "transformers":
             raise ConfigError("loss", "transformers' models return the logits whole; the "
                                       "chunked output is torchtune's: use --impl reference")
@@ -140,7 +151,8 @@ class TrainingSetup:
             base = "an NF4 (QLoRA)" if self.base_dtype == "nf4" else "a frozen"
             tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
-        return (f"{prec}, {self.optimizer}, attention {self.attn_impl}, "
+        optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")
+        return (f"{prec}, {optimizer}, attention {self.attn_impl}, "
                 f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
                 f"{self.recompute}{tune}, {self.describe_loss()}, {layout}")
 

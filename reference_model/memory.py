@@ -286,17 +286,73 @@ def build_for(cfg: GPTConfig, setup: TrainingSetup, device: str = "cpu") -> GPT:
     return apply_recompute(model, setup.recompute)
 
 
+class OptimizerInBackward:
+    """torchtune's optimizer_in_bwd (torchtune/training/memory.py,
+    `register_optim_in_bwd_hooks`): one optimizer per parameter, stepped and zeroed in the
+    parameter's post-accumulate-grad hook, so each gradient is freed as soon as it is made.
+    `step` and `zero_grad` of the training loop do nothing; `state` is every optimizer's."""
+
+    def __init__(self, model: GPT, setup: TrainingSetup) -> None:
+        self.inner = [_torch_optimizer([p], setup) for p in model.parameters()]
+        for p, opt in zip(model.parameters(), self.inner):
+            p.register_post_accumulate_grad_hook(self._hook(opt))
+
+    @staticmethod
+    def _hook(opt):
+        def step(_param) -> None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    @property
+    def state(self) -> dict:
+        return {p: s for opt in self.inner for p, s in opt.state.items()}
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
 def make_optimizer(model: GPT, setup: TrainingSetup):
     """The optimizer of `setup` with PyTorch's defaults (foreach where available); in mode mixed
-    wrapped in `MasterWeights` (fp32 master weights and states for the 16-bit model)."""
+    wrapped in `MasterWeights` (fp32 master weights and states for the 16-bit model); with
+    `optimizer_in_backward` one per parameter (`OptimizerInBackward`)."""
+    if setup.optimizer_in_backward:
+        if setup.mode == "mixed":
+            raise ValueError("the optimizer-in-backward twin runs fp32, amp or bf16")
+        return OptimizerInBackward(model, setup)
     if setup.mode == "mixed":
         return MasterWeights(model.parameters(), lambda ps: _torch_optimizer(ps, setup))
     return _torch_optimizer(list(model.parameters()), setup)
 
 
 def _torch_optimizer(params, setup: TrainingSetup) -> torch.optim.Optimizer:
+    """The optimizer `setup.optimizer` names: torch's AdamW and SGD, bitsandbytes'
+    AdamW8bit and PagedAdamW8bit, transformers' Adafactor (a fixed learning rate, as the
+    Trainer's `adafactor` runs it), lion-pytorch's Lion."""
     if setup.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+    if setup.optimizer in ("adamw8bit", "paged_adamw8bit"):
+        import warnings
+
+        import bitsandbytes as bnb
+
+        make = bnb.optim.AdamW8bit if setup.optimizer == "adamw8bit" else (
+            bnb.optim.PagedAdamW8bit)
+        with warnings.catch_warnings():  # the paged one falls back to unpaged on CPU
+            warnings.simplefilter("ignore")
+            return make(params, lr=1e-4, weight_decay=0.1)
+    if setup.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-4, relative_step=False, scale_parameter=False,
+                         warmup_init=False)
+    if setup.optimizer == "lion":
+        from lion_pytorch import Lion
+
+        return Lion(params, lr=1e-4, weight_decay=0.1)
     if setup.optimizer == "sgd-momentum":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
     return torch.optim.SGD(params, lr=1e-3)
@@ -406,7 +462,9 @@ def _tracked_steps(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, dev
     tracker = _global_peak_tracker()
     # MasterWeights: its fp32 side, the inner optimizer's states and the master weights (plain
     # tensors made before the tracker, invisible to it unless named here)
-    tracker.track_external(model, getattr(opt, "inner", opt), *getattr(opt, "masters", []))
+    inner = getattr(opt, "inner", opt)
+    tracker.track_external(model, *(inner if isinstance(inner, list) else [inner]),
+                           *getattr(opt, "masters", []))
     with tracker:
         train_step(model, opt, idx, targets, setup)
     snap = next(v for k, v in tracker.get_tracker_snapshot("peak").items()

@@ -136,7 +136,9 @@ class _Engine:
         return self.model.module
 
     def optimizer(self, params):
-        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+        from .memory import _torch_optimizer
+
+        return _torch_optimizer(params, self.setup)
 
     def tracker(self):
         from .memory import _global_peak_tracker

@@ -59,9 +59,15 @@ def test_saved_activation_bytes_exact_cpu(d):
     ("fp32", "adamw"), ("bf16", "adamw"), ("fp32", "sgd-momentum"), ("bf16", "sgd"),
     ("amp", "adamw"), ("amp", "sgd-momentum"),
     # mixed: 16-bit weights and gradients, fp32 masters and states in MasterWeights
-    ("mixed", "adamw"), ("mixed", "sgd-momentum"), ("mixed", "sgd")])
+    ("mixed", "adamw"), ("mixed", "sgd-momentum"), ("mixed", "sgd"),
+    # bitsandbytes' 8-bit AdamW, transformers' Adafactor, lion-pytorch's Lion
+    *((m, o) for m in ("fp32", "bf16", "mixed") for o in ("adamw8bit", "adafactor", "lion"))])
 def test_state_bytes_exact(mode, optimizer):
-    cfg = from_name("debug", arch="tutorial", n_layer=2, n_head=2, n_embd=16, block_size=8,
+    pytest.importorskip({"adamw8bit": "bitsandbytes", "lion": "lion_pytorch"}.get(
+        optimizer, "torch"))
+    # E = 64 for the new ones: the MLP's 64 x 256 matrices cross bitsandbytes' 4096 elements
+    E = 16 if optimizer in ("adamw", "sgd", "sgd-momentum") else 64
+    cfg = from_name("debug", arch="tutorial", n_layer=2, n_head=2, n_embd=E, block_size=8,
                     vocab_size=32)
     setup = TrainingSetup(mode=mode, optimizer=optimizer)
     model = build_for(cfg, setup)
@@ -71,8 +77,10 @@ def test_state_bytes_exact(mode, optimizer):
     train_step(model, opt, idx, targets, setup)  # grads stay after step
     weights = sum(p.nbytes for p in model.parameters())
     grads = sum(p.grad.nbytes for p in model.parameters())
-    states = sum(v.nbytes for s in opt.state.values() for v in s.values()
-                 if isinstance(v, torch.Tensor))
+    # unique storages: bitsandbytes' quantization maps are one pair shared by every tensor
+    states = sum({v.untyped_storage().data_ptr(): v.untyped_storage().nbytes()
+                  for s in opt.state.values() for v in s.values()
+                  if isinstance(v, torch.Tensor)}.values())
     sb = state_bytes(cfg, setup)
     assert (sb.weights, sb.gradients, sb.optimizer) == (weights, grads, states)
 

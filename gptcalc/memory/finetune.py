@@ -64,17 +64,28 @@ def adapter_tensors(cfg: GPTConfig, setup: TrainingSetup) -> int:
     return sum(2 * a.count for a in selected(cfg, setup.lora_targets))
 
 
+def adapter_sizes(cfg: GPTConfig, setup: TrainingSetup) -> list[int]:
+    """Elements of each distinct adapter matrix (lora_A r x in, lora_B out x r)."""
+    return [setup.lora_rank * a.rank_mult * f for a in selected(cfg, setup.lora_targets)
+            for f in (a.in_features, a.out_features)]
+
+
 def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
     """Weights, gradients and optimizer bytes of LoRA fine-tuning on one device, by line.
 
     base/weights: the frozen parameters in the mode's weight dtype, or (base_dtype nf4) the
     block Linears in NF4 with their quantisation constants and the rest 16-bit. adapter/...:
-    r (in + out) per adapted Linear in the mode's weight dtype; gradients likewise; AdamW's two
-    moments per adapter parameter and a 4-byte step per adapter tensor. ZeRO stages 1-3 shard
-    the adapters' optimizer states, gradients and weights across dp; stage 3 also the base.
+    r (in + out) per adapted Linear in the mode's weight dtype; gradients likewise; the
+    optimizer's states of each adapter matrix, lora_A (r, in) and lora_B (out, r)
+    (`states.tensor_optimizer_bytes`: AdamW's two moments per adapter parameter; Adafactor
+    factors each matrix; 8-bit AdamW keeps 32-bit states for matrices under 4096 elements),
+    and its 0-d tensors per adapter tensor (AdamW's step, Adafactor's RMS). ZeRO stages 1-3
+    shard the adapters' optimizer states (one flat partition to the optimizer), gradients and
+    weights across dp; stage 3 also the base.
     """
     from ..params import count_params
-    from .states import OPTIMIZER_BYTES
+    from .states import (SHAPED_OPTIMIZERS, flat_optimizer_bytes, optimizer_fixed_bytes,
+                         step_counter_bytes, tensor_optimizer_bytes)
 
     n_lora = sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
     n_total = count_params(cfg).total
@@ -89,13 +100,20 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
         base = q["nf4"] + q["absmax"] + q["absmax_scales"] + 2 * (n_total - n_matrix)
     else:
         base = (2 if setup.mode == "amp" else w) * n_total  # amp: a 16-bit frozen base
-    steps = 4 * adapter_tensors(cfg, setup) if setup.optimizer == "adamw" else 0
+    steps = step_counter_bytes(setup) * adapter_tensors(cfg, setup)
+    if setup.optimizer in SHAPED_OPTIMIZERS and z == 0:  # each adapter matrix whole
+        opt = sum(a.count * (tensor_optimizer_bytes(setup, (r, a.in_features))
+                             + tensor_optimizer_bytes(setup, (a.out_features, r)))
+                  for a in selected(cfg, setup.lora_targets)
+                  for r in [setup.lora_rank * a.rank_mult])
+        opt += optimizer_fixed_bytes(setup, adapter_sizes(cfg, setup))
+    else:  # ZeRO 1-3: one flat partition, as DeepSpeed gives it to the optimizer
+        opt = flat_optimizer_bytes(setup, [shard(n_lora, 1)])
     return {
         "base/weights": shard(base, 3),
         "adapter/weights": w * shard(n_lora, 3),
         "adapter/gradients": w * shard(n_lora, 2),
-        "adapter/optimizer": OPTIMIZER_BYTES[setup.mode][setup.optimizer] * shard(n_lora, 1)
-        + steps,
+        "adapter/optimizer": opt + steps,
     }
 
 

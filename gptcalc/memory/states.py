@@ -6,30 +6,124 @@ Sharding: tensor parallel and pipeline parallel split the parameter inventory
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 from ..config import GPTConfig
 from ..training_setup import TrainingSetup
 from ..inventory import ParamTensor, inventory, tied_head_weight
 
-# Optimizer state bytes per parameter. fp32 and amp: exp_avg + exp_avg_sq in fp32 (AdamW),
-# momentum_buffer (SGD with momentum), nothing (SGD). mixed: the ZeRO paper's K (Rajbhandari et
-# al. 2020, sec. 3.1): the fp32 master copy of the weights (4) belongs to the optimizer, with
-# Adam's fp32 momentum and variance (4 + 4) = 12. bf16: every state in bf16.
+# Optimizer state bytes per parameter of the optimizers whose states are elementwise. fp32 and
+# amp: exp_avg + exp_avg_sq in fp32 (AdamW), momentum_buffer (SGD with momentum), exp_avg (Lion,
+# `zeros_like(p)`), nothing (SGD). mixed: the ZeRO paper's K (Rajbhandari et al. 2020, sec.
+# 3.1): the fp32 master copy of the weights (4) belongs to the optimizer, with Adam's fp32
+# momentum and variance (4 + 4) = 12. bf16: every state in bf16.
 OPTIMIZER_BYTES = {
-    "fp32": {"adamw": 8, "sgd-momentum": 4, "sgd": 0},
-    "amp": {"adamw": 8, "sgd-momentum": 4, "sgd": 0},
-    "mixed": {"adamw": 12, "sgd-momentum": 8, "sgd": 4},
-    "bf16": {"adamw": 4, "sgd-momentum": 2, "sgd": 0},
+    "fp32": {"adamw": 8, "sgd-momentum": 4, "sgd": 0, "lion": 4},
+    "amp": {"adamw": 8, "sgd-momentum": 4, "sgd": 0, "lion": 4},
+    "mixed": {"adamw": 12, "sgd-momentum": 8, "sgd": 4, "lion": 8},
+    "bf16": {"adamw": 4, "sgd-momentum": 2, "sgd": 0, "lion": 2},
 }
-# torch.optim.AdamW keeps state["step"] as a 0-d float32 tensor per parameter tensor
+# the optimizers whose states depend on each tensor's size or shape (`tensor_optimizer_bytes`)
+SHAPED_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit", "adafactor")
+BNB_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
+# bitsandbytes/optim/optimizer.py (0.50), Optimizer2State: `min_8bit_size=4096` (smaller tensors
+# keep 32-bit states), `blocksize = 256` in init_state (one fp32 absmax per block of each
+# state), and the two quantization maps `name2qmap["dynamic"]` / `["udynamic"]`
+# (`F.create_dynamic_map`, 256 fp32 each), made once per optimizer and shared by every tensor
+BNB_MIN_8BIT_SIZE = 4096
+BNB_BLOCKSIZE = 256
+BNB_QMAP_BYTES = 2 * 256 * 4
+# torch.optim.AdamW keeps state["step"] as a 0-d float32 tensor per parameter tensor;
+# transformers' Adafactor keeps state["RMS"], the parameter's RMS as a 0-d fp32 tensor (its
+# step is a Python int, as bitsandbytes' is); SGD and Lion keep no scalar
 STEP_COUNTER_BYTES = 4
+SCALAR_OPTIMIZERS = ("adamw", "adafactor")
 STAGES = ("first", "last")
 
 
 def optimizer_bytes_per_param(setup: TrainingSetup) -> int:
-    """Optimizer state per parameter (the ZeRO paper's K in mixed mode)."""
+    """Optimizer state per parameter (the ZeRO paper's K in mixed mode) of an optimizer whose
+    states are elementwise; the shaped ones have none (`tensor_optimizer_bytes`)."""
+    if setup.optimizer in SHAPED_OPTIMIZERS:
+        raise ValueError(f"{setup.optimizer}'s states depend on each tensor's shape")
     return OPTIMIZER_BYTES[setup.mode][setup.optimizer]
+
+
+def bnb_8bit_state_bytes(n: int) -> int:
+    """Bytes of bitsandbytes' AdamW8bit states for one tensor of `n` elements.
+
+    bitsandbytes/optim/optimizer.py (0.50), `Optimizer2State.init_state`: a tensor with fewer
+    than min_8bit_size (4096) elements keeps fp32 state1 and state2, 8 n, whatever its dtype;
+    a larger one keeps uint8 state1 and state2 (2 n) and an fp32 `absmax1` and `absmax2` of
+    ceil(n / 256) blocks each. The quantization maps are the optimizer's, not the tensor's
+    (`optimizer_fixed_bytes`); `step` is a Python int. PagedAdamW8bit holds the same bytes:
+    on CUDA its states of 10^5 elements or more are unified memory (`F.get_paged`), outside
+    PyTorch's caching allocator, paged to the host only under memory pressure.
+    """
+    if n < BNB_MIN_8BIT_SIZE:
+        return 8 * n
+    return 2 * n + 2 * 4 * _ceil(n, BNB_BLOCKSIZE)
+
+
+def adafactor_state_bytes(shape: tuple[int, ...]) -> int:
+    """Bytes of transformers' Adafactor states for one tensor of `shape` (its defaults:
+    beta1=None, so no `exp_avg`).
+
+    transformers/optimization.py, `Adafactor.step`: a tensor of 2 or more dims keeps a factored
+    second moment, `exp_avg_sq_row` of shape[:-1] and `exp_avg_sq_col` of shape[:-2] +
+    shape[-1:]; a 1-D one the full `exp_avg_sq`. The states are fp32 (made `.to(grad)` after
+    16-bit gradients are upcast). Its scalars: `STEP_COUNTER_BYTES` (RMS).
+    """
+    if len(shape) >= 2:
+        rows = math.prod(shape[:-1])
+        cols = math.prod(shape[:-2]) * shape[-1]
+        return 4 * (rows + cols)
+    return 4 * math.prod(shape)
+
+
+def tensor_optimizer_bytes(setup: TrainingSetup, shape: tuple[int, ...],
+                           mode: str | None = None) -> int:
+    """Optimizer bytes of one parameter tensor of `shape`, as the optimizer sees it, in
+    `mode` (the set-up's unless given): the elementwise optimizers' `OPTIMIZER_BYTES` x
+    elements (mode mixed's fp32 master copy included); bitsandbytes' 8-bit AdamW
+    (`bnb_8bit_state_bytes`) and Adafactor (`adafactor_state_bytes`) beside mode mixed's 4-byte
+    master copy per element. Per-tensor scalars (`step_counter_bytes`) and the optimizer's own
+    tensors (`optimizer_fixed_bytes`) are apart."""
+    mode = mode or setup.mode
+    n = math.prod(shape)
+    if setup.optimizer not in SHAPED_OPTIMIZERS:
+        return OPTIMIZER_BYTES[mode][setup.optimizer] * n
+    master = 4 * n if mode == "mixed" else 0
+    if setup.optimizer in BNB_OPTIMIZERS:
+        return master + bnb_8bit_state_bytes(n)
+    return master + adafactor_state_bytes(shape)
+
+
+def step_counter_bytes(setup: TrainingSetup) -> int:
+    """Bytes of the 0-d tensors the optimizer keeps per parameter tensor it updates: AdamW's
+    float32 `step`, Adafactor's fp32 `RMS`; none for the others."""
+    return STEP_COUNTER_BYTES if setup.optimizer in SCALAR_OPTIMIZERS else 0
+
+
+def optimizer_fixed_bytes(setup: TrainingSetup, sizes: Iterable[int]) -> int:
+    """Bytes an optimizer of tensors of `sizes` elements keeps once, whatever their number:
+    bitsandbytes' two quantization maps (`BNB_QMAP_BYTES`), made when a first tensor of at
+    least min_8bit_size elements gets 8-bit states."""
+    if setup.optimizer in BNB_OPTIMIZERS and any(n >= BNB_MIN_8BIT_SIZE for n in sizes):
+        return BNB_QMAP_BYTES
+    return 0
+
+
+def flat_optimizer_bytes(setup: TrainingSetup, partitions: Iterable[int],
+                         mode: str | None = None) -> int:
+    """Optimizer bytes over flat 1-D partitions of `partitions` elements (DeepSpeed's and
+    ZeRO's flat groups): each partition is one tensor to the optimizer, so Adafactor keeps a
+    full (unfactored) second moment and 8-bit AdamW quantizes the partition block-wise."""
+    parts = list(partitions)
+    return (sum(tensor_optimizer_bytes(setup, (n,), mode) for n in parts)
+            + optimizer_fixed_bytes(setup, parts))
 
 
 def _ceil(a: int, b: int) -> int:
@@ -42,14 +136,15 @@ def zero_bytes_per_param(setup: TrainingSetup, n_params: int) -> dict[str, int]:
     Rajbhandari et al. 2020, sec. 5 / Fig. 1: stage 1 (P_os) shards the optimizer states across
     the dp replicas, stage 2 (P_os+g) also the gradients, stage 3 (P_os+g+p) also the weights;
     everything not sharded is replicated on every replica. A shard is ceil(n/dp) elements
-    (DeepSpeed pads its flat partitions to equal size).
+    (DeepSpeed pads its flat partitions to equal size); the optimizer sees it as one flat
+    tensor (`flat_optimizer_bytes`).
     """
     d, z = setup.dp, setup.zero
     shard = _ceil(n_params, d)
     return {
         "weights": setup.weight_bytes * (shard if z >= 3 else n_params),
         "gradients": setup.weight_bytes * (shard if z >= 2 else n_params),
-        "optimizer": optimizer_bytes_per_param(setup) * (shard if z >= 1 else n_params),
+        "optimizer": flat_optimizer_bytes(setup, [shard if z >= 1 else n_params]),
     }
 
 

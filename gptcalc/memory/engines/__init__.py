@@ -23,7 +23,7 @@ from ...config import GPTConfig
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import Ledger
-from ..states import StateBytes, stage_tensors
+from ..states import SHAPED_OPTIMIZERS, StateBytes, stage_tensors
 from .base import (Engine, Step, default_engine, describe, engine_for, engine_named, names,
                    register, unregister)
 from .pipeline import pipeline_adjust
@@ -52,9 +52,10 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
     splits the rest over dp (`Engine.rank_states` of `peak_rank`): DeepSpeed's flat
     partitions, FSDP2's padded dim-0 shards, ZeroRedundancyOptimizer's whole tensors (its most
     loaded rank), Megatron-LM's distributed optimizer. Replicated states (one device, DDP) are
-    the inventory's tp shards in the mode's dtypes (`states.zero_bytes_per_param`). AdamW adds
-    a 4-byte step counter per parameter tensor (torch keeps `state["step"]` as a float32
-    scalar tensor), not sharded. LoRA: a frozen base and trainable adapters
+    the inventory's tp shards in the mode's dtypes (`states.zero_bytes_per_param`), each tensor's
+    optimizer states by its shape (`states.tensor_optimizer_bytes`). AdamW adds a 4-byte step
+    counter per parameter tensor (torch keeps `state["step"]` as a float32 scalar tensor),
+    Adafactor its 4-byte RMS, not sharded. LoRA: a frozen base and trainable adapters
     (`finetune.finetune_state_bytes`)."""
     if setup.lora_rank:
         from ..finetune import finetune_state_bytes
@@ -65,7 +66,7 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
         return StateBytes(stage=stage, params=lines["adapter/weights"] // setup.weight_bytes,
                           weights=weights, gradients=grads, optimizer=opt, breakdown=lines)
     from ..states import zero_bytes_per_param
-    from .shards import step_counters
+    from .shards import optimizer_over, step_counters, tp_local_shape
 
     engine = engine_for(setup)
     tensors = stage_tensors(cfg, setup, stage)
@@ -74,6 +75,9 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
         z = zero_bytes_per_param(setup, n)
         steps = step_counters(setup, sum(t.count for t in tensors))
         weights, grads, opt = z["weights"], z["gradients"], z["optimizer"]
+        if setup.zero == 0 and setup.optimizer in SHAPED_OPTIMIZERS:  # each tensor's shape
+            opt = optimizer_over(setup, [(tp_local_shape(t, setup.tp, 0), t.count)
+                                         for t in tensors])
     else:
         r = engine.rank_states(cfg, setup, engine.peak_rank(cfg, setup, stage))
         weights, grads, opt, steps = r.weights, r.gradients, r.optimizer - r.steps, r.steps

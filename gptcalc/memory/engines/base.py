@@ -12,8 +12,9 @@ data-parallel engine that replicates every state (one device, DistributedDataPar
 - `label`, `mixed_precision`, `assumptions`: its words on the first line of a command;
 - `replicated`, `rank_states`, `peak_rank`: the states one rank holds, and the most loaded rank;
 - `resident`: what a rank keeps between optimizer steps;
-- `optimizer_sharded`, `master_gradient_bytes`, `head_gradient_sharded`: how the step's own
-  terms (the optimizer's temporaries, the head's gradient) depend on its layout;
+- `optimizer_sharded`, `master_gradient_bytes`, `largest_optimizer_tensor`,
+  `head_gradient_sharded`: how the step's own terms (the optimizer's temporaries, the head's
+  gradient) depend on its layout;
 - `adjust`: its own terms at each moment of the step peak, added to or replacing the step's
   terms in the ledger (`gptcalc.memory.ledger`).
 
@@ -30,6 +31,7 @@ from ...errors import ConfigError, one_of
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import Ledger, Term
+from ..states import largest_tensor
 from .shards import RankStates, first_rank, tp_rank_states
 
 
@@ -110,6 +112,12 @@ class Engine:
         if setup.mode != "mixed":
             return 0
         return 4 * (-(-params // setup.dp) if setup.zero >= 2 else params)
+
+    def largest_optimizer_tensor(self, cfg: GPTConfig, setup: TrainingSetup,
+                                 params: int) -> int:
+        """Elements of the largest tensor the optimizer steps on a rank holding `params`
+        parameters: the largest parameter tensor (`states.largest_tensor`)."""
+        return largest_tensor(cfg, setup)
 
     def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
         """Whether the lm_head's gradient is reduced to a 1/dp partition as backward makes it

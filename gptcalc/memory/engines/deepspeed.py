@@ -14,7 +14,9 @@ an fp32 master partition and AdamW's two fp32 moments (12 bytes per partition el
 mode fp32 the weights stay fp32 and DeepSpeed still keeps an fp32 partition copy beside them
 (4 + 8 bytes per partition element). torch.optim.AdamW, the client optimizer, keeps one 4-byte
 step counter per parameter it updates: one flat partition per parameter group (stage 3: per
-sub-group of `sub_group_size` elements).
+sub-group of `sub_group_size` elements). Any other client optimizer sees the same flat 1-D
+partitions: Adafactor keeps an unfactored second moment over them, bitsandbytes' 8-bit AdamW
+quantizes them in blocks of 256.
 
 The buffers and their sizes follow DeepSpeed's defaults (`runtime/zero/config.py`,
 DeepSpeedZeroConfig) unless a ds_config changes them (`engine_settings` of the set-up,
@@ -33,9 +35,9 @@ from ...config import GPTConfig
 from ...dsconfig import ZERO_DEFAULTS
 from ...training_setup import TrainingSetup
 from ..ledger import GRADIENTS, STEADY_PHASES, Ledger, Phase, Term
-from ..states import OPTIMIZER_BYTES, STEP_COUNTER_BYTES, stage_tensors
+from ..states import flat_optimizer_bytes, stage_tensors
 from .base import Engine, Step, register
-from .shards import RankStates, coords, first_rank, stage_of, tensor_sizes
+from .shards import RankStates, coords, first_rank, stage_of, step_counters, tensor_sizes
 
 # stage_1_and_2.py: "4-byte alignment/sizeof(fp16) = 2"; the flat group is padded to this
 # times the dp world size
@@ -83,24 +85,33 @@ def stage3_persistent_elements(sizes: list[int], setup: TrainingSetup) -> int:
     return kept
 
 
-def stage3_sub_groups(sizes: list[int], setup: TrainingSetup) -> int:
-    """Optimizer sub-groups of stage 3: partitions are grouped until a group reaches
-    sub_group_size elements (stage3.py, `_create_fp16_sub_groups`)."""
+def stage3_sub_group_elements(sizes: list[int], setup: TrainingSetup) -> list[int]:
+    """Elements of each optimizer sub-group of stage 3: partitions are grouped until a group
+    reaches sub_group_size elements (stage3.py, `_create_fp16_sub_groups`)."""
     limit, parts = zero_settings(setup)["sub_group_size"], [-(-n // setup.dp) for n in sizes]
     if limit >= sum(parts):
-        return 1
-    groups, acc = 0, 0
+        return [sum(parts)]
+    groups, acc = [], 0
     for i, p in enumerate(parts):
         acc += p
         if acc >= limit or i == len(parts) - 1:
-            groups, acc = groups + 1, 0
+            groups, acc = groups + [acc], 0
     return groups
 
 
-def _optimizer_bytes(setup: TrainingSetup) -> int:
-    """Bytes per partition element of the fp32 master partition and the optimizer's states:
-    mode mixed's K (master included), or fp32's states plus DeepSpeed's fp32 partition copy."""
-    return OPTIMIZER_BYTES[setup.mode][setup.optimizer] + (4 if setup.mode == "fp32" else 0)
+def stage3_sub_groups(sizes: list[int], setup: TrainingSetup) -> int:
+    """Optimizer sub-groups of stage 3 (`stage3_sub_group_elements`)."""
+    return len(stage3_sub_group_elements(sizes, setup))
+
+
+def _optimizer_bytes(setup: TrainingSetup, partitions: list[int]) -> int:
+    """Bytes of the fp32 master partitions and the optimizer's states over flat partitions of
+    `partitions` elements (`states.flat_optimizer_bytes`: each is one 1-D tensor to the client
+    optimizer, so Adafactor keeps a full second moment there and 8-bit AdamW quantizes it
+    block-wise): mode mixed's K (master included), or fp32's states plus DeepSpeed's fp32
+    partition copy (4 per element)."""
+    copy = 4 * sum(partitions) if setup.mode == "fp32" else 0
+    return flat_optimizer_bytes(setup, partitions) + copy
 
 
 def deepspeed_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
@@ -108,24 +119,25 @@ def deepspeed_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -
 
     Stages 1-2: weights wb x flat (the padded flat buffer, `flat_group_elements`); gradients
     whole (stage 1, wb x n) or one partition (stage 2, wb x flat / dp); optimizer
-    `_optimizer_bytes` x flat / dp. Stage 3: weights wb x (partitions + persistent
-    parameters); gradients wb x partitions (`grad_partitions_flat_buffer`, in the 16-bit
-    gradient-accumulation dtype); optimizer `_optimizer_bytes` x partitions. Plus AdamW's
-    step counter per flat partition (stage 3: per sub-group)."""
+    `_optimizer_bytes` over the flat / dp partition. Stage 3: weights wb x (partitions +
+    persistent parameters); gradients wb x partitions (`grad_partitions_flat_buffer`, in the
+    16-bit gradient-accumulation dtype); optimizer `_optimizer_bytes` over each sub-group's
+    partition. Plus the optimizer's 0-d tensors (AdamW's step, Adafactor's RMS) per flat
+    partition (stage 3: per sub-group)."""
     sizes, wb, z, dp = _sizes(cfg, setup, rank), setup.weight_bytes, setup.zero, setup.dp
-    k = _optimizer_bytes(setup)
-    steps_of = lambda groups: STEP_COUNTER_BYTES * groups if setup.optimizer == "adamw" else 0
     if z >= 3:
         part = stage3_partition_elements(sizes, dp)
-        steps = steps_of(stage3_sub_groups(sizes, setup))
+        groups = stage3_sub_group_elements(sizes, setup)
+        steps = step_counters(setup, len(groups))
         return RankStates(wb * (part + stage3_persistent_elements(sizes, setup)), wb * part,
-                          k * part + steps, steps,
+                          _optimizer_bytes(setup, groups) + steps, steps,
                           "DeepSpeed ZeRO-3: each parameter padded to a multiple of dp, "
                           "persistent small parameters whole")
     n = sum(sizes)
     flat = flat_group_elements(n, dp)
-    steps = steps_of(1)
-    return RankStates(wb * flat, wb * (flat // dp if z >= 2 else n), k * flat // dp + steps,
+    steps = step_counters(setup, 1)
+    return RankStates(wb * flat, wb * (flat // dp if z >= 2 else n),
+                      _optimizer_bytes(setup, [flat // dp]) + steps,
                       steps, f"DeepSpeed ZeRO-{z}: one flat group padded to a multiple of "
                              f"{NCCL_START_ALIGNMENT} x dp")
 
@@ -468,6 +480,16 @@ class DeepSpeed(Engine):
         if setup.mode != "mixed":
             return 0
         return 4 * (-(-params // setup.dp) if setup.zero >= 1 else params)
+
+    def largest_optimizer_tensor(self, cfg: GPTConfig, setup: TrainingSetup,
+                                 params: int) -> int:
+        """ZeRO 1-2: the rank's flat partition; ZeRO-3: its largest sub-group's partition
+        (each is one tensor to the client optimizer)."""
+        if setup.zero == 0 or setup.lora_rank:
+            return super().largest_optimizer_tensor(cfg, setup, params)
+        if setup.zero >= 3:
+            return max(stage3_sub_group_elements(_sizes(cfg, setup, 0), setup))
+        return flat_group_elements(params, setup.dp) // setup.dp
 
     def adjust(self, ledger: Ledger, step: Step) -> None:
         deepspeed_adjust(ledger, step)

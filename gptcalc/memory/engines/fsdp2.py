@@ -25,8 +25,8 @@ from ...inventory import ParamTensor
 from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
 from ..states import OPTIMIZER_BYTES, stage_tensors
 from .base import Engine, Step, register
-from .shards import (RankStates, chunk_rows, coords, first_rank, padded_rows, rows_times_rest,
-                     stage_list, step_counters, tp_local_shape)
+from .shards import (RankStates, chunk_rows, coords, first_rank, optimizer_over, padded_rows,
+                     rows_times_rest, stage_list, step_counters, tp_local_shape)
 
 
 def sharded_bytes(setup: TrainingSetup) -> int:
@@ -48,29 +48,41 @@ def reduce_bytes(setup: TrainingSetup) -> int:
     return 2 if setup.mode == "bf16" else 4
 
 
+def optimizer_mode(setup: TrainingSetup) -> str:
+    """The mode the optimizer's states are made in: the fp32 shards are the master weights, so
+    mode mixed keeps only the optimizer's fp32 states (AdamW's 8 bytes), as in fp32."""
+    return "fp32" if setup.mode == "mixed" else setup.mode
+
+
 def optimizer_bytes(setup: TrainingSetup) -> int:
-    """Optimizer state per element of the rank's own rows: the fp32 shards are the master
-    weights, so mode mixed keeps only AdamW's fp32 moments (8), as in fp32."""
-    mode = "fp32" if setup.mode == "mixed" else setup.mode
-    return OPTIMIZER_BYTES[mode][setup.optimizer]
+    """Optimizer state per element of the rank's own rows, for the elementwise optimizers
+    (`optimizer_mode`)."""
+    return OPTIMIZER_BYTES[optimizer_mode(setup)][setup.optimizer]
 
 
 def fsdp2_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
     """FSDP2's states on `rank`: every tensor (tensor-parallel shard first) split on dim 0 over
     dp; weights and gradients in padded ceil(rows / dp) storages (`sharded_bytes`), optimizer
-    states over the rank's own rows (`optimizer_bytes`), plus AdamW's 4-byte step per tensor.
-    ZeRO-2 as FSDP2 runs it holds the same at rest (its parameters are resharded after
-    backward)."""
+    states over the rank's own rows (`states.tensor_optimizer_bytes` in `optimizer_mode`), plus
+    the optimizer's 0-d tensors per tensor (AdamW's step, Adafactor's RMS). The optimizer is
+    modelled as seeing the local shard, (own rows,) + the other dims: Adafactor factors the
+    shard (its row factor over the own rows, its column factor whole on every rank, also one
+    of no rows), 8-bit AdamW quantizes the shard in blocks of 256 and keeps 32-bit states when
+    the shard has fewer than 4096 elements. ZeRO-2 as FSDP2 runs it holds the same at rest (its
+    parameters are resharded after backward)."""
     pp_rank, dp_rank, tp_rank = coords(rank, setup)
-    padded = own = tensors = 0
+    padded = tensors = 0
+    shapes = []
     for t in stage_list(cfg, setup, pp_rank):
         shape = tp_local_shape(t, setup.tp, tp_rank)
         padded += t.count * rows_times_rest(shape, padded_rows(shape[0], setup.dp))
-        own += t.count * rows_times_rest(shape, chunk_rows(shape[0], setup.dp, dp_rank))
+        rows = chunk_rows(shape[0], setup.dp, dp_rank)
+        shapes.append(((rows,) + shape[1:], t.count))
         tensors += t.count
     steps = step_counters(setup, tensors)
     sb = sharded_bytes(setup)
-    return RankStates(sb * padded, sb * padded, optimizer_bytes(setup) * own + steps, steps,
+    opt = optimizer_over(setup, shapes, optimizer_mode(setup))
+    return RankStates(sb * padded, sb * padded, opt + steps, steps,
                       "FSDP2: dim-0 shards padded to ceil(rows/dp); optimizer over own rows")
 
 
@@ -249,6 +261,15 @@ class FSDP2(Engine):
     def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
         """The fp32 shards are the master weights and their gradients the sharded ones."""
         return 0
+
+    def largest_optimizer_tensor(self, cfg: GPTConfig, setup: TrainingSetup,
+                                 params: int) -> int:
+        """The largest local shard: ceil(rows / dp) rows of a tensor's tp shard."""
+        if setup.lora_rank:
+            return super().largest_optimizer_tensor(cfg, setup, params)
+        return max(rows_times_rest(shape, padded_rows(shape[0], setup.dp))
+                   for t in stage_list(cfg, setup, 0)
+                   for shape in [tp_local_shape(t, setup.tp, 0)])
 
     def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
         """FSDP2 keeps the root's gradients unsharded until the root's reduce-scatter."""

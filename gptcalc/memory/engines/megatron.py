@@ -48,7 +48,8 @@ def megatron_bytes(setup: TrainingSetup) -> tuple[int, int, int]:
         raise ConfigError("mode", f"Megatron-LM trains in mixed (bf16 or fp16) or fp32, not "
                                   f"{setup.mode}")
     if setup.optimizer != "adamw":
-        raise ConfigError("optimizer", "the Megatron-LM engine is modelled with Adam only")
+        raise ConfigError("optimizer", f"Megatron-LM's optimizer is its fused Adam (or SGD), "
+                                       f"modelled with adamw only, not {setup.optimizer}")
     return MEGATRON_BYTES[key]
 
 

@@ -13,7 +13,8 @@ from ...config import GPTConfig
 from ...errors import ConfigError
 from ...training_setup import TrainingSetup
 from ...inventory import ParamTensor
-from ..states import STEP_COUNTER_BYTES, optimizer_bytes_per_param, stage_tensors
+from ..states import (optimizer_fixed_bytes, stage_tensors, step_counter_bytes,
+                      tensor_optimizer_bytes)
 
 
 def chunk_rows(rows: int, world: int, rank: int) -> int:
@@ -88,28 +89,40 @@ def stage_list(cfg: GPTConfig, setup: TrainingSetup, pp_rank: int) -> list[Param
 
 
 def step_counters(setup: TrainingSetup, tensors: int) -> int:
-    """Bytes of torch.optim.AdamW's `state["step"]`: a 0-d float32 tensor per parameter
-    tensor it updates; SGD keeps none."""
-    return STEP_COUNTER_BYTES * tensors if setup.optimizer == "adamw" else 0
+    """Bytes of the optimizer's 0-d tensors over `tensors` parameter tensors it updates
+    (`states.step_counter_bytes`: torch.optim.AdamW's float32 `step`, Adafactor's `RMS`)."""
+    return step_counter_bytes(setup) * tensors
+
+
+def optimizer_over(setup: TrainingSetup, tensors: list[tuple[tuple[int, ...], int]],
+                   mode: str | None = None) -> int:
+    """Optimizer bytes (scalars apart) of `tensors`, (shape as the optimizer sees it, count)
+    pairs: each tensor's states (`states.tensor_optimizer_bytes`) and the optimizer's own
+    (`states.optimizer_fixed_bytes`)."""
+    sizes = [math.prod(shape) for shape, count in tensors if count]
+    return (sum(count * tensor_optimizer_bytes(setup, shape, mode) for shape, count in tensors)
+            + optimizer_fixed_bytes(setup, sizes))
 
 
 def tp_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
     """DTensor tensor parallel (and pipeline stages) without data parallel sharding: weights in
     the padded receive buffers, gradients and optimizer states over the rank's own rows."""
     pp_rank, _, tp_rank = coords(rank, setup)
-    wb, k = setup.weight_bytes, optimizer_bytes_per_param(setup)
+    wb = setup.weight_bytes
     padded = own = tensors = 0
+    shapes = []
     for t in stage_list(cfg, setup, pp_rank):
         padded += t.count * math.prod(tp_local_shape(t, setup.tp, tp_rank, padded=True))
-        own += t.count * math.prod(tp_local_shape(t, setup.tp, tp_rank))
+        shapes.append((tp_local_shape(t, setup.tp, tp_rank), t.count))
+        own += t.count * math.prod(shapes[-1][0])
         tensors += t.count
     steps = step_counters(setup, tensors)
-    return RankStates(wb * padded, wb * own, k * own + steps, steps,
+    return RankStates(wb * padded, wb * own, optimizer_over(setup, shapes) + steps, steps,
                       "DTensor: scattered shards keep ceil(n/tp) storage; gradients and "
                       "optimizer over own rows")
 
 
-__all__ = ["RankStates", "chunk_rows", "coords", "first_rank", "padded_rows",
+__all__ = ["RankStates", "chunk_rows", "coords", "first_rank", "optimizer_over", "padded_rows",
            "rows_times_rest", "stage_list", "stage_of", "step_counters", "tp_local_shape",
            "tp_rank_states"]
 

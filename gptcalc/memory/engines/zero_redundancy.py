@@ -14,10 +14,10 @@ import heapq
 
 from ...config import GPTConfig
 from ...training_setup import TrainingSetup
-from ..states import optimizer_bytes_per_param, stage_tensors
+from ..states import SHAPED_OPTIMIZERS, optimizer_bytes_per_param, stage_tensors
 from .base import Engine, register
-from .shards import (RankStates, coords, first_rank, stage_of, step_counters,
-                     tensor_sizes)
+from .shards import (RankStates, coords, first_rank, optimizer_over, stage_of, step_counters,
+                     tensor_sizes, tp_local_shape)
 
 
 @functools.lru_cache(maxsize=64)
@@ -49,6 +49,17 @@ def zero1_partition(sizes: tuple[int, ...], world: int) -> tuple[tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=64)
+def _zero1_shapes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+                  ) -> tuple[tuple[int, ...], ...]:
+    """The shape of every parameter tensor of `stage` (its tensor-parallel shard), in
+    inventory order."""
+    shapes: list[tuple[int, ...]] = []
+    for t in stage_tensors(cfg, setup, stage):
+        shapes += [tp_local_shape(t, setup.tp, 0)] * t.count
+    return tuple(shapes)
+
+
+@functools.lru_cache(maxsize=64)
 def _zero1_sizes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
                  ) -> tuple[int, ...]:
     return tuple(tensor_sizes(stage_tensors(cfg, setup, stage), setup.tp))
@@ -56,13 +67,19 @@ def _zero1_sizes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
 
 def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
     """ZeroRedundancyOptimizer on `rank`: every weight and gradient (replicated), the optimizer
-    states (and AdamW's step counters) of the tensors `zero1_partition` gives it."""
+    states (and the optimizer's 0-d tensors) of the tensors `zero1_partition` gives it, each
+    whole to the local optimizer (`states.tensor_optimizer_bytes` of its shape)."""
     pp_rank, dp_rank, _ = coords(rank, setup)
-    sizes = _zero1_sizes(cfg, setup, stage_of(setup, pp_rank))
+    stage = stage_of(setup, pp_rank)
+    sizes = _zero1_sizes(cfg, setup, stage)
     mine = zero1_owned(sizes, setup.dp).get(dp_rank, ())
     n, wb = sum(sizes), setup.weight_bytes
     steps = step_counters(setup, len(mine))
-    opt = optimizer_bytes_per_param(setup) * sum(sizes[i] for i in mine) + steps
+    if setup.optimizer in SHAPED_OPTIMIZERS:
+        shapes = _zero1_shapes(cfg, setup, stage)
+        opt = optimizer_over(setup, [(shapes[i], 1) for i in mine]) + steps
+    else:
+        opt = optimizer_bytes_per_param(setup) * sum(sizes[i] for i in mine) + steps
     return RankStates(wb * n, wb * n, opt, steps,
                       "ZeroRedundancyOptimizer: whole tensors assigned greedily by size")
 
