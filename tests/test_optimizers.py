@@ -148,5 +148,8 @@ def test_update_temporaries_equal_the_allocator(optimizer, dtype, rows):
         # beside the formula: the re-quantization's own outputs, made after the peak
         assert measured - bnb_8bit_update_temporaries(n, "cpu", pb) in range(0, 16)
     else:
-        # beside the formula: the factored update's row and column vectors, 4 (R + C + 1)
-        assert measured - adafactor_update_temporaries(n, pb) == 4 * (rows + 64 + 1)
+        # beside the formula: the factored update's row and column vectors, 4 (R + C), and its
+        # 0-d RMS scalar (4 B), which a full suite run once found served without a new
+        # allocation (measured 4 (R + C) there, 4 (R + C + 1) alone)
+        extra = measured - adafactor_update_temporaries(n, pb)
+        assert extra in (4 * (rows + 64), 4 * (rows + 64 + 1))
