@@ -48,7 +48,8 @@ MODEL_OPTS = [
 COMMAND_OPTS = {
     "memory": [
         ("--mode", ["fp32", "amp", "mixed", "bf16"], ["fp64"]),
-        ("--optimizer", ["adamw", "sgd", "sgd-momentum"], ["lion"]),
+        ("--optimizer", ["adamw", "sgd", "sgd-momentum", "adamw8bit", "adafactor", "lion"],
+         ["adam", "muon"]),
         ("--recompute", ["none", "selective", "op", "full"], ["half"]),
         ("--attn", ["manual", "sdpa"], ["flash"]),
         ("--impl", ["reference", "transformers", "paper"], ["jax"]),
