@@ -149,15 +149,15 @@ def _gib(amount: float) -> int:
 # torch.cuda.mem_get_info()'s total by card in bytes, and its source.
 USABLE: dict[str, tuple[int, str]] = {
     "a100-sxm-40gb": (_gib(39.50), "PyTorch OOM message on an A100 40GB, 'GPU 0 has a total "
-                                   "capacity of 39.50 GiB' (github.com/TianheWu/CoSeR issue 10)"),
+                                   "capacity of 39.50 GiB' (github.com/TianheWu/CoSeR/issues/10)"),
     "a100-pcie-40gb": (_gib(39.50), "taken equal to the A100 SXM 40GB's (the same 40 GiB)"),
     "a100-sxm-80gb": (_gib(79.14), "PyTorch OOM message on an A100 80GB, 'GPU 0 has a total "
-                                   "capacity of 79.14 GiB' (github.com/lianqi1008/Control-GIC "
-                                   "issue 6)"),
+                                   "capacity of 79.14 GiB' "
+                                   "(github.com/lianqi1008/Control-GIC/issues/6)"),
     "a100-pcie-80gb": (_gib(79.14), "taken equal to the A100 SXM 80GB's (the same 80 GiB; "
                                     "nvidia-smi reports 81,920 MiB on both)"),
     "h100-sxm": (_gib(79.22), "vLLM log on an H100, 'total_gpu_memory 79.22GiB' "
-                              "(github.com/vllm-project/vllm pull 10511)"),
+                              "(github.com/vllm-project/vllm/pull/10511)"),
     "h100-pcie": (_gib(79.22), "taken equal to the H100 SXM's (no published figure found; the "
                                "same 80 GiB)"),
     "h200": (_gib(141 * _H100_SHARE), "derived, no published figure found: 141 GiB x the H100 "
@@ -166,22 +166,22 @@ USABLE: dict[str, tuple[int, str]] = {
                                       "SXM's share 79.22 / 80"),
     "l40s": (_gib(44.40), "the L40's (the same 48GB GDDR6 with ECC; no L40S figure found): "
                           "PyTorch OOM message 'GPU 0 has a total capacity of 44.40 GiB' "
-                          "(github.com/NVlabs/Eagle issue 68)"),
+                          "(github.com/NVlabs/Eagle/issues/68)"),
     "rtx-4090": (_gib(23.64), "PyTorch OOM message on an RTX 4090, 'GPU 0 has a total capacity "
-                              "of 23.64 GiB' (github.com/3DTopia/Phidias-Diffusion issue 8)"),
+                              "of 23.64 GiB' (github.com/3DTopia/Phidias-Diffusion/issues/8)"),
     "mi300x": (_gib(192 * _H100_SHARE), "derived, no published figure found: 192 GiB x the "
                                         "H100 SXM's share 79.22 / 80"),
     "rtx-3090": (_gib(23.58), "vLLM log on an RTX 3090, 'total_gpu_memory=23.58GiB' "
-                              "(github.com/vllm-project/vllm issue 10517)"),
+                              "(github.com/vllm-project/vllm/issues/10517)"),
     "a10g": (_gib(22.18), "PyTorch OOM message on an A10 (the A10G is the same 24GB GDDR6 "
                           "board), 'GPU 0 has a total capacity of 22.18 GiB' "
-                          "(github.com/OpenBMB/MiniCPM-V issue 640)"),
+                          "(github.com/OpenBMB/MiniCPM-V/issues/640)"),
     "l4": (_gib(22.18) + 6 * 2**20, "derived, no published figure found: the A10's 22.18 GiB + "
                                     "6 MiB, the difference of their nvidia-smi totals (23,034 "
                                     "and 23,028 MiB, github.com/modal-labs/modal-client pull "
                                     "2797)"),
     "t4": (_gib(14.75), "PyTorch OOM message on a Colab T4, 'GPU 0 has a total capacity of "
-                        "14.75 GiB' (github.com/hpcaitech/Open-Sora issue 697)"),
+                        "14.75 GiB' (github.com/hpcaitech/Open-Sora/issues/697)"),
     "a6000": (_gib(48 * _GA102_SHARE), "derived, no published figure found: 48 GiB x the RTX "
                                        "3090's share 23.58 / 24 (both GA102)"),
     "h20": (_gib(96 * _H100_SHARE), "derived, no published figure found: 96 GiB x the H100 "
