@@ -26,15 +26,15 @@ from .layers import moe_layers
 from .linears import block_linears
 
 LORA_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "q_a", "q_b", "kv_a", "kv_b",
-                "router")
+                "router", "lm_head")
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes blocksize for 4-bit)
 ABSMAX_BLOCK = 256  # double quantisation: absmax values per fp32 second-level scale
 # --lora-targets' help: what `all` means is PEFT 0.21's target_modules="all-linear"
 TARGETS_HELP = ("Adapted Linears: the model's own module names for --hf-config (q_proj, qkv_proj, "
                 "c_attn, query_key_value, gate_up_proj, ...), else q,k,v,o,gate,up,down (qkv when "
                 "fused); all = PEFT's all-linear: every Linear but the output head, with the MoE "
-                "router and fused experts where PEFT adapts them; default PEFT's for the family, "
-                "else q,v.")
+                "router and fused experts where PEFT adapts them; lm_head = the output head, "
+                "alone or beside others (all,lm_head); default PEFT's for the family, else q,v.")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def adapters(cfg: GPTConfig) -> list[Adapter]:
     lin = block_linears(cfg)
     if not cfg.hf_model_type:
         return [Adapter(m.target, (m.target,), m.in_features, m.out_features, m.count)
-                for m in lin]
+                for m in lin] + [head_adapter(cfg)]
     family = cfg.hf_model_type
     names, moe_params = LINEAR_NAMES[family], family in PEFT_MOE_CONVERSION
     out: dict[tuple[str, str], Adapter] = {}
@@ -100,7 +100,15 @@ def adapters(cfg: GPTConfig) -> list[Adapter]:
         if t.role == "matrix" and t.name.startswith(("proj_in", "proj_out")):
             name = {"proj_in": "project_in", "proj_out": "project_out"}[t.name.split(".")[0]]
             result.append(Adapter(name, (), t.shape[1], t.shape[0], t.count))
-    return result
+    return result + [head_adapter(cfg)]
+
+
+def head_adapter(cfg: GPTConfig) -> Adapter:
+    """The output head's adapter: PEFT adapts `lm_head` when target_modules names it (its
+    all-linear never does, peft.tuners.tuners_utils._maybe_include_all_linear_layers drops the
+    output embedding): lora_A = Linear(E, r), lora_B = Linear(r, V), r (E + V) parameters, E the
+    head's input width (OPT's word_embed_proj_dim), tied to the embedding or not."""
+    return Adapter("lm_head", ("lm_head",), cfg.embd_dim, cfg.vocab_size, 1)
 
 
 def all_linear(cfg: GPTConfig) -> tuple[str, ...]:
@@ -108,7 +116,7 @@ def all_linear(cfg: GPTConfig) -> tuple[str, ...]:
     router and the fused experts of PEFT_MOE_CONVERSION families, whose conversion also drops
     the dense and shared MLPs' gate_proj/up_proj/down_proj names). gptcalc's own layout: every
     block Linear but the router."""
-    names = [a.name for a in adapters(cfg)]
+    names = [a.name for a in adapters(cfg) if a.name != "lm_head"]
     if not cfg.hf_model_type:
         return tuple(dict.fromkeys(n for n in names if n != "router"))
     if PEFT_MOE_CONVERSION.get(cfg.hf_model_type) == "qwen2_moe":
@@ -142,17 +150,20 @@ def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
     if text is None:
         return default_targets(cfg)
     names = [t.strip() for t in text.split(",") if t.strip()]
-    if [n.lower() for n in names] == ["all"]:
-        return all_linear(cfg)
     if not names:
         raise ConfigError("lora_targets", "give at least one target, e.g. q,v")
+    if "all" in (n.lower() for n in names):  # all-linear, and the others beside it (lm_head)
+        rest = [n for n in names if n.lower() != "all"]
+        return tuple(dict.fromkeys(all_linear(cfg) + (parse_targets(",".join(rest), cfg)
+                                                      if rest else ())))
     available = tuple(dict.fromkeys(a.name for a in adapters(cfg)))
     if not cfg.hf_model_type:
         names = [n.lower() for n in names]
         for t in names:
             if t not in LORA_TARGETS:
-                raise ConfigError("lora_targets", f"unknown target {t!r}; targets: "
-                                                  f"{', '.join(LORA_TARGETS)} or all")
+                raise ConfigError("lora_targets", f"unknown target {t!r}; give a comma-separated "
+                                                  f"list of {', '.join(LORA_TARGETS)}, or all "
+                                                  "(every block Linear), e.g. all,lm_head")
             if t not in available:
                 why = {"gate": "only a gated MLP (mlp=swiglu) has a gate projection",
                        "qkv": "this model has separate q, k and v projections",
@@ -168,7 +179,9 @@ def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
         name = t if t in available else own.get(t.lower())  # gptcalc's name for the module
         if name not in available:
             raise ConfigError("lora_targets", f"{t}: no such Linear in {cfg.hf_model_type}; "
-                                              f"its targets: {', '.join(available)} or all")
+                                              f"give a comma-separated list of "
+                                              f"{', '.join(available)}, or all (every Linear "
+                                              "but lm_head), e.g. all,lm_head")
         fused = next(a.covers for a in adapters(cfg) if a.name == name)
         if name != t and len(fused) > 1:
             others = ", ".join(c for c in fused if c != t.lower())

@@ -110,6 +110,20 @@ def test_lora_step_peak_within_tolerance(name, targets, B, S, tmp_path):
     assert abs(out["peak"] - peak) <= PEAK_TOLERANCE * peak, (out["peak"], peak)
 
 
+# the output head adapted (PEFT adapts lm_head only when named): alone (nothing before it needs a
+# gradient), beside all-linear, beside a fused Linear
+@pytest.mark.parametrize("name, targets", [("llama", "lm_head"), ("llama", "all,lm_head"),
+                                           ("phi3", "qkv_proj,lm_head")])
+def test_head_saved_exact_peak_within_tolerance(name, targets, tmp_path):
+    raw = CASES[name]
+    out = predicted(raw, targets, 4, 64, tmp_path)
+    idx, labels = tw.make_batch(raw["vocab_size"], 4, 64)
+    saved = tw.measure_saved(peft_model(raw, targets), idx, labels)
+    assert sum(out["breakdown"]["activations"].values()) == sum(t.nbytes for t in saved.tensors)
+    peak = tw.measure_step_peak(peft_model(raw, targets), idx, labels).peak_bytes
+    assert abs(out["peak"] - peak) <= PEAK_TOLERANCE * peak, (out["peak"], peak)
+
+
 def test_moe_without_attention_target_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(CASES["mixtral"]))
     r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", "1",

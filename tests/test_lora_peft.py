@@ -19,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # PEFT on GPT-2'
 RANK = 8
 # (gptcalc's --lora-targets, PEFT's target_modules)
 TARGETS = {"default": (None, None), "q,v": ("q,v", ["q_proj", "v_proj"]),
-           "all": ("all", "all-linear")}
+           "all": ("all", "all-linear"), "lm_head": ("lm_head", ["lm_head"])}
 
 
 def peft_trainable(raw: dict, target_modules) -> int | None:
@@ -51,6 +51,26 @@ def test_trainable_equals_peft(name, targets):
         assert ours is not None
         return
     assert ours == theirs  # None for both: q_proj/v_proj in a fused-qkv model
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_all_and_head_equals_peft(name):
+    # PEFT's all-linear never adapts the output head and takes no other names beside it: its
+    # count of all-linear plus its count of the head alone (distinct modules)
+    raw = CASES[name]
+    theirs = [peft_trainable(raw, t) for t in ("all-linear", ["lm_head"])]
+    cfg = config_from_hf(raw)
+    assert sum(lora_params(cfg, RANK, parse_targets("all,lm_head", cfg)).values()) == sum(
+        theirs)
+
+
+def test_head_by_hand():
+    # qwen3-8b case: E 64, V 128, r 8: lora_A 8 x 64 and lora_B 128 x 8 (PEFT's lora.Linear)
+    cfg = config_from_hf(CASES["qwen3-8b"])
+    assert (cfg.n_embd, cfg.vocab_size) == (64, 128)
+    assert lora_params(cfg, 8, parse_targets("lm_head", cfg)) == {"lm_head": 8 * (64 + 128)}
+    with pytest.raises(ConfigError, match="e.g. all,lm_head"):
+        parse_targets("head", cfg)
 
 
 def test_issue_cases_by_hand():

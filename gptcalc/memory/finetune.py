@@ -18,6 +18,8 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
 - RMSNorm's normalised x * rsqrt (kept for the frozen weight's gradient) is not saved;
   LayerNorm still saves its input and statistics;
 - the embeddings' index tensors are not saved;
+- an adapted lm_head keeps its input (lora_A saves it); adapted alone, nothing before it needs
+  a gradient and only the head and the loss save tensors;
 - each adapter adds lora_B's input, N x r in the activation dtype (one per fused Linear);
   a parameter PEFT adapts itself (ParamWrapper: an MoE router's weight, fused experts) instead
   the adapted weight W + B A, which its matmul saves (measured on transformers' Mixtral and
@@ -122,7 +124,11 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     """A profile's saved-tensor lines (full fine-tuning) as LoRA fine-tuning saves them."""
     targets = covered(cfg, setup.lora_targets)  # gptcalc.linears' names
     out = dict(lines)
-    drop = ["final/lm_head_input", "input/idx", "embedding/positions"]
+    if not targets - {"lm_head"}:  # the head alone: nothing ahead of it needs a gradient
+        out = {k: v for k, v in out.items()
+               if not k.startswith(("layer/", "embedding/", "final/ln_f/"))}
+    drop = ["input/idx", "embedding/positions"] + ["final/lm_head_input"] * (
+        "lm_head" not in targets)  # lora_A of the head saves the head's input
     if not targets & set(ATTN_INPUT_TARGETS):
         drop.append("layer/attn/qkv_input")
     if "o" not in targets and (setup.attn_impl == "manual" or setup.impl == "transformers"):
