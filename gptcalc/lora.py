@@ -29,6 +29,8 @@ LORA_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "q_a", "q_b", "
                 "router", "lm_head")
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes blocksize for 4-bit)
 ABSMAX_BLOCK = 256  # double quantisation: absmax values per fp32 second-level scale
+NF4_CODE_BYTES = 16 * 4  # the NF4 code table, 16 fp32 values, one per tensor
+DYNAMIC_CODE_BYTES = 256 * 4  # double quantisation: the 8-bit dynamic map, 256 fp32 values
 # --lora-targets' help: what `all` means is PEFT 0.21's target_modules="all-linear"
 TARGETS_HELP = ("Adapted Linears: the model's own module names for --hf-config (q_proj, qkv_proj, "
                 "c_attn, query_key_value, gate_up_proj, ...), else q,k,v,o,gate,up,down (qkv when "
@@ -246,3 +248,34 @@ def qlora_weight_bytes(n_params: int, double_quant: bool = True) -> dict[str, in
         "absmax": blocks if double_quant else 4 * blocks,
         "absmax_scales": 4 * math.ceil(blocks / ABSMAX_BLOCK) if double_quant else 0,
     }
+
+
+def nf4_tensor_bytes(n: int, double_quant: bool = True) -> dict[str, int]:
+    """Bytes of one weight tensor of `n` elements in NF4 as bitsandbytes 0.50 stores it
+    (bitsandbytes/functional.py, quantize_4bit; Params4bit.quant_state), by part:
+
+    nf4: the packed uint8 weights, ceil(n / 2); absmax: one per block of 64 weights,
+    ceil(n / 64) of them, fp32 without double quantisation, uint8 with it; absmax_scales: with
+    double quantisation the fp32 absmax of each block of 256 absmax values (state2.absmax);
+    tables: the 16-value fp32 NF4 code of the tensor's quant_state, and with double
+    quantisation the 256-value fp32 dynamic map (state2.code) and the fp32 offset (the mean of
+    absmax subtracted before quantising it). Each tensor has its own copies."""
+    blocks = math.ceil(n / NF4_BLOCK)
+    return {
+        "nf4": math.ceil(n / 2),
+        "absmax": blocks if double_quant else 4 * blocks,
+        "absmax_scales": 4 * math.ceil(blocks / ABSMAX_BLOCK) if double_quant else 0,
+        "tables": NF4_CODE_BYTES + (DYNAMIC_CODE_BYTES + 4 if double_quant else 0),
+    }
+
+
+def qlora_base_bytes(cfg: GPTConfig, double_quant: bool = True) -> dict[str, int]:
+    """Bytes of the block Linears' weights in NF4, by part (`nf4_tensor_bytes` of each weight
+    tensor, summed over every block Linear): what bitsandbytes' Linear4bit holds for a model
+    quantised with bnb_4bit_quant_type="nf4". Biases, norms, embeddings and the lm_head are
+    not quantised and not counted here."""
+    out = dict.fromkeys(("nf4", "absmax", "absmax_scales", "tables"), 0)
+    for m in block_linears(cfg):
+        for k, v in nf4_tensor_bytes(m.in_features * m.out_features, double_quant).items():
+            out[k] += m.count * v
+    return out

@@ -162,8 +162,9 @@ _TRAINING = (
            "trainable adapters (default 0: full training).", "training"),
     Option("lora_targets", "--lora-targets", "text", TARGETS_HELP, "training", metavar="LIST"),
     Option("weights_dtype", "--weights-dtype", "choice", "The frozen base under LoRA: bf16 "
-           "(default) or int4 = QLoRA's NF4 with double-quantised constants.", "training",
-           ("bf16", "int4")),
+           "(default); nf4 = bitsandbytes' NF4 with an fp32 absmax per 64 weights; nf4-dq "
+           "(or int4) = QLoRA's NF4 with double-quantised constants.", "training",
+           ("bf16", "nf4", "nf4-dq", "int4")),
     Option("device", "--device", "choice", "The device trained on, whose kernels decide what "
            "is saved: cuda (default) or cpu (the tutorial and notes families' default; where "
            "the reference model is measured exactly).", "training", DEVICES),
@@ -198,7 +199,8 @@ def table_keys(table: str) -> tuple[str, ...]:
 
 
 # TrainingSetup fields that an option of another name sets
-_FIELD_OPTIONS = {"attn_impl": "attn", "base_dtype": "weights_dtype"}
+_FIELD_OPTIONS = {"attn_impl": "attn", "base_dtype": "weights_dtype",
+                  "double_quant": "weights_dtype"}
 
 
 def cli_spelling(field: str) -> str:

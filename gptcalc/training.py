@@ -117,7 +117,8 @@ def merge_section(section: str, given: Mapping[str, Any], from_file: Mapping[str
 def lora_fields(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mode: str
                 ) -> dict[str, Any]:
     """The LoRA fields of a TrainingSetup from a rank, a target list ("q,v", "all") and the
-    frozen base's dtype ("bf16" or "int4" = QLoRA's NF4)."""
+    frozen base's dtype ("bf16"; "nf4": NF4 with fp32 absmax; "nf4-dq" or its alias "int4":
+    QLoRA's NF4 with double-quantised constants)."""
     from .lora import parse_targets
 
     targets = targets or None  # "" (a saved file's default) is no targets
@@ -125,7 +126,7 @@ def lora_fields(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mod
     if not rank:
         if targets is not None:
             raise ConfigError("lora_targets", "give --lora-rank too")
-        if weights_dtype == "int4":
+        if weights_dtype in NF4_DTYPES:
             raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
                                                "--lora-rank")
         return {}
@@ -133,7 +134,12 @@ def lora_fields(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mod
         raise ConfigError("weights_dtype", "mode fp32 keeps an fp32 base; use --mode amp (a "
                                            "16-bit base, fp32 adapters) with --weights-dtype")
     return {"lora_rank": rank, "lora_targets": parse_targets(targets, cfg),
-            "base_dtype": "nf4" if weights_dtype == "int4" else "same"}
+            "base_dtype": "nf4" if weights_dtype in NF4_DTYPES else "same",
+            "double_quant": weights_dtype != "nf4"}
+
+
+# --weights-dtype's 4-bit bases: plain NF4, and double-quantised (int4 is its older name)
+NF4_DTYPES = ("nf4", "nf4-dq", "int4")
 
 
 def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,

@@ -49,8 +49,9 @@ class TrainingSetup:
     gives the default of the ZeRO stage when None), `engine_settings` the engine's own settings
     that differ from its defaults, as (key, value) pairs (a ds_config's zero_optimization
     sizes). `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
-    base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4. `overhead`: bytes
-    added to every
+    base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4, its absmax constants
+    double-quantised (`double_quant`, bitsandbytes' bnb_4bit_use_double_quant) or fp32.
+    `overhead`: bytes added to every
     phase of the peak for what the model does not cover (framework context, allocator
     fragmentation, communication buckets); 0 unless given, always printed. `loss`: how the
     cross entropy meets the logits (`LOSSES`), `loss_chunks` the chunks of tokens of the
@@ -83,6 +84,7 @@ class TrainingSetup:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     base_dtype: str = "same"
+    double_quant: bool = True
     engine_settings: tuple[tuple[str, int], ...] = ()
     loss: str = "standard"
     loss_chunks: int = DEFAULT_LOSS_CHUNKS
@@ -107,6 +109,7 @@ class TrainingSetup:
         if self.lora_rank and not self.lora_targets:
             raise ConfigError("lora_targets", "a LoRA rank needs targets, e.g. q,v")
         one_of("base_dtype", self.base_dtype, ("same", "nf4"))
+        boolean("double_quant", self.double_quant)
         if self.base_dtype == "nf4" and not self.lora_rank:
             raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
                                                "--lora-rank")
@@ -148,7 +151,8 @@ class TrainingSetup:
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
         tune = ""
         if self.lora_rank:
-            base = "an NF4 (QLoRA)" if self.base_dtype == "nf4" else "a frozen"
+            base = ("an NF4 (QLoRA, double-quantised)" if self.double_quant else
+                    "an NF4 (fp32 absmax)") if self.base_dtype == "nf4" else "a frozen"
             tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
         optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")

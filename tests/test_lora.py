@@ -75,10 +75,16 @@ def test_lora_state_bytes_categories():
     # tensors (A and B of 7 targets in 32 blocks)
     assert s["adapter/optimizer"] == 8 * n_lora + 4 * 448
     # the 4-bit block Linears with their constants, and the embedding, untied head 2 x 128256
-    # x 4096 and norms 65 x 4096 in 16 bit
+    # x 4096 and norms 65 x 4096 in 16 bit. Every Llama-3-8B matrix is whole 64 x 256 blocks,
+    # so the constants are the paper's rates plus bitsandbytes' tables per tensor (its
+    # quant_state: 16 fp32 NF4 code, 256 fp32 dynamic map, fp32 offset) x 7 x 32 tensors
     q = qlora_weight_bytes(sum(m.weights for m in block_linears(cfg)))
     other = 2 * (2 * 128_256 * 4096 + 65 * 4096)
-    assert s["base/weights"] == q["nf4"] + q["absmax"] + q["absmax_scales"] + other
+    assert s["base/weights"] == q["nf4"] + q["absmax"] + q["absmax_scales"] + other + (
+        224 * (64 + 1024 + 4))
+    plain = finetune_state_bytes(cfg, dataclasses.replace(qlora, double_quant=False))
+    n = sum(m.weights for m in block_linears(cfg))
+    assert plain["base/weights"] == n // 2 + 4 * n // 64 + other + 224 * 64
     bf16 = finetune_state_bytes(cfg, dataclasses.replace(qlora, base_dtype="same"))
     assert bf16["base/weights"] == 2 * sum(m.weights for m in block_linears(cfg)) + other
 

@@ -3,7 +3,7 @@
 LoRA (Hu et al. 2021) as PEFT adds it: a target Linear(in, out) keeps its weight frozen and gains
 lora_A = Linear(in, r) and lora_B = Linear(r, out) without bias (`gptcalc.lora`); every other
 parameter is frozen. QLoRA (Dettmers et al. 2023) stores the frozen block Linears in NF4
-(`gptcalc.lora.qlora_weight_bytes`).
+(`gptcalc.lora.qlora_base_bytes`).
 
 States: the frozen base in its dtype (the mode's; NF4 with `base_dtype="nf4"`), the adapters in
 the mode's weight dtype (fp32 under fp32 and amp: PEFT keeps adapters in fp32), and gradients and
@@ -35,7 +35,7 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..layers import moe_layers
 from ..linears import block_linears
-from ..lora import covered, lora_params, qlora_weight_bytes, selected
+from ..lora import covered, lora_params, qlora_base_bytes, selected
 
 ATTN_INPUT_TARGETS = ("q", "k", "v", "qkv", "q_a", "kv_a")
 UP_TARGETS = ("up", "gate")
@@ -76,7 +76,8 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
     """Weights, gradients and optimizer bytes of LoRA fine-tuning on one device, by line.
 
     base/weights: the frozen parameters in the mode's weight dtype, or (base_dtype nf4) the
-    block Linears in NF4 with their quantisation constants and the rest 16-bit. adapter/...:
+    block Linears in NF4 with their quantisation constants per tensor (`lora.qlora_base_bytes`,
+    double-quantised or not) and the rest 16-bit. adapter/...:
     r (in + out) per adapted Linear in the mode's weight dtype; gradients likewise; the
     optimizer's states of each adapter matrix, lora_A (r, in) and lora_B (out, r)
     (`states.tensor_optimizer_bytes`: AdamW's two moments per adapter parameter; Adafactor
@@ -98,8 +99,7 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
     w = setup.weight_bytes
     if setup.base_dtype == "nf4":
         n_matrix = sum(m.weights for m in block_linears(cfg))
-        q = qlora_weight_bytes(n_matrix)
-        base = q["nf4"] + q["absmax"] + q["absmax_scales"] + 2 * (n_total - n_matrix)
+        base = sum(qlora_base_bytes(cfg, setup.double_quant).values()) + 2 * (n_total - n_matrix)
     else:
         base = (2 if setup.mode == "amp" else w) * n_total  # amp: a 16-bit frozen base
     steps = step_counter_bytes(setup) * adapter_tensors(cfg, setup)
