@@ -165,6 +165,9 @@ _TRAINING = (
            "(default); nf4 = bitsandbytes' NF4 with an fp32 absmax per 64 weights; nf4-dq "
            "(or int4) = QLoRA's NF4 with double-quantised constants.", "training",
            ("bf16", "nf4", "nf4-dq", "int4")),
+    Option("bnb_version", "--bnb-version", "text", "The bitsandbytes release under an NF4 base "
+           "(default 0.50.0): before 0.43.2 each 4-bit Linear keeps its input for backward.",
+           "training", metavar="X.Y.Z"),
     Option("device", "--device", "choice", "The device trained on, whose kernels decide what "
            "is saved: cuda (default) or cpu (the tutorial and notes families' default; where "
            "the reference model is measured exactly).", "training", DEVICES),

@@ -14,7 +14,7 @@ from .dsconfig import read_ds_config
 from .schema import byte_size
 from .errors import ConfigError
 from .families import family_of
-from .training_setup import DEFAULT_LOSS_CHUNKS, ZERO_STAGES, TrainingSetup
+from .training_setup import DEFAULT_BNB_VERSION, DEFAULT_LOSS_CHUNKS, ZERO_STAGES, TrainingSetup
 
 # The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's
 # "Let's build GPT" and the decoder-only notes); everything else
@@ -74,7 +74,7 @@ def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, 
             "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
             "keep_logits": True, "optimizer_in_backward": False, "overhead": 0, "lora_rank": 0,
             "lora_targets": "",
-            "weights_dtype": ""}
+            "weights_dtype": "", "bnb_version": DEFAULT_BNB_VERSION}
 
 
 def typed_value(section: str, key: str, value: Any, default: Any, where: str = "") -> Any:

@@ -30,6 +30,35 @@ DEFAULT_LOSS_CHUNKS = 8
 ZERO_STAGES = (0, 1, 2, 3)
 
 
+# the bitsandbytes release assumed unless --bnb-version names another (the one measured)
+DEFAULT_BNB_VERSION = "0.50.0"
+# bitsandbytes 0.43.2 (2024-07-23, CHANGELOG "QLoRA mem bug (#1270)", commit 9e75374):
+# MatMul4Bit.forward stores ctx.tensors = (None, B) where it stored (A, B)
+MATMUL4BIT_FREES_INPUT = (0, 43, 2)
+
+
+def bnb_version_tuple(version: str) -> tuple[int, int, int]:
+    """'0.43.1' -> (0, 43, 1); '0.44' -> (0, 44, 0); a suffix such as .post1 is ignored."""
+    parts = str(version).split(".")
+    try:
+        nums = [int(p) for p in parts[:3]]
+    except ValueError:
+        raise ConfigError("bnb_version", f"a bitsandbytes release is numbers such as 0.43.1, "
+                                         f"got {version!r}") from None
+    if len(parts) < 2 or any(n < 0 for n in nums):
+        raise ConfigError("bnb_version", f"a bitsandbytes release is numbers such as 0.43.1, "
+                                         f"got {version!r}")
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
+def matmul4bit_keeps_input(setup: "TrainingSetup") -> bool:
+    """Whether bitsandbytes' 4-bit matmul keeps its input for backward: releases before
+    0.43.2 (bitsandbytes/autograd/_functions.py, MatMul4Bit.forward: ctx.tensors = (A, B)
+    whenever A needs a gradient), under an NF4 base."""
+    return setup.base_dtype == "nf4" and bnb_version_tuple(setup.bnb_version) < (
+        MATMUL4BIT_FREES_INPUT)
+
+
 @dataclass(frozen=True)
 class TrainingSetup:
     """How a model is trained: precision, optimizer, recomputation, kernels, parallel layout.
@@ -50,7 +79,9 @@ class TrainingSetup:
     that differ from its defaults, as (key, value) pairs (a ds_config's zero_optimization
     sizes). `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
     base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4, its absmax constants
-    double-quantised (`double_quant`, bitsandbytes' bnb_4bit_use_double_quant) or fp32.
+    double-quantised (`double_quant`, bitsandbytes' bnb_4bit_use_double_quant) or fp32;
+    `bnb_version` the bitsandbytes release that runs it (before 0.43.2 its 4-bit matmul kept
+    its input for backward).
     `overhead`: bytes added to every
     phase of the peak for what the model does not cover (framework context, allocator
     fragmentation, communication buckets); 0 unless given, always printed. `loss`: how the
@@ -85,6 +116,7 @@ class TrainingSetup:
     lora_targets: tuple[str, ...] = ()
     base_dtype: str = "same"
     double_quant: bool = True
+    bnb_version: str = DEFAULT_BNB_VERSION
     engine_settings: tuple[tuple[str, int], ...] = ()
     loss: str = "standard"
     loss_chunks: int = DEFAULT_LOSS_CHUNKS
@@ -110,6 +142,7 @@ class TrainingSetup:
             raise ConfigError("lora_targets", "a LoRA rank needs targets, e.g. q,v")
         one_of("base_dtype", self.base_dtype, ("same", "nf4"))
         boolean("double_quant", self.double_quant)
+        bnb_version_tuple(self.bnb_version)
         if self.base_dtype == "nf4" and not self.lora_rank:
             raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
                                                "--lora-rank")
@@ -151,8 +184,12 @@ class TrainingSetup:
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
         tune = ""
         if self.lora_rank:
-            base = ("an NF4 (QLoRA, double-quantised)" if self.double_quant else
-                    "an NF4 (fp32 absmax)") if self.base_dtype == "nf4" else "a frozen"
+            base = ("an NF4 (QLoRA, double-quantised" if self.double_quant else
+                    "an NF4 (fp32 absmax") if self.base_dtype == "nf4" else "a frozen"
+            if self.base_dtype == "nf4":
+                keeps = "keeps each 4-bit Linear's input" if matmul4bit_keeps_input(self) \
+                    else "4-bit Linears keep no input"
+                base += f", bitsandbytes {self.bnb_version}: {keeps})"
             tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
         optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")

@@ -68,3 +68,70 @@ def test_model_base_equals_bitsandbytes(double_quant):
             for k, v in measured(m.weight.data, double_quant).items():
                 total[k] += v
     assert qlora_base_bytes(config_from_hf(raw), double_quant) == total
+
+
+def test_today_matmul4bit_keeps_no_input():
+    # bitsandbytes >= 0.43.2: the 4-bit matmul's input, already in the compute dtype (so the
+    # tensor itself, no cast copy), is freed once the caller drops it, though it needs a gradient
+    import gc
+    import weakref
+
+    from gptcalc.training_setup import TrainingSetup, matmul4bit_keeps_input
+
+    lin = bnb.nn.Linear4bit(64, 96, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+    lin.weight = bnb.nn.Params4bit(torch.randn(96, 64, dtype=torch.bfloat16),
+                                   requires_grad=False, quant_type="nf4")._quantize("cpu")
+    x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
+    h = x * 2  # needs a gradient, its own storage
+    out = lin(h)
+    assert out.requires_grad
+    ref = weakref.ref(h)
+    del h
+    gc.collect()
+    assert ref() is None
+    setup = TrainingSetup(mode="amp", lora_rank=8, lora_targets=("q",), base_dtype="nf4")
+    assert not matmul4bit_keeps_input(setup)  # the default release is today's
+
+
+def test_old_matmul4bit_inputs_by_hand(tmp_path):
+    # bitsandbytes 0.43.1, autograd/_functions.py MatMul4Bit.forward: ctx.tensors = (A, B)
+    # when A needs a gradient; nn/modules.py Linear4bit.forward: A = x.to(compute_dtype).
+    # Llama, E 64, 4 heads x 16, d_ff 160, 2 blocks, B 2 x 16 tokens = N 32, bf16 (2 B), LoRA
+    # on q_proj,v_proj: the first block's q, k, v read a frozen input (no gradient); its o, up,
+    # gate, down and every Linear of the second block keep their input:
+    # q, k, v 1 x 32 x 64 x 2; o, up, gate 2 x 32 x 64 x 2; down 2 x 32 x 160 x 2
+    import json
+
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    raw = {"model_type": "llama", "num_hidden_layers": 2, "intermediate_size": 160,
+           "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 1000, "max_position_embeddings": 128}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+
+    def run(*extra):
+        r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", "2",
+                                     "--seq-len", "16", "--mode", "amp", "--device", "cpu",
+                                     "--impl", "transformers", "--lora-rank", "8",
+                                     "--lora-targets", "q_proj,v_proj", "--weights-dtype",
+                                     "nf4-dq", *extra])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    old = json.loads(run("--bnb-version", "0.43.1", "--json"))["breakdown"]["activations"]
+    new = json.loads(run("--bnb-version", "0.43.2", "--json"))["breakdown"]["activations"]
+    kept = {k: v for k, v in old.items() if k not in new}
+    assert kept == {"qlora/q/matmul4bit_input": 4096, "qlora/k/matmul4bit_input": 4096,
+                    "qlora/v/matmul4bit_input": 4096, "qlora/o/matmul4bit_input": 8192,
+                    "qlora/up/matmul4bit_input": 8192, "qlora/gate/matmul4bit_input": 8192,
+                    "qlora/down/matmul4bit_input": 20480}
+    assert {k: old[k] for k in new} == new
+    assert "bitsandbytes 0.43.1: keeps each 4-bit Linear's input" in run(
+        "--bnb-version", "0.43.1").splitlines()[0]
+    assert "bitsandbytes 0.50.0" in run().splitlines()[0]
+    r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "--lora-rank", "8",
+                                 "--mode", "amp", "--weights-dtype", "nf4",
+                                 "--bnb-version", "new"])
+    assert r.exit_code == 2 and "such as 0.43.1" in r.output

@@ -31,7 +31,7 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
 from __future__ import annotations
 
 from ..config import GATED_MLPS, GPTConfig
-from ..training_setup import TrainingSetup
+from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload
 from ..layers import moe_layers
 from ..linears import block_linears
@@ -168,6 +168,32 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             key = f"lora/{a.name}/lora_B_input"
             nbytes = a.count * N * a.rank_mult * setup.lora_rank * setup.act_bytes
         out[key] = out.get(key, 0) + nbytes
+    if matmul4bit_keeps_input(setup):
+        out.update(matmul4bit_inputs(cfg, workload, setup))
+    return out
+
+
+def matmul4bit_inputs(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                      ) -> dict[str, int]:
+    """Bytes bitsandbytes before 0.43.2 keeps for backward beyond today's release, by block
+    Linear kind: each 4-bit Linear whose input needs a gradient keeps that input, cast to the
+    compute dtype, N x in x a (bitsandbytes/nn/modules.py, Linear4bit.forward:
+    x = x.to(self.compute_dtype); autograd/_functions.py, MatMul4Bit.forward:
+    ctx.tensors = (A, B) when any(ctx.needs_input_grad[:2]); the weight never needs one).
+    Every block's Linears keep it but the first block's ahead of and beside its first adapted
+    Linear, whose inputs need no gradient (the embeddings are frozen). One copy per Linear: the
+    cast makes one whenever the block's activations are not already in the compute dtype
+    (a 16-bit model whose norms run in fp32, as peft.prepare_model_for_kbit_training leaves
+    them); where they are, the kept tensor is the one the adapters' lora_A shares."""
+    N, a, L = workload.batch_size * workload.seq_len, setup.act_bytes, cfg.n_layer
+    targets = covered(cfg, setup.lora_targets)
+    sites = [t for t, _ in _SITES]
+    first = next((i for i, t in enumerate(sites) if targets & set(t)), len(sites))
+    out: dict[str, int] = {}
+    for m in block_linears(cfg):
+        site = next(i for i, t in enumerate(sites) if m.target in t)
+        blocks = m.count - (m.count // L) * (site <= first)  # the first block's frozen head
+        out[f"qlora/{m.target}/matmul4bit_input"] = blocks * N * m.in_features * a
     return out
 
 

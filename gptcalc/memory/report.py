@@ -11,7 +11,7 @@ from ..errors import ConfigError, positive_int
 from ..families import modern_switches
 from ..inference.kv import kv_cache_bytes
 from ..layers import global_layers
-from ..training_setup import TrainingSetup
+from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
 from .activations import activations_paper, device_activations, logits_bytes
@@ -46,6 +46,11 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
         from ..lora import covered, parse_targets
 
         parse_targets(",".join(setup.lora_targets), cfg)  # each target exists in this model
+        if cfg.moe and matmul4bit_keeps_input(setup):
+            raise ConfigError("bnb_version", "the 4-bit inputs bitsandbytes before 0.43.2 keeps "
+                                             "are modelled for dense blocks; transformers' fused "
+                                             "experts are not bitsandbytes Linears: give "
+                                             "--bnb-version 0.43.2 or later")
         if cfg.moe and not covered(cfg, setup.lora_targets) & ATTENTION_TARGETS:
             raise ConfigError("lora_targets", "LoRA on a mixture of experts is modelled with an "
                                               "attention projection among the targets (the "
