@@ -152,7 +152,8 @@ def test_deepspeed_twin_host_lines_are_deepspeeds_structures(zero, offload):
     for r in run_layout(LLAMA, Workload(2, 32), setup):
         assert ds.deepspeed_host(LLAMA, setup, r.rank) == r.host, r.rank
         assert r.optimizer == r.host[ds.HOST_STATES]
-        # on the CPU accelerator the device is the host: what the rank keeps is both; within
-        # tests/test_deepspeed.py's tolerance (DeepSpeed's own 0-d scalars)
+        # on the CPU accelerator the device is the host: what the rank keeps is both, less
+        # DeepSpeed's own 0-d fp32 scalars gptcalc does not model (measured: 4 B here, of
+        # about 3 MB; tests/test_deepspeed.py: 4 B at stages 1-2, 8 B at stage 3)
         both = sum(resident(LLAMA, setup, "first", r.rank).values()) + sum(r.host.values())
-        assert abs(both - r.resident) <= 0.01 * r.resident, (both, r.resident)
+        assert 0 <= r.resident - both <= 8, (both, r.resident)
