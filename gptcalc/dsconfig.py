@@ -32,16 +32,37 @@ ZERO_DEFAULTS: dict[str, int] = {
     "sub_group_size": 1_000_000_000,  # elements of one optimizer sub-group (stage 3)
     "contiguous_gradients": True,
 }
+# the offload sections of zero_optimization (runtime/zero/offload_config.py,
+# DeepSpeedZeroOffloadOptimizerConfig and DeepSpeedZeroOffloadParamConfig), flattened as
+# "<section>" (its device) and "<section>_<key>"; pin_memory, fast_init and the pipelining
+# switches change where or how fast, not how many bytes, and are read and ignored
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+OFFLOAD_DEFAULTS: dict[str, object] = {
+    "offload_optimizer": "none",
+    "offload_optimizer_buffer_count": 4,  # NVMe swap buffers of the largest sub-group
+    "offload_optimizer_ratio": 1.0,  # the fraction of sub-groups offloaded
+    "offload_param": "none",
+    "offload_param_buffer_count": 5,  # NVMe swap buffers
+    "offload_param_buffer_size": 100_000_000,  # elements of one swap buffer
+    "offload_param_max_in_cpu": 1_000_000_000,  # elements kept in host memory under NVMe
+}
+# the keys of each offload section that gptcalc reads (a number) or reads and ignores
+OFFLOAD_KEYS = {"offload_optimizer": (("buffer_count", "ratio"),
+                                      ("device", "nvme_path", "pin_memory", "fast_init",
+                                       "pipeline_read", "pipeline_write", "pipeline")),
+                "offload_param": (("buffer_count", "buffer_size", "max_in_cpu"),
+                                  ("device", "nvme_path", "pin_memory"))}
 # the zero_optimization keys gptcalc reads from a ds_config; any other key is reported
 ZERO_KEYS = ("stage", *ZERO_DEFAULTS, "overlap_comm", "reduce_scatter", "allgather_partitions",
              "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
-             "memory_efficient_linear")
+             "memory_efficient_linear", *OFFLOAD_KEYS)
 # keys a ds_config may hold that do not change what a rank holds in memory (read and ignored)
 IGNORED_KEYS = ("train_batch_size", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
                 "optimizer", "scheduler", "zero_allow_untested_optimizer", "prescale_gradients",
                 "gradient_predivide_factor", "communication_data_type", "flops_profiler",
                 "activation_checkpointing", "tensorboard", "wandb", "csv_monitor",
-                "comms_logger", "checkpoint", "data_types", "amp")
+                "comms_logger", "checkpoint", "data_types", "amp", "aio",
+                "zero_force_ds_cpu_optimizer")
 KNOWN_KEYS = ("zero_optimization", "bf16", "fp16", "train_micro_batch_size_per_gpu",
               "gradient_accumulation_steps", *IGNORED_KEYS)
 
@@ -139,7 +160,68 @@ def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[st
             value = _int(value, f"zero_optimization.{key}", where)
         if value != ZERO_DEFAULTS[key]:
             pairs.append((key, value))
-    out["deepspeed_zero"] = tuple(pairs)
+    out["deepspeed_zero"] = tuple(pairs) + offload_pairs(zero, stage, where)
+    return out
+
+
+def offload_pairs(zero: dict[str, Any], stage: int, where: str = "") -> tuple:
+    """The offload sections of a zero_optimization object as (key, value) pairs that differ
+    from `OFFLOAD_DEFAULTS`: each section's device under the section's name, its sizes as
+    "<section>_<key>". offload_param needs stage 3 (stage3.py's `_configure_offloading`;
+    stages 1-2 read offload_optimizer only)."""
+    pairs = []
+    for section, (numbers, ignored) in OFFLOAD_KEYS.items():
+        sec = zero.get(section)
+        if sec is None:
+            continue
+        if not isinstance(sec, dict):
+            raise ConfigError("deepspeed_config", f"{where}zero_optimization.{section} must be "
+                                                  f"an object")
+        bad = sorted(set(sec) - set(numbers) - set(ignored))
+        if bad:
+            raise ConfigError("deepspeed_config", f"{where}zero_optimization.{section} has "
+                                                  f"unknown keys {', '.join(bad)}")
+        device = sec.get("device", "none")
+        if device not in OFFLOAD_DEVICES:
+            raise ConfigError("deepspeed_config", f"{where}zero_optimization.{section}.device "
+                                                  f"must be none, cpu or nvme, got {device!r}")
+        if device != "none" and section == "offload_param" and stage != 3:
+            raise ConfigError("deepspeed_config", f"{where}offload_param needs "
+                                                  f"zero_optimization.stage 3, got {stage}")
+        if device == "none":
+            continue
+        pairs.append((section, device))
+        for key in numbers:
+            if key not in sec:
+                continue
+            name = f"{section}_{key}"
+            if key == "ratio":
+                value = sec[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                        0 <= value <= 1):
+                    raise ConfigError("deepspeed_config", f"{where}zero_optimization.{section}."
+                                                          f"ratio must be in [0, 1], got "
+                                                          f"{value!r}")
+                value = float(value)
+            else:
+                value = _int(sec[key], f"zero_optimization.{section}.{key}", where)
+            if value != OFFLOAD_DEFAULTS[name]:
+                pairs.append((name, value))
+    return tuple(pairs)
+
+
+def zero_section(settings: tuple) -> dict[str, Any]:
+    """The zero_optimization entries of `engine_settings` pairs, offload sections nested as a
+    ds_config spells them ({"offload_optimizer": {"device": "cpu"}})."""
+    out: dict[str, Any] = {}
+    for key, value in settings:
+        section = next((s for s in OFFLOAD_KEYS if key == s or key.startswith(s + "_")), None)
+        if section is None:
+            out[key] = value
+        elif key == section:
+            out.setdefault(section, {})["device"] = value
+        else:
+            out.setdefault(section, {})[key[len(section) + 1:]] = value
     return out
 
 
@@ -148,13 +230,17 @@ def ds_config_dict(setup: TrainingSetup, workload: Workload) -> dict[str, Any]:
     micro-batch and accumulation, and the zero_optimization sizes that differ from the
     defaults."""
     mixed = setup.mode == "mixed"
-    return {"train_micro_batch_size_per_gpu": workload.batch_size,
+    offload = any(k in OFFLOAD_KEYS for k, _ in setup.engine_settings)
+    # a torch client optimizer under offload (DeepSpeedCPUAdam needs a compiled op)
+    force = {"zero_force_ds_cpu_optimizer": False} if offload else {}
+    return {**force, "train_micro_batch_size_per_gpu": workload.batch_size,
             "gradient_accumulation_steps": workload.grad_accum,
-            "zero_optimization": {"stage": setup.zero, **dict(setup.engine_settings)},
+            "zero_optimization": {"stage": setup.zero, **zero_section(setup.engine_settings)},
             "bf16": {"enabled": mixed and setup.autocast_dtype == "bf16"},
             "fp16": {"enabled": mixed and setup.autocast_dtype == "fp16"},
             "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
 
 
-__all__ = ["IGNORED_KEYS", "KNOWN_KEYS", "ZERO_DEFAULTS", "ZERO_KEYS", "ds_config_dict",
-           "ds_settings", "read_ds_config"]
+__all__ = ["IGNORED_KEYS", "KNOWN_KEYS", "OFFLOAD_DEFAULTS", "OFFLOAD_DEVICES", "OFFLOAD_KEYS",
+           "ZERO_DEFAULTS", "ZERO_KEYS", "ds_config_dict", "ds_settings", "offload_pairs",
+           "read_ds_config", "zero_section"]

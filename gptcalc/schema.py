@@ -149,6 +149,13 @@ _TRAINING = (
            "A DeepSpeed ds_config.json: its ZeRO stage, bf16/fp16, micro-batch, accumulation "
            "and bucket sizes (\"auto\" as the Hugging Face integration fills it); options "
            "given explicitly must agree with it.", metavar="FILE"),
+    Option("offload_optimizer", "--offload-optimizer", "choice", "DeepSpeed ZeRO-Offload: "
+           "the fp32 master partition, the optimizer states and the fp32 gradients in host "
+           "memory (cpu; nvme: on NVMe behind pinned host buffers, ZeRO 3); implies --engine "
+           "deepspeed (default none).", choices=("cpu", "nvme", "none")),
+    Option("offload_param", "--offload-param", "choice", "DeepSpeed ZeRO-Infinity: the 16-bit "
+           "parameter partitions in host memory (cpu) or on NVMe (nvme), gathered to the "
+           "device when used; needs --zero 3 (default none).", choices=("cpu", "nvme", "none")),
     Option("distributed_optimizer", "--distributed-optimizer", "flag",
            "Megatron-LM's distributed optimizer (default on): fp32 master weights and Adam "
            "states sharded over dp.", "parallel"),
@@ -179,6 +186,8 @@ _DEVICE = (
            "memory (what torch.cuda.mem_get_info reports, below the datasheet's) the step must "
            "fit, e.g. h100-sxm; instead of --gpu-memory.", metavar="NAME",
            dest="gpu_name"),
+    Option("gpus_per_node", "--gpus-per-node", "int", "Ranks per node, for the host memory "
+           "a node needs under DeepSpeed offload (default 8)."),
     Option("gpu_memory", "--gpu-memory", "size", "Memory per device, e.g. 80GiB or 80GB: the "
            "largest micro-batch and training sequence that fit one step, the longest inference "
            "context, and when nothing fits the smallest changes that would.", metavar="SIZE"),

@@ -152,8 +152,10 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     given["deepspeed_config"] when the caller has read it already (`read_ds_config`)."""
     sections, given = sections or {}, dict(given or {})
     ds_zero: tuple = ()
-    if given.get("deepspeed_config"):
+    from_file = bool(given.get("deepspeed_config"))
+    if from_file:
         given, ds_zero = _with_ds_config(cfg, given, ds)
+    ds_zero = _with_offload(given, ds_zero, from_file)
     training, filed = merge_section("training", given, sections.get("training", {}),
                                     training_table_defaults(cfg, from_hf), where)
     parallel, filed_p = merge_section("parallel", given, sections.get("parallel", {}),
@@ -214,6 +216,29 @@ def _with_ds_config(cfg: GPTConfig, given: dict[str, Any], ds: Mapping[str, Any]
                                               f"{given['engine']}")
     given["engine"] = "deepspeed"
     return given, ds["deepspeed_zero"]
+
+
+def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tuple:
+    """The engine settings with --offload-optimizer and --offload-param (popped from `given`)
+    in place of the ds_config's devices; one that disagrees with the file is an error. An
+    offload implies the DeepSpeed engine (`given["engine"]`)."""
+    pairs = dict(ds_zero)
+    for key in ("offload_optimizer", "offload_param"):
+        value = given.pop(key, None)
+        if value is None:
+            continue
+        if from_file and pairs.get(key, "none") != value:
+            raise ConfigError(key, f"the ds_config says {key} {pairs.get(key, 'none')}")
+        if value == "none":
+            pairs = {k: v for k, v in pairs.items() if k != key and not k.startswith(key + "_")}
+        else:
+            pairs[key] = value
+    if any(k in pairs for k in ("offload_optimizer", "offload_param")):
+        if given.get("engine") not in (None, "", "deepspeed"):
+            raise ConfigError("offload_optimizer", f"offload is DeepSpeed's; --engine is "
+                                                   f"{given['engine']}")
+        given["engine"] = "deepspeed"
+    return tuple(pairs.items())
 
 
 def training_for(setup: Any, **given: Any) -> TrainingSetup:

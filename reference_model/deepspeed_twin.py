@@ -99,13 +99,42 @@ class DeepSpeedRank(_Engine):
         Optimizer: the fp32 partitions and AdamW's states."""
         o = self.opt
         if self.setup.zero >= 3:
-            weights = [o.lp_param_buffer, *(p.data for p in self.raw.parameters())]
+            # under offload_param the partitions live in host memory, not lp_param_buffer
+            flat = [o.lp_param_buffer] if getattr(o, "lp_param_buffer", None) is not None else []
+            weights = [*flat, *(p.data for p in self.raw.parameters())]
             fp32 = list(o.fp32_partitioned_groups_flat)
         else:
             weights = list(o.bit16_groups_flat)
             fp32 = list(o.single_partition_of_fp32_groups)
         state = [v for s in o.optimizer.state.values() for v in s.values()]
         return storage_bytes(weights), -1, storage_bytes(fp32 + state)
+
+    def host(self) -> dict[str, int]:
+        """The storages DeepSpeed keeps in host memory under offload (on the CPU accelerator
+        the device is the host too: the structures are DeepSpeed's own), by gptcalc's lines
+        (`gptcalc.memory.engines.deepspeed.deepspeed_host`); {} without offload."""
+        from gptcalc.memory.engines import deepspeed as ds
+
+        o, (opt_dev, param_dev) = self.opt, ds.offload_devices(self.setup)
+        if opt_dev == param_dev == "none":
+            return {}
+        state = [v for s in o.optimizer.state.values() for v in s.values()]
+        if self.setup.zero <= 2:
+            fp32 = list(o.single_partition_of_fp32_groups)
+            return {ds.HOST_STATES: storage_bytes(fp32 + state),
+                    ds.HOST_FP32_GRADS: storage_bytes([f.grad for f in fp32]),
+                    ds.HOST_COPY_BACK: storage_bytes(
+                        o.param_buffer_of_bit16_for_cpu_offload_groups),
+                    ds.HOST_STAGING: storage_bytes([o.temp_grad_buffer_for_cpu_offload])}
+        out = {}
+        if opt_dev != "none":
+            fp32 = list(o.fp32_partitioned_groups_flat)
+            out = {ds.HOST_GRAD16: storage_bytes([o.grad_partitions_flat_buffer]),
+                   ds.HOST_STATES: storage_bytes(fp32 + state),
+                   ds.HOST_FP32_GRADS: storage_bytes([f.grad for f in fp32])}
+        if param_dev != "none":
+            out[ds.HOST_PARAMS] = storage_bytes(o.param_groups_fp16_flat_cpu_memory)
+        return out
 
 
 __all__ = ["DeepSpeedRank", "live_tensors"]

@@ -19,17 +19,21 @@ from .options import (assumptions, click_option, deepspeed_settings, deepspeed_w
                       model_options, training_options, training_setup)
 from .render import emit_json, envelope, print_line, print_table
 
+# ranks (GPUs) per node, for the host memory a node needs: an 8-GPU server (DGX/HGX)
+DEFAULT_GPUS_PER_NODE = 8
+
 
 @click.command("memory")
 @model_options
 @training_options()
 @click_option(OPTIONS["gpu"])
 @click_option(OPTIONS["gpu_memory"])
+@click_option(OPTIONS["gpus_per_node"])
 @click.option("--context", type=int, default=None,
               help="KV-cache context in tokens (default seq-len).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes).")
-def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, context, as_json,
-            **given) -> None:
+def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_node, context,
+            as_json, **given) -> None:
     """Memory per device of one training step, and the KV cache of an inference run.
 
     Defaults follow how each family is trained (printed on the first line); settings not given
@@ -41,17 +45,19 @@ def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, context, as
     setup = training_setup(cfg, given, ds)
     if context is not None:
         positive_int("context", context)
+    node = DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node
+    positive_int("gpus_per_node", node)
     budget = device_budget(gpu_name, gpu_memory)
     rep = memory_report(cfg, wl, setup, context)
     fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
                                                   ds)
     if as_json:
-        emit_json(_json(cfg, wl, setup, rep, fit))
+        emit_json(_json(cfg, wl, setup, rep, fit, node))
         return
-    _render(cfg, wl, setup, rep, fit)
+    _render(cfg, wl, setup, rep, fit, node)
 
 
-def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
+def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int) -> dict:
     out = {**envelope(cfg, wl, setup),
            "setup": dataclasses.asdict(setup), "assumptions": assumptions(cfg, wl, setup),
            "global_batch": rep.global_batch,
@@ -62,7 +68,9 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> dict:
            "peak": rep.peak.bytes,
            "peak_phase": rep.peak.phase, "peak_stage": rep.peak.stage,
            "peak_phases": rep.peak.phases, "overhead": setup.overhead,
-           "breakdown": rep.breakdown}
+           "breakdown": rep.breakdown,
+           "host": rep.host, "host_total": rep.host_total, "gpus_per_node": node,
+           "host_per_node": rep.host_total * node}
     if fit:
         out["fit"] = fit
     return out
@@ -72,7 +80,7 @@ def _rows(lines: dict[str, int]) -> list[list[str]]:
     return [[k, f"{v:,}", binary_bytes(v)] for k, v in lines.items() if v]
 
 
-def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
+def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int) -> None:
     print_line(assumptions(cfg, wl, setup))
     print_line(describe(cfg, wl))
     stage = f", {rep.peak.stage} pipeline stage" if setup.pp > 1 else ""
@@ -87,12 +95,20 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit) -> None:
                  binary_bytes(rep.kv_cache)])
     rows.append([f"resident between steps ({engine_for(setup).name}: weights, optimizer states, "
                  "kept gradients and buffers)", f"{rep.resident:,}", binary_bytes(rep.resident)])
+    if rep.host:
+        rows.append(["host memory per rank (offloaded; not on the device)",
+                     f"{rep.host_total:,}", binary_bytes(rep.host_total)])
     print_table(f"Memory per device{stage}", ["quantity", "bytes", "binary"], rows,
                 total_row=[f"step peak ({rep.peak.phase})", f"{rep.peak.bytes:,}",
                            binary_bytes(rep.peak.bytes)],
                 caption=f"peak at {rep.peak.why}")
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
+    if rep.host:
+        print_table("host: what the host holds per rank (DeepSpeed offload)",
+                    ["line", "bytes", "binary"], _rows(rep.host),
+                    total_row=[f"per node ({node} ranks)", f"{rep.host_total * node:,}",
+                               binary_bytes(rep.host_total * node)])
     if setup.lora_rank:
         print_table("Model states: the frozen base and the adapters", ["line", "bytes", "binary"],
                     _rows(rep.breakdown["state"]))

@@ -4,7 +4,7 @@ cache counted by `gptcalc.inference.kv`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import GPTConfig
 from ..errors import ConfigError, positive_int
@@ -16,7 +16,7 @@ from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
 from .activations import activations_paper, device_activations, logits_bytes
 from .peak import StepPeak, step_peak
-from .engines import engine_for, resident, state_bytes
+from .engines import engine_for, host, resident, state_bytes
 from .states import STAGES, stage_params
 
 
@@ -78,6 +78,12 @@ class MemoryReport:
     peak: StepPeak
     global_batch: int  # sequences per optimizer step: B x dp x grad_accum
     breakdown: dict[str, dict[str, int]]
+    # what the host holds for the device, by line (DeepSpeed's offloaded states; {} without)
+    host: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def host_total(self) -> int:
+        return sum(self.host.values())
 
     def categories(self) -> dict[str, int]:
         """The five categories a stacked plot shows: states, everything saved for backward
@@ -115,6 +121,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         global_batch=workload.global_batch(setup.dp),
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
+        host=host(cfg, setup, peak.stage),
     )
 
 

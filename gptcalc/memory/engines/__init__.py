@@ -94,6 +94,13 @@ def adjust(ledger: Ledger, step: Step) -> None:
     pipeline_adjust(ledger, step)
 
 
+def host(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> dict[str, int]:
+    """Bytes the host holds for the most loaded rank of `stage`, by line (`Engine.host`:
+    DeepSpeed's offloaded states); {} when nothing is offloaded."""
+    engine = engine_for(setup)
+    return engine.host(cfg, setup, engine.peak_rank(cfg, setup, stage))
+
+
 def resident(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first",
              rank: int | None = None) -> dict[str, int]:
     """Bytes one device keeps between optimizer steps, by line: weights, optimizer states, the
@@ -133,5 +140,5 @@ def rank_training_flops(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
 
 __all__ = ["Engine", "RankStates", "Step", "adjust", "chunk_rows", "default_engine", "describe",
-           "engine_for", "engine_named", "names", "peak_rank", "rank_states",
+           "engine_for", "engine_named", "host", "names", "peak_rank", "rank_states",
            "rank_training_flops", "register", "resident", "state_bytes", "unregister"]

@@ -101,6 +101,10 @@ class Engine:
         st = self.rank_states(cfg, setup, rank)
         return {"weights": st.weights, "optimizer states": st.optimizer}
 
+    def host(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        """Bytes the host holds for `rank`, by line (offloaded states); none by default."""
+        return {}
+
     def optimizer_sharded(self, setup: TrainingSetup) -> bool:
         """Whether the optimizer steps a 1/dp partition of the parameters (ZeRO-1 and up)."""
         return setup.zero >= 1

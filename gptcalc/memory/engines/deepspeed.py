@@ -21,7 +21,11 @@ quantizes them in blocks of 256.
 The buffers and their sizes follow DeepSpeed's defaults (`runtime/zero/config.py`,
 DeepSpeedZeroConfig) unless a ds_config changes them (`engine_settings` of the set-up,
 `read_ds_config`). Scope: one parameter group (the client optimizer's `model.parameters()`),
-no offload, no tensor parallel.
+no tensor parallel.
+
+ZeRO-Offload and ZeRO-Infinity (`offload_optimizer`, `offload_param`; `deepspeed_host`): what
+moves to the host leaves the device's states, and `deepspeed_host` counts what the host holds
+per rank.
 
 Every function here is pure and never imports torch.
 """
@@ -32,9 +36,10 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from ...config import GPTConfig
-from ...dsconfig import ZERO_DEFAULTS
+from ...dsconfig import OFFLOAD_DEFAULTS, ZERO_DEFAULTS
+from ...errors import ConfigError
 from ...training_setup import TrainingSetup
-from ..ledger import GRADIENTS, STEADY_PHASES, Ledger, Phase, Term
+from ..ledger import GRADIENTS, OPTIMIZER_TEMPORARIES, STEADY_PHASES, Ledger, Phase, Term
 from ..states import flat_optimizer_bytes, stage_tensors
 from .base import Engine, Step, register
 from .shards import RankStates, coords, first_rank, stage_of, step_counters, tensor_sizes
@@ -46,10 +51,23 @@ NCCL_START_ALIGNMENT = 2
 INF_OR_NAN_TRACKER_BYTES = 1
 
 
-def zero_settings(setup: TrainingSetup) -> dict[str, int]:
-    """DeepSpeed's zero_optimization sizes for the set-up: the defaults, overridden by the
-    set-up's `engine_settings` pairs (a ds_config's)."""
-    return {**ZERO_DEFAULTS, **dict(setup.engine_settings)}
+# swap_tensor/utils.py: AIO_ALIGNED_BYTES; an NVMe swap buffer is padded to a multiple of
+# AIO_ALIGNED_BYTES x intra_op_parallelism (default 1) bytes (`_io_aligned_numel`)
+AIO_ALIGNED_BYTES = 1024
+
+
+def zero_settings(setup: TrainingSetup) -> dict:
+    """DeepSpeed's zero_optimization sizes and offload settings for the set-up: the defaults,
+    overridden by the set-up's `engine_settings` pairs (a ds_config's, and --offload-*)."""
+    return {**ZERO_DEFAULTS, **OFFLOAD_DEFAULTS, **dict(setup.engine_settings)}
+
+
+def offload_devices(setup: TrainingSetup) -> tuple[str, str]:
+    """(offload_optimizer, offload_param) devices: none, cpu or nvme; none at ZeRO 0."""
+    s = zero_settings(setup)
+    if setup.zero == 0:
+        return "none", "none"
+    return s["offload_optimizer"], s["offload_param"]
 
 
 def _sizes(cfg: GPTConfig, setup: TrainingSetup, rank: int) -> list[int]:
@@ -123,23 +141,40 @@ def deepspeed_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -
     persistent parameters); gradients wb x partitions (`grad_partitions_flat_buffer`, in the
     16-bit gradient-accumulation dtype); optimizer `_optimizer_bytes` over each sub-group's
     partition. Plus the optimizer's 0-d tensors (AdamW's step, Adafactor's RMS) per flat
-    partition (stage 3: per sub-group)."""
+    partition (stage 3: per sub-group).
+
+    Device bytes only: with offload_optimizer the optimizer's bytes are the host's (0 here),
+    and so are stage 3's gradient partitions (stage3.py: `grad_partitions_flat_buffer` lives
+    on `self.device`, the CPU when the optimizer is offloaded); with offload_param (stage 3)
+    the 16-bit partitions are the host's and the device keeps the persistent parameters
+    (`deepspeed_host` counts what moved)."""
     sizes, wb, z, dp = _sizes(cfg, setup, rank), setup.weight_bytes, setup.zero, setup.dp
+    opt_dev, param_dev = offload_devices(setup)
+    on_device = opt_dev == "none"  # with offload_optimizer the states live on the host
     if z >= 3:
         part = stage3_partition_elements(sizes, dp)
         groups = stage3_sub_group_elements(sizes, setup)
-        steps = step_counters(setup, len(groups))
-        return RankStates(wb * (part + stage3_persistent_elements(sizes, setup)), wb * part,
-                          _optimizer_bytes(setup, groups) + steps, steps,
+        steps = step_counters(setup, len(groups)) if on_device else 0
+        kept = stage3_persistent_elements(sizes, setup)
+        return RankStates(wb * (kept + (part if param_dev == "none" else 0)),
+                          wb * part if on_device else 0,
+                          _optimizer_bytes(setup, groups) + steps if on_device else 0, steps,
                           "DeepSpeed ZeRO-3: each parameter padded to a multiple of dp, "
-                          "persistent small parameters whole")
+                          "persistent small parameters whole" + _offloaded(setup))
     n = sum(sizes)
     flat = flat_group_elements(n, dp)
-    steps = step_counters(setup, 1)
+    steps = step_counters(setup, 1) if on_device else 0
     return RankStates(wb * flat, wb * (flat // dp if z >= 2 else n),
-                      _optimizer_bytes(setup, [flat // dp]) + steps,
+                      _optimizer_bytes(setup, [flat // dp]) + steps if on_device else 0,
                       steps, f"DeepSpeed ZeRO-{z}: one flat group padded to a multiple of "
-                             f"{NCCL_START_ALIGNMENT} x dp")
+                             f"{NCCL_START_ALIGNMENT} x dp" + _offloaded(setup))
+
+
+def _offloaded(setup: TrainingSetup) -> str:
+    """The offload of the set-up, for a rule's words."""
+    opt_dev, param_dev = offload_devices(setup)
+    return "".join(f"; {what} offloaded to {dev}" for what, dev in (
+        ("optimizer", opt_dev), ("16-bit parameter partitions", param_dev)) if dev != "none")
 
 
 def deepspeed_buffers(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
@@ -361,7 +396,81 @@ def _persistent(sizes: list[int], setup: TrainingSetup) -> list[bool]:
     return out
 
 
+def _aio_aligned(n: int, element_bytes: int) -> int:
+    """`n` elements padded to a multiple of AIO_ALIGNED_BYTES / element size (swap_tensor's
+    `_io_aligned_numel`, intra_op_parallelism 1)."""
+    align = AIO_ALIGNED_BYTES // element_bytes
+    return -(-n // align) * align
+
+
+def deepspeed_host(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """Bytes the host holds for `rank` under ZeRO-Offload / ZeRO-Infinity, by line; {} with
+    no offload. P = the rank's partition elements, wb the 16-bit (fp32 in mode fp32) size.
+
+    Stages 1-2, offload_optimizer of any device (stage_1_and_2.py treats every device but
+    none as `cpu_offload`; `self.device = 'cpu'`): the fp32 master partition and the
+    optimizer's states over it (`single_partition_of_fp32_groups`, as on the device without
+    offload), its fp32 gradient, 4 P (`initialize_optimizer_states`: `single_grad_partition`
+    on the CPU), the 16-bit copy-back buffer, wb P (`param_buffer_of_bit16_for_cpu_offload_
+    groups`), and the gradient staging buffer of the largest parameter, wb x max numel
+    (`temp_grad_buffer_for_cpu_offload`).
+
+    Stage 3 (stage3.py): offload_optimizer: the 16-bit gradient partitions, wb P
+    (`grad_partitions_flat_buffer` on `self.device`, the CPU); cpu: each sub-group's fp32
+    partition and states (`_create_fp32_partitions`, `subgroup_to_device` 'cpu') and its fp32
+    gradient, 4 P (`subgroup_gradient_buffer`); nvme: the states on NVMe behind buffer_count
+    pinned fp32 buffers of the largest sub-group, AIO-aligned (optimizer_utils.py,
+    `SwapBufferManager(num_elems=largest_numel, count=buffer_count)`). offload_param: cpu:
+    the 16-bit partitions, wb P (`_create_param_groups_fp16_flat_cpu_memory`); nvme: at most
+    max_in_cpu of them (1 element when none) and the swapper's buffer_count buffers of
+    buffer_size elements, AIO-aligned (partitioned_param_swapper.py, `self.buffers`).
+
+    Scope: ratio 1 (every sub-group offloaded); NVMe optimizer's gradient buffer, the
+    parameter swapper's per-parameter bookkeeping and stages 1-2's gradient-accumulation
+    copies (`accumulated_grads_in_cpu`, with grad_accum > 1) are not counted."""
+    opt_dev, param_dev = offload_devices(setup)
+    if opt_dev == param_dev == "none":
+        return {}
+    s, sizes, wb = zero_settings(setup), _sizes(cfg, setup, rank), setup.weight_bytes
+    out: dict[str, int] = {}
+    if setup.zero <= 2:
+        part = flat_group_elements(sum(sizes), setup.dp) // setup.dp
+        out[HOST_STATES] = _optimizer_bytes(setup, [part]) + step_counters(setup, 1)
+        out[HOST_FP32_GRADS] = 4 * part
+        out[HOST_COPY_BACK] = wb * part
+        out[HOST_STAGING] = wb * max(sizes)
+        return out
+    part = stage3_partition_elements(sizes, setup.dp)
+    groups = stage3_sub_group_elements(sizes, setup)
+    if opt_dev != "none":
+        out[HOST_GRAD16] = wb * part
+    if opt_dev == "cpu":
+        out[HOST_STATES] = _optimizer_bytes(setup, groups) + step_counters(setup, len(groups))
+        out[HOST_FP32_GRADS] = 4 * sum(groups)
+    elif opt_dev == "nvme":
+        out[HOST_OPT_SWAP] = (
+            s["offload_optimizer_buffer_count"] * 4 * _aio_aligned(max(groups), 4))
+    if param_dev == "cpu":
+        out[HOST_PARAMS] = wb * part
+    elif param_dev == "nvme":
+        out[HOST_PARAMS] = wb * max(1, min(part, s["offload_param_max_in_cpu"]))
+        out[HOST_PARAM_SWAP] = (
+            s["offload_param_buffer_count"] * wb * _aio_aligned(
+                s["offload_param_buffer_size"], wb))
+    return out
+
+
+HOST_STATES = "fp32 master partition and optimizer states"
+HOST_FP32_GRADS = "fp32 gradient partition"
+HOST_PARAMS = "16-bit parameter partitions (param_groups_fp16_flat_cpu_memory)"
+HOST_PARAM_SWAP = "NVMe parameter swap buffers (buffer_count x buffer_size)"
+HOST_OPT_SWAP = "NVMe optimizer swap buffers (buffer_count x largest sub-group, fp32)"
+HOST_GRAD16 = "16-bit gradient partitions (grad_partitions_flat_buffer)"
+HOST_STAGING = "gradient staging buffer (temp_grad_buffer_for_cpu_offload)"
+HOST_COPY_BACK = "16-bit copy-back buffer (param_buffer_of_bit16_for_cpu_offload_groups)"
 REDUCE_BUCKET = Term("DeepSpeed reduce bucket (reduce_bucket_size)")
+OFFLOAD_STAGING = Term("DeepSpeed offload gradient staging buffer (temp_grad_buffer_for_gpu_"
+                       "offload)")
 INF_NAN_TRACKER = Term("DeepSpeed inf/nan tracker")
 GATHERED = Term("DeepSpeed gathered parameters (all-gathered and prefetched)")
 
@@ -378,10 +487,19 @@ def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
 
     Stage 3 (stage3.py): its buffers (`deepspeed_buffers`) and the gradient partitions'
     flat buffer are alive in every phase; beside them the parameters the coordinator holds
-    gathered at each moment (`stage3_moments`), none in the optimizer step."""
+    gathered at each moment (`stage3_moments`), none in the optimizer step.
+
+    With offload_optimizer the optimizer step's temporaries are the host's (0 here); stages
+    1-2 keep a device buffer of the largest parameter's 16-bit gradient for the copies to the
+    host (`staging_bytes`)."""
     cfg, setup = step.cfg, step.setup
     if setup.zero == 0 or setup.lora_rank:
         return
+    offloaded = offload_devices(setup)[0] != "none"
+    if offloaded:  # the update runs on the host (DeepSpeedCPUAdam over the host partition)
+        ledger.replace(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES, 0)
+    if setup.zero <= 2 and offloaded:
+        ledger.add_each(ledger.phases, OFFLOAD_STAGING, staging_bytes(cfg, setup, step.stage))
     if setup.zero <= 2:
         bucket = reduce_bucket_bytes(setup)
         ledger.add(Phase.BACKWARD_LAST_BLOCK, REDUCE_BUCKET, bucket)
@@ -439,15 +557,28 @@ def stage3_moments(cfg: GPTConfig, setup: TrainingSetup, rank: int,
     return out
 
 
+def staging_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
+    """Stages 1-2 under offload_optimizer: the device buffer of the largest parameter's
+    16-bit gradient, allocated at initialisation (stage_1_and_2.py,
+    `temp_grad_buffer_for_gpu_offload`, largest_param_numel elements of `self.dtype`)."""
+    if setup.zero == 0 or setup.zero >= 3 or offload_devices(setup)[0] == "none":
+        return 0
+    return setup.weight_bytes * max(_sizes(cfg, setup, first_rank(setup, stage)))
+
+
 def deepspeed_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
     """What `rank` keeps between steps: its weights (stages 1-2 the whole flat buffer, stage
     3 its partitions and the persistent parameters), the fp32 master partition and AdamW's
     states, stage 3's gradient partitions (`grad_partitions_flat_buffer` lives for the run)
-    and `deepspeed_buffers`. Stages 1-2 free their 16-bit gradients after the step."""
+    and `deepspeed_buffers`. Stages 1-2 free their 16-bit gradients after the step. With
+    offload the states that moved are the host's (`deepspeed_host`)."""
     st = deepspeed_rank_states(cfg, setup, rank)
     out = {"weights": st.weights, "optimizer states": st.optimizer}
     if setup.zero >= 3:
         out["DeepSpeed gradient partitions (grad_partitions_flat_buffer)"] = st.gradients
+    staging = staging_bytes(cfg, setup, "last" if coords(rank, setup)[0] else "first")
+    if staging:
+        out[OFFLOAD_STAGING.label] = staging
     return {**out, **deepspeed_buffers(cfg, setup)}
 
 
@@ -463,6 +594,27 @@ class DeepSpeed(Engine):
     def assumptions(self, setup: TrainingSetup) -> str:
         return f"; DeepSpeed {describe_buffers(setup)}" if setup.zero >= 1 else ""
 
+    def check(self, setup: TrainingSetup) -> None:
+        super().check(setup)
+        opt_dev, param_dev = zero_settings(setup)["offload_optimizer"], zero_settings(setup)[
+            "offload_param"]
+        if (opt_dev, param_dev) == ("none", "none"):
+            return
+        field = "offload_optimizer" if opt_dev != "none" else "offload_param"
+        if setup.zero == 0:
+            raise ConfigError(field, "DeepSpeed offloads ZeRO's partitions: give --zero 1-3")
+        if param_dev != "none" and setup.zero != 3:
+            raise ConfigError("offload_param", "parameter offload is ZeRO-3's: give --zero 3")
+        if zero_settings(setup)["offload_optimizer_ratio"] != 1.0:
+            raise ConfigError("deepspeed_config", "a partial optimizer offload (ratio < 1) is "
+                                                  "not modelled")
+        if setup.lora_rank or setup.optimizer_in_backward or setup.tp > 1 or setup.pp > 1:
+            raise ConfigError(field, "DeepSpeed offload is modelled with data parallelism "
+                                     "alone, full training and a step after backward")
+
+    def host(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return deepspeed_host(cfg, setup, rank)
+
     def replicated(self, setup: TrainingSetup) -> bool:
         return setup.zero == 0
 
@@ -477,8 +629,8 @@ class DeepSpeed(Engine):
     def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
         """The fp32 gradient partition: from ZeRO-1 on each rank flattens only its own
         partition (stage_1_and_2.py, `single_partition_of_fp32_groups`' gradients)."""
-        if setup.mode != "mixed":
-            return 0
+        if setup.mode != "mixed" or offload_devices(setup)[0] != "none":
+            return 0  # offloaded: the host's (`deepspeed_host`)
         return 4 * (-(-params // setup.dp) if setup.zero >= 1 else params)
 
     def largest_optimizer_tensor(self, cfg: GPTConfig, setup: TrainingSetup,
@@ -501,7 +653,7 @@ register(DeepSpeed())
 def describe_buffers(setup: TrainingSetup) -> str:
     """The DeepSpeed buffer sizes of the set-up, for the first line of a command."""
     s = zero_settings(setup)
-    given = dict(setup.engine_settings)
+    given = {k: v for k, v in setup.engine_settings if k in ZERO_DEFAULTS}
     keys = ["reduce_bucket_size", "allgather_bucket_size"] if setup.zero < 3 else [
         "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
         "stage3_max_live_parameters"]
@@ -509,10 +661,13 @@ def describe_buffers(setup: TrainingSetup) -> str:
     if not s["contiguous_gradients"]:
         parts.append("contiguous_gradients off")
     src = "ds_config" if given else "DeepSpeed's defaults"
-    return f"buckets ({src}): " + ", ".join(parts)
+    opt_dev, param_dev = offload_devices(setup)
+    moved = "".join(f"; offload_{what} {dev}" for what, dev in (
+        ("optimizer", opt_dev), ("param", param_dev)) if dev != "none")
+    return f"buckets ({src}): " + ", ".join(parts) + moved
 
 
 __all__ = ["DeepSpeed", "ZERO_DEFAULTS", "deepspeed_adjust", "deepspeed_buffers",
-           "deepspeed_rank_states", "deepspeed_resident", "describe_buffers",
+           "deepspeed_host", "deepspeed_rank_states", "deepspeed_resident", "offload_devices", "describe_buffers",
            "flat_group_elements", "stage3_partition_elements", "stage3_persistent_elements",
            "zero_settings"]
