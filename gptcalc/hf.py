@@ -17,6 +17,7 @@ classes' defaults, `gptcalc.hf_families.DEFAULTS`, and its modelling code):
 | qwen3_moe | as qwen3 | experts (128 x 768, top 8), `decoder_sparse_step`, `mlp_only_layers` | RMSNorm | |
 | qwen2_moe | `qkv_bias` (true) | experts (60 x 1408, top 4) + one shared expert (5632) with a sigmoid gate | RMSNorm | |
 | deepseek_v3 | MLA (`q_lora_rank` 1536 or null, `kv_lora_rank` 512, rope 64, nope 128, v 128) | `first_k_dense_replace` (3) dense blocks, then 256 routed experts of 2048 (top 8) + `n_shared_experts` (1) | RMSNorm | no multi-token-prediction layers (transformers builds none) |
+| deepseek_v2 | as deepseek_v3 (`q_lora_rank` null: one q_proj, DeepSeek-V2-Lite) | as deepseek_v3 (defaults 0 dense, 64 x 1407, 2 shared), `mlp_bias` on the dense and shared MLPs; softmax router, `topk_method` greedy or group_limited_greedy (`n_group`, `topk_group`) | RMSNorm | `moe_layer_freq` must be 1 (transformers reads none) |
 | gemma | q/k/v/o, head_dim 256 | GeGLU | RMSNorm | tied |
 | gemma2 | as gemma | GeGLU | pre- and post-norms | `layer_types` or sliding/global alternating, window 4096 |
 | gemma3_text (and gemma3's `text_config`) | + RMSNorm(head_dim) on q and k | GeGLU | pre- and post-norms | `layer_types` or 5 sliding : 1 global (`sliding_window_pattern` 6), vocabulary default 262208 |

@@ -51,6 +51,7 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
                         num_attention_heads="n_head", num_hidden_layers="n_layer"),
     "mixtral": dict(num_experts="num_local_experts"),
     "qwen3_moe": dict(num_experts="num_local_experts"),
+    "deepseek_v2": dict(num_experts="n_routed_experts"),
     "deepseek_v3": dict(num_local_experts="n_routed_experts",
                         num_mtp_layers="num_nextn_predict_layers"),
     "gpt_oss": dict(num_experts="num_local_experts"),
@@ -99,6 +100,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                         first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536,
                         qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                         n_group=8, topk_group=4, norm_topk_prob=True),
+    "deepseek_v2": dict(max_position_embeddings=2048, hidden_act="silu", attention_bias=False,
+                        mlp_bias=False, tie_word_embeddings=False, moe_intermediate_size=1407,
+                        n_shared_experts=2, n_routed_experts=64, num_experts_per_tok=None,
+                        first_k_dense_replace=0, kv_lora_rank=512, q_lora_rank=1536,
+                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                        n_group=None, topk_group=None, topk_method="greedy",
+                        norm_topk_prob=False, moe_layer_freq=1),
     "gemma": dict(max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh",
                   num_key_value_heads=16, head_dim=256, attention_bias=False,
                   tie_word_embeddings=True),
@@ -288,6 +296,34 @@ def _deepseek_v3(r) -> dict[str, Any]:
         router_topk_groups=r.int(("topk_group",)))
 
 
+def _deepseek_v2(r) -> dict[str, Any]:
+    """V3's MLA and MoE (q_lora_rank null: one q_proj, DeepSeek-V2-Lite), with a softmax router
+    and no e_score_correction_bias; the dense and shared MLPs take mlp_bias. topk_method
+    "greedy" routes over all experts, "group_limited_greedy" within the best topk_group of
+    n_group groups (transformers' DeepseekV2TopkRouter knows no other). transformers makes
+    every block from first_k_dense_replace on MoE, so moe_layer_freq other than 1 (which
+    DeepSeek's own code reads) is refused rather than counted two ways."""
+    if r.int(("moe_layer_freq",)) not in (None, 1):
+        raise r.fail(f"moe_layer_freq {r.raw['moe_layer_freq']!r} is not supported "
+                     f"(transformers makes every block from first_k_dense_replace on MoE)")
+    method = r.choice("topk_method", {m: m for m in ("greedy", "group_limited_greedy")})
+    grouped = method == "group_limited_greedy"
+    out = _deepseek_v3(r) | dict(
+        mlp_bias=r.bool("mlp_bias"),
+        n_expert=r.int(("n_routed_experts",), required=True),
+        n_expert_active=r.int(("num_experts_per_tok",), required=True),
+        router_groups=r.int(("n_group",), required=grouped) if grouped else 1,
+        router_topk_groups=r.int(("topk_group",), required=grouped) if grouped else 1)
+    if out["n_expert_active"] is None or None in (out["router_groups"],
+                                                  out["router_topk_groups"]):
+        raise r.fail("num_experts_per_tok (and, for group_limited_greedy, n_group and "
+                     "topk_group) must be set: transformers cannot route without them")
+    if out["mlp_bias"] and not out["n_shared_expert"]:  # transformers: Linear(0, E) + bias
+        raise r.fail("mlp_bias with n_shared_experts 0 is not supported (transformers builds an "
+                     "empty shared MLP whose down_proj keeps its bias)")
+    return out
+
+
 def _gemma(r) -> dict[str, Any]:  # GeGLU, tied; embeddings scaled by sqrt(E) (no count)
     bias = r.bool("attention_bias")
     # Gemma 2/3 name it hidden_activation, Gemma 1 hidden_act (either may be in the file)
@@ -425,7 +461,8 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "gpt2": _gpt2, "gpt_bigcode": _gpt_bigcode, "gpt_neox": _gpt_neox, "llama": _llama,
     "granite": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe,
-    "deepseek_v3": _deepseek_v3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3_text,
+    "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "gemma": _gemma, "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text,
     "gpt_oss": _gpt_oss, "phi": _phi, "phi3": _phi3, "olmo2": _olmo2, "starcoder2": _starcoder2,
     "stablelm": _stablelm, "cohere": _cohere, "falcon": _falcon, "opt": _opt, "bloom": _bloom,
 }
@@ -447,8 +484,8 @@ LINEAR_NAMES: dict[str, dict[str, str]] = {
     **dict.fromkeys(("llama", "granite", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
                      "qwen2_moe", "gemma", "gemma2", "gemma3_text", "olmo2", "stablelm",
                      "cohere"), _LLAMA_NAMES),
-    "deepseek_v3": _LLAMA_NAMES | dict(q_a="q_a_proj", q_b="q_b_proj",
-                                       kv_a="kv_a_proj_with_mqa", kv_b="kv_b_proj"),
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3"), _LLAMA_NAMES | dict(
+        q_a="q_a_proj", q_b="q_b_proj", kv_a="kv_a_proj_with_mqa", kv_b="kv_b_proj")),
     "gpt_oss": _LLAMA_NAMES | dict(router="router"),
     "gpt2": _GPT2_NAMES, "gpt_bigcode": _GPT2_NAMES,
     "gpt_neox": _NEOX_NAMES, "falcon": _NEOX_NAMES, "bloom": _NEOX_NAMES,
@@ -471,4 +508,5 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 # conversion_mapping): for them PEFT 0.21's all-linear also adapts the router's weight and the
 # fused experts, as v4's Linears were ("mixtral": w1/w3 -> gate_up_proj; "qwen2_moe":
 # gate_proj/up_proj -> gate_up_proj, which also takes those names off the dense and shared MLPs)
-PEFT_MOE_CONVERSION = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe", "deepseek_v3": "qwen2_moe"}
+PEFT_MOE_CONVERSION = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe", "deepseek_v2": "qwen2_moe",
+                       "deepseek_v3": "qwen2_moe"}

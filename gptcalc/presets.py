@@ -94,6 +94,24 @@ PRESETS: dict[str, Preset] = {
         kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64,
         v_head_dim=128, n_expert=256, n_expert_active=8, n_shared_expert=1, moe_ffn_dim=2048,
         moe_first_dense=3), hub="deepseek_v3"),
+    # DeepSeek-V2-Lite (deepseek-ai/DeepSeek-V2-Lite config.json; model card: 15.7B total,
+    # 2.4B activated): MLA without a query compression (q_lora_rank null: one q_proj), kv_lora
+    # 512, rope 64, nope 128, v 128; 1 dense layer of 10944, then 64 routed experts of 1408
+    # (top 6, greedy) and 2 shared experts.
+    "deepseek-v2-lite": Preset("deepseek", dict(
+        n_layer=27, n_head=16, n_embd=2048, d_ff=10944, block_size=163840, vocab_size=102400,
+        kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_expert=64, n_expert_active=6, n_shared_expert=2, moe_ffn_dim=1408,
+        moe_first_dense=1), hub="deepseek_v2"),
+    # DeepSeek-V2 (deepseek-ai/DeepSeek-V2 config.json; DeepSeek-AI 2024, "DeepSeek-V2", sec. 3.1;
+    # model card: 236B total, 21B activated): MLA with q_lora 1536, kv_lora 512, rope 64, nope
+    # 128, v 128; 1 dense layer of 12288, then 160 routed experts of 1536 (top 6, within the
+    # best 3 of 8 groups) and 2 shared experts.
+    "deepseek-v2": Preset("deepseek", dict(
+        n_layer=60, n_head=128, n_embd=5120, d_ff=12288, block_size=163840, vocab_size=102400,
+        kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_expert=160, n_expert_active=6, n_shared_expert=2, moe_ffn_dim=1536,
+        moe_first_dense=1, router_groups=8, router_topk_groups=3), hub="deepseek_v2"),
     # Qwen3-8B (Qwen/Qwen3-8B config.json): head_dim 128, q/k RMSNorm, untied.
     "qwen3-8b": Preset("qwen3", dict(n_layer=36, n_head=32, n_kv_head=8, n_embd=4096,
                                       head_dim=128, d_ff=12288, block_size=40960,

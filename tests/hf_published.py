@@ -16,6 +16,24 @@ PUBLISHED = {
         num_experts_per_tok=8, first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536,
         qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, vocab_size=129280,
         max_position_embeddings=163840, n_group=8, topk_group=4, tie_word_embeddings=False),
+    # deepseek-ai/DeepSeek-V2-Lite (q_lora_rank null: one q_proj; greedy routing)
+    "deepseek-v2-lite": dict(
+        model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+        moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
+        num_key_value_heads=16, n_shared_experts=2, n_routed_experts=64,
+        num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1, kv_lora_rank=512,
+        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        vocab_size=102400, max_position_embeddings=163840, topk_method="greedy", n_group=1,
+        topk_group=1, norm_topk_prob=False, tie_word_embeddings=False),
+    # deepseek-ai/DeepSeek-V2
+    "deepseek-v2": dict(
+        model_type="deepseek_v2", hidden_size=5120, intermediate_size=12288,
+        moe_intermediate_size=1536, num_hidden_layers=60, num_attention_heads=128,
+        num_key_value_heads=128, n_shared_experts=2, n_routed_experts=160,
+        num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1, kv_lora_rank=512,
+        q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        vocab_size=102400, max_position_embeddings=163840, topk_method="group_limited_greedy",
+        n_group=8, topk_group=3, norm_topk_prob=False, tie_word_embeddings=False),
     # Qwen/Qwen3-8B
     "qwen3-8b": dict(
         model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,

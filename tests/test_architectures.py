@@ -68,8 +68,24 @@ def test_active_parameters_by_hand():
     assert g.active == g.total - 24 * 28 * (3 * 2880 * 2880 + 3 * 2880)
 
 
+def test_deepseek_v2_totals_match_their_model_cards():
+    # deepseek-ai/DeepSeek-V2-Lite model card: "15.7B total parameters, 2.4B activated";
+    # deepseek-ai/DeepSeek-V2 model card: "236B total parameters, 21B activated". Exact: the
+    # count of transformers' DeepseekV2ForCausalLM from the published config.json
+    lite = count_params(config_from_hf(PUBLISHED["deepseek-v2-lite"]))
+    assert lite.total == 15_706_484_224 and round(lite.total / 1e9, 1) == 15.7
+    # 26 MoE layers of 64 experts of 3 * 2048 * 1408, top 6
+    assert lite.active == lite.total - 26 * 58 * 3 * 2048 * 1408
+    v2 = count_params(config_from_hf(PUBLISHED["deepseek-v2"]))
+    assert v2.total == 235_741_434_880 and round(v2.total / 1e9) == 236
+    # 59 MoE layers of 160 experts of 3 * 5120 * 1536, top 6
+    assert v2.active == v2.total - 59 * 154 * 3 * 5120 * 1536
+    assert round(v2.active / 1e9) == 21
+
+
 def test_presets_match_their_published_configs():
     for preset, name in [("mixtral-8x7b", "mixtral-8x7b"), ("deepseek-v3", "deepseek-v3"),
+                         ("deepseek-v2-lite", "deepseek-v2-lite"), ("deepseek-v2", "deepseek-v2"),
                          ("qwen3-8b", "qwen3-8b"), ("qwen3-30b-a3b", "qwen3-30b-a3b"),
                          ("gemma-2-9b", "gemma-2-9b"), ("gemma-3-27b", "gemma-3-27b"),
                          ("gpt-oss-20b", "gpt-oss-20b"), ("llama3.1-405b", "llama3.1-405b"),
@@ -99,9 +115,13 @@ def small(name: str) -> dict:
     if "text_config" in raw:
         raw = dict(raw["text_config"])
     out = {k: (_SMALL[k] if k in _SMALL else v) for k, v in raw.items()}
-    if name == "deepseek-v3":
+    if name.startswith("deepseek"):
         out["num_hidden_layers"] = 3  # one dense layer, two MoE layers
         out["num_key_value_heads"] = 4  # MLA: k and v have every head
+    if name == "deepseek-v2-lite":
+        out["q_lora_rank"] = None  # one q_proj
+    if name == "deepseek-v2":
+        out["n_group"], out["topk_group"] = 2, 1  # group-limited: 2 of the 4 experts
     if name == "phi-3-mini":
         out["pad_token_id"] = 0  # Phi3Config's default 32000 is outside the small vocabulary
     if out.get("sliding_window"):
@@ -114,7 +134,8 @@ def small(name: str) -> dict:
 
 
 # one published config per family (the KV twin and the FLOP twin need one each)
-FAMILY_CASES = ["mixtral-8x7b", "deepseek-v3", "qwen3-8b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b",
+FAMILY_CASES = ["mixtral-8x7b", "deepseek-v3", "deepseek-v2-lite", "deepseek-v2", "qwen3-8b",
+                "qwen3-30b-a3b", "qwen1.5-moe-a2.7b",
                 "gemma-7b", "gemma-2-9b", "gemma-3-1b", "gpt-oss-20b", "phi-2", "phi-3-mini",
                 "olmo2-7b", "starcoder2-15b", "starcoderbase", "falcon-7b", "falcon-40b",
                 "opt-125m", "opt-350m", "bloom-560m", "stablelm-2-1.6b", "stablelm-2-12b",

@@ -9,7 +9,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gptcalc import config_from_hf, count_params
+from gptcalc import ConfigError, config_from_hf, count_params
 from gptcalc.hf import SUPPORTED_MODEL_TYPES
 from gptcalc.hf_families import ATTRIBUTE_MAPS, FAMILIES
 
@@ -110,3 +110,54 @@ def test_disagreeing_spellings_are_refused():
     raw = dict(PUBLISHED["qwen3-30b-a3b"], num_local_experts=64)  # num_experts is 128
     with pytest.raises(ConfigError, match="num_experts .* name the same field"):
         config_from_hf(raw)
+
+
+@settings(max_examples=12, deadline=None)
+@given(q_lora=st.sampled_from([None, 8, 24]), dense=st.integers(0, 2), shared=st.integers(0, 2),
+       experts=st.sampled_from([(4, 2, 1), (4, 2, 2), (6, 3, 2), (8, 4, 1)]),
+       method=st.sampled_from(["greedy", "group_limited_greedy"]), heads=st.sampled_from([2, 4]),
+       # transformers' complex rotary needs the rope part at an even offset: nope even
+       dims=st.tuples(st.sampled_from([2, 4, 6]), st.sampled_from([2, 4, 8]), st.integers(2, 9)),
+       mlp_bias=st.booleans(), attention_bias=st.booleans(), topk=st.integers(1, 2))
+def test_deepseek_v2_params_and_flops_match_transformers(q_lora, dense, shared, experts, method,
+                                                         heads, dims, mlp_bias, attention_bias,
+                                                         topk):
+    """DeepseekV2ForCausalLM from a config object: V2-Lite's plain q_proj and V2's q_lora_rank,
+    the first_k_dense_replace dense blocks, fused shared experts, both routings (no router
+    parameter but its weight), the own nope/rope/v split; biases where the config puts them."""
+    from .test_architectures import _counter, hf_model
+
+    from gptcalc import Workload, count_flops
+
+    n_routed, n_group, topk_group = experts
+    nope, rope, v = dims
+    raw = dict(model_type="deepseek_v2", hidden_size=8 * heads, num_hidden_layers=3,
+               num_attention_heads=heads, intermediate_size=40, moe_intermediate_size=12,
+               n_routed_experts=n_routed, num_experts_per_tok=topk, n_shared_experts=shared,
+               first_k_dense_replace=dense, kv_lora_rank=10, q_lora_rank=q_lora,
+               qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, topk_method=method,
+               n_group=n_group, topk_group=topk_group, mlp_bias=mlp_bias,
+               attention_bias=attention_bias, vocab_size=64, max_position_embeddings=32)
+    if mlp_bias and not shared:
+        with pytest.raises(ConfigError, match="mlp_bias"):
+            config_from_hf(raw)
+        raw["mlp_bias"] = False
+    ours = config_from_hf(raw)
+    model = hf_model(raw, "meta")
+    assert count_params(ours).total == sum(p.numel() for p in model.parameters())
+    torch.manual_seed(0)
+    model = hf_model(raw, "cpu").float().eval()
+    B, S = 2, 5
+    with torch.no_grad(), _counter() as fc:
+        model(torch.randint(0, 64, (B, S)), use_cache=False)
+    assert fc.get_total_flops() == B * count_flops(ours, Workload(B, S)).forward_total
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(topk_method="noaux_tc"), "topk_method"), (dict(moe_layer_freq=2), "moe_layer_freq"),
+    (dict(num_experts_per_tok=None), "num_experts_per_tok"),
+    (dict(topk_method="group_limited_greedy", n_group=None), "n_group")])
+def test_deepseek_v2_refuses_what_transformers_cannot_build(change, field):
+    raw = dict(small("deepseek-v2-lite"))
+    with pytest.raises(ConfigError, match=field):
+        config_from_hf({k: v for k, v in (raw | change).items()})

@@ -114,6 +114,12 @@ def test_memory_hf_config_matches_transformers_on_cpu(name, B, S, tmp_path):
      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
      "intermediate_size": 96, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
      "num_experts": 4, "num_experts_per_tok": 2},
+    # DeepSeek-V2: V3's blocks, but a softmax router with its own group-limited top-k
+    {"model_type": "deepseek_v2", "hidden_size": 64, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "vocab_size": 1000, "intermediate_size": 96,
+     "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+     "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": None,
+     "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8},
     # Gemma 1: GeGLU without Gemma 2's post-norms
     {"model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
      "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000, "intermediate_size": 160}])

@@ -118,6 +118,17 @@ def test_mla_latent_is_replicated_and_fp8_halves():
     assert kv_bytes_per_token_layer(ds, 8, "fp8") == 576
 
 
+def test_serve_deepseek_v2_lite_caches_the_latent():
+    # DeepSeek-V2-Lite config.json: 27 layers of kv_lora_rank 512 + qk_rope_head_dim 64, bf16,
+    # as vLLM's MLA backend caches it: 16 x 27 x 576 x 2 = 497,664 bytes (486 KiB) a block
+    cfg = from_name("deepseek-v2-lite")
+    assert kv_bytes_per_token_layer(cfg, 1) == kv_bytes_per_token_layer(cfg, 2) == 576 * 2
+    assert kv_bytes_per_block(cfg, 16) == 16 * 27 * 576 * 2
+    out = CliRunner().invoke(cli, ["serve", "--preset", "deepseek-v2-lite", "--gpu", "h100-sxm"])
+    assert out.exit_code == 0, out.output
+    assert "(486.00 KiB per block)" in out.output and "L=27 H=16 E=2048" in out.output
+
+
 def _presets():
     from gptcalc.presets import PRESETS
     return PRESETS

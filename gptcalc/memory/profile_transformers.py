@@ -160,6 +160,8 @@ def _not_modelled(cfg: GPTConfig) -> list[str]:
     used = (("a mixture of experts beyond Mixtral's, Qwen3-MoE's and DeepSeek-V3's",
              cfg.moe and not moe),
             ("multi-head latent attention outside DeepSeek-V3", cfg.mla and not deepseek),
+            # DeepseekV2TopkRouter: softmax and its own group-limited top-k, not measured
+            ("DeepSeek-V2's router", cfg.moe and cfg.hf_model_type == "deepseek_v2"),
             ("post-norms", (cfg.post_norm or not cfg.pre_norm) and not gemma),
             ("a shared parallel norm", cfg.shared_norm),
             (f"q/k norm {cfg.qk_norm!r}", cfg.qk_norm not in ("none", "head")),
