@@ -656,7 +656,7 @@ def describe_buffers(setup: TrainingSetup) -> str:
     given = {k: v for k, v in setup.engine_settings if k in ZERO_DEFAULTS}
     keys = ["reduce_bucket_size", "allgather_bucket_size"] if setup.zero < 3 else [
         "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-        "stage3_max_live_parameters"]
+        "stage3_max_live_parameters", "stage3_max_reuse_distance"]
     parts = [f"{k} {s[k]:,}" for k in keys]
     if not s["contiguous_gradients"]:
         parts.append("contiguous_gradients off")
