@@ -193,12 +193,20 @@ _DEVICE = (
            "context, and when nothing fits the smallest changes that would.", metavar="SIZE"),
 )
 
+# `serve`'s own; the command line only
+_SERVE = (
+    Option("engine_version", "--engine-version", "text", "The serving engine's release, e.g. "
+           "0.6.4 or 0.8.5 (default the newest: vLLM 0.33.0, SGLang 0.5.23): vLLM before 0.8.0 "
+           "runs its V0 engine, with its own scheduler defaults.", metavar="X.Y.Z"),
+)
+
 # every declared option, by name; MODEL_OPTIONS, TRAINING_OPTIONS and DEVICE_OPTIONS in
 # command-line order
 MODEL_OPTIONS = tuple(o.name for o in _MODEL)
 TRAINING_OPTIONS = tuple(o.name for o in _TRAINING)
 DEVICE_OPTIONS = tuple(o.name for o in _DEVICE)
-OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING, *_DEVICE)}
+SERVE_OPTIONS = tuple(o.name for o in _SERVE)
+OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING, *_DEVICE, *_SERVE)}
 
 # the tables of a config file: [model] holds every GPTConfig field too (gptcalc.coerce types
 # them); the others hold exactly the options that name them
@@ -225,5 +233,6 @@ def cli_spelling(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
-__all__ = ["DEVICE_OPTIONS", "MODEL_OPTIONS", "OPTIONS", "TABLES", "TRAINING_OPTIONS", "Option",
+__all__ = ["DEVICE_OPTIONS", "MODEL_OPTIONS", "OPTIONS", "SERVE_OPTIONS", "TABLES",
+           "TRAINING_OPTIONS", "Option",
            "byte_size", "cli_spelling", "table_keys"]

@@ -110,7 +110,9 @@ def twin_row(family: str, tokens: int, seqs: int, device: str = "cpu") -> dict[s
     from gptcalc.inference import profile_activation_bytes
 
     raw = TWIN_CONFIGS[family]
-    predicted = sum(profile_activation_bytes(config_from_hf(raw), tokens, seqs).values())
+    # the forward alone: the sampler pass has its own twin (reference_model/serve_sampler.py)
+    predicted = sum(profile_activation_bytes(config_from_hf(raw), tokens, seqs,
+                                             sampler=False).values())
     model = eval_model(raw, device=device)
     measure = measure_profile_peak if device == "cpu" else measure_profile_peak_cuda
     measured = measure(model, seqs, tokens // seqs).activation_peak

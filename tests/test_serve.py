@@ -23,7 +23,7 @@ GiB = 2**30
 LLAMA3 = from_name("llama3-8b")
 # Published vLLM logs agree with the pool within this share: the profile-run activation model
 # is 7% above the peak vLLM logged for Llama-3.1-8B at 20,000 tokens (2.21 vs 2.07 GiB), which
-# moves that pool by 3%; and vLLM's sampler temporaries are not modelled.
+# moves that pool by 3%.
 LOG_POOL_TOLERANCE = 0.05
 
 
@@ -53,7 +53,9 @@ def serve_json(*args: str) -> dict:
       "8192", "--max-num-seqs", "256", "--non-torch", "1.79GiB"], 53.29, None),
 ])
 def test_pool_against_published_vllm_logs(args, kv_gib, blocks):
-    out = serve_json("--preset", "llama3-8b", "--gpu-memory-utilization", "0.9", *args)
+    # both logs predate vLLM 0.8.0: the V0 engine
+    out = serve_json("--preset", "llama3-8b", "--gpu-memory-utilization", "0.9",
+                     "--engine-version", "0.6.4", *args)
     _check_log(out, kv_gib, blocks)
     # weights: 8,030,261,248 parameters x 2 bytes (transformers' LlamaForCausalLM of the
     # Llama-3-8B config); the logs print 14.96 and 14.99 GiB (the latter with a rotary table)
@@ -76,7 +78,8 @@ def test_pool_against_a_published_llama2_7b_log():
     # That vLLM also counted its CUDA context against the pool, which the default non-torch
     # memory leaves out: 7,436 blocks here (on the A100's usable 79.14 GiB), 1.2% more.
     out = serve_json("--preset", "llama2-7b", "--gpu", "a100-sxm-80gb", "--max-model-len",
-                     "4096", "--max-num-batched-tokens", "4096", "--max-num-seqs", "256")
+                     "4096", "--engine-version", "0.2.4")  # V0: 4,096 tokens, 256 sequences
+    assert (out["max_num_batched_tokens"], out["max_num_seqs"]) == (4096, 256)
     _check_log(out, None, 7351)
 
 
@@ -184,19 +187,24 @@ def test_infer_no_longer_counts_full_logits():
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_activation_lines_sum_and_split_by_tp(tp):
-    a = profile_activation_bytes(LLAMA3, 8192, 256, tp)
+    # 32 sequences: the sampler's 32 x 128,256 x 38 bytes (0.15 GiB) stay below the block's
+    a = profile_activation_bytes(LLAMA3, 8192, 32, tp)
     assert set(a) == {"stream", "positions", "branch/mlp"}
-    assert sum(a.values()) == sum(profile_activation_bytes(LLAMA3, 8192, 256, tp).values())
+    assert sum(a.values()) == sum(profile_activation_bytes(LLAMA3, 8192, 32, tp).values())
     assert a["branch/mlp"] == 8192 * 3 * 14336 // tp * 2 and a["stream"] == 4 * 8192 * 4096 * 2
 
 
-def test_the_logits_moment_wins_with_many_sequences_and_a_large_vocabulary():
-    # 1,024 sequences of 2 tokens, a 256,000-word vocabulary: 1,024 x 256,000 x (2 + 4) bytes
-    # of logits and their float32 copy outweigh the block's working set
+def test_the_sampler_moment_wins_with_many_sequences_and_a_large_vocabulary():
+    # 1,024 sequences of 2 tokens, a 256,000-word vocabulary: the bf16 logits and the sampler's
+    # CUDA sort (float32 copy 4, sorted values and indices 12, the sort's temporaries 20 bytes
+    # per logit; vllm/v1/sample/ops/topk_topp_sampler.py, PyTorch's Sort.cu and cub) outweigh
+    # the block's working set
     cfg = LLAMA3.replace(vocab_size=256000)
     a = profile_activation_bytes(cfg, 2048, 1024)
-    assert a == {"hidden": 2048 * 4096 * 2, "logits": 1024 * 256000 * 2,
-                 "sampler": 1024 * 256000 * 4}
+    NV = 1024 * 256000
+    assert a == {"hidden": 2048 * 4096 * 2, "last hidden": 2 * 1024 * 4096 * 2,
+                 "logits": NV * 2, "sampler/float32": NV * 4, "sampler/sorted": NV * 12,
+                 "sampler/sort temporaries": NV * 20, "sampler/requests": 1024 * 36}
 
 
 BAD = [
@@ -448,10 +456,11 @@ def test_nothing_fits_says_so_with_the_keys_of_a_fitting_run():
 
 
 @pytest.mark.parametrize("change,fits_with,not_with", [
-    # tp 2 halves the weights (65.7 GiB) under the 0.9 budget; tp 1 is the failing run
-    ("tp", ["--tp", "2"], ["--tp", "1"]),
-    # int4 (36.8 GiB with its scales) leaves a pool; fp8, the next wider, leaves 2.3 GiB, less
-    # than one request of 8,192 tokens x 320 KiB (80 layers x 8 heads x 128 x 2 x 2 bytes)
+    # tp 2 halves the weights (65.7 GiB), which with the sampler pass over 1,024 sequences
+    # (4.6 GiB) leave 0.8 GiB, less than one request of 8,192 tokens x 160 KiB; tp 4 fits
+    ("tp", ["--tp", "4"], ["--tp", "2"]),
+    # int4 (36.8 GiB with its scales) leaves a pool; fp8, the next wider, with the sampler
+    # pass over 1,024 sequences (4.6 GiB), exceeds the budget
     ("weights_dtype", ["--weights-dtype", "int4"], ["--weights-dtype", "fp8"]),
     # a B200's 180 GB holds the 131.4 GiB of weights at 0.9; an H200's 141 GB does not
     ("gpu", ["--gpu", "b200"], ["--gpu", "h200"]),
@@ -470,10 +479,11 @@ def test_a_shorter_max_model_len_is_advised_only_when_the_weights_fit():
     assert out["to_fit"]["max_model_len"] is None
     text = run("serve", "--preset", "llama3-70b", "--gpu", "h100-sxm").stdout
     assert "does NOT fit" in text and "--max-model-len" not in text.split("does NOT fit")[1]
-    assert "--tp 2" in text and "--weights-dtype int4" in text and "--gpu b200" in text
-    # fp8 weights leave a pool too small for 8,192 tokens: the longest request it holds fits,
-    # one token more does not
-    fp8 = ["--preset", "llama3-70b", "--gpu", "h100-sxm", "--weights-dtype", "fp8"]
+    assert "--tp 4" in text and "--weights-dtype int4" in text and "--gpu b200" in text
+    # fp8 weights with 256 sequences profiled leave a pool too small for 8,192 tokens: the
+    # longest request it holds fits, one token more does not
+    fp8 = ["--preset", "llama3-70b", "--gpu", "h100-sxm", "--weights-dtype", "fp8",
+           "--max-num-seqs", "256"]
     n = serve_json(*fp8)["to_fit"]["max_model_len"]
     assert 0 < n < 8192
     assert serve_json(*fp8, "--max-model-len", str(n))["fits"]
@@ -502,8 +512,14 @@ def test_fp32_weights_take_four_bytes_and_run_32_bit_activations():
     fp32 = serve_json("--preset", "llama3-8b", "--weights-dtype", "fp32", "--kv-dtype", "fp32")
     bf16 = serve_json("--preset", "llama3-8b")
     assert fp32["weights"] == 4 * 8_030_261_248
-    assert fp32["activation"] == {k: v if k == "positions" else 2 * v
-                                  for k, v in bf16["activation"].items()}
+    # the sampler's moment: the logits and the hidden states double, the sampler's float32 copy
+    # is the logits themselves (Tensor.to of a float32 tensor returns it), its buffers stay
+    doubled = {"hidden", "last hidden", "logits"}
+    assert fp32["activation"] == {k: 2 * v if k in doubled else 0 if k == "sampler/float32"
+                                  else v for k, v in bf16["activation"].items()}
+    # the forward's moment (64 sequences): everything but the int64 positions doubles
+    wide, narrow = (profile_activation_bytes(LLAMA3, 8192, 64, act_bytes=b) for b in (4, 2))
+    assert wide == {k: v if k == "positions" else 2 * v for k, v in narrow.items()}
     assert "32-bit activations" in fp32["assumptions"]
     # Llama-3-8B caches 32 layers x 8 heads x 128 x 2 (K and V) elements per token: 4 bytes each
     assert kv_bytes_per_token_layer(LLAMA3, 1, "fp32") * 32 == 32 * 8 * 128 * 2 * 4

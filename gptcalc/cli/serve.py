@@ -18,7 +18,8 @@ from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EF
 from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
-from .options import ByteSize, describe, float_range, model_options
+from ..schema import OPTIONS
+from .options import ByteSize, click_option, describe, float_range, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -65,6 +66,7 @@ from .render import emit_json, envelope, print_line, print_table
               metavar="SIZE",
               help=f"Memory outside PyTorch beyond the CUDA context (NCCL, cuBLAS) "
                    f"(default {binary_bytes(DEFAULT_NON_TORCH)}, as vLLM logs it).")
+@click_option(OPTIONS["engine_version"])
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
@@ -73,7 +75,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
             max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
-            as_json: bool) -> None:
+            engine_version: str | None, as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
@@ -101,7 +103,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     args = dict(engine=engine, tp=tp, weights_dtype=weights, kv_dtype=kv_dtype,
                 utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs, block_size=kv_block_size,
-                non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name)
+                non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name,
+                engine_version=engine_version, max_model_len=mml)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -113,7 +116,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
     given = {"utilization": utilization, "max_model_len": max_model_len,
              "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
-             "block_size": kv_block_size, "context": context, "non_torch": nt}
+             "block_size": kv_block_size, "context": context, "non_torch": nt,
+             "engine_version": engine_version}
     line = _assumptions(pool, g.name, total, tp, (weights, source), kv_dtype, mml, ctx, gen_len,
                         gpu_memory is None, {k for k, v in given.items() if v is None})
     if cfg.moe and pool.activation:
@@ -153,7 +157,7 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, s
                     f"{p.max_num_seqs:,}{d('max_num_seqs')})")
     memory = (f"{gpu}'s usable memory, torch.cuda.mem_get_info's total; datasheet "
               f"{binary_bytes(find_gpu(gpu).memory_bytes)}" if datasheet else "given")
-    return (f"Assuming {p.engine} on {tp} x {binary_bytes(total)} "
+    return (f"Assuming {p.release.label}{d('engine_version')} on {tp} x {binary_bytes(total)} "
             f"({memory}; throughput at {gpu}'s peaks), "
             f"weights {weights_label(wd)} ({source}), KV cache {kd}, "
             f"{knob} {p.utilization:g}{d('utilization')}, "
@@ -167,6 +171,7 @@ def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]
     out: dict[str, Any] = serving_json(s)  # null figures when no throughput is computed
     out.update({
         **envelope(cfg, wl), "assumptions": line, "engine": p.engine,
+        "engine_version": p.release.version, "engine_generation": p.release.engine,
         "gpu_memory_bytes": p.gpu_memory_bytes, "utilization": p.utilization,
         "max_model_len": mml, "context": ctx, "max_num_batched_tokens": p.max_num_batched_tokens,
         "max_num_seqs": p.max_num_seqs, "block_size": p.block_size,

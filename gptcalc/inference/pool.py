@@ -39,6 +39,8 @@ from ..gpus import GPU, usable_memory
 from ..layers import global_layers, sliding_layers
 from ..time import check_fraction
 from .kv import kv_bytes_per_token_layer
+from .sampler import sampler_bytes
+from .servers import Release, release, scheduler_defaults
 from .weights import device_weight_bytes, unquantised_bytes
 
 SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
@@ -55,17 +57,13 @@ POSITION_BYTES = 8  # the int64 position of every token of the profile batch
 # the residual, the normed attention output and the down projection's output, while its
 # gate_up output (2F) and activation (F) are alive: four either way, with 3F.
 KEPT_STREAMS = 4
-SAMPLER_FP32 = 4  # bytes per logit of the sampler's float32 copy
 
 
 def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` with chunked prefill (the V1
-    engine always chunks): 8192 and 1024 on a GPU of at least 70 GiB that is not an A100, else
-    2048 and 256 (vllm/engine/arg_utils.py, `EngineArgs.get_batch_defaults`, usage context
-    OPENAI_API_SERVER)."""
-    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
-        return 8192, 1024
-    return 2048, 256
+    """(max_num_batched_tokens, max_num_seqs) of the newest vLLM release's `vllm serve`
+    (`servers.scheduler_defaults`): 8192 and 1024 on a GPU of at least 70 GiB that is not an
+    A100, else 2048 and 256."""
+    return scheduler_defaults(release("vllm"), gpu_memory_bytes, gpu_name, 0)
 
 
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1) -> float:
@@ -109,7 +107,9 @@ def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int,
 
 
 def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1,
-                             act_bytes: int = 2, kept: int = KEPT_STREAMS) -> dict[str, int]:
+                             act_bytes: int = 2, kept: int = KEPT_STREAMS,
+                             engine: str = "V1", cuda: bool = True, sampler: bool = True
+                             ) -> dict[str, int]:
     """The activation peak of one inference forward of `tokens` tokens in `seqs` sequences,
     logits for the last token of each only, no KV cache, nothing kept for a backward: the
     moment with the most live bytes, by line (the lines sum to the peak).
@@ -122,17 +122,20 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
                     T x (2 F/tp + E) x a      plain: fc output, activation, projection output
           attention T x ((q + 2 kv)/tp + q/tp) x a   q, k, v and the attention output; a
                                               flash-type kernel, no T x T scores
-    After the blocks:
-        hidden    = T x E x a                 the last block's output
-        logits    = seqs x V x a              the last token of each sequence, gathered over tp
-        sampler   = seqs x V x 4              the sampler's float32 copy of the logits
+    After the blocks, the sampler pass over the last token of each of the N = seqs sequences:
+        hidden       = T x E x a              the last block's output, still held
+        last hidden  = N x E x a x c          the last tokens' states (c = 2 in V1, which
+                                              replaces them by random ones; 1 in V0)
+        logits, sampler/...                   `sampler.sampler_bytes`: the N x V logits (every
+                                              GPU all of V) and the sampler's buffers, a + 36
+                                              bytes per element on CUDA (`cuda`), a + 26 on CPU
+    (`sampler` False: the forward alone, its hidden states and logits.)
 
     a the activation bytes (the kernels' 16-bit dtype), T tokens, widths per GPU at tp (the
     residual stream E is replicated). Measured against transformers' forward on CPU
     (reference_model/serve_profile.py); the engines' fused kernels (activation-and-multiply,
     add-and-norm in place, rotary in place) hold the same widths at the same moments. The
-    sampler's further buffers depend on its path (FlashInfer or PyTorch top-k/top-p) and are
-    not counted."""
+    sampler as vLLM's PyTorch path runs it (FlashInfer's, opt-in, is not counted)."""
     positive_int("max_num_batched_tokens", tokens)
     positive_int("max_num_seqs", seqs)
     T, E, F, V, a = tokens, cfg.n_embd, cfg.ffn_dim, cfg.vocab_size, act_bytes
@@ -145,8 +148,10 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     widest = max(branches, key=branches.__getitem__)
     block = {"stream": kept * T * E * a, "positions": POSITION_BYTES * T,
              widest: branches[widest]}
-    # vLLM's sampler casts the logits to float32 first (vllm/v1/sample/sampler.py)
-    after = {"hidden": T * E * a, "logits": S * V * a, "sampler": S * V * SAMPLER_FP32}
+    copies = 2 if engine == "V1" else 1
+    after = ({"hidden": T * E * a, "last hidden": S * E * a * copies,
+              **sampler_bytes(S, V, a, cuda)} if sampler
+             else {"hidden": T * E * a, "logits": S * V * a})
     return max(block, after, key=lambda moment: sum(moment.values()))
 
 
@@ -155,6 +160,7 @@ class KVPool:
     """How one GPU's memory is spent by a serving engine, and the KV pool that is left."""
 
     engine: str
+    release: Release  # the engine's release, and the engine generation it runs
     gpu_memory_bytes: int
     utilization: float  # gpu_memory_utilization (vLLM) or mem_fraction_static (SGLang)
     weights: int
@@ -211,9 +217,11 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             weights_dtype: str = "bf16", kv_dtype: str = "bf16",
             utilization: float | None = None, max_num_batched_tokens: int | None = None,
             max_num_seqs: int | None = None, block_size: int | None = None,
-            non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "") -> KVPool:
+            non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "",
+            engine_version: str | None = None, max_model_len: int | None = None) -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
-    docstring. None takes the engine's default (vllm_defaults, sglang_mem_fraction_static)."""
+    docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
+    sglang_mem_fraction_static; the newest release; max_model_len the model's context)."""
     one_of("engine", engine, SERVERS)
     positive_int("tp", tp)
     if cfg.n_head % tp:
@@ -222,7 +230,11 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         raise ConfigError("non_torch", f"must be a size of at least 0 bytes, got {non_torch!r}")
     if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
         raise ConfigError("gpu_memory", "must be a positive size (this GPU has no memory figure)")
-    tokens_default, seqs_default = vllm_defaults(gpu_memory_bytes, gpu_name)
+    rel = release(engine, engine_version)
+    mml = cfg.block_size if max_model_len is None else max_model_len
+    tokens_default, seqs_default = scheduler_defaults(
+        rel if engine == "vllm" else release("vllm"), gpu_memory_bytes, gpu_name, mml,
+        cfg.sliding_window is not None, cfg.mla)
     tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
     if engine == "sglang":
@@ -241,9 +253,9 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     frac = check_fraction(frac, name)
     positive_int("kv_block_size", bs)
     act = {} if engine == "sglang" else profile_activation_bytes(
-        cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype))
+        cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), engine=rel.engine)
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
-    return KVPool(engine=engine, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
+    return KVPool(engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
                   weights=device_weight_bytes(cfg, weights_dtype, tp), activation=act,
                   non_torch=non_torch, block_size=bs, max_num_batched_tokens=tokens,
                   max_num_seqs=seqs, bytes_per_block=cfg.n_layer * layer_block,

@@ -1,0 +1,85 @@
+"""Serving-engine releases: which engine a release runs, and the scheduler defaults its profile
+run is sized with.
+
+vLLM: releases before 0.8.0 run the V0 engine by default, 0.8.0 and later the V1 engine (V1 became
+the default in 0.8.0; the V0 engine's own defaults are `EngineArgs._set_default_args_v0` in
+vllm/engine/arg_utils.py and `SchedulerConfig.__post_init__` in vllm/config.py, 0.7.3). Both
+run the sampler over the profile run's last tokens: V0 inside its profile forward
+(vllm/worker/model_runner.py, `profile_run`: top-p 0.99, top-k V - 1), V1 since 0.8.0 in
+`_dummy_sampler_run` (vllm/v1/worker/gpu_model_runner.py, added by vllm-project/vllm pull 13594
+before V1 became the default).
+
+SGLang: no profile run; its mem_fraction_static default is the 2025 releases' (see
+`pool.sglang_mem_fraction_static`). The version is recorded and printed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+# the newest releases on PyPI (pip index versions vllm / sglang, November 2026)
+DEFAULT_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+V1_DEFAULT_SINCE = (0, 8, 0)  # vLLM's first release with the V1 engine as the default
+V0_CHUNKED_ABOVE = 32768  # V0 chunks prefills by default above this max_model_len
+V0_MAX_NUM_SEQS = 256  # V0's default max_num_seqs
+MIN_BATCHED_TOKENS = 2048  # V0's max_num_batched_tokens floor, and its chunk when chunking
+GiB = 2**30
+_VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:\.?post\d+|\.\d+)?")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A serving engine's release and the engine generation it runs by default."""
+
+    server: str
+    version: str
+    engine: str  # "V0", "V1" (vLLM) or "sglang"
+
+    @property
+    def label(self) -> str:
+        return f"{self.server} {self.version}" + (f" ({self.engine} engine)"
+                                                  if self.server == "vllm" else "")
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of "X.Y.Z", "X.Y" or "X.Y.Z.postN" (the post release ignored)."""
+    m = _VERSION.fullmatch(version.strip())
+    if m is None:
+        raise ConfigError("engine_version", "expected a release such as 0.8.5 or 0.6.4.post1, "
+                                            f"got {version!r}")
+    return tuple(int(x or 0) for x in m.groups())
+
+
+def release(server: str, version: str | None = None) -> Release:
+    """The release `version` of `server` (default its newest, DEFAULT_VERSIONS)."""
+    v = DEFAULT_VERSIONS[server] if version is None else version
+    parsed = parse_version(v)
+    if server != "vllm":
+        return Release(server, v, server)
+    return Release(server, v, "V1" if parsed >= V1_DEFAULT_SINCE else "V0")
+
+
+def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_model_len: int,
+                       sliding: bool = False, mla: bool = False) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` as the release sets them.
+
+    V1: chunked prefill always; 8,192 tokens and 1,024 sequences on a GPU of at least 70 GiB
+    that is not an A100, else 2,048 and 256 (vllm/engine/arg_utils.py,
+    `EngineArgs.get_batch_defaults`, earlier `_set_default_args_v1`, usage context
+    OPENAI_API_SERVER), as the current release sets them for every V1 release.
+    V0: 256 sequences; max(max_model_len, 2,048) tokens, or 2,048 when it chunks prefills,
+    which it does by default above a max_model_len of 32,768 unless the model has a sliding
+    window or MLA (`_set_default_args_v0`, `SchedulerConfig.__post_init__`)."""
+    if r.engine == "V0":
+        chunked = max_model_len > V0_CHUNKED_ABOVE and not sliding and not mla
+        tokens = MIN_BATCHED_TOKENS if chunked else max(max_model_len, MIN_BATCHED_TOKENS)
+        return tokens, V0_MAX_NUM_SEQS
+    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+__all__ = ["DEFAULT_VERSIONS", "Release", "parse_version", "release", "scheduler_defaults"]

@@ -1,0 +1,107 @@
+"""vLLM's profile-run sampler pass (gptcalc.inference.sampler) against the same ops measured on
+CPU and against a published vLLM log, and the engine releases (gptcalc.inference.servers):
+the engine a release runs and its scheduler defaults, through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+from gptcalc.cli import cli
+from gptcalc.inference.sampler import sampler_bytes
+from gptcalc.inference.servers import parse_version, release, scheduler_defaults
+
+GiB = 2**30
+
+
+def serve_json(*args: str) -> dict:
+    r = CliRunner().invoke(cli, ["serve", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seqs=st.integers(1, 24), vocab=st.integers(2, 3000), n_embd=st.integers(1, 48),
+       dtype=st.sampled_from(["bf16", "fp32"]))
+def test_sampler_bytes_equal_the_sampler_ops_measured_on_cpu(seqs, vocab, n_embd, dtype):
+    torch = pytest.importorskip("torch")
+    from reference_model.serve_sampler import measure_sampler_peak
+
+    a = {"bf16": 2, "fp32": 4}[dtype]
+    measured = measure_sampler_peak(seqs, vocab, n_embd, getattr(torch, {"bf16": "bfloat16",
+                                                                         "fp32": "float32"}[dtype]))
+    # besides the sampler's lines, the twin holds the random stand-in for the N x E states
+    assert measured == sum(sampler_bytes(seqs, vocab, a, cuda=False).values()) + seqs * n_embd * a
+
+
+def test_sampler_per_logit_bytes_on_cpu_and_cuda():
+    # bf16 logits: 2 + float32 4 + sorted 12 + masks 2 + top-p 4 + scattered 4 = 28 at the
+    # scatter (CPU); inside the CUDA sort 2 + 4 + 12 + source indices 8 + cub's 4 + 8 = 38
+    n, v = 256, 128256
+    cpu = sampler_bytes(n, v, cuda=False)
+    cuda = sampler_bytes(n, v)
+    assert sum(cpu.values()) == 28 * n * v + 36 * n
+    assert sum(cuda.values()) == 38 * n * v + 36 * n
+    # PyTorch sorts one row, or rows of 10^6 or more, one by one (Sort.cu's large-segment
+    # path): no N x V temporaries, the scatter is the peak on both sides of each threshold
+    assert sampler_bytes(1, v) == sampler_bytes(1, v, cuda=False)
+    assert sum(sampler_bytes(2, v).values()) == 38 * 2 * v + 72
+    assert sampler_bytes(4, 10**6) == sampler_bytes(4, 10**6, cuda=False)
+    assert sum(sampler_bytes(4, 10**6 - 1).values()) == 38 * 4 * (10**6 - 1) + 4 * 36
+
+
+# The activation peak of Llama-3-8B's profile on an H100 under vLLM's V0 engine: the sampler
+# pass over 256 sequences is its peak; the prediction is 2.8% below the log (unmodelled:
+# cub's histogram storage and what the allocator rounds)
+LOG_PEAK_TOLERANCE = 0.04
+
+
+def test_activation_peak_against_a_published_v0_log():
+    # https://github.com/vllm-project/vllm/pull/10511 (vLLM main of December 2024, the V0
+    # engine; H100, Meta-Llama-3-8B, max_model_len 8192, so 8,192 tokens in 256 sequences):
+    # "PyTorch activation peak memory 1.26GiB", "available_kv_cache_memory 53.29GiB"
+    out = serve_json("--preset", "llama3-8b", "--gpu-memory", "79.22GiB", "--engine-version",
+                     "0.6.4", "--non-torch", "1.79GiB")
+    assert (out["max_num_batched_tokens"], out["max_num_seqs"]) == (8192, 256)
+    assert out["engine_generation"] == "V0"
+    assert out["activation_peak"] / GiB == pytest.approx(1.26, rel=LOG_PEAK_TOLERANCE)
+    assert "sampler/sort temporaries" in out["activation"]
+    assert out["kv_cache"] / GiB == pytest.approx(53.29, rel=0.01)
+
+
+def test_releases_and_their_engines():
+    assert release("vllm", "0.7.3").engine == "V0" and release("vllm", "0.8.0").engine == "V1"
+    assert release("vllm").version == "0.33.0" and release("vllm").engine == "V1"
+    assert release("sglang").engine == "sglang"
+    assert parse_version("0.6.4.post1") == (0, 6, 4) and parse_version("0.9") == (0, 9, 0)
+
+
+def test_v0_defaults_chunk_only_long_contexts():
+    v0 = release("vllm", "0.7.3")
+    h100 = 79 * GiB
+    # no chunking: max(max_model_len, 2,048) tokens, 256 sequences
+    assert scheduler_defaults(v0, h100, "h100-sxm", 1024) == (2048, 256)
+    assert scheduler_defaults(v0, h100, "h100-sxm", 32768) == (32768, 256)
+    # above 32,768 V0 chunks at 2,048, unless the model has a sliding window or MLA
+    assert scheduler_defaults(v0, h100, "h100-sxm", 32769) == (2048, 256)
+    assert scheduler_defaults(v0, h100, "h100-sxm", 32769, sliding=True) == (32769, 256)
+    assert scheduler_defaults(v0, h100, "h100-sxm", 32769, mla=True) == (32769, 256)
+    # V1: by the GPU (70 GiB and not an A100), not by max_model_len
+    v1 = release("vllm", "0.8.0")
+    assert scheduler_defaults(v1, h100, "h100-sxm", 32769) == (8192, 1024)
+    assert scheduler_defaults(v1, h100, "a100-sxm-80gb", 1024) == (2048, 256)
+    assert scheduler_defaults(v1, 70 * GiB - 1, "l40s", 1024) == (2048, 256)
+
+
+def test_the_release_is_on_the_first_line_and_bad_ones_name_the_option():
+    r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b"])
+    assert r.stdout.startswith("Assuming vllm 0.33.0 (V1 engine) (default) on ")
+    r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine-version", "0.7.3"])
+    assert r.stdout.startswith("Assuming vllm 0.7.3 (V0 engine) on ")
+    for bad in ("latest", "1", "0.8.x", ""):
+        r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine-version", bad])
+        assert r.exit_code == 2 and r.stdout == "" and "--engine-version" in r.stderr, r.output
+        assert r.stderr.count("\n") == 1
