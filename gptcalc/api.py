@@ -41,6 +41,14 @@ class Setup:
     # that config.json's quantization_config as the file states it (None: none, or no file);
     # gptcalc.inference.quant reads it
     quantization: Mapping[str, Any] | None = None
+    # the config.json's multimodal encoders (its vision_config, audio_config, ... keys) that the
+    # language model's counts leave out
+    encoders: tuple[str, ...] = ()
+
+
+# the sub-configs of a multimodal checkpoint's encoders (transformers' Gemma 3, Mllama,
+# Qwen2-VL, LLaVA: vision_config; Qwen2-Audio, Whisper-style towers: audio_config)
+ENCODER_CONFIGS = ("vision_config", "audio_config")
 
 
 def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | None = None,
@@ -83,11 +91,12 @@ def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | N
         layer(arch_switches(p.arch), "preset")
         swapped = next((a for a in (arch, file_arch) if a is not None), None)
         layer(preset_fields(p, swapped), "preset")
-    quantization = None
+    quantization, encoders = None, ()
     if hf is not None:
         raw = hf if isinstance(hf, Mapping) else read_hf_json(hf)
         layer(hf_fields(raw), "hf_config")
         quantization = raw.get("quantization_config")
+        encoders = tuple(k for k in ENCODER_CONFIGS if isinstance(raw.get(k), Mapping))
     if file_arch is not None:
         try:
             layer(arch_switches(file_arch), "config")
@@ -125,7 +134,8 @@ def resolve_setup(preset: str | None = None, hf_config: str | Path | Mapping | N
             raise ConfigError("config", f"{cf.path}: {e.message} (set --seq-len)") from None
         raise
     return Setup(config=cfg, workload=workload, sections=dict(cf.sections),
-                 from_hf=hf is not None and preset_name is None, quantization=quantization)
+                 from_hf=hf is not None and preset_name is None, quantization=quantization,
+                 encoders=encoders)
 
 
 # A Hugging Face config states the longest context the model supports (Mistral-Nemo: 1,024,000

@@ -105,3 +105,25 @@ def test_the_release_is_on_the_first_line_and_bad_ones_name_the_option():
         r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine-version", bad])
         assert r.exit_code == 2 and r.stdout == "" and "--engine-version" in r.stderr, r.output
         assert r.stderr.count("\n") == 1
+
+
+def test_a_multimodal_checkpoint_says_its_encoder_is_left_out(tmp_path):
+    # google/gemma-3-4b-it's config.json, abridged: the language model in text_config, the
+    # SigLIP vision tower in vision_config
+    raw = {"model_type": "gemma3",
+           "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+                           "intermediate_size": 10240, "num_hidden_layers": 34,
+                           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                           "vocab_size": 262208, "sliding_window": 1024,
+                           "max_position_embeddings": 131072},
+           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152,
+                             "num_hidden_layers": 27, "intermediate_size": 4304,
+                             "num_attention_heads": 16, "image_size": 896, "patch_size": 14}}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path), "--gpu", "h100-sxm"])
+    assert r.exit_code == 0, r.output
+    assert "the language model only: the checkpoint's vision_config" in r.stdout.splitlines()[0]
+    del raw["vision_config"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path), "--gpu", "h100-sxm"])
+    assert r.exit_code == 0 and "vision_config" not in r.stdout

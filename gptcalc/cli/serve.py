@@ -19,7 +19,8 @@ from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
 from ..schema import OPTIONS
-from .options import ByteSize, click_option, describe, float_range, model_options
+from .options import (ByteSize, click_option, current_setup, describe, float_range,
+                      model_options)
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -122,6 +123,10 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                         gpu_memory is None, {k for k, v in given.items() if v is None})
     if cfg.moe and pool.activation:
         line += "; MoE layers' activations as one dense MLP of width d_ff"
+    setup = current_setup()
+    if setup is not None and setup.encoders:
+        line += (f"; the language model only: the checkpoint's {' and '.join(setup.encoders)} "
+                 "(its encoder's weights and the engine's encoder profile run) not counted")
     if as_json:
         out = _json(cfg, wl, pool, conc, mml, ctx, s, line, advice)
         out.update(weights_dtype=weights_label(weights), weights_source=source)
