@@ -127,3 +127,24 @@ def test_a_multimodal_checkpoint_says_its_encoder_is_left_out(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path), "--gpu", "h100-sxm"])
     assert r.exit_code == 0 and "vision_config" not in r.stdout
+
+
+def test_custom_all_reduce_buffers_by_tp_and_release():
+    from gptcalc.inference.servers import custom_all_reduce_bytes
+
+    # vllm/distributed/device_communicators/custom_all_reduce.py: two shared buffers of
+    # max_size = 8192 x 1024 bytes and an 8 MiB rank_data tensor, at world sizes 2, 4, 6, 8
+    now, old = release("vllm"), release("vllm", "0.4.0")
+    assert [custom_all_reduce_bytes(now, tp) for tp in (1, 2, 3, 4, 5, 6, 7, 8, 16)] == \
+        [0, 24 * 2**20, 0, 24 * 2**20, 0, 24 * 2**20, 0, 24 * 2**20, 0]
+    assert custom_all_reduce_bytes(release("vllm", "0.4.1"), 2) == 24 * 2**20
+    assert custom_all_reduce_bytes(old, 2) == 0
+    assert custom_all_reduce_bytes(release("sglang"), 8) == 0
+    # through serve: added to the default non-torch at tp 4, not to a --non-torch given
+    tp4 = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm", "--tp", "4")
+    assert tp4["custom_all_reduce"] == 24 * 2**20
+    assert tp4["non_torch"] == int(0.2 * GiB) + 24 * 2**20
+    given = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm", "--tp", "4",
+                       "--non-torch", "0.2GiB")
+    assert given["custom_all_reduce"] == 0 and given["non_torch"] == int(0.2 * GiB)
+    assert tp4["kv_cache"] == given["kv_cache"] - 24 * 2**20

@@ -105,7 +105,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                 utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs, block_size=kv_block_size,
                 non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name,
-                engine_version=engine_version, max_model_len=mml)
+                engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -155,6 +155,8 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, s
 
     wd, source = weights
     knob = "mem_fraction_static" if p.engine == "sglang" else "gpu_memory_utilization"
+    comm = (f" + custom all-reduce {binary_bytes(p.custom_all_reduce)} (NVLink assumed)"
+            if p.custom_all_reduce else "")
     seqs = min(p.max_num_seqs, p.max_num_batched_tokens)
     profile = ("no profile run (activations live outside the fraction)" if p.engine == "sglang"
                else f"profile run of {p.max_num_batched_tokens:,} tokens"
@@ -167,7 +169,8 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, s
             f"weights {weights_label(wd)} ({source}), KV cache {kd}, "
             f"{knob} {p.utilization:g}{d('utilization')}, "
             f"max_model_len {mml:,}{d('max_model_len')}, {profile}, blocks of {p.block_size} "
-            f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch)}{d('non_torch')}, "
+            f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch - p.custom_all_reduce)}"
+            f"{d('non_torch')}{comm}, "
             f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), "
             f"{'32' if wd == 'fp32' else '16'}-bit activations")
 
@@ -181,7 +184,8 @@ def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]
         "max_model_len": mml, "context": ctx, "max_num_batched_tokens": p.max_num_batched_tokens,
         "max_num_seqs": p.max_num_seqs, "block_size": p.block_size,
         "weights": p.weights, "activation_peak": p.activation_peak,
-        "activation": p.activation, "non_torch": p.non_torch, "kv_cache": p.kv_cache,
+        "activation": p.activation, "non_torch": p.non_torch,
+        "custom_all_reduce": p.custom_all_reduce, "kv_cache": p.kv_cache,
         "shortfall": p.shortfall, "kv_blocks": p.kv_blocks, "kv_tokens": p.kv_tokens,
         "max_concurrency": conc, "fits": p.fits(cfg, mml), "to_fit": advice,
     })
@@ -211,7 +215,10 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice) -> None:
              binary_bytes(p.budget)],
             ["weights", binary_bytes(p.weights)]]
     rows += [[f"activation peak: {k}", binary_bytes(v)] for k, v in p.activation.items()]
-    rows += [["non-torch (NCCL, cuBLAS; beyond the CUDA context)", binary_bytes(p.non_torch)]]
+    rows += [["non-torch (NCCL, cuBLAS; beyond the CUDA context)",
+              binary_bytes(p.non_torch - p.custom_all_reduce)]]
+    if p.custom_all_reduce:
+        rows += [["non-torch: custom all-reduce buffers", binary_bytes(p.custom_all_reduce)]]
     print_table("Memory per GPU", ["part", "bytes"], rows,
                 total_row=["KV cache pool", binary_bytes(p.kv_cache)],
                 caption=f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} "

@@ -40,7 +40,7 @@ from ..layers import global_layers, sliding_layers
 from ..time import check_fraction
 from .kv import kv_bytes_per_token_layer
 from .sampler import sampler_bytes
-from .servers import Release, release, scheduler_defaults
+from .servers import Release, custom_all_reduce_bytes, release, scheduler_defaults
 from .weights import device_weight_bytes, unquantised_bytes
 
 SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
@@ -165,7 +165,8 @@ class KVPool:
     utilization: float  # gpu_memory_utilization (vLLM) or mem_fraction_static (SGLang)
     weights: int
     activation: dict[str, int]  # the profile run's peak by line (empty for SGLang)
-    non_torch: int
+    non_torch: int  # custom_all_reduce included
+    custom_all_reduce: int  # vLLM's custom all-reduce buffers at tp
     block_size: int
     max_num_batched_tokens: int
     max_num_seqs: int
@@ -218,10 +219,13 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             utilization: float | None = None, max_num_batched_tokens: int | None = None,
             max_num_seqs: int | None = None, block_size: int | None = None,
             non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "",
-            engine_version: str | None = None, max_model_len: int | None = None) -> KVPool:
+            engine_version: str | None = None, max_model_len: int | None = None,
+            comm_buffers: bool = True) -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
-    sglang_mem_fraction_static; the newest release; max_model_len the model's context)."""
+    sglang_mem_fraction_static; the newest release; max_model_len the model's context).
+    `comm_buffers`: add the release's custom all-reduce buffers at tp (`servers.
+    custom_all_reduce_bytes`) to `non_torch`, the figure logged beyond them."""
     one_of("engine", engine, SERVERS)
     positive_int("tp", tp)
     if cfg.n_head % tp:
@@ -255,11 +259,12 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     act = {} if engine == "sglang" else profile_activation_bytes(
         cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), engine=rel.engine)
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
-    return KVPool(engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
-                  weights=device_weight_bytes(cfg, weights_dtype, tp), activation=act,
-                  non_torch=non_torch, block_size=bs, max_num_batched_tokens=tokens,
-                  max_num_seqs=seqs, bytes_per_block=cfg.n_layer * layer_block,
-                  layer_block_bytes=layer_block)
+    comm = custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
+    return KVPool(engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes,
+                  utilization=frac, weights=device_weight_bytes(cfg, weights_dtype, tp),
+                  activation=act, non_torch=non_torch + comm, custom_all_reduce=comm,
+                  block_size=bs, max_num_batched_tokens=tokens, max_num_seqs=seqs,
+                  bytes_per_block=cfg.n_layer * layer_block, layer_block_bytes=layer_block)
 
 
 def gpu_memory(g: GPU) -> int:

@@ -27,6 +27,13 @@ V0_CHUNKED_ABOVE = 32768  # V0 chunks prefills by default above this max_model_l
 V0_MAX_NUM_SEQS = 256  # V0's default max_num_seqs
 MIN_BATCHED_TOKENS = 2048  # V0's max_num_batched_tokens floor, and its chunk when chunking
 GiB = 2**30
+MiB = 2**20
+# vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py,
+# `CustomAllreduce.__init__`), on by default since 0.4.1 (vllm-project/vllm pull 4040)
+CUSTOM_AR_SINCE = (0, 4, 1)
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)  # its _SUPPORTED_WORLD_SIZES
+CUSTOM_AR_MAX_SIZE = 8192 * 1024  # max_size: the largest tensor it reduces
+CUSTOM_AR_RANK_DATA = 8 * 1024 * 1024  # rank_data: the registered pointers' table
 _VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:\.?post\d+|\.\d+)?")
 
 
@@ -82,4 +89,24 @@ def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_mod
     return 2048, 256
 
 
-__all__ = ["DEFAULT_VERSIONS", "Release", "parse_version", "release", "scheduler_defaults"]
+def custom_all_reduce_bytes(r: Release, tp: int) -> int:
+    """What vLLM's custom all-reduce holds on each GPU of a tensor-parallel group of tp:
+
+        2 x max_size + rank data = 2 x 8 MiB + 8 MiB = 24 MiB
+
+    two buffers it cudaMallocs and shares with its peers (the intermediate results beside its
+    synchronisation flags, and the buffer inputs are copied into) and a tensor of 8 MiB for
+    the peers' pointers, at tp 2, 4, 6 or 8 within one node, with NVLink between every pair
+    beyond two GPUs (`CustomAllreduce.__init__`); 0 otherwise, under SGLang (whose pool
+    formula counts whatever the process holds) and before vLLM 0.4.1. The flags themselves
+    (`meta_size()`, a few KiB) are not counted; nor are NCCL's buffers, which grow with the
+    channels NCCL opens for the topology (the logged non-torch figure holds them)."""
+    if r.server != "vllm" or parse_version(r.version) < CUSTOM_AR_SINCE:
+        return 0
+    if tp not in CUSTOM_AR_WORLD_SIZES:
+        return 0
+    return 2 * CUSTOM_AR_MAX_SIZE + CUSTOM_AR_RANK_DATA
+
+
+__all__ = ["DEFAULT_VERSIONS", "Release", "custom_all_reduce_bytes", "parse_version", "release",
+           "scheduler_defaults"]
