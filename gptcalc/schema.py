@@ -198,6 +198,13 @@ _SERVE = (
     Option("engine_version", "--engine-version", "text", "The serving engine's release, e.g. "
            "0.6.4 or 0.8.5 (default the newest: vLLM 0.33.0, SGLang 0.5.23): vLLM before 0.8.0 "
            "runs its V0 engine, with its own scheduler defaults.", metavar="X.Y.Z"),
+    Option("enable_lora", "--enable-lora", "flag", "vLLM's LoRA serving: --max-loras slots of "
+           "rank --max-lora-rank on every block Linear, reserved with the weights (default "
+           "off)."),
+    Option("max_loras", "--max-loras", "int", "LoRA adapters served at once, the slots vLLM "
+           "reserves (default 1, vLLM's); with --enable-lora."),
+    Option("max_lora_rank", "--max-lora-rank", "int", "The largest LoRA rank served, each slot's "
+           "rank (default 16, vLLM's); with --enable-lora."),
 )
 
 # every declared option, by name; MODEL_OPTIONS, TRAINING_OPTIONS and DEVICE_OPTIONS in

@@ -148,3 +148,77 @@ def test_custom_all_reduce_buffers_by_tp_and_release():
                        "--non-torch", "0.2GiB")
     assert given["custom_all_reduce"] == 0 and given["non_torch"] == int(0.2 * GiB)
     assert tp4["kv_cache"] == given["kv_cache"] - 24 * 2**20
+
+
+# --- LoRA slots (gptcalc.inference.adapters) ---------------------------------------------------
+
+_SMALL_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176,
+                "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "vocab_size": 300, "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("rank,max_loras", [(8, 1), (16, 4)])
+def test_lora_slots_at_tp1_are_max_loras_adapters_of_peft_all_linear(rank, max_loras):
+    # vLLM's slots of an unfused checkpoint hold max_loras adapters of the largest rank on every
+    # block Linear: PEFT's count of r x (in + out) per Linear with all-linear targets
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    from gptcalc.hf import config_from_hf
+    from gptcalc.inference.adapters import lora_slot_bytes
+    from tests.test_architectures import hf_model
+
+    model = peft.get_peft_model(hf_model(_SMALL_LLAMA),
+                                peft.LoraConfig(r=rank, target_modules="all-linear"))
+    adapters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    slots = lora_slot_bytes(config_from_hf(_SMALL_LLAMA), max_loras, rank, tp=1, dtype_bytes=2)
+    assert sum(slots.values()) == max_loras * adapters * 2
+
+
+def test_lora_slots_split_over_tp_and_fused_qkv_has_three_a():
+    from gptcalc import from_name
+    from gptcalc.inference.adapters import lora_slot_bytes
+
+    cfg = from_name("llama3-8b")  # E 4,096, F 14,336, 32 heads of 128, 8 key/value heads
+    E, F, R, L = 4096, 14336, 16, 32
+    # tp 8: column-parallel B split (q 4,096/8; k, v one head of 128; up, gate 14,336/8),
+    # row-parallel A split (o 4,096/8; down 14,336/8)
+    per_layer = R * ((E + 512) + 2 * (E + 128) + (512 + E) + 2 * (E + F // 8) + (F // 8 + E))
+    assert sum(lora_slot_bytes(cfg, 1, R, tp=8).values()) == L * per_layer * 2
+    # tp 16 (fewer key/value heads than GPUs): each GPU keeps one replicated head
+    per_layer16 = R * ((E + 256) + 2 * (E + 128) + (256 + E) + 2 * (E + F // 16)
+                       + (F // 16 + E))
+    assert sum(lora_slot_bytes(cfg, 1, R, tp=16).values()) == L * per_layer16 * 2
+    # GPT-2's fused c_attn (E 768): vLLM's QKVParallelLinear has an A per q, k, v slice
+    gpt2 = from_name("gpt2")
+    assert lora_slot_bytes(gpt2, 1, 8)["lora/qkv"] == 12 * 8 * (3 * 768 + 3 * 768) * 2
+
+
+def test_enable_lora_through_serve():
+    base = serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm")
+    lora = serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm", "--enable-lora",
+                      "--max-loras", "4", "--max-lora-rank", "64")
+    # Llama-3-8B all-linear at rank 16: 41,943,040 adapter parameters (PEFT's count), 80 MiB
+    # in bf16; 4 slots of rank 64 are 16 times that
+    assert lora["lora_slots"] == 16 * 41_943_040 * 2 == sum(lora["lora"].values())
+    assert lora["kv_cache"] == base["kv_cache"] - lora["lora_slots"]
+    assert base["lora_slots"] == 0 and base["lora"] == {}
+    budget = int(lora["gpu_memory_bytes"] * lora["utilization"])
+    assert lora["weights"] + lora["lora_slots"] + lora["activation_peak"] + \
+        lora["non_torch"] + lora["kv_cache"] == budget
+    first = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--enable-lora"]
+                               ).stdout.splitlines()[0]
+    assert "LoRA slots: max_loras 1 (default) of rank 16 (default)" in first
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--max-loras", "4"], "--max-loras"), (["--max-lora-rank", "8"], "--max-lora-rank"),
+    (["--enable-lora", "--max-loras", "0"], "--max-loras"),
+    (["--enable-lora", "--max-lora-rank", "-8"], "--max-lora-rank"),
+    (["--enable-lora", "--engine", "sglang"], "--enable-lora"),
+    (["--enable-lora", "--preset", "mixtral-8x7b"], "--enable-lora"),
+    (["--enable-lora", "--preset", "deepseek-v2-lite"], "--enable-lora"),
+])
+def test_bad_lora_options_are_one_line_naming_the_option(args, option):
+    r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", *args])
+    assert r.exit_code == 2 and r.stdout == "" and option in r.stderr, r.output
+    assert r.stderr.count("\n") == 1

@@ -10,6 +10,7 @@ from ..config import GPTConfig
 from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
+from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from ..inference.kv import KV_DTYPES
 from ..inference.fit import to_fit
 from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
@@ -68,6 +69,9 @@ from .render import emit_json, envelope, print_line, print_table
               help=f"Memory outside PyTorch beyond the CUDA context (NCCL, cuBLAS) "
                    f"(default {binary_bytes(DEFAULT_NON_TORCH)}, as vLLM logs it).")
 @click_option(OPTIONS["engine_version"])
+@click_option(OPTIONS["enable_lora"])
+@click_option(OPTIONS["max_loras"])
+@click_option(OPTIONS["max_lora_rank"])
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
@@ -76,7 +80,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
             max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
-            engine_version: str | None, as_json: bool) -> None:
+            engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
+            max_lora_rank: int | None, as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
@@ -101,11 +106,13 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     if gen_len >= ctx:
         raise ConfigError("gen_len", f"{gen_len:,} leaves no prompt in --context {ctx:,}")
     nt = non_torch
+    lora = lora_setting(enable_lora, max_loras, max_lora_rank)
     args = dict(engine=engine, tp=tp, weights_dtype=weights, kv_dtype=kv_dtype,
                 utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs, block_size=kv_block_size,
                 non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name,
-                engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None)
+                engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
+                lora=lora)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -118,7 +125,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     given = {"utilization": utilization, "max_model_len": max_model_len,
              "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
              "block_size": kv_block_size, "context": context, "non_torch": nt,
-             "engine_version": engine_version}
+             "engine_version": engine_version, "max_loras": max_loras,
+             "max_lora_rank": max_lora_rank}
     line = _assumptions(pool, g.name, total, tp, (weights, source), kv_dtype, mml, ctx, gen_len,
                         gpu_memory is None, {k for k, v in given.items() if v is None})
     if cfg.moe and pool.activation:
@@ -133,6 +141,20 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         emit_json(out)
         return
     _render(cfg, pool, conc, mml, ctx, s, line, advice)
+
+
+def lora_setting(enable: bool | None, max_loras: int | None, max_lora_rank: int | None
+                 ) -> tuple[int, int] | None:
+    """(max_loras, max_lora_rank) with --enable-lora (vLLM's defaults where not given), else
+    None; the sizes without --enable-lora are refused, as vLLM ignores nothing silently."""
+    if not enable:
+        for name, value in (("max_loras", max_loras), ("max_lora_rank", max_lora_rank)):
+            if value is not None:
+                raise ConfigError(name, "needs --enable-lora")
+        return None
+    return (DEFAULT_MAX_LORAS if max_loras is None else positive_int("max_loras", max_loras),
+            DEFAULT_MAX_LORA_RANK if max_lora_rank is None
+            else positive_int("max_lora_rank", max_lora_rank))
 
 
 def too_long(max_model_len: int, context: int) -> str:
@@ -172,7 +194,14 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, s
             f"tokens{d('block_size')}, non-torch {binary_bytes(p.non_torch - p.custom_all_reduce)}"
             f"{d('non_torch')}{comm}, "
             f"requests of {ctx:,} tokens{d('context')} ({gen:,} generated), "
-            f"{'32' if wd == 'fp32' else '16'}-bit activations")
+            f"{'32' if wd == 'fp32' else '16'}-bit activations{_lora_words(p, d)}")
+
+
+def _lora_words(p: KVPool, d) -> str:
+    if not p.lora:
+        return ""
+    return (f", LoRA slots: max_loras {p.lora_setting[0]:,}{d('max_loras')} of rank "
+            f"{p.lora_setting[1]:,}{d('max_lora_rank')} on every block Linear")
 
 
 def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]:
@@ -185,7 +214,8 @@ def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]
         "max_num_seqs": p.max_num_seqs, "block_size": p.block_size,
         "weights": p.weights, "activation_peak": p.activation_peak,
         "activation": p.activation, "non_torch": p.non_torch,
-        "custom_all_reduce": p.custom_all_reduce, "kv_cache": p.kv_cache,
+        "custom_all_reduce": p.custom_all_reduce, "lora_slots": p.lora_slots,
+        "lora": p.lora, "kv_cache": p.kv_cache,
         "shortfall": p.shortfall, "kv_blocks": p.kv_blocks, "kv_tokens": p.kv_tokens,
         "max_concurrency": conc, "fits": p.fits(cfg, mml), "to_fit": advice,
     })
@@ -215,6 +245,7 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice) -> None:
              binary_bytes(p.budget)],
             ["weights", binary_bytes(p.weights)]]
     rows += [[f"activation peak: {k}", binary_bytes(v)] for k, v in p.activation.items()]
+    rows += [[f"LoRA slots: {k[len('lora/'):]}", binary_bytes(v)] for k, v in p.lora.items()]
     rows += [["non-torch (NCCL, cuBLAS; beyond the CUDA context)",
               binary_bytes(p.non_torch - p.custom_all_reduce)]]
     if p.custom_all_reduce:

@@ -5,6 +5,7 @@
   parallelism (one replicated head per GPU when tp exceeds them, as vLLM shards them);
 - `servers`: a serving engine's releases, the engine a release runs and its scheduler defaults;
 - `sampler`: the bytes of vLLM's sampler pass over the profile run's last tokens;
+- `adapters`: the LoRA slots vLLM reserves with --enable-lora;
 - `pool`: the KV pools of the serving engines vLLM and SGLang (`SERVERS`), and the activation
   peak of their profile run;
 - `roofline`: memory and the roofline of prefill and decode (`gptcalc infer`).

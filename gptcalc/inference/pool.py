@@ -4,18 +4,21 @@ vLLM (vllm/v1/worker/gpu_worker.py, `determine_available_memory`; vllm/utils/mem
 `memory_profiling`): after loading the weights it runs one profile forward of
 max_num_batched_tokens dummy tokens split over min(max_num_seqs, tokens) sequences, logits for
 the last token of each only and no KV cache yet (vllm/v1/worker/gpu_model_runner.py,
-`profile_run`, `_dummy_run`), then
+`profile_run`, `_dummy_run`) and its sampler over those last tokens (`gptcalc.inference.
+sampler`), then
 
-    pool   = total memory x gpu_memory_utilization - weights - activation peak - non-torch
+    pool   = total memory x gpu_memory_utilization - weights - LoRA slots - activation peak
+             - non-torch
     blocks = pool // (block_size x KV bytes per token over every layer)
 
 the KV bytes per token counted by `gptcalc.inference.kv` (the device's key/value heads, one
 replicated head per GPU when tp exceeds them; MLA's whole latent on every GPU).
 
-non-torch being what the process holds outside PyTorch's allocator beyond its CUDA context
-(NCCL and cuBLAS handles, ...). It logs "Available KV cache memory", "GPU KV cache size: N
-tokens" (blocks x block_size) and "Maximum concurrency for C tokens per request" (blocks over
-the blocks one request of C tokens needs).
+the LoRA slots with --enable-lora (`gptcalc.inference.adapters`), non-torch being what the
+process holds outside PyTorch's allocator beyond its CUDA context (NCCL and cuBLAS handles, the
+custom all-reduce's buffers at tp > 1: `gptcalc.inference.servers`). It logs "Available KV
+cache memory", "GPU KV cache size: N tokens" (blocks x block_size) and "Maximum concurrency
+for C tokens per request" (blocks over the blocks one request of C tokens needs).
 
 SGLang (python/sglang/srt/model_executor/model_runner.py, `profile_max_num_token`): the pool
 is what is left of total x mem_fraction_static after the weights and everything else the
@@ -24,20 +27,22 @@ the non-torch term includes the CUDA context. Its activations live in the remain
 1 - mem_fraction_static. Pages of one token.
 
 Scope: dense (non-MoE) activations; no CUDA graphs (vLLM captures them after sizing the pool,
-in the headroom left by gpu_memory_utilization), no sampler temporaries, no LoRA or
-multimodal encoder memory.
+in the headroom left by gpu_memory_utilization); no multimodal encoder memory (the first line
+of `serve` says so for such a checkpoint). The scheduler defaults are the release's
+(`servers.scheduler_defaults`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import GPTConfig
 from ..errors import ConfigError, one_of, positive_int
 from ..gpus import GPU, usable_memory
 from ..layers import global_layers, sliding_layers
 from ..time import check_fraction
+from .adapters import lora_slot_bytes
 from .kv import kv_bytes_per_token_layer
 from .sampler import sampler_bytes
 from .servers import Release, custom_all_reduce_bytes, release, scheduler_defaults
@@ -172,10 +177,23 @@ class KVPool:
     max_num_seqs: int
     bytes_per_block: int  # block_size tokens of every layer
     layer_block_bytes: int  # block_size tokens of one layer
+    lora: dict[str, int] = field(default_factory=dict)  # LoRA slots by target (vLLM)
+    lora_setting: tuple[int, int] | None = None  # (max_loras, max_lora_rank)
 
     @property
     def activation_peak(self) -> int:
         return sum(self.activation.values())
+
+    @property
+    def lora_slots(self) -> int:
+        """vLLM's LoRA slots (`adapters.lora_slot_bytes`), loaded with the weights."""
+        return sum(self.lora.values())
+
+    @property
+    def held(self) -> int:
+        """What the engine holds before its KV cache: weights, LoRA slots, activation peak and
+        non-torch memory."""
+        return self.weights + self.lora_slots + self.activation_peak + self.non_torch
 
     @property
     def budget(self) -> int:
@@ -184,15 +202,15 @@ class KVPool:
 
     @property
     def kv_cache(self) -> int:
-        """The pool: the budget less weights, activation peak and non-torch memory, never
-        below 0 (the engine then refuses to start)."""
-        return max(0, self.budget - self.weights - self.activation_peak - self.non_torch)
+        """The pool: the budget less weights, LoRA slots, activation peak and non-torch
+        memory, never below 0 (the engine then refuses to start)."""
+        return max(0, self.budget - self.held)
 
     @property
     def shortfall(self) -> int:
-        """Bytes by which weights, activation peak and non-torch memory exceed the budget (0
-        when they fit): budget + shortfall = weights + activation peak + non-torch + pool."""
-        return max(0, self.weights + self.activation_peak + self.non_torch - self.budget)
+        """Bytes by which weights, LoRA slots, activation peak and non-torch memory exceed the
+        budget (0 when they fit): budget + shortfall = what they hold + pool."""
+        return max(0, self.held - self.budget)
 
     @property
     def kv_blocks(self) -> int:
@@ -220,12 +238,14 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             max_num_seqs: int | None = None, block_size: int | None = None,
             non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "",
             engine_version: str | None = None, max_model_len: int | None = None,
-            comm_buffers: bool = True) -> KVPool:
+            comm_buffers: bool = True, lora: tuple[int, int] | None = None) -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
     sglang_mem_fraction_static; the newest release; max_model_len the model's context).
     `comm_buffers`: add the release's custom all-reduce buffers at tp (`servers.
-    custom_all_reduce_bytes`) to `non_torch`, the figure logged beyond them."""
+    custom_all_reduce_bytes`) to `non_torch`, the figure logged beyond them. `lora`:
+    (max_loras, max_lora_rank) of vLLM's --enable-lora, whose slots it reserves
+    (`adapters.lora_slot_bytes`); None: no LoRA."""
     one_of("engine", engine, SERVERS)
     positive_int("tp", tp)
     if cfg.n_head % tp:
@@ -260,11 +280,17 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), engine=rel.engine)
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
     comm = custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
+    if lora is not None and engine == "sglang":
+        raise ConfigError("enable_lora", "SGLang's LoRA memory pool is not modelled (vLLM's "
+                                         "slots are: --engine vllm)")
+    slots = {} if lora is None else lora_slot_bytes(
+        cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
     return KVPool(engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes,
                   utilization=frac, weights=device_weight_bytes(cfg, weights_dtype, tp),
                   activation=act, non_torch=non_torch + comm, custom_all_reduce=comm,
                   block_size=bs, max_num_batched_tokens=tokens, max_num_seqs=seqs,
-                  bytes_per_block=cfg.n_layer * layer_block, layer_block_bytes=layer_block)
+                  bytes_per_block=cfg.n_layer * layer_block, layer_block_bytes=layer_block,
+                  lora=slots, lora_setting=lora)
 
 
 def gpu_memory(g: GPU) -> int:
