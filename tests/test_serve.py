@@ -413,6 +413,11 @@ _SERVE_OPTIONS = st.one_of(
               st.sampled_from(["0", "0.5", "0.9", "1", "1.5", "nan", "-0.1"])),
     st.tuples(st.sampled_from(["--weights-dtype", "--kv-dtype"]),
               st.sampled_from(["bf16", "fp16", "fp8", "int4", "int8", "fp4"])),
+    st.tuples(st.just("--engine-version"),
+              st.sampled_from(["0.2.4", "0.7.3", "0.8.0", "0.33.0", "1.0", "x", "0.6.4.post1"])),
+    st.tuples(st.sampled_from(["--max-loras", "--max-lora-rank"]),
+              st.sampled_from(["0", "1", "4", "16", "-2", "abc"])),
+    st.tuples(st.just("--enable-lora"), st.sampled_from(["--no-enable-lora", "--enable-lora"])),
 )
 
 
