@@ -45,12 +45,16 @@ def test_sampler_per_logit_bytes_on_cpu_and_cuda():
     cuda = sampler_bytes(n, v)
     assert sum(cpu.values()) == 28 * n * v + 36 * n
     assert sum(cuda.values()) == 38 * n * v + 36 * n
-    # PyTorch sorts one row, or rows of 10^6 or more, one by one (Sort.cu's large-segment
-    # path): no N x V temporaries, the scatter is the peak on both sides of each threshold
+    # PyTorch's CUDA sort by path (Sort.cu), on both sides of each threshold: one row, or rows
+    # of 10^6 or more, sorted one by one (no N x V temporaries: the scatter is the peak); 2 to
+    # 127 rows by one full sort of (segment, index) pairs, 50 bytes; 128 rows or more by cub's
+    # segmented sort, 38 bytes
     assert sampler_bytes(1, v) == sampler_bytes(1, v, cuda=False)
-    assert sum(sampler_bytes(2, v).values()) == 38 * 2 * v + 72
-    assert sampler_bytes(4, 10**6) == sampler_bytes(4, 10**6, cuda=False)
-    assert sum(sampler_bytes(4, 10**6 - 1).values()) == 38 * 4 * (10**6 - 1) + 4 * 36
+    assert sum(sampler_bytes(2, v).values()) == 50 * 2 * v + 2 * 36
+    assert sum(sampler_bytes(127, v).values()) == 50 * 127 * v + 127 * 36
+    assert sum(sampler_bytes(128, v).values()) == 38 * 128 * v + 128 * 36
+    assert sampler_bytes(200, 10**6) == sampler_bytes(200, 10**6, cuda=False)
+    assert sum(sampler_bytes(200, 10**6 - 1).values()) == 38 * 200 * (10**6 - 1) + 200 * 36
 
 
 # The activation peak of Llama-3-8B's profile on an H100 under vLLM's V0 engine: the sampler

@@ -15,14 +15,22 @@ opt-in — `apply_top_k_top_p`, `random_sample`) holds, per element of the N x V
     scattered   4       sorted.scatter(): the filtered logits back in vocabulary order
 
 the scatter being the peak of the PyTorch ops: a + 26 bytes (28 for bf16 logits), measured on
-CPU (reference_model/serve_sampler.py). On CUDA the sort holds more, while it runs
-(aten/src/ATen/native/cuda/Sort.cu, `segmented_sort_pairs`, 128 or more rows and fewer than
-10^6 columns): int64 source indices (8) and cub's alternate key and value buffers (4 + 8;
-cub/device/dispatch/dispatch_radix_sort.cuh, the "3rd keys buffer" and "3rd values buffer" of
-a sort that may not overwrite its input), so the peak on CUDA is inside the sort: a + 36 bytes
-(38 for bf16). One row, or a vocabulary of 10^6 or more, takes the row-by-row path, whose
-temporaries are one row's. Fewer than 128 rows take the full-sort path, counted here as the
-segmented one. Checked on CUDA against the activation peak vLLM logs for Llama-3-8B on an H100
+CPU (reference_model/serve_sampler.py). On CUDA the sort holds more while it runs, by the
+path PyTorch takes for N rows of V (aten/src/ATen/native/cuda/Sort.cu,
+`launch_stable_sort_kernel`), so the peak on CUDA is inside the sort:
+
+    128 rows or more   `segmented_sort_pairs`: int64 source indices (8) and cub's alternate
+                       key and value buffers (4 + 8; cub/device/dispatch/dispatch_radix_sort.cuh,
+                       the "3rd keys buffer" and "3rd values buffer" of a sort that may not
+                       overwrite its input): 20, a + 36 in all (38 for bf16)
+    2 to 127 rows      `segmented_sort_pairs_by_full_sort`: two arrays of (segment, index)
+                       int32 pairs (8 + 8), the sorted keys it discards (4; aten/src/ATen/cuda/
+                       cub.cu, `radix_sort_pairs_impl`) and cub's alternate buffers (4 + 8): 32,
+                       a + 48 in all (50 for bf16)
+    one row, or V of   `segmented_sort_large_segments`: temporaries of one row only; the
+    10^6 or more       scatter is the peak
+
+Checked on CUDA against the activation peak vLLM logs for Llama-3-8B on an H100 at 256 rows
 (tests/test_serve_sampler.py).
 
 Per request, besides: the sampling parameters (temperature, top-p, top-k as int64, three
@@ -34,8 +42,12 @@ from __future__ import annotations
 FLOAT32 = 4
 SORTED = 4 + 8  # values (float32) and int64 indices
 MASKS = 1 + 1  # top-k and top-p boolean masks
-# CUDA sort temporaries: int64 source indices and cub's alternate float32 keys and int64 values
-CUDA_SORT_TEMPORARIES = 8 + 4 + 8
+# CUDA sort temporaries per element, by path: int64 source indices and cub's alternate float32
+# keys and int64 values; two arrays of int32 (segment, index) pairs, the discarded sorted keys
+# and cub's alternate keys and pairs
+SEGMENTED_TEMPORARIES = 8 + 4 + 8
+FULL_SORT_TEMPORARIES = 8 + 8 + 4 + 4 + 8
+SEGMENTED_FROM = 128  # PyTorch sorts this many rows or more with cub's segmented sort
 LARGE_SEGMENT = 10**6  # PyTorch sorts rows of this many elements or more one by one
 # temperature, top-p (float32), top-k (int64), three float32 penalties, the greedy token (int64)
 PER_REQUEST = 4 + 4 + 8 + 3 * 4 + 8
@@ -44,7 +56,8 @@ PER_REQUEST = 4 + 4 + 8 + 3 * 4 + 8
 def sampler_bytes(seqs: int, vocab_size: int, act_bytes: int = 2, cuda: bool = True
                   ) -> dict[str, int]:
     """The sampler's live bytes at its peak over `seqs` x `vocab_size` logits of `act_bytes`,
-    by line (see the module docstring): inside the sort on CUDA, at the scatter on CPU."""
+    by line (see the module docstring): on CUDA the larger of the sort's and the scatter's
+    moments, at the scatter on CPU."""
     NV, a = seqs * vocab_size, act_bytes
     held = {"logits": NV * a, "sampler/float32": 0 if a == FLOAT32 else NV * FLOAT32,
             "sampler/sorted": NV * SORTED, "sampler/requests": seqs * PER_REQUEST}
@@ -52,10 +65,17 @@ def sampler_bytes(seqs: int, vocab_size: int, act_bytes: int = 2, cuda: bool = T
                "sampler/scattered": NV * FLOAT32}
     if not cuda:
         return scatter
-    # one row, or rows of 10^6 or more, are sorted one by one: temporaries of one row only
-    temps = CUDA_SORT_TEMPORARIES if 1 < seqs and vocab_size < LARGE_SEGMENT else 0
+    temps = sort_temporaries(seqs, vocab_size)
     sort = {**held, "sampler/sort temporaries": NV * temps}
     return max(sort, scatter, key=lambda moment: sum(moment.values()))
 
 
-__all__ = ["sampler_bytes"]
+def sort_temporaries(rows: int, columns: int) -> int:
+    """Bytes per element PyTorch's CUDA sort holds beyond its outputs while it sorts `rows`
+    rows of `columns` float32 values (the module docstring's table)."""
+    if rows == 1 or columns >= LARGE_SEGMENT:
+        return 0  # sorted row by row: temporaries of one row
+    return SEGMENTED_TEMPORARIES if rows >= SEGMENTED_FROM else FULL_SORT_TEMPORARIES
+
+
+__all__ = ["sampler_bytes", "sort_temporaries"]
