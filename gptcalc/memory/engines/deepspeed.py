@@ -590,6 +590,8 @@ class DeepSpeed(Engine):
     stages = (0, 1, 2, 3)
     default_for = (1, 2, 3)
     mixed_by_default = True
+    # DeepSpeed's sequence parallelism is Ulysses (heads exchanged all-to-all), not a ring
+    context_parallel = False
 
     def assumptions(self, setup: TrainingSetup) -> str:
         return f"; DeepSpeed {describe_buffers(setup)}" if setup.zero >= 1 else ""
