@@ -20,7 +20,7 @@ CUDA_SDPA = dict(attn_impl="sdpa", device="cuda")
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(cp=st.integers(2, 5), batch=st.integers(1, 2), heads=st.integers(1, 4),
        half=st.integers(1, 6), head_dim=st.sampled_from([4, 8, 16]),
        mode=st.sampled_from(["bf16", "fp32"]))

@@ -15,7 +15,7 @@ from ..layers import global_layers
 from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
-from .activations import activations_paper, device_activations, logits_bytes
+from .activations import activations_paper, checkpoints_on_host, device_activations, logits_bytes
 from .context_parallel import check_context_parallel, local_workload, sharding_setup
 from .peak import StepPeak, step_peak
 from .engines import engine_for, host, resident, state_bytes
@@ -128,7 +128,8 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         global_batch=global_batch,
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
-        host=host(cfg, setup, peak.stage),
+        host={**host(cfg, setup, peak.stage),
+              **checkpoints_on_host(cfg, workload, setup, peak.stage)},
     )
 
 
