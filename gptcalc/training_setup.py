@@ -163,6 +163,11 @@ class TrainingSetup:
                                       "chunked output is torchtune's: use --impl reference")
 
     @property
+    def gpus(self) -> int:
+        """Devices the layout spans: dp x tp x pp x cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of one weight (and of one gradient): fp32, or 16 bit in mixed and bf16."""
         return 4 if self.mode in ("fp32", "amp") else 2
@@ -187,7 +192,8 @@ class TrainingSetup:
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "") + (
                      f" cp={self.cp} (ring attention, head-tail chunks, parameters sharded "
-                     f"over dp x cp)" if self.cp > 1 else "")
+                     f"over dp x cp; {self.gpus:,} GPUs = dp x tp x pp x cp)" if self.cp > 1
+                     else "")
         tune = ""
         if self.lora_rank:
             base = ("an NF4 (QLoRA, double-quantised" if self.double_quant else

@@ -76,7 +76,12 @@ def _ring_sizes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
                 ) -> tuple[int, int, int, int]:
     """(Q, K, L, a): elements of the rank's q and of its k (and of v), of the logsumexp, and
     the bytes of one element, per device. k and v enter SDPA with every query head (the
-    reference model's repeat_interleave, torchtitan's repeat_kv); heads are split over tp."""
+    reference model's repeat_interleave, torchtitan's repeat_kv); heads are split over tp.
+    Scope: q, k and v contiguous in (b, H, S, D), as the reference model's repeated heads are;
+    transposed views of (b, S, H, D), as torchtitan passes them, make the ring copy them
+    (`key.contiguous()`) and change the layout of its chunks, which is not counted (on fake
+    ranks with the CPU kernel: up to 0.75 Q a more in the forward and 1.5 Q a in the
+    backward, with b and H above 1)."""
     b, t = workload.batch_size, setup.tp
     tokens = workload.seq_len // setup.cp
     q = b * tokens * cfg.q_width // t

@@ -35,9 +35,11 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
                        ("d_ff", cfg.ffn_dim), ("n_embd", cfg.n_embd)):
         if size % t:
             raise ConfigError("tp", f"tp {t} does not divide {what} {size}")
-    if setup.sp and t > 1 and workload.seq_len % t:
+    local = workload.seq_len // setup.cp  # a context-parallel rank's tokens
+    if setup.sp and t > 1 and (workload.seq_len % t or local % t):
         raise ConfigError("sp", f"sequence parallel needs tp {t} to divide seq_len "
-                                f"{workload.seq_len}")
+                                f"{workload.seq_len}" + (f" / cp = {local}" if setup.cp > 1
+                                                         else ""))
     if cfg.n_layer % p:
         raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
     if setup.lora_rank and (t > 1 or p > 1):
