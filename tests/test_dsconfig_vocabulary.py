@@ -183,3 +183,41 @@ def test_checkpoints_are_placed_as_deepspeed_checkpointing_places_them():
         # the checkpoint is the block input the plain set-up keeps
         plain = device_activations(cfg, wl, replace(setup, engine_settings=()))
         assert got["saved"] == plain["layer/block_input"], spec
+
+
+@pytest.mark.parametrize("raw, key", [({"pipeline": {"stages": 2}}, "pipeline"),
+                                      ({"sparse_attention": {"mode": "fixed"}},
+                                       "sparse_attention")])
+def test_a_refused_key_is_one_line_naming_it(tmp_path, raw, key):
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**BASE, **raw}))
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "--deepspeed-config",
+                                 str(path)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and f"{key}:" in r.stderr, r.stderr
+
+
+def test_cpu_checkpointing_moves_the_block_inputs_to_the_host_table(tmp_path):
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**BASE, "bf16": {"enabled": True},
+                                "activation_checkpointing": {"cpu_checkpointing": True}}))
+    args = ["memory", "--preset", "gpt2", "--seq-len", "1024", "--recompute", "full",
+            "--json"]
+    plain = json.loads(CliRunner().invoke(cli, [*args, "-B", "2", "--zero", "2",
+                                                "--engine", "deepspeed"]).stdout)
+    out = json.loads(CliRunner().invoke(cli, [*args, "--deepspeed-config", str(path)]).stdout)
+    inputs = plain["breakdown"]["activations"]["layer/block_input"]
+    assert inputs == 12 * 2 * 1024 * 768 * 2  # L x B x S x E, bf16
+    assert out["breakdown"]["activations"]["layer/block_input"] == 4 * 12  # 0-d placeholders
+    assert out["host"] == {"activation checkpoints (cpu_checkpointing)": inputs}
+    assert "in host memory (cpu_checkpointing)" in out["assumptions"]
+    moved = inputs - 4 * 12
+    assert plain["peak_phases"]["forward end"] - out["peak_phases"]["forward end"] == moved
