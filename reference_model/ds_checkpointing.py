@@ -3,9 +3,11 @@ block keeps between its forward and its backward, under a ds_config's activation
 
 Every block of the reference model runs inside `deepspeed.checkpointing.checkpoint` (as
 Megatron-DeepSpeed wraps its layers), configured with partition_activations and
-cpu_checkpointing as the ds_config gives them, one rank (tensor-parallel size 1: a partition
-is the whole checkpoint). After the forward each checkpoint's autograd context is read: the
-block input's own storage (what stays on the device), the copy the checkpoint keeps
+cpu_checkpointing as the ds_config gives them, on one process: tensor-parallel size 1 (a
+partition is the whole checkpoint), or one rank of a larger tensor-parallel group given as
+Megatron's mpu (the forward's partition is that rank's slice; the backward, which gathers the
+slices over the group, is not run). After the forward each checkpoint's autograd context is
+read: the block input's own storage (what stays on the device), the copy the checkpoint keeps
 (`saved_data`: in host memory under cpu_checkpointing, DeepSpeed's
 `buffer_device = torch.device('cpu')`), and the int64 size tensors beside partitions. Then the
 backward runs, so a broken checkpoint fails. DeepSpeed 0.19's cpu_checkpointing without
@@ -50,14 +52,17 @@ def measure_all(specs: list[dict]) -> list[dict]:
 def measure(spec: dict) -> dict:
     """{"device", "saved", "sizes"}: bytes over every checkpoint of the block inputs' own
     storages, of the copies the checkpoints keep, and of the size tensors. `spec`: "config"
-    (GPTConfig fields), "batch", "seq_len", "mode" (fp32 or bf16), "partition", "cpu"."""
+    (GPTConfig fields), "batch", "seq_len", "mode" (fp32 or bf16), "partition", "cpu", and
+    optionally "tp" and "rank" (the tensor-parallel group's size and this rank)."""
     from deepspeed.runtime.activation_checkpointing import checkpointing
 
     from gptcalc import GPTConfig
 
     from .model import GPT
 
-    checkpointing.configure(None, partition_activations=spec["partition"],
+    tp = spec.get("tp", 1)
+    checkpointing.configure(_ModelParallel(spec.get("rank", 0), tp) if tp > 1 else None,
+                            partition_activations=spec["partition"],
                             checkpoint_in_cpu=spec["cpu"])
     cfg = GPTConfig(**spec["config"])
     torch.manual_seed(0)
@@ -89,8 +94,26 @@ def measure(spec: dict) -> dict:
                 out["saved"] += t.saved_data.untyped_storage().nbytes()
             else:
                 out["sizes"] += t.untyped_storage().nbytes()
-    loss.backward()
+    if tp == 1:  # a partition of tp > 1 is gathered over its group in the backward
+        loss.backward()
     return out
+
+
+class _ModelParallel:
+    """The model-parallel coordinates deepspeed.checkpointing reads from Megatron's mpu: rank
+    `rank` of `size` tensor-parallel ranks (the forward partitions by them alone)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+    def get_model_parallel_rank(self) -> int:
+        return self.rank
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.size
+
+    def get_model_parallel_group(self) -> None:
+        return None
 
 
 if __name__ == "__main__":

@@ -164,6 +164,10 @@ CHECKPOINT_CASES = [
 def test_checkpoints_are_placed_as_deepspeed_checkpointing_places_them():
     specs = [dict(config=c, batch=b, seq_len=s, mode=m, partition=True, cpu=cpu)
              for c, b, s, m in CHECKPOINT_CASES for cpu in (True, False)]
+    # partition_activations at tp 2: each rank keeps its half (the forward; ranks 0 and 1)
+    specs += [dict(config=CHECKPOINT_CASES[0][0], batch=2, seq_len=8, mode="bf16",
+                   partition=True, cpu=cpu, tp=2, rank=rank)
+              for cpu in (False, True) for rank in (0, 1)]
     r = subprocess.run([sys.executable, "-m", "reference_model.ds_checkpointing",
                         json.dumps(specs)], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
@@ -173,16 +177,17 @@ def test_checkpoints_are_placed_as_deepspeed_checkpointing_places_them():
         settings = (("partition_activations", True),) + (
             (("cpu_checkpointing", True),) if spec["cpu"] else ())
         setup = TrainingSetup(mode=spec["mode"], recompute="full", engine="deepspeed",
-                              engine_settings=settings, attn_impl="sdpa")
+                              engine_settings=settings, attn_impl="sdpa",
+                              tp=spec.get("tp", 1))
         cfg, wl = GPTConfig(**spec["config"]), Workload(spec["batch"], spec["seq_len"])
         device = device_activations(cfg, wl, setup)["layer/block_input"]
         host = checkpoints_on_host(cfg, wl, setup)
         kept = got["saved"] if not spec["cpu"] else 0
         assert device == got["device"] + kept, spec
         assert sum(host.values()) == got["sizes"] + (got["saved"] if spec["cpu"] else 0), spec
-        # the checkpoint is the block input the plain set-up keeps
+        # the checkpoint is the block input the plain set-up keeps, over tp
         plain = device_activations(cfg, wl, replace(setup, engine_settings=()))
-        assert got["saved"] == plain["layer/block_input"], spec
+        assert got["saved"] * setup.tp == plain["layer/block_input"], spec
 
 
 @pytest.mark.parametrize("raw, key", [({"pipeline": {"stages": 2}}, "pipeline"),
