@@ -56,15 +56,93 @@ OFFLOAD_KEYS = {"offload_optimizer": (("buffer_count", "ratio"),
 ZERO_KEYS = ("stage", *ZERO_DEFAULTS, "overlap_comm", "reduce_scatter", "allgather_partitions",
              "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
              "memory_efficient_linear", *OFFLOAD_KEYS)
-# keys a ds_config may hold that do not change what a rank holds in memory (read and ignored)
-IGNORED_KEYS = ("train_batch_size", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-                "optimizer", "scheduler", "zero_allow_untested_optimizer", "prescale_gradients",
-                "gradient_predivide_factor", "communication_data_type", "flops_profiler",
-                "activation_checkpointing", "tensorboard", "wandb", "csv_monitor",
-                "comms_logger", "checkpoint", "data_types", "amp", "aio",
-                "zero_force_ds_cpu_optimizer")
-KNOWN_KEYS = ("zero_optimization", "bf16", "fp16", "train_micro_batch_size_per_gpu",
-              "gradient_accumulation_steps", *IGNORED_KEYS)
+# The top-level keys DeepSpeed 0.19 reads (deepspeed/runtime/config.py, DeepSpeedConfig and the
+# section parsers it calls; names in deepspeed/runtime/constants.py), each read, ignored or
+# refused here. Read: the batch, the precision, ZeRO, and activation checkpointing's placement.
+READ_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16",
+             "bfloat16", "fp16", "zero_optimization", "activation_checkpointing")
+# keys that change nothing a rank holds in memory, each with its reason (read and ignored)
+IGNORED_KEYS: dict[str, str] = {
+    "train_batch_size": "B x grad_accum x dp: the micro-batch and accumulation decide a rank",
+    "steps_per_print": "logging",
+    "wall_clock_breakdown": "timing logs",
+    "dump_state": "prints the config",
+    "memory_breakdown": "prints memory use",
+    "timers": "timing logs",
+    "log_level": "logging",
+    "flops_profiler": "a profiler's counts, no tensors kept",
+    "tensorboard": "a monitor",
+    "wandb": "a monitor",
+    "csv_monitor": "a monitor",
+    "comet": "a monitor",
+    "comms_logger": "logs collectives",
+    "optimizer": "the optimizer is --optimizer's; its hyperparameters change no byte",
+    "scheduler": "a learning-rate schedule",
+    "gradient_clipping": "scales the gradients in place",
+    "prescale_gradients": "scales the gradients in place",
+    "gradient_predivide_factor": "scales the gradients in place",
+    "gradient_allreduce_op": "mean or sum of the same buffers",
+    "communication_data_type": "the reduction's dtype; ZeRO's buckets are counted in the "
+                               "gradients' dtype",
+    "seq_parallel_communication_data_type": "Ulysses sequence parallel's, which gptcalc does "
+                                            "not run",
+    "disable_allgather": "broadcast in place of all-gather, the same partitions",
+    "disable_python_gc": "when Python's collector runs",
+    "zero_allow_untested_optimizer": "a permission",
+    "zero_force_ds_cpu_optimizer": "a permission",
+    "managed_gradient_accumulation": "who calls the step at the accumulation boundary",
+    "checkpoint": "saving and loading checkpoints",
+    "datastates_ckpt": "an asynchronous checkpoint engine",
+    "aio": "NVMe read and write block sizes and queue depth",
+    "dataloader_drop_last": "the data loader",
+    "vocabulary_size": "a tensor-core alignment warning",
+    "use_data_before_expert_parallelism": "the order of the process groups",
+}
+# keys that turn on a feature gptcalc does not model: refused when they do (`feature_on`)
+REFUSED_KEYS: dict[str, str] = {
+    "pipeline": "DeepSpeed's pipeline engine (PipelineModule) is not modelled",
+    "autotuning": "the autotuner runs many set-ups",
+    "data_efficiency": "data sampling and random-LTD change the tokens a layer sees",
+    "hybrid_engine": "the RLHF hybrid engine's inference containers are not modelled",
+    "torch_autocast": "DeepSpeed's torch autocast mode is not modelled: use bf16/fp16",
+    "compile": "DeepCompile's passes change what is saved and gathered",
+    "tensor_parallel": "AutoTP training is not modelled: give --tp without a ds_config",
+    "expert_parallel": "AutoEP is not modelled",
+    "weight_quantization": "quantized weights are not modelled",
+    "data_types": "a gradient-accumulation or parameter dtype of its own is not modelled",
+}
+# keys DeepSpeed 0.19 itself refuses (deepspeed/runtime/config.py,
+# _REMOVED_TOP_LEVEL_CONFIG_KEYS): the feature was removed
+REMOVED_KEYS = ("amp", "compression_training", "curriculum_learning", "eigenvalue",
+                "elasticity", "graph_harvesting", "nebula", "progressive_layer_drop",
+                "quantize_training", "sparse_attention", "sparse_gradients")
+# bf16 and fp16 keys that keep the master weights, gradients or optimizer states in 16 bit
+# (precision_config.py, DeepSpeedBF16Config and DeepSpeedFP16Config): refused when true
+MASTER_DTYPE_KEYS = ("bf16_master_weights_and_grads", "bf16_optimizer_states",
+                     "fp16_master_weights_and_grads")
+KNOWN_KEYS = (*READ_KEYS, *IGNORED_KEYS, *REFUSED_KEYS, *REMOVED_KEYS)
+# activation_checkpointing's keys (runtime/activation_checkpointing/config.py): the two that
+# place the checkpoints are read; contiguous_memory_optimization is refused (its buffers of
+# number_checkpoints partitions are not modelled); the others time or log
+CHECKPOINT_KEYS = ("partition_activations", "cpu_checkpointing")
+CHECKPOINT_IGNORED = ("number_checkpoints", "synchronize_checkpoint_boundary", "profile")
+
+
+def feature_on(key: str, value: Any) -> bool:
+    """Whether a REFUSED_KEYS section turns its feature on: its "enabled" (compile's
+    "deepcompile"), tensor_parallel's autotp_size above 1, data_types' grad_accum_dtype or
+    param_dtype set, any other section that holds a setting."""
+    if not isinstance(value, dict):
+        return bool(value)
+    if key == "compile":
+        return bool(value.get("deepcompile"))
+    if key == "tensor_parallel":
+        return (value.get("autotp_size") or 0) > 1
+    if key == "data_types":
+        return any(value.get(k) is not None for k in ("grad_accum_dtype", "param_dtype"))
+    if "enabled" in value:
+        return bool(value["enabled"])
+    return bool(value)
 
 
 def read_ds_config(path: str, cfg: GPTConfig) -> dict[str, Any]:
@@ -105,6 +183,15 @@ def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[st
     unknown = sorted(set(raw) - set(KNOWN_KEYS))
     if unknown:
         raise ConfigError("deepspeed_config", f"{where}unknown keys {', '.join(unknown)}")
+    removed = sorted(set(raw) & set(REMOVED_KEYS))
+    if removed:
+        raise ConfigError("deepspeed_config", f"{where}{removed[0]}: DeepSpeed 0.19 removed "
+                                              f"this feature and refuses the key")
+    refused = [k for k in sorted(set(raw) & set(REFUSED_KEYS)) if feature_on(k, raw[k])]
+    if refused:
+        raise ConfigError("deepspeed_config", f"{where}{refused[0]}: {REFUSED_KEYS[refused[0]]}")
+    if "bf16" not in raw and "bfloat16" in raw:  # the old name, read when bf16 is absent
+        raw = {**raw, "bf16": raw["bfloat16"]}      # (precision_config.get_bfloat16_config)
     out: dict[str, Any] = {}
     for key, field in (("train_micro_batch_size_per_gpu", "batch_size"),
                        ("gradient_accumulation_steps", "grad_accum")):
@@ -120,6 +207,11 @@ def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[st
             raise ConfigError("deepspeed_config", f"{where}{section}.enabled must be true, false "
                                                   f"or \"auto\", got {flag!r}")
         enabled[section] = flag
+        own = [k for k in MASTER_DTYPE_KEYS if sec.get(k)]
+        if own:
+            raise ConfigError("deepspeed_config", f"{where}{section}.{own[0]}: 16-bit master "
+                                                  f"weights or optimizer states are not "
+                                                  f"modelled")
     if True in enabled.values():
         out["mode"] = "mixed"
         out["autocast_dtype"] = "bf16" if enabled["bf16"] is True else "fp16"
@@ -160,8 +252,36 @@ def ds_settings(raw: dict[str, Any], cfg: GPTConfig, where: str = "") -> dict[st
             value = _int(value, f"zero_optimization.{key}", where)
         if value != ZERO_DEFAULTS[key]:
             pairs.append((key, value))
-    out["deepspeed_zero"] = tuple(pairs) + offload_pairs(zero, stage, where)
+    out["deepspeed_zero"] = (tuple(pairs) + offload_pairs(zero, stage, where)
+                             + checkpoint_pairs(raw.get("activation_checkpointing", {}), where))
     return out
+
+
+def checkpoint_pairs(section: Any, where: str = "") -> tuple:
+    """activation_checkpointing's placement of deepspeed.checkpointing's checkpoints as
+    (key, True) pairs: partition_activations (each tensor-parallel rank keeps 1/tp of every
+    checkpoint) and cpu_checkpointing (checkpoints kept in host memory)."""
+    if not isinstance(section, dict):
+        raise ConfigError("deepspeed_config", f"{where}activation_checkpointing must be an "
+                                              f"object")
+    bad = sorted(set(section) - set(CHECKPOINT_KEYS) - set(CHECKPOINT_IGNORED)
+                 - {"contiguous_memory_optimization"})
+    if bad:
+        raise ConfigError("deepspeed_config", f"{where}activation_checkpointing has unknown "
+                                              f"keys {', '.join(bad)}")
+    if section.get("contiguous_memory_optimization"):
+        raise ConfigError("deepspeed_config", f"{where}activation_checkpointing."
+                                              f"contiguous_memory_optimization: its buffers "
+                                              f"are not modelled")
+    pairs = []
+    for key in CHECKPOINT_KEYS:
+        value = section.get(key, False)
+        if not isinstance(value, bool):
+            raise ConfigError("deepspeed_config", f"{where}activation_checkpointing.{key} must "
+                                                  f"be true or false, got {value!r}")
+        if value:
+            pairs.append((key, True))
+    return tuple(pairs)
 
 
 def offload_pairs(zero: dict[str, Any], stage: int, where: str = "") -> tuple:
@@ -215,6 +335,8 @@ def zero_section(settings: tuple) -> dict[str, Any]:
     ds_config spells them ({"offload_optimizer": {"device": "cpu"}})."""
     out: dict[str, Any] = {}
     for key, value in settings:
+        if key in CHECKPOINT_KEYS:
+            continue
         section = next((s for s in OFFLOAD_KEYS if key == s or key.startswith(s + "_")), None)
         if section is None:
             out[key] = value
@@ -233,14 +355,18 @@ def ds_config_dict(setup: TrainingSetup, workload: Workload) -> dict[str, Any]:
     offload = any(k in OFFLOAD_KEYS for k, _ in setup.engine_settings)
     # a torch client optimizer under offload (DeepSpeedCPUAdam needs a compiled op)
     force = {"zero_force_ds_cpu_optimizer": False} if offload else {}
+    checkpoints = [(k, v) for k, v in setup.engine_settings if k in CHECKPOINT_KEYS]
     return {**force, "train_micro_batch_size_per_gpu": workload.batch_size,
             "gradient_accumulation_steps": workload.grad_accum,
             "zero_optimization": {"stage": setup.zero, **zero_section(setup.engine_settings)},
             "bf16": {"enabled": mixed and setup.autocast_dtype == "bf16"},
             "fp16": {"enabled": mixed and setup.autocast_dtype == "fp16"},
-            "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
+            "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30,
+            **({"activation_checkpointing": dict(checkpoints)} if checkpoints else {})}
 
 
-__all__ = ["IGNORED_KEYS", "KNOWN_KEYS", "OFFLOAD_DEFAULTS", "OFFLOAD_DEVICES", "OFFLOAD_KEYS",
-           "ZERO_DEFAULTS", "ZERO_KEYS", "ds_config_dict", "ds_settings", "offload_pairs",
+__all__ = ["CHECKPOINT_IGNORED", "CHECKPOINT_KEYS", "IGNORED_KEYS", "KNOWN_KEYS",
+           "MASTER_DTYPE_KEYS", "OFFLOAD_DEFAULTS", "OFFLOAD_DEVICES", "OFFLOAD_KEYS",
+           "READ_KEYS", "REFUSED_KEYS", "REMOVED_KEYS", "ZERO_DEFAULTS", "ZERO_KEYS",
+           "checkpoint_pairs", "ds_config_dict", "ds_settings", "feature_on", "offload_pairs",
            "read_ds_config", "zero_section"]

@@ -165,6 +165,10 @@ _TRAINING = (
     Option("sp", "--sp", "flag", "Sequence parallel (with tp).", "parallel"),
     Option("ep", "--ep", "int", "Expert-parallel ranks: each holds n_expert/ep routed experts "
            "(default 1).", "parallel"),
+    Option("cp", "--cp", "int", "Context-parallel ranks: the sequence cut into 2 x cp chunks, "
+           "rank i holding chunks i and 2cp-1-i, attention a ring over the ranks (torch's "
+           "context_parallel, torchtitan; Megatron-core); parameters sharded over dp x cp; GPUs "
+           "= dp x tp x pp x cp (default 1).", "parallel"),
     Option("lora_rank", "--lora-rank", "int", "LoRA fine-tuning at this rank: a frozen base, "
            "trainable adapters (default 0: full training).", "training"),
     Option("lora_targets", "--lora-targets", "text", TARGETS_HELP, "training", metavar="LIST"),

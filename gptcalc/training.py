@@ -62,8 +62,8 @@ def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingS
 
 
 # engine "": the default for the ZeRO stage (`memory.engines.default_engine`)
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1, "engine": "",
-                     "distributed_optimizer": True}
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1, "cp": 1,
+                     "engine": "", "distributed_optimizer": True}
 
 
 def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, Any]:

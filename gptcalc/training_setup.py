@@ -73,7 +73,10 @@ class TrainingSetup:
     2022's `paper` formula. Parallel layout: `dp` data-parallel replicas with ZeRO stage
     `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
     (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
-    holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard).
+    holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard);
+    `cp` context-parallel ranks, each holding 2 of the sequence's 2 cp chunks, attention run as
+    a ring over them (torch's context_parallel as torchtitan runs it, Megatron-core's
+    context parallel), the parameters sharded over dp x cp.
     `engine`: the training engine's name (gptcalc.memory.engines: its registry checks it and
     gives the default of the ZeRO stage when None), `engine_settings` the engine's own settings
     that differ from its defaults, as (key, value) pairs (a ds_config's zero_optimization
@@ -109,6 +112,7 @@ class TrainingSetup:
     pp: int = 1
     sp: bool = False
     ep: int = 1
+    cp: int = 1
     engine: str | None = None
     distributed_optimizer: bool = True
     overhead: int = 0
@@ -129,7 +133,7 @@ class TrainingSetup:
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
                               ("loss", LOSSES)):
             one_of(name, getattr(self, name), choices)
-        for name in ("dp", "tp", "pp", "ep"):
+        for name in ("dp", "tp", "pp", "ep", "cp"):
             positive_int(name, getattr(self, name))
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
@@ -159,6 +163,11 @@ class TrainingSetup:
                                       "chunked output is torchtune's: use --impl reference")
 
     @property
+    def gpus(self) -> int:
+        """Devices the layout spans: dp x tp x pp x cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of one weight (and of one gradient): fp32, or 16 bit in mixed and bf16."""
         return 4 if self.mode in ("fp32", "amp") else 2
@@ -181,7 +190,10 @@ class TrainingSetup:
         prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, {amp_weights})",
                 "mixed": mixed, "bf16": "pure bf16"}[self.mode]
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
-                 f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
+                 f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "") + (
+                     f" cp={self.cp} (ring attention, head-tail chunks, parameters sharded "
+                     f"over dp x cp; {self.gpus:,} GPUs = dp x tp x pp x cp)" if self.cp > 1
+                     else "")
         tune = ""
         if self.lora_rank:
             base = ("an NF4 (QLoRA, double-quantised" if self.double_quant else

@@ -10,6 +10,7 @@ the log-probabilities are a saved tensor (`cross_entropy/...`), the logits a sep
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 from ..config import GPTConfig
@@ -176,6 +177,61 @@ def device_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         elif p > 1 and stage == "first":  # final norm, head, loss, targets: the last stage
             nbytes = 0
         out[key] = nbytes // _tp_divisor(key, setup)
+    return place_checkpoints(cfg, setup, stage, out)
+
+
+# a checkpointed block input's dimensions (b, S, E): deepspeed.checkpointing saves each
+# input's size as an int64 tensor beside its partition
+CHECKPOINT_INPUT_DIMS = 3
+
+
+def checkpoint_placement(setup: TrainingSetup) -> tuple[bool, bool]:
+    """(partitioned, on_host) for deepspeed.checkpointing's checkpoints under full
+    recomputation: a ds_config's activation_checkpointing.partition_activations and
+    cpu_checkpointing (`dsconfig.checkpoint_pairs`)."""
+    settings = dict(setup.engine_settings)
+    return (setup.recompute == "full" and bool(settings.get("partition_activations")),
+            setup.recompute == "full" and bool(settings.get("cpu_checkpointing")))
+
+
+def _checkpoints(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
+    """Checkpointed block inputs one device of `stage` holds: L/pp blocks of each micro-batch
+    in flight."""
+    return cfg.n_layer // setup.pp * stage_in_flight(setup, stage)
+
+
+def place_checkpoints(cfg: GPTConfig, setup: TrainingSetup, stage: str,
+                      lines: dict[str, int]) -> dict[str, int]:
+    """`lines` with the block inputs full recomputation keeps placed as deepspeed.checkpointing
+    places them (deepspeed/runtime/activation_checkpointing/checkpointing.py, 0.19,
+    CheckpointFunction.forward): with partition_activations each rank keeps numel / tp of every
+    checkpoint (`partition_activations`: a clone of its slice; each tensor-parallel rank its
+    own); with cpu_checkpointing the checkpoint (or its partition) is copied to host memory
+    (`checkpoints_on_host`). Either way the block input's own storage is replaced by a 0-d
+    fp32 tensor (`arg.data = torch.empty([])`), 4 bytes per checkpoint on the device."""
+    partitioned, on_host = checkpoint_placement(setup)
+    if not (partitioned or on_host) or "layer/block_input" not in lines:
+        return lines
+    kept = lines["layer/block_input"] // (setup.tp if partitioned else 1)
+    placeholders = 4 * _checkpoints(cfg, setup, stage)
+    return {**lines, "layer/block_input": placeholders + (0 if on_host else kept)}
+
+
+def checkpoints_on_host(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                        stage: str = "first") -> dict[str, int]:
+    """Host memory deepspeed.checkpointing holds for one device, by line: the checkpoints
+    under cpu_checkpointing (`place_checkpoints`: the block inputs, 1/tp of each when
+    partitioned), and with partition_activations each checkpoint's size, an int64 tensor of
+    its 3 dimensions made on the host (`get_partitioned_activations_for_backward`)."""
+    partitioned, on_host = checkpoint_placement(setup)
+    out = {}
+    if on_host:
+        lines = device_activations(cfg, workload, replace(setup, engine_settings=()), stage)
+        out["activation checkpoints (cpu_checkpointing)"] = lines.get(
+            "layer/block_input", 0) // (setup.tp if partitioned else 1)
+    if partitioned:
+        out["activation checkpoint sizes (partition_activations)"] = (
+            8 * CHECKPOINT_INPUT_DIMS * _checkpoints(cfg, setup, stage))
     return out
 
 

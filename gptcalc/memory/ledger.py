@@ -36,6 +36,9 @@ class Phase(Enum):
     # last block's reduce-scatter copy-in
     ROOT_REGATHER = "backward start, root all-gather"
     REDUCE_SCATTER = "backward, last block's reduce-scatter"
+    # context parallel: the last block's ring attention, in the forward and in the backward
+    RING_FORWARD = "forward, last block's ring attention"
+    RING_BACKWARD = "backward, last block's ring attention"
 
     @property
     def label(self) -> str:
@@ -67,6 +70,13 @@ _WHY = {
                          "logits",
     Phase.REDUCE_SCATTER: "the end of the last block's backward under FSDP2: its unsharded "
                           "gradients copied into the reduce-scatter input",
+    Phase.RING_FORWARD: "the last block's ring attention in the forward under context "
+                        "parallel: every rank's keys and values all-gathered and the partial "
+                        "outputs merged in fp32, beside the saved activations so far",
+    Phase.RING_BACKWARD: "the last block's ring attention in the backward under context "
+                         "parallel: the keys and values all-gathered again, the fp32 gradients "
+                         "of q, k and v and the k and v gradients passed around the ring, "
+                         "beside the saved activations",
 }
 
 
@@ -103,6 +113,8 @@ OPTIMIZER_TEMPORARIES = Term("optimizer temporaries")
 TARGETS = Term("targets")
 SAVED_TO_ATTENTION_CORE = Term("saved activations (to the last block's attention core)")
 ATTENTION_CORE_TRANSIENTS = Term("attention core transients (SDPA math path, 16-bit)")
+RING_FORWARD_BUFFERS = Term("ring attention: gathered k and v, merged outputs")
+RING_BACKWARD_BUFFERS = Term("ring attention: gathered k and v, q/k/v gradients in flight")
 
 
 class Ledger:

@@ -35,12 +35,14 @@ from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .activations import device_activations, saved_in, transformers_loss
+from .context_parallel import (local_workload, ring_backward_bytes, ring_forward_bytes,
+                               sharding_setup)
 from .engines import Step, adjust, engine_for, state_bytes
 from .losses import chunked_loss_transients, fused_loss_transients, logits_alive
 from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
                      GRADIENTS_ACCUMULATING, LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY,
-                     OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
-                     SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger,
+                     OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK,
+                     RING_BACKWARD_BUFFERS, RING_FORWARD_BUFFERS, SAVED, SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger,
                      Phase)
 from .states import BNB_MIN_8BIT_SIZE, STAGES, StateBytes, largest_tensor
 
@@ -320,7 +322,53 @@ def optimizer_in_backward(cfg: GPTConfig, workload: Workload, setup: TrainingSet
 def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
                  ) -> Ledger:
     """Each moment's terms on one device of pipeline stage `stage`: the step's own, then the
-    engine's (`engines.adjust`)."""
+    engine's (`engines.adjust`). Under context parallel, the step of one rank's T/cp tokens
+    over states sharded on dp x cp ranks (`context_parallel.local_workload`, `sharding_setup`),
+    then the ring attention's own moments (`ring_attention_phases`)."""
+    if setup.cp == 1:
+        return rank_ledger(cfg, workload, setup, stage)
+    ledger = rank_ledger(cfg, local_workload(workload, setup), sharding_setup(setup), stage)
+    ring_attention_phases(cfg, workload, setup, stage, ledger)
+    return ledger
+
+
+def ring_attention_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str,
+                          ledger: Ledger) -> None:
+    """The last block's ring attention under context parallel, as two moments of the rank's
+    ledger (made on its T/cp tokens, the engine's terms in it).
+
+    forward: the forward end's terms without the logits and the loss's (not made yet), the
+    saved activations up to the last block's attention core (`saved_before_attention_core`),
+    and the ring's forward buffers (`context_parallel.ring_forward_bytes`).
+    backward: the last block's backward's terms, its block gradients in flight replaced by the
+    ring's backward buffers (`ring_backward_bytes`), the attention output's gradient
+    (N Dq a / tp) and the residual stream's gradient and its copy (2 N E, the stream's dtype);
+    with full or selective recomputation the ring's forward runs again inside the backward,
+    so the larger of the two rings is counted."""
+    local, sharded = local_workload(workload, setup), sharding_setup(setup)
+    acts = device_activations(cfg, local, sharded, stage)
+    forward = ledger.terms(Phase.FORWARD_END)
+    for term in (SAVED, LOGITS, LOSS_LOGITS_COPY):
+        forward.pop(term)
+    ledger.open(Phase.RING_FORWARD, {
+        SAVED_TO_ATTENTION_CORE: saved_before_attention_core(cfg, acts, sharded), **forward,
+        RING_FORWARD_BUFFERS: ring_forward_bytes(cfg, workload, setup)})
+    n = local.tokens
+    dout = n * cfg.q_width * setup.act_bytes // setup.tp
+    again = ring_forward_bytes(cfg, workload, setup) if setup.recompute in (
+        "full", "selective") else 0
+    backward = ledger.terms(Phase.BACKWARD_LAST_BLOCK)
+    backward.pop(BLOCK_GRADIENTS)
+    ledger.open(Phase.RING_BACKWARD, {
+        **backward, RING_BACKWARD_BUFFERS: max(ring_backward_bytes(cfg, workload, setup) + dout,
+                                               again)
+        + 2 * n * cfg.n_embd * setup.stream_bytes})
+
+
+def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
+                ) -> Ledger:
+    """`stage_ledger` of a set-up without context parallel (or of one context-parallel rank's
+    own tokens and sharding)."""
     st = state_bytes(cfg, setup, stage)
     acts = device_activations(cfg, workload, setup, stage)
     saved = sum(acts.values())

@@ -4,6 +4,7 @@ cache counted by `gptcalc.inference.kv`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..config import GPTConfig
@@ -14,7 +15,8 @@ from ..layers import global_layers
 from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
-from .activations import activations_paper, device_activations, logits_bytes
+from .activations import activations_paper, checkpoints_on_host, device_activations, logits_bytes
+from .context_parallel import check_context_parallel, local_workload, sharding_setup
 from .peak import StepPeak, step_peak
 from .engines import engine_for, host, resident, state_bytes
 from .states import STAGES, stage_params
@@ -23,17 +25,21 @@ from .states import STAGES, stage_params
 def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
     """Parallel sizes must divide what they shard (Megatron-LM's and the 1F1B schedule's
     rules); data parallelism shards nothing of the micro-batch, so any dp is valid. The
-    engine must run the set-up (`engines.engine_for`)."""
-    engine_for(setup)
+    engine must run the set-up (`engines.engine_for`), context parallel torch's ring
+    (`context_parallel.check_context_parallel`)."""
+    engine = engine_for(setup)
     validate_workload(cfg, workload)
+    check_context_parallel(cfg, workload, setup, engine.context_parallel)
     t, p = setup.tp, setup.pp
     for what, size in (("n_head", cfg.n_head), ("n_kv_head", cfg.kv_heads),
                        ("d_ff", cfg.ffn_dim), ("n_embd", cfg.n_embd)):
         if size % t:
             raise ConfigError("tp", f"tp {t} does not divide {what} {size}")
-    if setup.sp and t > 1 and workload.seq_len % t:
+    local = workload.seq_len // setup.cp  # a context-parallel rank's tokens
+    if setup.sp and t > 1 and (workload.seq_len % t or local % t):
         raise ConfigError("sp", f"sequence parallel needs tp {t} to divide seq_len "
-                                f"{workload.seq_len}")
+                                f"{workload.seq_len}" + (f" / cp = {local}" if setup.cp > 1
+                                                         else ""))
     if cfg.n_layer % p:
         raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
     if setup.lora_rank and (t > 1 or p > 1):
@@ -98,11 +104,14 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                   context: int | None = None) -> MemoryReport:
     """States, activations (the implementation's and the paper's), logits, the KV cache of an
     inference run at `context` tokens (default seq_len) in the serving dtype, and the step peak,
-    all on the device that holds the peak."""
+    all on the device that holds the peak. Under context parallel a rank's states are sharded
+    over dp x cp and its activations are those of its T/cp tokens (`context_parallel`)."""
     validate_setup(cfg, workload, setup)
     ctx = workload.seq_len if context is None else context
     positive_int("context", ctx)
     peak = step_peak(cfg, workload, setup)
+    global_batch = workload.global_batch(setup.dp)
+    workload, setup = local_workload(workload, setup), sharding_setup(setup)
     st = state_bytes(cfg, setup, peak.stage)
     acts = device_activations(cfg, workload, setup, peak.stage)
     copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
@@ -118,10 +127,11 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
         weight_copies=sum(copies.values()), activations_paper=sum(paper.values()),
         logits=logits, kv_cache=kv, resident=sum(kept.values()), peak=peak,
-        global_batch=workload.global_batch(setup.dp),
+        global_batch=global_batch,
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
-        host=host(cfg, setup, peak.stage),
+        host={**host(cfg, setup, peak.stage),
+              **checkpoints_on_host(cfg, workload, setup, peak.stage)},
     )
 
 
@@ -144,10 +154,9 @@ def max_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget
             return False
         wl = Workload(workload.batch_size, s, workload.grad_accum)
         return step_peak(big, wl, setup).bytes <= budget
-    if setup.sp and setup.tp > 1:  # sequence parallel needs tp | S: search in steps of tp
-        t = setup.tp
-        return t * (largest_fitting(lambda k: fits(k * t), 1) if fits(t) else 0)
-    return largest_fitting(fits, 1) if fits(1) else 0
+    # sequence parallel needs tp | S, context parallel 2 cp | S: search in steps of both
+    t = math.lcm(setup.tp if setup.sp else 1, 2 * setup.cp if setup.cp > 1 else 1)
+    return t * (largest_fitting(lambda k: fits(k * t), 1) if fits(t) else 0)
 
 
 __all__ = ["MemoryReport", "STAGES", "max_batch", "max_seq_len", "memory_report",

@@ -60,6 +60,8 @@ class Engine:
     stages: ClassVar[tuple[int, ...]]  # the ZeRO stages it runs
     default_for: ClassVar[tuple[int, ...]] = ()  # the stages it is the default engine of
     mixed_by_default: ClassVar[bool] = False  # trained in its own mixed precision by default
+    # runs torch's context parallel ring with its data-parallel group the dp x cp mesh
+    context_parallel: ClassVar[bool] = True
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise ConfigError (naming the option) for a set-up the engine does not run."""

@@ -590,9 +590,19 @@ class DeepSpeed(Engine):
     stages = (0, 1, 2, 3)
     default_for = (1, 2, 3)
     mixed_by_default = True
+    # DeepSpeed's sequence parallelism is Ulysses (heads exchanged all-to-all), not a ring
+    context_parallel = False
 
     def assumptions(self, setup: TrainingSetup) -> str:
-        return f"; DeepSpeed {describe_buffers(setup)}" if setup.zero >= 1 else ""
+        placed = [words for key, words in (
+            ("partition_activations", "split over tp (partition_activations)"),
+            ("cpu_checkpointing", "in host memory (cpu_checkpointing)"))
+            if dict(setup.engine_settings).get(key)]
+        checkpoints = f"; activation checkpoints {' and '.join(placed)}" + (
+            "" if setup.recompute == "full" else ", unused without --recompute full") \
+            if placed else ""
+        buffers = f"; DeepSpeed {describe_buffers(setup)}" if setup.zero >= 1 else ""
+        return buffers + checkpoints
 
     def check(self, setup: TrainingSetup) -> None:
         super().check(setup)

@@ -83,6 +83,9 @@ class Megatron(Engine):
             "runs here)")
     stages = (0,)
     mixed_by_default = True
+    # Megatron-core's context parallel runs TransformerEngine's ring (point-to-point k/v
+    # exchange, its own buffers), not torch's
+    context_parallel = False
 
     def check(self, setup: TrainingSetup) -> None:
         super().check(setup)
