@@ -70,6 +70,14 @@ PRESETS: dict[str, Preset] = {
     "llama3-70b": Preset("llama", dict(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192,
                                         d_ff=28672, block_size=8192, vocab_size=128256),
                          hub="llama"),
+    # Llama 3.1 8B and 70B (meta-llama/Llama-3.1-8B and Llama-3.1-70B config.json): Llama 3's
+    # sizes with 131072 positions (rope_scaling llama3, which changes no tensor).
+    "llama3.1-8b": Preset("llama", dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
+                                         d_ff=14336, block_size=131072, vocab_size=128256),
+                          hub="llama"),
+    "llama3.1-70b": Preset("llama", dict(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192,
+                                          d_ff=28672, block_size=131072, vocab_size=128256),
+                           hub="llama"),
     # Llama 3.1 405B (meta-llama/Llama-3.1-405B config.json): 126 layers, 16384 wide, 128 heads,
     # 8 KV heads, intermediate_size 53248, vocabulary 128256, 131072 context.
     "llama3.1-405b": Preset("llama", dict(n_layer=126, n_head=128, n_kv_head=8, n_embd=16384,

@@ -164,6 +164,16 @@ PUBLISHED = {
         num_attention_heads=64, num_key_value_heads=64, vocab_size=256000,
         max_position_embeddings=8192, use_qk_norm=False, logit_scale=0.0625,
         tie_word_embeddings=True),
+    # meta-llama/Llama-3.1-8B
+    "llama3.1-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=131072, tie_word_embeddings=False),
+    # meta-llama/Llama-3.1-70B
+    "llama3.1-70b": dict(
+        model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=131072, tie_word_embeddings=False),
     # meta-llama/Llama-3.1-405B
     "llama3.1-405b": dict(
         model_type="llama", hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,

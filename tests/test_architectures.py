@@ -89,6 +89,7 @@ def test_presets_match_their_published_configs():
                          ("qwen3-8b", "qwen3-8b"), ("qwen3-30b-a3b", "qwen3-30b-a3b"),
                          ("gemma-2-9b", "gemma-2-9b"), ("gemma-3-27b", "gemma-3-27b"),
                          ("gpt-oss-20b", "gpt-oss-20b"), ("llama3.1-405b", "llama3.1-405b"),
+                         ("llama3.1-8b", "llama3.1-8b"), ("llama3.1-70b", "llama3.1-70b"),
                          ("mistral-7b-v0.1", "mistral-7b-v0.1"), ("olmo2-7b", "olmo2-7b"),
                          ("phi-3-mini", "phi-3-mini")]:
         ours, hf = from_name(preset), config_from_hf(PUBLISHED[name])
