@@ -42,7 +42,6 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer: small allocations are packed in 2 MiB se
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: requests under 10 MiB take a 20 MiB segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer
 ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests are rounded up to 2 MiB
-ALLOCATORS = ("default", "expandable")
 
 
 def round_size(nbytes: int) -> int:
@@ -59,7 +58,7 @@ def allocation_size(nbytes: int) -> int:
     return -(-nbytes // ROUND_LARGE) * ROUND_LARGE
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Block:
     ptr: int
     size: int
@@ -78,6 +77,7 @@ class _Pool:
     reserved: int = 0
     tail: dict[int, int] = field(default_factory=dict)  # expandable: segment -> mapped end
     page: int = 0  # expandable: the mapping granularity
+    last: _Block | None = None  # expandable: the block that ends the mapped pages
 
 
 class CachingAllocator:
@@ -120,6 +120,8 @@ class CachingAllocator:
             if block.next is not None:
                 block.next.prev = rest
             block.next, block.size = rest, size
+            if pool.last is block:
+                pool.last = rest
             self._give(pool, rest)
         block.allocated = True
         handle = self._next_handle
@@ -148,6 +150,8 @@ class CachingAllocator:
                     block.next = other.next
                     if other.next is not None:
                         other.next.prev = block
+                    if pool.last is other:
+                        pool.last = block
                 block.size += other.size
         self._give(pool, block)
 
@@ -175,7 +179,7 @@ class CachingAllocator:
             segment, end, last = seg.segment, seg.ptr, None
         else:
             (segment, end), = pool.tail.items()
-            last = self._last_block(segment, end)
+            last = pool.last
         have = last.size if last is not None and not last.allocated else 0
         grow = -(-(size - have) // pool.page) * pool.page
         pool.tail[segment] = end + grow
@@ -188,19 +192,9 @@ class CachingAllocator:
         block = _Block(end, grow, segment, pool.small, prev=last)
         if last is not None:
             last.next = block
+        pool.last = block
         self._give(pool, block)
         return block
-
-    def _last_block(self, segment: int, end: int) -> _Block:
-        for b in self._all_blocks():
-            if b.segment == segment and b.ptr + b.size == end:
-                return b
-        raise AssertionError("an expandable segment without a last block")
-
-    def _all_blocks(self):
-        yield from self._live.values()
-        for p in self.pools.values():
-            yield from p.blocks.values()
 
     def _new_segment(self, pool: _Pool, nbytes: int) -> _Block:
         segment = self._next_address
@@ -226,17 +220,17 @@ class CachingAllocator:
 
 def simulate(events, expandable: bool = False) -> CachingAllocator:
     """Replay `events`, each `("alloc", key, nbytes)` or `("free", key)`, on a fresh
-    allocator; keys name the tensors."""
+    allocator; keys name the tensors; other events (marks) are passed over."""
     alloc = CachingAllocator(expandable)
     handles: dict[object, int] = {}
     for event in events:
         if event[0] == "alloc":
             handles[event[1]] = alloc.malloc(event[2])
-        else:
+        elif event[0] == "free":
             alloc.free(handles.pop(event[1]))
     return alloc
 
 
-__all__ = ["ALLOCATORS", "CachingAllocator", "LARGE_BUFFER", "MIN_BLOCK_SIZE",
+__all__ = ["CachingAllocator", "LARGE_BUFFER", "MIN_BLOCK_SIZE",
            "MIN_LARGE_ALLOC", "ROUND_LARGE", "SMALL_BUFFER", "SMALL_SIZE", "allocation_size",
            "round_size", "simulate"]
