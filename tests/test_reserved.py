@@ -106,11 +106,12 @@ def test_each_moment_of_the_replay_is_the_ledgers(cfg, wl, setup):
     assert set(marked(events)) == set(ledger.phases)
 
 
-# With gradient accumulation the replay's second micro-batch makes its gradients beside the
-# first's in the blocks' order, where the ledger's moments count them whole or not at all
-# (FSDP2's reduce-scatter input, DeepSpeed ZeRO-3's gathered parameters beside them): the
-# replay holds more at its fullest, never less, at most 7.6% measured over gpt2, Llama 3 8B
-# and the MoE debug model with 1-3 blocks.
+# With gradient accumulation the replay makes the first micro-batch's gradients block by block
+# and holds them through the second, where the ledger's moments count an engine's
+# accumulation buffers whole or not at all (FSDP2's reduce-scatter input, DeepSpeed ZeRO-3's
+# gathered parameters beside them): at its fullest the replay may hold up to a block's
+# gradients and an engine buffer more than the step peak, never less; 8% covers that on the
+# models drawn here.
 REPLAY_EXCESS = 0.08
 
 

@@ -5,33 +5,42 @@ sequence of allocations and frees, replayed on the caching-allocator simulator
 The sequence is built from the step's ledger (`peak.stage_ledger`, engine terms included) and
 its saved-tensor lines (`activations.device_activations`), in the order a step makes them:
 
-- before the first step: each parameter tensor's weights;
+- before the first step: each parameter tensor's weights (an engine's kept gradient buffers
+  too);
 - forward: the batch and the embeddings' saved tensors, then block by block each saved line's
   share of one block (a line of the profile is one tensor per block: `layer/attn/q`, ...), the
   head's lines, the logits and the loss's fp32 copy;
 - backward: the loss's gradient (two N x V tensors), the head's gradients, then block by block
-  from the last: the recomputed block and the block's gradients in flight, each parameter
-  tensor's gradient, the block's saved tensors freed; the embeddings' gradients at the end;
+  from the last: the recomputed block and the block's gradients in flight beside its saved
+  tensors, which are then freed, and the block's parameter gradients; what the end of backward
+  adds (the embeddings' gradients, an engine's reduced root gradients);
 - the optimizer step: in the first step each tensor's states (created lazily, as
   torch.optim does), in every step the update's temporaries (one per tensor, as the foreach
   path makes them), then `zero_grad(set_to_none=True)` frees the gradients.
 
+The gradients alive at each moment are the ledger's at that moment, and so is every other
+term: at each moment of a steady step the replay holds the ledger's total (`mark` events say
+where; tests/test_reserved.py checks them). Gradient accumulation is two micro-batches per
+step, the second running beside the first's gradients.
+
 Two steps are replayed: the first creates the optimizer states amid the gradients, the second
 reuses the cache, and the reserved bytes only grow, so their last value is the peak.
 
-Granularity, honestly: each state total of the ledger (weights, gradients, optimizer states,
-the optimizer's temporaries) is split over the parameter tensors in proportion to their
-elements, as per-tensor storages (torch.optim, FSDP2's per-parameter shards); a flat buffer
-(DeepSpeed's partitions, DDP's buckets) is thereby many tensors instead of one. The engine's
-own terms (FSDP2's all-gathered blocks, DDP's buckets, ...) are one tensor each: a term held
-in every moment is allocated before the first step, another is allocated at the moment it
-belongs to and freed after it, not block by block. Saved lines that stand for several tensors
-of one kind in a block are one tensor.
+Granularity: each state total of the ledger (weights, gradients, optimizer states, the
+optimizer's temporaries) is split over the parameter tensors in proportion to their elements,
+one tensor per kind per block (a kind's copies, such as routed experts, as one), as per-tensor
+storages (torch.optim, FSDP2's per-parameter shards); a flat buffer (DeepSpeed's partitions,
+DDP's buckets) is thereby many tensors instead of one. The engine's own terms (FSDP2's
+all-gathered blocks, DDP's buckets, ...) are one tensor each: a term held in every moment is
+allocated before the first step, another at the moment it belongs to and freed after it (a
+block's backward moment again for each block). Saved lines that stand for several tensors of
+one kind in a block are one tensor. Not replayed: each op's own outputs before autograd frees
+them, and other CUDA streams (FSDP2's and NCCL's), whose cached blocks the compute stream cannot
+reuse.
 
 Every block is simulated: the reserved bytes are not linear in L (a large tensor that finds a
-hole at L blocks may need a new segment at L + 1: Llama 3 8B's fp32 logits copy does at 13
-blocks, +8.9 GiB), so no extrapolation from fewer blocks is exact. The cost is linear in L and
-small (about 24,000 events for 126 blocks).
+hole at L blocks may need a new segment at L + 1), so no extrapolation from fewer blocks is
+exact; the cost is linear in L.
 
 What nvidia-smi shows beside it (`nvidia_smi_lines`): the reserved bytes, the CUDA context and,
 when the set-up communicates, NCCL's buffers, which NCCL allocates outside PyTorch's allocator.
