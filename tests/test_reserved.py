@@ -107,22 +107,21 @@ def test_each_moment_of_the_replay_is_the_ledgers(cfg, wl, setup):
 
 
 # With gradient accumulation the replay makes the first micro-batch's gradients block by block
-# and holds them through the second, where the ledger's moments count an engine's
-# accumulation buffers whole or not at all (FSDP2's reduce-scatter input, DeepSpeed ZeRO-3's
-# gathered parameters beside them): at its fullest the replay may hold up to a block's
-# gradients and an engine buffer more than the step peak, never less; 8% covers that on the
-# models drawn here.
-REPLAY_EXCESS = 0.08
+# and accumulates the second's into them, where the ledger's moments count an engine's
+# buffers whole or not at all (FSDP2's reduce-scatter input and, at its reduce-scatter, the
+# head's new gradients beside the accumulated ones; DeepSpeed ZeRO-3's gathered parameters):
+# the replay's fullest moment may differ from the step peak by up to a block's gradients and an
+# engine buffer; 8% covers that on the models drawn here. One micro-batch: exact (above).
+REPLAY_GAP = 0.08
 
 
 @settings(max_examples=30, deadline=None)
 @given(models, workloads, setups)
-def test_the_replay_at_its_fullest_is_the_step_peak_or_a_little_more(cfg, wl, setup):
+def test_the_replay_at_its_fullest_is_near_the_step_peak(cfg, wl, setup):
     drawn(cfg, wl, setup)
     events = step_events(cfg, wl, setup)
-    tensors = sum(1 for e in events if e[0] == "alloc")
     peak = step_peak(cfg, wl, setup).bytes
-    assert peak - tensors <= live_peak(events) <= peak * (1 + REPLAY_EXCESS)
+    assert abs(live_peak(events) - peak) <= peak * REPLAY_GAP
 
 
 @settings(max_examples=25, deadline=None)
@@ -155,6 +154,17 @@ def test_blocks_repeat_the_same_tensors():
     assert block and all(block[e[1][:2] + e[1][3:]] == e[2] for e in two
                          if e[0] == "alloc" and len(e[1]) == 4 and e[1][1] == "block")
     assert len(two) < len(full)
+
+
+def test_every_block_is_simulated_because_reserved_is_not_linear_in_blocks():
+    """One more block does not always add the same reserved bytes (a tensor that found a hole
+    needs a new segment, or the other way round), so extrapolating from a few simulated blocks
+    would not be exact: the stage's reserved bytes are those of all its blocks."""
+    cfg, wl, setup = from_name("gpt2"), Workload(8, 1024), cuda(mode="amp")
+    r = [stage_reserved(cfg, wl, setup, "first", blocks=n) for n in range(1, 6)]
+    assert len({b - a for a, b in zip(r, r[1:])}) > 1
+    assert reserved_bytes(cfg, wl, setup) == stage_reserved(cfg, wl, setup, "first",
+                                                            blocks=cfg.n_layer)
 
 
 def test_nccl_buffers_per_communicator():
