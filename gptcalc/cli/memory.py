@@ -12,7 +12,7 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..memory import MemoryReport, memory_report
 from ..memory.engines import engine_for
-from ..memory.reserved import nvidia_smi_lines, reserved_bytes
+from ..memory.reserved import RESERVED_LINE, nvidia_smi_lines, reserved_bytes
 from ..units import binary_bytes
 from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit
@@ -73,8 +73,8 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
            "peak": rep.peak.bytes,
            "peak_phase": rep.peak.phase, "peak_stage": rep.peak.stage,
            "peak_phases": rep.peak.phases, "overhead": setup.overhead,
-           "reserved": smi and next(iter(smi.values())),
-           "nvidia_smi": smi and sum(smi.values()),
+           "reserved": smi[RESERVED_LINE] if smi else None,
+           "nvidia_smi": sum(smi.values()) if smi else None,
            "breakdown": {**rep.breakdown, "nvidia_smi": smi or {}},
            "host": rep.host, "host_total": rep.host_total, "gpus_per_node": node,
            "host_per_node": rep.host_total * node}
@@ -104,7 +104,7 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
     rows.append([f"resident between steps ({engine_for(setup).name}: weights, optimizer states, "
                  "kept gradients and buffers)", f"{rep.resident:,}", binary_bytes(rep.resident)])
     if smi:
-        reserved = next(iter(smi.values()))
+        reserved = smi[RESERVED_LINE]
         rows.append([f"reserved by the caching allocator ({setup.allocator} segments; "
                      "torch.cuda.max_memory_reserved)", f"{reserved:,}", binary_bytes(reserved)])
     if rep.host:

@@ -369,13 +369,17 @@ def nccl_buffer_bytes(setup: TrainingSetup) -> int:
     return groups * NCCL_CHANNELS * NCCL_RING_PEERS * NCCL_BUFFSIZE
 
 
+# the line of `nvidia_smi_lines` that is the allocator's reserved bytes
+RESERVED_LINE = "reserved (caching allocator)"
+
+
 def nvidia_smi_lines(reserved: int, setup: TrainingSetup) -> dict[str, int]:
     """What nvidia-smi shows for the process, by line: the allocator's reserved bytes, the CUDA
     context (`CUDA_CONTEXT_BYTES`) and NCCL's buffers (`nccl_buffer_bytes`)."""
-    return {"reserved (caching allocator)": reserved, "CUDA context": CUDA_CONTEXT_BYTES,
+    return {RESERVED_LINE: reserved, "CUDA context": CUDA_CONTEXT_BYTES,
             "NCCL buffers": nccl_buffer_bytes(setup)}
 
 
 __all__ = ["CUDA_CONTEXT_BYTES", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
-           "STATE_TENSORS", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines", "reserved_bytes",
-           "stage_reserved", "step_events"]
+           "RESERVED_LINE", "STATE_TENSORS", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
+           "reserved_bytes", "stage_reserved", "step_events"]
