@@ -17,8 +17,8 @@ from .errors import ConfigError, integer
 from .families import ARCHS
 from .lora import TARGETS_HELP
 from .presets import DEFAULT_PRESET
-from .training_setup import (ATTN_IMPLS, AUTOCAST_DTYPES, DEFAULT_LOSS_CHUNKS, DEVICES, IMPLS,
-                             LOSSES, MODES, OPTIMIZERS, RECOMPUTE)
+from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, DEFAULT_LOSS_CHUNKS, DEVICES,
+                             IMPLS, LOSSES, MODES, OPTIMIZERS, RECOMPUTE)
 from .units import parse_bytes
 
 
@@ -139,6 +139,10 @@ _TRAINING = (
            "optimizer step runs in its post-accumulate-grad hook and frees its gradient "
            "(torchtune's optimizer_in_bwd): no full set of gradients; not with gradient "
            "accumulation or sharded gradients.", "training"),
+    Option("allocator", "--allocator", "choice", "PyTorch's CUDA caching allocator that the "
+           "reserved bytes (torch.cuda.max_memory_reserved) are simulated under: default, or "
+           "expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).", "training",
+           ALLOCATORS),
     Option("overhead", "--overhead", "size", "Bytes added to every phase of the peak for what "
            "is not modelled (CUDA context, fragmentation, communication buffers), e.g. 2GiB; "
            "default 0.", "training", metavar="SIZE", zero_ok=True),

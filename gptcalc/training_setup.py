@@ -28,6 +28,9 @@ LOSSES = ("standard", "chunked", "fused")
 # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
 DEFAULT_LOSS_CHUNKS = 8
 ZERO_STAGES = (0, 1, 2, 3)
+# PyTorch's CUDA caching allocator: default (a segment per cudaMalloc) or expandable
+# (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); gptcalc.memory.allocator simulates both
+ALLOCATORS = ("default", "expandable")
 
 
 # the bitsandbytes release assumed unless --bnb-version names another (the one measured)
@@ -94,6 +97,8 @@ class TrainingSetup:
     Trainer, torchtitan's `del pred`, torchtune's `del logits`). `optimizer_in_backward`:
     each parameter's optimizer step runs in its post-accumulate-grad hook and frees its
     gradient (torchtune's optimizer_in_bwd), so no full set of gradients exists.
+    `allocator`: the CUDA caching allocator's mode the reserved bytes are simulated under
+    (`ALLOCATORS`).
 
     The dataclass defaults are the bare fp32 CPU set-up the reference model is measured in;
     `training_defaults` gives the set-up a family is usually trained with.
@@ -126,12 +131,13 @@ class TrainingSetup:
     loss_chunks: int = DEFAULT_LOSS_CHUNKS
     keep_logits: bool = True
     optimizer_in_backward: bool = False
+    allocator: str = "default"
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
-                              ("loss", LOSSES)):
+                              ("loss", LOSSES), ("allocator", ALLOCATORS)):
             one_of(name, getattr(self, name), choices)
         for name in ("dp", "tp", "pp", "ep", "cp"):
             positive_int(name, getattr(self, name))
@@ -205,9 +211,12 @@ class TrainingSetup:
             tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
         optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")
+        alloc = ("expandable segments" if self.allocator == "expandable" else
+                 "default segments")
         return (f"{prec}, {optimizer}, attention {self.attn_impl}, "
                 f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
-                f"{self.recompute}{tune}, {self.describe_loss()}, {layout}")
+                f"{self.recompute}{tune}, {self.describe_loss()}, caching allocator {alloc}, "
+                f"{layout}")
 
     def describe_loss(self) -> str:
         """The loss and what the training loop does with the logits, in words."""

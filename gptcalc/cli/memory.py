@@ -12,6 +12,7 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..memory import MemoryReport, memory_report
 from ..memory.engines import engine_for
+from ..memory.reserved import RESERVED_LINE, nvidia_smi_lines, reserved_bytes
 from ..units import binary_bytes
 from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit
@@ -51,13 +52,17 @@ def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_no
     rep = memory_report(cfg, wl, setup, context)
     fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
                                                   ds)
+    # the CUDA caching allocator's reserved bytes and what nvidia-smi shows (CUDA only)
+    smi = (nvidia_smi_lines(reserved_bytes(cfg, wl, setup), setup) if setup.device == "cuda"
+           else None)
     if as_json:
-        emit_json(_json(cfg, wl, setup, rep, fit, node))
+        emit_json(_json(cfg, wl, setup, rep, fit, node, smi))
         return
-    _render(cfg, wl, setup, rep, fit, node)
+    _render(cfg, wl, setup, rep, fit, node, smi)
 
 
-def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int) -> dict:
+def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
+          smi: dict[str, int] | None) -> dict:
     out = {**envelope(cfg, wl, setup),
            "setup": dataclasses.asdict(setup), "assumptions": assumptions(cfg, wl, setup),
            "global_batch": rep.global_batch,
@@ -68,7 +73,9 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int) -> d
            "peak": rep.peak.bytes,
            "peak_phase": rep.peak.phase, "peak_stage": rep.peak.stage,
            "peak_phases": rep.peak.phases, "overhead": setup.overhead,
-           "breakdown": rep.breakdown,
+           "reserved": smi[RESERVED_LINE] if smi else None,
+           "nvidia_smi": sum(smi.values()) if smi else None,
+           "breakdown": {**rep.breakdown, "nvidia_smi": smi or {}},
            "host": rep.host, "host_total": rep.host_total, "gpus_per_node": node,
            "host_per_node": rep.host_total * node}
     if fit:
@@ -80,7 +87,8 @@ def _rows(lines: dict[str, int]) -> list[list[str]]:
     return [[k, f"{v:,}", binary_bytes(v)] for k, v in lines.items() if v]
 
 
-def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int) -> None:
+def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
+            smi: dict[str, int] | None) -> None:
     print_line(assumptions(cfg, wl, setup))
     print_line(describe(cfg, wl))
     stage = f", {rep.peak.stage} pipeline stage" if setup.pp > 1 else ""
@@ -95,6 +103,10 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int) ->
                  binary_bytes(rep.kv_cache)])
     rows.append([f"resident between steps ({engine_for(setup).name}: weights, optimizer states, "
                  "kept gradients and buffers)", f"{rep.resident:,}", binary_bytes(rep.resident)])
+    if smi:
+        reserved = smi[RESERVED_LINE]
+        rows.append([f"reserved by the caching allocator ({setup.allocator} segments; "
+                     "torch.cuda.max_memory_reserved)", f"{reserved:,}", binary_bytes(reserved)])
     if rep.host:
         rows.append(["host memory per rank (offloaded; not on the device)",
                      f"{rep.host_total:,}", binary_bytes(rep.host_total)])
@@ -102,6 +114,10 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int) ->
                 total_row=[f"step peak ({rep.peak.phase})", f"{rep.peak.bytes:,}",
                            binary_bytes(rep.peak.bytes)],
                 caption=f"peak at {rep.peak.why}")
+    if smi:
+        print_line(f"what nvidia-smi shows: {binary_bytes(sum(smi.values()))} = "
+                   + " + ".join(f"{k} {binary_bytes(v)}" for k, v in smi.items() if v)
+                   + " (the CUDA context and NCCL buffers estimated)")
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
     if rep.host:

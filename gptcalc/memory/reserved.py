@@ -1,0 +1,385 @@
+"""What `torch.cuda.max_memory_reserved()` reads for a training step: the step's tensors as a
+sequence of allocations and frees, replayed on the caching-allocator simulator
+(`gptcalc.memory.allocator`), and what nvidia-smi shows beside it.
+
+The sequence is built from the step's ledger (`peak.stage_ledger`, engine terms included) and
+its saved-tensor lines (`activations.device_activations`), in the order a step makes them:
+
+- before the first step: each parameter tensor's weights (an engine's kept gradient buffers
+  too);
+- forward: the batch and the embeddings' saved tensors, then block by block each saved line's
+  share of one block (a line of the profile is one tensor per block: `layer/attn/q`, ...), the
+  head's lines, the logits and the loss's fp32 copy;
+- backward: the loss's gradient (two N x V tensors), the head's gradients, then block by block
+  from the last: the recomputed block and the block's gradients in flight beside its saved
+  tensors, which are then freed, and the block's parameter gradients; what the end of backward
+  adds (the embeddings' gradients, an engine's reduced root gradients);
+- the optimizer step: in the first step each tensor's states (created lazily, as
+  torch.optim does), in every step the update's temporaries (one per tensor, as the foreach
+  path makes them), then `zero_grad(set_to_none=True)` frees the gradients.
+
+The gradients alive at each moment are the ledger's at that moment, and so is every other
+term: at each moment of a steady step the replay holds the ledger's total (`mark` events say
+where; tests/test_reserved.py checks them). Gradient accumulation is two micro-batches per
+step, the second running beside the first's gradients.
+
+Two steps are replayed: the first creates the optimizer states amid the gradients, the second
+reuses the cache, and the reserved bytes only grow, so their last value is the peak.
+
+Granularity: each state total of the ledger (weights, gradients, optimizer states, the
+optimizer's temporaries) is split over the parameter tensors in proportion to their elements,
+one tensor per kind per block (a kind's copies, such as routed experts, as one), as per-tensor
+storages (torch.optim, FSDP2's per-parameter shards); a flat buffer (DeepSpeed's partitions,
+DDP's buckets) is thereby many tensors instead of one. The engine's own terms (FSDP2's
+all-gathered blocks, DDP's buckets, ...) are one tensor each: a term held in every moment is
+allocated before the first step, another at the moment it belongs to and freed after it (a
+block's backward moment again for each block). Saved lines that stand for several tensors of
+one kind in a block are one tensor. Not replayed: each op's own outputs before autograd frees
+them, and other CUDA streams (FSDP2's and NCCL's), whose cached blocks the compute stream cannot
+reuse.
+
+Every block is simulated: the reserved bytes are not linear in L (a large tensor that finds a
+hole at L blocks may need a new segment at L + 1), so no extrapolation from fewer blocks is
+exact; the cost is linear in L.
+
+What nvidia-smi shows beside it (`nvidia_smi_lines`): the reserved bytes, the CUDA context and,
+when the set-up communicates, NCCL's buffers, which NCCL allocates outside PyTorch's allocator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import GPTConfig
+from ..training_setup import TrainingSetup
+from ..workload import Workload
+from .activations import device_activations
+from .allocator import simulate
+from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACCUMULATING,
+                     LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY, OPTIMIZER_STATES,
+                     OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
+                     SAVED_TO_ATTENTION_CORE, ATTENTION_CORE_TRANSIENTS, STEADY_PHASES, TARGETS,
+                     TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger, Phase)
+from .peak import stage_ledger
+from .states import STAGES, stage_tensors
+
+# the step's own terms; any other term of the ledger is the engine's
+OWN_TERMS = frozenset({WEIGHTS, OPTIMIZER_STATES, OVERHEAD, SAVED, LOGITS, LOSS_LOGITS_COPY,
+                       LOSS_GRADIENT, GRADIENTS, GRADIENTS_ACCUMULATING, RECOMPUTED_BLOCK,
+                       BLOCK_GRADIENTS, TIED_EMBEDDING_GRADIENT, EMBEDDING_INPUTS,
+                       OPTIMIZER_TEMPORARIES, TARGETS, SAVED_TO_ATTENTION_CORE,
+                       ATTENTION_CORE_TRANSIENTS})
+# the optimizer's state tensors per parameter tensor (torch.optim.AdamW: exp_avg, exp_avg_sq;
+# bitsandbytes' 8-bit AdamW: state1, state2; SGD with momentum: momentum_buffer; Lion:
+# exp_avg; transformers' Adafactor: its second moment's factors, counted as one)
+STATE_TENSORS = {"adamw": 2, "adamw8bit": 2, "paged_adamw8bit": 2, "sgd-momentum": 1,
+                 "lion": 1, "adafactor": 1, "sgd": 0}
+# steps replayed: the first creates the optimizer states amid the gradients, the second reuses
+# the cache (tests/test_reserved.py: further steps reserve nothing more)
+STEPS = 2
+# The CUDA context of a PyTorch training process, outside the caching allocator: an estimate, not
+# measured here. With CUDA's lazy module loading (CUDA >= 11.7; the default on Linux since 12.2,
+# CUDA C++ Programming Guide, "Lazy Loading") PyTorch's maintainers put the bare context at about
+# 300 MB; a training step then loads the cuBLAS, attention and NCCL kernels it uses.
+CUDA_CONTEXT_BYTES = 500 << 20
+# NCCL's buffers, allocated by NCCL itself (not through PyTorch's allocator): the Simple
+# protocol's buffer per channel and peer, DEFAULT_BUFFSIZE = 1 << 22 (4 MiB, NCCL_BUFFSIZE) in
+# NVIDIA/nccl src/init.cc; up to MAXCHANNELS = 32 channels (src/include/device.h), as NVLink rings
+# on an 8-GPU H100 node open; two peers per channel in a ring (the previous and the next rank).
+# The LL and LL128 protocols' smaller buffers are not counted. One communicator per parallel
+# group of more than one rank (dp, tp, pp, ep).
+NCCL_BUFFSIZE = 4 << 20
+NCCL_CHANNELS = 32
+NCCL_RING_PEERS = 2
+
+
+@dataclass(frozen=True)
+class _Tensors:
+    """The parameter tensors of one stage by place, as element counts (`total` over all)."""
+
+    head: tuple[int, ...]  # final norm, lm_head
+    embedding: tuple[int, ...]  # token and position embeddings
+    block: tuple[int, ...]  # one block's tensors, in inventory order
+    blocks: int  # blocks on the stage
+    total: int
+
+    def part(self, nbytes: int, n: int) -> int:
+        """A tensor of `n` elements' share of `nbytes` spread over all the stage's elements."""
+        return nbytes * n // self.total
+
+
+def _tensors(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> _Tensors:
+    head: list[int] = []
+    emb: list[int] = []
+    block: list[int] = []
+    blocks = max(1, cfg.n_layer // setup.pp)
+    for t in stage_tensors(cfg, setup, stage):
+        # a kind's copies in one block (heads' modules, routed experts) as one tensor
+        if t.place == "block":
+            block.append(t.numel * (t.count // blocks))
+        else:
+            (emb if t.place == "embedding" else head).append(t.numel * t.count)
+    total = max(1, sum(head) + sum(emb) + blocks * sum(block))
+    return _Tensors(tuple(head), tuple(emb), tuple(block), blocks, total)
+
+
+def _engine_terms(ledger: Ledger) -> tuple[dict, dict]:
+    """The engine's terms: those held with one value in every steady moment (allocated before
+    the first step), and each moment's others."""
+    steady = [p for p in STEADY_PHASES if ledger.has(p)]
+    extra = {p: {t: v for t, v in ledger.terms(p).items() if t not in OWN_TERMS and v}
+             for p in ledger.phases}
+    held = {t: v for t, v in extra[steady[0]].items()
+            if all(extra[p].get(t) == v for p in steady)}
+    moments = {p: {t: v for t, v in terms.items() if t not in held}
+               for p, terms in extra.items()}
+    return held, moments
+
+
+class _Replay:
+    """The events of one device's steps, built moment by moment (`step_events`)."""
+
+    def __init__(self, cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str,
+                 blocks: int | None) -> None:
+        self.ledger = ledger = stage_ledger(cfg, workload, setup, stage)
+        self.acts = device_activations(cfg, workload, setup, stage)
+        self.ts = _tensors(cfg, setup, stage)
+        self.n = self.ts.blocks if blocks is None else blocks
+        self.held, self.moments = _engine_terms(ledger)
+        self.open: dict = {}  # the engine's terms alive, by term: their bytes
+        opt = ledger.get(Phase.OPTIMIZER_STEP, OPTIMIZER_STATES)
+        self.k = STATE_TENSORS.get(setup.optimizer, 1) if opt else 0
+        self.sizes = {"weights": ledger.get(Phase.OPTIMIZER_STEP, WEIGHTS),
+                      "gradients": ledger.get(Phase.OPTIMIZER_STEP, GRADIENTS),
+                      "temporaries": ledger.get(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES)}
+        self.sizes.update({f"state{i}": opt // self.k for i in range(self.k)})
+        forward = ledger.terms(Phase.FORWARD_END)
+        # gradients alive through the forward: an engine's kept gradient buffers (held from
+        # the start), or those accumulating over micro-batches (made in the first backward)
+        self.grads_held = forward.get(GRADIENTS, 0) > 0
+        # the gradients as each moment holds them: the head's (made before any block's), the
+        # blocks' (one by one), the rest after backward (an engine's reduced root gradients)
+        last = ledger.get(Phase.BACKWARD_LAST_BLOCK, GRADIENTS)
+        end = ledger.get(Phase.BACKWARD_END, GRADIENTS)
+        self.head_kept = end >= last  # else the engine reduces the head's before the end
+        ts = self.ts
+        later = end - (last if self.head_kept else 0)
+        blocks = min(later, end * ts.blocks * sum(ts.block) // ts.total)
+        self.grads = {"head": last, "blocks": blocks, "embedding": later - blocks,
+                      "rest": max(0, self.sizes["gradients"] - end),
+                      "accumulating": forward.get(GRADIENTS_ACCUMULATING, 0)}
+        # an engine that moves the gradients into its own buffers before the step (DeepSpeed's
+        # fp32 partition) holds fewer at the step than at the end of backward
+        self.grads_moved = self.sizes["gradients"] < end
+        self.micro_batches = 2 if forward.get(GRADIENTS_ACCUMULATING, 0) else 1
+        self.events: list[tuple] = []
+
+    def alloc(self, key, nbytes: int) -> None:
+        self.events.append(("alloc", key, nbytes))
+
+    def free(self, *keys) -> None:
+        self.events.extend(("free", key) for key in keys)
+
+    def mark(self, phase: Phase) -> None:
+        """Where the ledger's moment `phase` is (the allocator passes over it)."""
+        if self.ledger.has(phase):
+            self.events.append(("mark", phase))
+
+    def each_tensor(self, kind: str, free: bool = False,
+                    places=("head", "embedding", "block")) -> None:
+        """Alloc (or free) `kind`'s share of every parameter tensor of `places`."""
+        ts, total = self.ts, self.sizes[kind]
+        for place in places:
+            blocks = range(self.n) if place == "block" else (None,)
+            shares = ts.block if place == "block" else getattr(ts, place)
+            for b in blocks:
+                for i, n in enumerate(shares):
+                    key = (kind, place, b, i)
+                    self.free(key) if free else self.alloc(key, ts.part(total, n))
+
+    def block_gradients(self, b: int) -> None:
+        """Block `b`'s share of the blocks' gradients, per parameter tensor."""
+        per_block = max(1, sum(self.ts.block) * self.ts.blocks)
+        for i, n in enumerate(self.ts.block):
+            self.alloc(("gradients", "block", b, i), self.grads["blocks"] * n // per_block)
+
+    def free_gradients(self) -> None:
+        head = ("head gradient",) if self.head_kept else ()
+        self.free(*head, "embedding gradients", "rest of the gradients", *(
+            ("gradients", "block", b, i) for b in range(self.n) for i in range(len(self.ts.block))))
+
+    def lines(self, place: str, b=None) -> list[tuple]:
+        """The saved lines of `place` (a block's share of a `layer` line) as (key, bytes)."""
+        per = self.ts.blocks if place in ("layer", "weight_copy") else 1
+        return [(("saved", k, b), v // per) for k, v in self.acts.items()
+                if k.split("/", 1)[0] == place and v]
+
+    def moment(self, phase: Phase, start: bool) -> None:
+        """Open (or close) the engine's terms of `phase`: inside another open moment only what
+        a term holds beyond its value there."""
+        for t, v in self.moments.get(phase, {}).items():
+            key = (t, phase)
+            if start:
+                extra = v - self.open.get(t, 0)
+                self.alloc(key, extra)
+                self.open[key] = extra
+                self.open[t] = self.open.get(t, 0) + extra
+            else:
+                self.free(key)
+                self.open[t] -= self.open.pop(key)
+
+    def get(self, phase: Phase, term) -> int:
+        return self.ledger.get(phase, term)
+
+    def setup_tensors(self) -> None:
+        self.each_tensor("weights", places=("embedding", "block", "head"))
+        for t, v in self.held.items():
+            self.alloc(t, v)
+        self.alloc("overhead", self.get(Phase.OPTIMIZER_STEP, OVERHEAD))
+        if self.grads_held:
+            self.each_tensor("gradients")
+
+    def forward(self) -> None:
+        for key, v in self.lines("input") + self.lines("embedding"):
+            self.alloc(key, v)
+        self.moment(Phase.FORWARD_END, True)
+        for b in range(self.n):
+            for key, v in self.lines("layer", b) + self.lines("weight_copy", b):
+                self.alloc(key, v)
+        for key, v in self.lines("final") + self.lines("cross_entropy"):
+            self.alloc(key, v)
+        self.alloc("logits", self.get(Phase.FORWARD_END, LOGITS))
+        self.alloc("loss copy", self.get(Phase.FORWARD_END, LOSS_LOGITS_COPY))
+        self.mark(Phase.FORWARD_END)
+        self.free("loss copy")
+        self.moment(Phase.FORWARD_END, False)
+        if not self.get(Phase.BACKWARD_START, LOGITS):
+            self.free("logits")
+
+    def backward(self, first: bool) -> None:
+        """The loss's and the head's backward, the blocks' from the last, the embeddings'; the
+        gradients are made in the first micro-batch's (unless held)."""
+        make = first and not self.grads_held
+        self.moment(Phase.ROOT_REGATHER, True)
+        self.mark(Phase.ROOT_REGATHER)
+        self.moment(Phase.ROOT_REGATHER, False)
+        self.moment(Phase.BACKWARD_START, True)
+        grad = self.get(Phase.BACKWARD_START, LOSS_GRADIENT)
+        self.alloc("loss gradient 1", grad // 2)
+        self.alloc("loss gradient 2", grad - grad // 2)
+        self.mark(Phase.BACKWARD_START)
+        self.free("loss gradient 1")
+        head = self.lines("final") + self.lines("cross_entropy")
+        self.free("loss gradient 2", *(key for key, _v in head))
+        self.moment(Phase.BACKWARD_START, False)
+        if make:
+            self.alloc("head gradient", self.grads["head"])
+        for b in reversed(range(self.n)):  # each block's backward is that moment again
+            self.moment(Phase.BACKWARD_LAST_BLOCK, True)
+            self.alloc(("recomputed", b), self.get(Phase.BACKWARD_LAST_BLOCK, RECOMPUTED_BLOCK))
+            self.alloc(("in flight", b), self.get(Phase.BACKWARD_LAST_BLOCK, BLOCK_GRADIENTS))
+            if b == self.n - 1:
+                self.mark(Phase.BACKWARD_LAST_BLOCK)
+            saved = self.lines("layer", b) + self.lines("weight_copy", b)
+            self.free(("in flight", b), ("recomputed", b), *(key for key, _v in saved))
+            self.moment(Phase.BACKWARD_LAST_BLOCK, False)
+            if b == self.n - 1:  # the last block's gradients handed to the reduction
+                self.moment(Phase.REDUCE_SCATTER, True)
+                self.mark(Phase.REDUCE_SCATTER)
+                self.moment(Phase.REDUCE_SCATTER, False)
+            if make:  # the block's parameter gradients, as its backward ends
+                self.block_gradients(b)
+        if make and not self.head_kept:
+            self.free("head gradient")
+        if make:
+            self.alloc("embedding gradients", self.grads["embedding"])
+        self.moment(Phase.BACKWARD_END, True)
+        self.alloc("tied gradient", self.get(Phase.BACKWARD_END, TIED_EMBEDDING_GRADIENT))
+        self.mark(Phase.BACKWARD_END)
+        early = self.lines("input") + self.lines("embedding")
+        self.free("tied gradient", *(key for key, _v in early))
+        if self.get(Phase.BACKWARD_START, LOGITS):
+            self.free("logits")
+        self.moment(Phase.BACKWARD_END, False)
+        if make:
+            self.alloc("rest of the gradients", self.grads["rest"])
+        if first and self.grads_held:  # accumulating beside an engine's kept buffers
+            self.alloc("accumulating gradients", self.grads["accumulating"])
+
+    def optimizer_step(self, first: bool) -> None:
+        """The states made lazily in the first step, the update's temporaries, and
+        zero_grad(set_to_none=True) (kept gradient buffers stay)."""
+        if first:
+            for i in range(self.k):
+                self.each_tensor(f"state{i}")
+        if self.grads_moved and not self.grads_held:
+            self.free_gradients()
+            self.alloc("moved gradients", self.sizes["gradients"])
+        self.moment(Phase.OPTIMIZER_STEP, True)
+        self.alloc("targets", self.get(Phase.OPTIMIZER_STEP, TARGETS))
+        self.each_tensor("temporaries")
+        self.mark(Phase.OPTIMIZER_STEP)
+        self.each_tensor("temporaries", free=True)
+        self.free("targets")
+        self.moment(Phase.OPTIMIZER_STEP, False)
+        if self.grads_moved and not self.grads_held:
+            self.free("moved gradients")
+        elif not self.grads_held:
+            self.free_gradients()
+        if self.grads_held:
+            self.free("accumulating gradients")
+
+
+def step_events(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str = "first",
+                blocks: int | None = None, steps: int = STEPS) -> list[tuple]:
+    """The allocations and frees of `steps` training steps on one device of `stage`, with the
+    stage's blocks (or `blocks` of them: the same per-block tensors, repeated that often).
+    Gradient accumulation is replayed as two micro-batches per step (the second's forward
+    runs beside the gradients, as every later one's does). Events are
+    `("alloc", key, nbytes)` and `("free", key)`."""
+    replay = _Replay(cfg, workload, setup, stage, blocks)
+    replay.setup_tensors()
+    for step in range(steps):
+        for micro in range(replay.micro_batches):
+            replay.forward()
+            replay.backward(first=micro == 0)
+        replay.optimizer_step(first=step == 0)
+    return replay.events
+
+
+def stage_reserved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                   stage: str = "first", blocks: int | None = None) -> int:
+    """The reserved bytes after `step_events` on one device of `stage` (`blocks` blocks, default
+    the stage's), under the set-up's allocator (`TrainingSetup.allocator`)."""
+    events = step_events(cfg, workload, setup, stage, blocks)
+    return simulate(events, setup.allocator == "expandable").reserved
+
+
+def reserved_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """What `torch.cuda.max_memory_reserved()` reads on the most loaded device: the largest
+    `stage_reserved` over the first and last pipeline stage."""
+    stages = STAGES if setup.pp > 1 else ("first",)
+    return max(stage_reserved(cfg, workload, setup, s) for s in stages)
+
+
+def nccl_buffer_bytes(setup: TrainingSetup) -> int:
+    """NCCL's own buffers on one rank: NCCL_BUFFSIZE x channels x ring peers per communicator,
+    one communicator per parallel group of more than one rank; none on one device."""
+    groups = sum(1 for n in (setup.dp, setup.tp, setup.pp, setup.ep) if n > 1)
+    return groups * NCCL_CHANNELS * NCCL_RING_PEERS * NCCL_BUFFSIZE
+
+
+# the line of `nvidia_smi_lines` that is the allocator's reserved bytes
+RESERVED_LINE = "reserved (caching allocator)"
+
+
+def nvidia_smi_lines(reserved: int, setup: TrainingSetup) -> dict[str, int]:
+    """What nvidia-smi shows for the process, by line: the allocator's reserved bytes, the CUDA
+    context (`CUDA_CONTEXT_BYTES`) and NCCL's buffers (`nccl_buffer_bytes`)."""
+    return {RESERVED_LINE: reserved, "CUDA context": CUDA_CONTEXT_BYTES,
+            "NCCL buffers": nccl_buffer_bytes(setup)}
+
+
+__all__ = ["CUDA_CONTEXT_BYTES", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
+           "RESERVED_LINE", "STATE_TENSORS", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
+           "reserved_bytes", "stage_reserved", "step_events"]

@@ -1,0 +1,233 @@
+"""The step's allocation sequence (gptcalc.memory.reserved) and what it reserves: the replay
+holds, at its fullest, exactly the step peak the ledger computes; its reserved bytes are steady
+after `STEPS` steps; the command line prints them; and torchtitan's published max reserved
+memory, against which the gap is stated."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from gptcalc import TrainingSetup, Workload, from_name
+from gptcalc.cli import cli
+from gptcalc.errors import ConfigError
+from gptcalc.memory.allocator import simulate
+from gptcalc.memory.ledger import LOGITS, Phase
+from gptcalc.memory.peak import stage_ledger, step_peak
+from gptcalc.memory.reserved import (CUDA_CONTEXT_BYTES, STEPS, nccl_buffer_bytes,
+                                     nvidia_smi_lines, reserved_bytes, stage_reserved,
+                                     step_events)
+
+GiB = 1 << 30
+
+
+def live_peak(events) -> int:
+    """The most bytes the events hold at once, unrounded."""
+    live = peak = 0
+    sizes: dict = {}
+    for event in events:
+        if event[0] == "alloc":
+            sizes[event[1]] = event[2]
+            live += event[2]
+        elif event[0] == "free":
+            live -= sizes.pop(event[1])
+        peak = max(peak, live)
+    return peak
+
+
+def cuda(**kw) -> TrainingSetup:
+    return TrainingSetup(device="cuda", attn_impl="sdpa", **kw)
+
+
+# one-device and data-parallel set-ups of every engine that shards over dp alone
+LAYOUTS = [dict(mode="amp"), dict(mode="bf16"), dict(mode="amp", dp=4, engine="ddp"),
+           dict(mode="mixed", dp=4, zero=2, engine="fsdp2"),
+           dict(mode="mixed", dp=4, zero=3, engine="fsdp2"),
+           dict(mode="mixed", dp=4, zero=1, engine="deepspeed"),
+           dict(mode="mixed", dp=4, zero=2, engine="deepspeed"),
+           dict(mode="mixed", dp=4, zero=3, engine="deepspeed"),
+           dict(mode="amp", dp=4, zero=1, engine="zero-redundancy")]
+setups = st.builds(
+    lambda layout, recompute, keep, optimizer: cuda(**layout, recompute=recompute,
+                                                    keep_logits=keep, optimizer=optimizer),
+    st.sampled_from(LAYOUTS), st.sampled_from(["none", "selective", "op", "full"]),
+    st.booleans(), st.sampled_from(["adamw", "sgd-momentum", "lion"]))
+models = st.builds(lambda name, layers: from_name(name, n_layer=layers),
+                   st.sampled_from(["gpt2", "llama3-8b", "debug-moe"]), st.integers(1, 4))
+workloads = st.builds(Workload, st.integers(1, 4), st.sampled_from([64, 256, 1024]),
+                      st.integers(1, 2))
+
+
+def marked(events) -> dict:
+    """The live bytes at each moment's mark in the last step (the steady one)."""
+    live, sizes, out = 0, {}, {}
+    for event in events:
+        if event[0] == "alloc":
+            sizes[event[1]] = event[2]
+            live += event[2]
+        elif event[0] == "free":
+            live -= sizes.pop(event[1])
+        else:
+            out[event[1]] = live
+    return out
+
+
+def drawn(cfg, wl, setup) -> None:
+    """A set-up the calculator refuses (op recomputation of MoE blocks) is not drawn."""
+    try:
+        step_peak(cfg, wl, setup)
+    except ConfigError:
+        assume(False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(models, st.builds(Workload, st.integers(1, 4), st.sampled_from([64, 256, 1024])), setups)
+def test_each_moment_of_the_replay_is_the_ledgers(cfg, wl, setup):
+    """One micro-batch: the events are the ledger's terms made and freed in the step's order,
+    so at each moment's mark of a steady step they hold the ledger's total, to the byte (each
+    total is split over tensors by integer division: at most a byte per tensor less). Two
+    exceptions, both the ledger's: its last-block moment leaves out the logits a loop keeps
+    through backward, which the replay holds; and at FSDP2's reduce-scatter it keeps part of the
+    last block's saved tensors, which the replay has freed."""
+    drawn(cfg, wl, setup)
+    ledger = stage_ledger(cfg, wl, setup, "first")
+    events = step_events(cfg, wl, setup)
+    tensors = sum(1 for e in events if e[0] == "alloc")
+    kept = ledger.get(Phase.BACKWARD_START, LOGITS)
+    for phase, live in marked(events).items():
+        want = ledger.total(phase) + (kept if phase == Phase.BACKWARD_LAST_BLOCK else 0)
+        low = 0 if phase == Phase.REDUCE_SCATTER else want - tensors
+        assert low <= live <= want, phase
+    assert set(marked(events)) == set(ledger.phases)
+
+
+# With gradient accumulation the replay makes the first micro-batch's gradients block by block
+# and accumulates the second's into them, where the ledger's moments count an engine's
+# buffers whole or not at all (FSDP2's reduce-scatter input and, at its reduce-scatter, the
+# head's new gradients beside the accumulated ones; DeepSpeed ZeRO-3's gathered parameters):
+# the replay's fullest moment may differ from the step peak by up to a block's gradients and an
+# engine buffer; 8% covers that on the models drawn here. One micro-batch: exact (above).
+REPLAY_GAP = 0.08
+
+
+@settings(max_examples=30, deadline=None)
+@given(models, workloads, setups)
+def test_the_replay_at_its_fullest_is_near_the_step_peak(cfg, wl, setup):
+    drawn(cfg, wl, setup)
+    events = step_events(cfg, wl, setup)
+    peak = step_peak(cfg, wl, setup).bytes
+    assert abs(live_peak(events) - peak) <= peak * REPLAY_GAP
+
+
+@settings(max_examples=25, deadline=None)
+@given(models, workloads, setups, st.booleans())
+def test_the_cache_is_steady_after_the_replayed_steps(cfg, wl, setup, expandable):
+    """A further step reuses the cached segments: the reserved bytes after `STEPS` steps are
+    those of any longer run (they never shrink, so they are its max_memory_reserved)."""
+    setup = dataclasses.replace(setup, allocator="expandable" if expandable else "default")
+    drawn(cfg, wl, setup)
+    short = simulate(step_events(cfg, wl, setup, steps=STEPS), expandable)
+    longer = simulate(step_events(cfg, wl, setup, steps=STEPS + 2), expandable)
+    assert short.reserved == longer.reserved
+    assert short.reserved >= short.peak_allocated
+
+
+def test_reserved_covers_the_peak_and_takes_the_most_loaded_stage():
+    cfg, wl = from_name("gpt2"), Workload(4, 1024)
+    setup = cuda(mode="amp", pp=2)
+    per_stage = [stage_reserved(cfg, wl, setup, s) for s in ("first", "last")]
+    assert reserved_bytes(cfg, wl, setup) == max(per_stage)
+    assert reserved_bytes(cfg, wl, setup) >= step_peak(cfg, wl, setup).bytes
+
+
+def test_blocks_repeat_the_same_tensors():
+    # a stage simulated with fewer blocks makes the same per-block tensors, fewer times
+    cfg, wl, setup = from_name("gpt2"), Workload(2, 256), cuda(mode="amp")
+    full, two = step_events(cfg, wl, setup), step_events(cfg, wl, setup, blocks=2)
+    block = {e[1][:2] + e[1][3:]: e[2] for e in full if e[0] == "alloc" and len(e[1]) == 4
+             and e[1][1] == "block"}
+    assert block and all(block[e[1][:2] + e[1][3:]] == e[2] for e in two
+                         if e[0] == "alloc" and len(e[1]) == 4 and e[1][1] == "block")
+    assert len(two) < len(full)
+
+
+def test_every_block_is_simulated_because_reserved_is_not_linear_in_blocks():
+    """One more block does not always add the same reserved bytes (a tensor that found a hole
+    needs a new segment, or the other way round), so extrapolating from a few simulated blocks
+    would not be exact: the stage's reserved bytes are those of all its blocks."""
+    cfg, wl, setup = from_name("gpt2"), Workload(8, 1024), cuda(mode="amp")
+    r = [stage_reserved(cfg, wl, setup, "first", blocks=n) for n in range(1, 6)]
+    assert len({b - a for a, b in zip(r, r[1:])}) > 1
+    assert reserved_bytes(cfg, wl, setup) == stage_reserved(cfg, wl, setup, "first",
+                                                            blocks=cfg.n_layer)
+
+
+def test_nccl_buffers_per_communicator():
+    # 4 MiB (NCCL_BUFFSIZE) x 32 channels x 2 ring peers = 256 MiB per parallel group
+    assert nccl_buffer_bytes(cuda()) == 0
+    assert nccl_buffer_bytes(cuda(dp=8)) == 256 << 20
+    assert nccl_buffer_bytes(cuda(mode="mixed", dp=8, tp=2, engine="megatron")) == 512 << 20
+    lines = nvidia_smi_lines(10 * GiB, cuda(dp=8))
+    assert sum(lines.values()) == 10 * GiB + CUDA_CONTEXT_BYTES + (256 << 20)
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["memory", *args])
+
+
+def test_memory_prints_reserved_and_what_nvidia_smi_shows():
+    r = run("--preset", "gpt2", "-B", "4", "--device", "cuda", "--allocator", "expandable")
+    assert r.exit_code == 0, r.output
+    assert "caching allocator expandable segments" in r.output.splitlines()[0]
+    assert "reserved by the caching allocator (expandable segments" in r.output
+    assert "what nvidia-smi shows:" in r.output
+    r = run("--preset", "gpt2", "-B", "4", "--device", "cuda", "--dp", "8", "--json")
+    out = json.loads(r.stdout)
+    assert out["setup"]["allocator"] == "default"
+    assert out["reserved"] >= out["peak"]
+    assert out["nvidia_smi"] == sum(out["breakdown"]["nvidia_smi"].values())
+    assert out["breakdown"]["nvidia_smi"]["NCCL buffers"] == 256 << 20
+
+
+def test_no_reserved_on_cpu():
+    # PyTorch's CPU allocator caches nothing: no reserved figure
+    out = json.loads(run("--preset", "shakespeare-char", "--device", "cpu", "--json").stdout)
+    assert out["reserved"] is None and out["nvidia_smi"] is None
+    assert out["breakdown"]["nvidia_smi"] == {}
+
+
+def test_a_bad_allocator_is_one_line_naming_the_option():
+    r = run("--preset", "gpt2", "--allocator", "cudaMallocAsync")
+    assert r.exit_code == 2
+    assert "--allocator" in r.output and "Traceback" not in r.output
+
+
+# torchtitan's published runs, benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan,
+# torchtitan 9dec370, torch 1963fc8): the "Memory(GiB)" column is train.py's
+# `device_mem_stats.max_reserved_gib` (train.py line 393 at 9dec370: torch.cuda.memory_stats'
+# "reserved_bytes.all.peak"). Llama 3.1 8B, FSDP (fully_shard per block and at the root,
+# ZeRO-3; bf16 parameters, fp32 reduction), local batch 2, seq_len 8192 (train_configs/
+# llama3_8b.toml), op-level selective activation checkpointing, `del pred` before backward
+# (train.py line 307), AdamW. Table 1 (line 27): 8 GPUs, 82.4 GiB; Table 3 (line 44): 128 GPUs,
+# 67.0 GiB.
+TORCHTITAN_FSDP = [(8, 82.4), (128, 67.0)]
+# gptcalc's reserved sits below the measured: the replay does not make a block's own
+# transients (each op's outputs before autograd frees them, the op-level recomputation's), and
+# FSDP2 all-gathers and reduce-scatters on their own CUDA streams, whose cached blocks the
+# compute stream cannot reuse; torch differs (end of 2024 vs 2.13). The gap measured is
+# 8-12%: stated as at most 15% below, never above.
+TORCHTITAN_GAP = 0.15
+
+
+@pytest.mark.parametrize("dp,measured_gib", TORCHTITAN_FSDP)
+def test_torchtitan_llama3_8b_fsdp_max_reserved(dp, measured_gib):
+    cfg, wl = from_name("llama3-8b"), Workload(2, 8192)
+    setup = cuda(mode="mixed", engine="fsdp2", zero=3, dp=dp, recompute="op",
+                 keep_logits=False)
+    reserved = reserved_bytes(cfg, wl, setup) / GiB
+    assert (1 - TORCHTITAN_GAP) * measured_gib <= reserved <= measured_gib
