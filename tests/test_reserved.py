@@ -231,3 +231,23 @@ def test_torchtitan_llama3_8b_fsdp_max_reserved(dp, measured_gib):
                  keep_logits=False)
     reserved = reserved_bytes(cfg, wl, setup) / GiB
     assert (1 - TORCHTITAN_GAP) * measured_gib <= reserved <= measured_gib
+
+
+def test_reserved_is_not_simulated_beyond_the_block_limit():
+    # the replay's cost grows with the blocks: a stage deeper than MAX_SIMULATED_BLOCKS gets
+    # null and a line saying so, in constant time
+    import json
+
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+    from gptcalc.memory.reserved import MAX_SIMULATED_BLOCKS
+
+    deep = ["memory", "--preset", "gpt2", "-L", str(10**6), "-B", "1", "--seq-len", "64"]
+    out = json.loads(CliRunner().invoke(cli, [*deep, "--json"]).output)
+    assert out["reserved"] is None and out["nvidia_smi"] is None
+    text = CliRunner().invoke(cli, deep).output
+    assert f"not simulated above {MAX_SIMULATED_BLOCKS} blocks" in text
+    at = ["memory", "--preset", "gpt2", "-L", str(MAX_SIMULATED_BLOCKS), "-B", "1",
+          "--seq-len", "64", "--json"]
+    assert json.loads(CliRunner().invoke(cli, at).output)["reserved"] > 0

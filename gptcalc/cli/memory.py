@@ -12,7 +12,8 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..memory import MemoryReport, memory_report
 from ..memory.engines import engine_for
-from ..memory.reserved import RESERVED_LINE, nvidia_smi_lines, reserved_bytes
+from ..memory.reserved import (MAX_SIMULATED_BLOCKS, RESERVED_LINE, nvidia_smi_lines,
+                               reserved_bytes)
 from ..units import binary_bytes
 from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit
@@ -53,8 +54,8 @@ def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_no
     fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
                                                   ds)
     # the CUDA caching allocator's reserved bytes and what nvidia-smi shows (CUDA only)
-    smi = (nvidia_smi_lines(reserved_bytes(cfg, wl, setup), setup) if setup.device == "cuda"
-           else None)
+    reserved = reserved_bytes(cfg, wl, setup) if setup.device == "cuda" else None
+    smi = None if reserved is None else nvidia_smi_lines(reserved, setup)
     if as_json:
         emit_json(_json(cfg, wl, setup, rep, fit, node, smi))
         return
@@ -118,6 +119,8 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
         print_line(f"what nvidia-smi shows: {binary_bytes(sum(smi.values()))} = "
                    + " + ".join(f"{k} {binary_bytes(v)}" for k, v in smi.items() if v)
                    + " (the CUDA context and NCCL buffers estimated)")
+    elif setup.device == "cuda":
+        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
     if rep.host:

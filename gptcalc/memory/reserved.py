@@ -355,9 +355,18 @@ def stage_reserved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     return simulate(events, setup.allocator == "expandable").reserved
 
 
-def reserved_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+# The replay allocates every block's tensors, so its cost grows with the blocks on a stage; the
+# largest published models hold 126 (Llama 3.1 405B on one stage). Beyond this many the reserved
+# bytes are not simulated (reserved is not linear in the blocks: no extrapolation is exact).
+MAX_SIMULATED_BLOCKS = 256
+
+
+def reserved_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int | None:
     """What `torch.cuda.max_memory_reserved()` reads on the most loaded device: the largest
-    `stage_reserved` over the first and last pipeline stage."""
+    `stage_reserved` over the first and last pipeline stage; None when a stage holds more
+    than `MAX_SIMULATED_BLOCKS` blocks."""
+    if -(-cfg.n_layer // setup.pp) > MAX_SIMULATED_BLOCKS:
+        return None
     stages = STAGES if setup.pp > 1 else ("first",)
     return max(stage_reserved(cfg, workload, setup, s) for s in stages)
 
@@ -380,6 +389,6 @@ def nvidia_smi_lines(reserved: int, setup: TrainingSetup) -> dict[str, int]:
             "NCCL buffers": nccl_buffer_bytes(setup)}
 
 
-__all__ = ["CUDA_CONTEXT_BYTES", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
+__all__ = ["CUDA_CONTEXT_BYTES", "MAX_SIMULATED_BLOCKS", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
            "RESERVED_LINE", "STATE_TENSORS", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
            "reserved_bytes", "stage_reserved", "step_events"]
