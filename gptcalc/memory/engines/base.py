@@ -60,6 +60,10 @@ class Engine:
     stages: ClassVar[tuple[int, ...]]  # the ZeRO stages it runs
     default_for: ClassVar[tuple[int, ...]] = ()  # the stages it is the default engine of
     mixed_by_default: ClassVar[bool] = False  # trained in its own mixed precision by default
+    # its own implementation profile (--impl), the default under it; None: the family's
+    default_impl: ClassVar[str | None] = None
+    # whether its training loop holds the logits through backward (with its default_impl)
+    loop_keeps_logits: ClassVar[bool] = True
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise ConfigError (naming the option) for a set-up the engine does not run."""

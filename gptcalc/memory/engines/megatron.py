@@ -83,6 +83,10 @@ class Megatron(Engine):
             "runs here)")
     stages = (0,)
     mixed_by_default = True
+    # Megatron-Core's own layer (memory.profile_megatron); pretrain_gpt.py's forward_step gets
+    # the loss from GPTModel.forward, whose logits die with it
+    default_impl = "megatron-core"
+    loop_keeps_logits = False
 
     def check(self, setup: TrainingSetup) -> None:
         super().check(setup)

@@ -1,0 +1,173 @@
+"""What Megatron-Core's GPT model keeps for backward (`--impl megatron-core`).
+
+Read from the source, not measured (both need CUDA; no twin runs here): Megatron-LM at commit
+d98e8a64ddf3 (2026-08-22) and Transformer Engine at commit d0067d0da6cb (2026-08-22). The
+layer is `megatron/core/transformer/transformer_layer.py` built by
+`megatron/core/models/gpt/gpt_layer_specs.py`: with Transformer Engine
+(`get_gpt_layer_with_transformer_engine_spec`) the input norm is fused into linear_qkv and the
+pre-MLP norm into linear_fc1 (TELayerNormColumnParallelLinear), the core attention is TE's
+DotProductAttention, the output projections TERowParallelLinear; without it
+(`get_gpt_layer_local_spec`) Apex's FusedLayerNorm, Megatron's Column/RowParallelLinear and its
+own unfused DotProductAttention. What each module saves, one micro-batch, before tensor and
+sequence parallel sharding (`gptcalc.memory.activations` shards the lines: the norms, the
+projections' normalized inputs and the residual dropout masks by sequence parallelism only,
+the rest by tp):
+
+  ln_1, ln_2 / input   N E a   TE `_LayerNormLinear.forward` saves `inputmat` (the residual
+                               stream), `mu`, `rsigma` (fp32, one per token; RMSNorm: rsigma
+                               only) and `ln_out`; Apex's FusedLayerNorm input, mean, invvar
+  attn/qkv_input       N E a   `ln_out`, the GEMM input; with sequence parallelism the local
+                               shard, re-gathered in backward (`ctx.ln_out_needs_gather`; the
+                               local spec's LinearWithGradAccumulationAndAsyncCommunication
+                               saves `input`, not the all-gathered `total_input`)
+  attn/qkv             N (Dq + 2 Dkv) a   linear_qkv's output: q, k and v are
+                               `torch.split` views of it (`get_query_key_value_tensors`), and
+                               the core attention (or the selective checkpoint) saves them;
+                               v's view keeps the whole storage
+  attn/q_rotary, k_rotary     N Dq a, N Dkv a   rotary positions make new q and k
+                               (`apply_rotary_pos_emb`)
+  attn/softmax_stats   b H S 4  TE's fused attention (`FusedAttnFunc`): q, k, v, its output
+                               and the fp32 softmax statistics; attention dropout is
+                               regenerated from the saved RNG state, no mask
+  attn/softmax, dropout_mask, dropped   b H S^2 (a, 1, a)   the local spec's unfused core
+                               (FusedScaleMaskSoftmax's output; with attention dropout its
+                               mask and the dropped probabilities bmm saves): Korthikanti et
+                               al.'s 5 a s^2 b
+  attn/out_input       N Dq a  the core's output, which linear_proj saves (TE's kernel saves
+                               the same storage)
+  attn/resid_dropout_mask, mlp/dropout_mask   N E   bias-dropout-add's mask (dropout > 0)
+  mlp/fc_input         N E a   linear_fc1's `ln_out`, as attn/qkv_input
+  mlp/act_input        N k d_ff a   the activation's input: `bias_gelu_impl` saves fc1's
+                               output, `bias_swiglu_impl` / `bias_geglu_impl` their 2 d_ff
+                               input (k = 2); ReLU saves its output, the next line, instead
+  mlp/hidden           N d_ff a   the activation's output, linear_fc2's input
+
+recompute selective (Megatron's `recompute_modules=["core_attn"]`,
+`_checkpointed_attention_forward`): the checkpoint keeps q, k, v, the core's own tensors are
+recomputed. full (`recompute_granularity="full"`, uniform, one layer per chunk): each layer
+keeps its input hidden states only (the local shard with sequence parallelism).
+Embedding and head: the token ids (8 N; with tp > 1 VocabParallelEmbedding's masked copy, and
+its bool mask), the learned positions' ids (8 N), the embedding dropout's mask; the final norm
+(TENorm: input, mu, rsigma), the output layer's input (ColumnParallelLinear, local shard with
+sequence parallelism), and the vocab-parallel cross entropy
+(`megatron/core/tensor_parallel/cross_entropy.py`): its fp32 softmax of the local vocabulary
+shard (`.float()` of the logits, made the softmax in place), its bool target mask and int64
+masked targets (whole on every rank), and pretrain_gpt.py's `loss_func` multiplication by the
+fp32 loss mask (4 N).
+
+Not modelled: MoE, MLA, q/k norms, sliding windows, post-norms, parallel residuals,
+sinusoidal or ALiBi positions, fp8, TE's fused activation modules, the dataloader's
+attention mask, the fused attention's RNG state (16 bytes a layer).
+"""
+
+from __future__ import annotations
+
+from ..config import GATED_MLPS, GPTConfig
+from ..errors import ConfigError
+from ..training_setup import TrainingSetup
+from ..workload import Workload
+
+MEGATRON_LM_COMMIT = "d98e8a64ddf3"
+TRANSFORMER_ENGINE_COMMIT = "d0067d0da6cb"
+
+
+def check_megatron_core(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """ConfigError naming --impl (or the option) for what the profile does not model."""
+    missing = [name for name, on in (
+        ("MoE", cfg.moe), ("MLA", cfg.mla), ("q/k norms", cfg.qk_norm != "none"),
+        ("post-norms", cfg.post_norm), ("parallel residuals", cfg.parallel_residual),
+        ("sliding windows", cfg.sliding_window is not None),
+        ("attention sinks", cfg.attn_sinks), ("an embedding norm", cfg.embd_norm),
+        ("embedding projections", cfg.embd_dim != cfg.n_embd),
+        (f"{cfg.pos_embedding} positions", cfg.pos_embedding in ("sinusoidal", "alibi")),
+        ("blocks without pre-norms", not cfg.pre_norm)) if on]
+    if missing:
+        raise ConfigError("impl", f"the megatron-core profile does not model "
+                                  f"{', '.join(missing)}; use --impl reference")
+    if setup.mode == "amp":
+        raise ConfigError("mode", "Megatron-Core trains in mixed (bf16/fp16), bf16 or fp32, "
+                                  "not amp (autocast over fp32 weights)")
+    if setup.lora_rank:
+        raise ConfigError("impl", "the megatron-core profile counts full training; LoRA: use "
+                                  "--impl reference or transformers")
+    if setup.recompute == "op":
+        raise ConfigError("recompute", "Megatron-Core recomputes selective (the core "
+                                       "attention) or full layers, not op")
+    if setup.loss != "standard":
+        raise ConfigError("loss", "Megatron-Core's loss is its vocab-parallel cross entropy: "
+                                  "--loss standard")
+    for heads, what in ((cfg.n_head, "attention heads"), (cfg.kv_heads, "query groups")):
+        if heads % setup.tp:
+            raise ConfigError("tp", f"Megatron-Core divides the {heads} {what} over tp; "
+                                    f"{setup.tp} does not divide them")
+
+
+def _norm(cfg: GPTConfig, N: int, a: int) -> dict[str, int]:
+    """One norm's saved tensors: its input and the fp32 statistics (TE's mu and rsigma,
+    Apex's mean and invvar; RMSNorm keeps no mean)."""
+    out = {"input": N * cfg.n_embd * a, "rstd": 4 * N}
+    if cfg.norm != "rmsnorm":
+        out["mean"] = 4 * N
+    return out
+
+
+def megatron_layer_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup
+                         ) -> dict[str, int]:
+    """One TransformerLayer's saved bytes before sharding (the module docstring's table)."""
+    N, a, E, H = b * S, setup.act_bytes, cfg.n_embd, cfg.n_head
+    if setup.recompute == "full":
+        return {"block_input": N * E * a}
+    Dq, Dkv, F = cfg.q_width, cfg.kv_width, cfg.ffn_dim
+    drop = cfg.dropout > 0
+    out = {f"ln_1/{k}": v for k, v in _norm(cfg, N, a).items()}
+    out["attn/qkv_input"] = N * E * a
+    out["attn/qkv"] = N * (Dq + 2 * Dkv) * a
+    if cfg.pos_embedding == "rotary":
+        out["attn/q_rotary"] = N * Dq * a
+        out["attn/k_rotary"] = N * Dkv * a
+    if setup.recompute == "none":
+        if setup.megatron_te:
+            out["attn/softmax_stats"] = b * H * S * 4
+        else:
+            out["attn/softmax"] = b * H * S * S * a
+            out["attn/dropout_mask"] = b * H * S * S if drop else 0
+            out["attn/dropped"] = b * H * S * S * a if drop else 0
+    out["attn/out_input"] = N * Dq * a
+    out["attn/resid_dropout_mask"] = N * E if drop else 0
+    out.update({f"ln_2/{k}": v for k, v in _norm(cfg, N, a).items()})
+    out["mlp/fc_input"] = N * E * a
+    if cfg.mlp != "relu":  # ReLU saves its output, which is linear_fc2's input
+        out["mlp/act_input"] = N * F * a * (2 if cfg.mlp in GATED_MLPS else 1)
+    out["mlp/hidden"] = N * F * a
+    out["mlp/dropout_mask"] = N * E if drop else 0
+    return out
+
+
+def megatron_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                   ) -> dict[str, int]:
+    """Bytes Megatron-Core's GPTModel saves for backward in one micro-batch, one line per saved
+    tensor kind, all L layers, before tensor/sequence-parallel sharding (`input/...` and the
+    cross entropy's index lines are per rank already). Keys as the other profiles':
+    `input/...`, `embedding/...`, `layer/...`, `final/...`, `cross_entropy/...`."""
+    check_megatron_core(cfg, setup)
+    b, S = workload.batch_size, workload.seq_len
+    N, a, E, t = b * S, setup.act_bytes, cfg.n_embd, setup.tp
+    out = {"input/idx": 8 * N,
+           "input/idx_vocab_mask": N if t > 1 else 0,  # VocabParallelEmbedding's input_mask
+           "input/idx_positions": 8 * N if cfg.pos_embedding == "learned" else 0,
+           "embedding/dropout_mask": N * E if cfg.dropout > 0 and cfg.embd_dropout else 0}
+    out.update({f"layer/{k}": cfg.n_layer * v
+                for k, v in megatron_layer_lines(cfg, b, S, setup).items()})
+    if cfg.final_norm:
+        out.update({f"final/ln_f/{k}": v for k, v in _norm(cfg, N, a).items()})
+    out["final/lm_head_input"] = N * E * a
+    v_shard = -(-cfg.vocab_size // t)  # Megatron pads the vocabulary to a multiple of tp
+    out["cross_entropy/softmax"] = N * v_shard * t * 4
+    out["cross_entropy/target_mask"] = N
+    out["cross_entropy/masked_target"] = 8 * N
+    out["cross_entropy/loss_mask"] = 4 * N
+    return out
+
+
+__all__ = ["MEGATRON_LM_COMMIT", "TRANSFORMER_ENGINE_COMMIT", "check_megatron_core",
+           "megatron_layer_lines", "megatron_saved"]
