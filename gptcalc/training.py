@@ -169,7 +169,7 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     if given.get("mode") is None and "mode" not in filed and (
             parallel["engine"] in names() and engine_named(parallel["engine"]).mixed_by_default):
         training["mode"] = "mixed"  # the engine's own mixed precision is how it is run
-    _engine_impl(training, given, filed, parallel["engine"])
+    _engine_impl(cfg, training, given, filed, parallel["engine"])
     tables = {"training": dict(training), "parallel": dict(parallel)}
     fields = dict(training)
     overhead = fields.pop("overhead")
@@ -189,17 +189,21 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     return setup, tables
 
 
-def _engine_impl(training: dict[str, Any], given: Mapping[str, Any], filed: set,
-                 engine: str) -> None:
+def _engine_impl(cfg: GPTConfig, training: dict[str, Any], given: Mapping[str, Any],
+                 filed: set, engine: str) -> None:
     """The engine's own implementation profile where neither an option nor the file names one
-    (`Engine.default_impl`), and that implementation's training loop: one that drops the logits
-    with the forward (`Engine.loop_keeps_logits` False) sets keep_logits off unless given."""
+    (`Engine.default_impl`) and it models every switch of `cfg` (else the family's stays, and
+    the first line says which), and that implementation's training loop: one that drops the
+    logits with the forward (`Engine.loop_keeps_logits` False) sets keep_logits off unless
+    given."""
+    from .memory.activations import profile_models
     from .memory.engines import engine_named, names
 
     if engine not in names() or engine_named(engine).default_impl is None:
         return
     chosen = engine_named(engine)
-    if given.get("impl") is None and "impl" not in filed:
+    if (given.get("impl") is None and "impl" not in filed
+            and profile_models(chosen.default_impl, cfg)):
         training["impl"] = chosen.default_impl
     if (training["impl"] == chosen.default_impl and not chosen.loop_keeps_logits
             and given.get("keep_logits") is None and "keep_logits" not in filed):

@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .losses import logits_alive, loss_saved_lines
-from .profile_megatron import megatron_saved
+from .profile_megatron import check_megatron_core, megatron_saved, unmodelled
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
 from .states import autocast_weight_copies
@@ -71,6 +71,19 @@ def _transformers(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> d
 
 PROFILES = {"reference": reference_saved, "transformers": _transformers, "paper": paper_saved,
             "megatron-core": megatron_saved}
+
+
+def profile_models(impl: str, cfg: GPTConfig) -> bool:
+    """Whether the `impl` profile models every switch of `cfg` (megatron-core's: not MoE, MLA,
+    q/k norms, ...: `profile_megatron.unmodelled`); the others refuse what they lack."""
+    return not (impl == "megatron-core" and unmodelled(cfg))
+
+
+def check_profile(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """ConfigError for a set-up the `setup.impl` profile does not model (megatron-core's
+    `check_megatron_core`; the others check as they count)."""
+    if setup.impl == "megatron-core":
+        check_megatron_core(cfg, setup)
 
 
 def transformers_loss(cfg: GPTConfig, workload: Workload, setup: TrainingSetup

@@ -71,9 +71,9 @@ MEGATRON_LM_COMMIT = "d98e8a64ddf3"
 TRANSFORMER_ENGINE_COMMIT = "d0067d0da6cb"
 
 
-def check_megatron_core(cfg: GPTConfig, setup: TrainingSetup) -> None:
-    """ConfigError naming --impl (or the option) for what the profile does not model."""
-    missing = [name for name, on in (
+def unmodelled(cfg: GPTConfig) -> list[str]:
+    """The switches of `cfg` the profile does not model, in words ([] when it models them)."""
+    return [name for name, on in (
         ("MoE", cfg.moe), ("MLA", cfg.mla), ("q/k norms", cfg.qk_norm != "none"),
         ("post-norms", cfg.post_norm), ("parallel residuals", cfg.parallel_residual),
         ("sliding windows", cfg.sliding_window is not None),
@@ -81,6 +81,11 @@ def check_megatron_core(cfg: GPTConfig, setup: TrainingSetup) -> None:
         ("embedding projections", cfg.embd_dim != cfg.n_embd),
         (f"{cfg.pos_embedding} positions", cfg.pos_embedding in ("sinusoidal", "alibi")),
         ("blocks without pre-norms", not cfg.pre_norm)) if on]
+
+
+def check_megatron_core(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """ConfigError naming --impl (or the option) for what the profile does not model."""
+    missing = unmodelled(cfg)
     if missing:
         raise ConfigError("impl", f"the megatron-core profile does not model "
                                   f"{', '.join(missing)}; use --impl reference")
@@ -170,4 +175,4 @@ def megatron_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
 
 __all__ = ["MEGATRON_LM_COMMIT", "TRANSFORMER_ENGINE_COMMIT", "check_megatron_core",
-           "megatron_layer_lines", "megatron_saved"]
+           "megatron_layer_lines", "megatron_saved", "unmodelled"]
