@@ -14,9 +14,14 @@ counts equal it exactly; the lines it leaves out are named in `NOT_IN_THE_FORMUL
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -120,11 +125,11 @@ def megatron_args(cfg: GPTConfig, wl: Workload, setup: TrainingSetup) -> SimpleN
 
 
 # gptcalc's lines the formula leaves out: the norms' fp32 statistics (TE's mu and rsigma), the
-# position ids and VocabParallelEmbedding's mask, the cross entropy's target mask, masked
-# targets and pretrain_gpt.py's loss mask
-NOT_IN_THE_FORMULA = ("/mean", "/rstd", "input/idx_positions", "input/idx_vocab_mask",
-                      "cross_entropy/target_mask", "cross_entropy/masked_target",
-                      "cross_entropy/loss_mask")
+# selective checkpoint's int32 mask type, the position ids and VocabParallelEmbedding's mask,
+# the cross entropy's target mask, masked targets and pretrain_gpt.py's loss mask
+NOT_IN_THE_FORMULA = ("/mean", "/rstd", "attn/checkpoint_mask_type", "input/idx_positions",
+                      "input/idx_vocab_mask", "cross_entropy/target_mask",
+                      "cross_entropy/masked_target", "cross_entropy/loss_mask")
 
 
 def gpt3_style(h: int, a: int, L: int, ffn: int, V: int, S: int, dropout: float = 0.1
@@ -222,8 +227,9 @@ def test_local_modules_keep_korthikanti_table2(layout, sp, recompute):
     cfg, wl, t, p = layout
     setup = megatron_setup(t, p, sp, recompute, te=False)
     lines = device_activations(cfg, wl, setup, "first")
-    layer = sum(v for k, v in lines.items()
-                if k.startswith("layer/") and not k.endswith(("/mean", "/rstd")))
+    layer = sum(v for k, v in lines.items()  # the paper counts no statistics, no mask type
+                if k.startswith("layer/")
+                and not k.endswith(("/mean", "/rstd", "/checkpoint_mask_type")))
     s, b, h, a = wl.seq_len, wl.batch_size, cfg.n_embd, cfg.n_head
     assert layer == cfg.n_layer * korthikanti_table2(s, b, h, a, t, sp, recompute)
 
@@ -250,6 +256,20 @@ def test_swiglu_keeps_the_activations_2_dff_input_and_gqa_its_narrower_kv():
     assert lines["layer/attn/qkv"] == L * N * (32 + 2 * 16) * 2 // t
     assert lines["layer/attn/q_rotary"] + lines["layer/attn/k_rotary"] == L * N * 48 * 2 // t
     assert "layer/ln_1/mean" not in lines  # RMSNorm keeps rsigma only
+
+
+@pytest.mark.slow
+def test_the_local_modules_equal_megatron_core_measured_on_cpu():
+    # benchmarks/megatron_twin.py: megatron-core's GPTModel (local spec) on one gloo rank, every
+    # storage autograd keeps against --impl megatron-core --no-megatron-te --device cpu; runs
+    # where megatron-core is installed (`pip install --no-deps megatron-core==0.16.1`)
+    pytest.importorskip("megatron.core")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "megatron_twin.py")],
+                       capture_output=True, text=True, cwd=root, timeout=600,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(root), os.environ.get("PYTHONPATH", "")])})
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
 
 
 def _memory(*args: str):

@@ -144,6 +144,9 @@ _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
                # Megatron's vocab-parallel cross entropy: every rank's mask and targets whole
                "cross_entropy/target_mask", "cross_entropy/masked_target",
                "cross_entropy/loss_mask",
+               # Megatron's per-layer rotary cos/sin (S x rd) and checkpointed mask type
+               "layer/attn/rotary_tables", "layer/attn/rotary_freqs",
+               "layer/attn/checkpoint_mask_type",
                # op-level checkpointing keeps a row-parallel (or replicated) Linear's mm
                # output, the full-width partial sum before its all-reduce / reduce-scatter
                "layer/op/c_proj", "layer/op/mlp_proj", "layer/op/q_a_proj",
