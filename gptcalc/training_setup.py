@@ -205,10 +205,9 @@ class TrainingSetup:
     def describe_impl(self) -> str:
         """The attention kernel, the device and whose saved tensors are counted, in words."""
         if self.impl == "megatron-core":
-            if self.megatron_te:
-                return ("megatron-core implementation with Transformer Engine (fused attention, "
-                        "LayerNormLinear)")
-            return "megatron-core implementation without Transformer Engine (unfused attention)"
+            modules = ("with Transformer Engine (fused attention, LayerNormLinear)"
+                       if self.megatron_te else "without Transformer Engine (unfused attention)")
+            return f"megatron-core implementation {modules}, {self.device.upper()} kernels"
         return (f"attention {self.attn_impl}, {self.device.upper()} kernels, {self.impl} "
                 f"implementation")
 
