@@ -122,8 +122,13 @@ _TRAINING = (
            "(S x S scores saved; the tutorial and notes families' default).", "training",
            ATTN_IMPLS),
     Option("impl", "--impl", "choice", "Whose saved tensors: reference (this project's model; "
-           "presets' default), transformers (--hf-config's default) or paper (Korthikanti et "
-           "al. 2022).", "training", IMPLS),
+           "presets' default), transformers (--hf-config's default), paper (Korthikanti et "
+           "al. 2022) or megatron-core (Megatron-Core's GPT model; --engine megatron's "
+           "default).", "training", IMPLS),
+    Option("megatron_te", "--megatron-te", "flag", "Under --impl megatron-core: the layer "
+           "built from Transformer Engine's modules (default on: fused attention, norms fused "
+           "into the next Linear); --no-megatron-te: Megatron's local modules (Apex norms, "
+           "its unfused attention).", "training"),
     Option("loss", "--loss", "choice", "The loss over the logits: standard (default: the "
            "whole logits, cross_entropy on them), chunked (torchtune's CEWithChunkedOutputLoss: "
            "the head's output in --loss-chunks chunks, each upcast to fp32 in turn; --impl "

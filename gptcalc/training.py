@@ -73,6 +73,7 @@ def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, 
             "recompute": "none", "attn": family["attn"], "device": family["device"],
             "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
             "keep_logits": True, "optimizer_in_backward": False, "allocator": "default",
+            "megatron_te": True,
             "overhead": 0, "lora_rank": 0,
             "lora_targets": "",
             "weights_dtype": "", "bnb_version": DEFAULT_BNB_VERSION}
@@ -169,6 +170,7 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     if given.get("mode") is None and "mode" not in filed and (
             parallel["engine"] in names() and engine_named(parallel["engine"]).mixed_by_default):
         training["mode"] = "mixed"  # the engine's own mixed precision is how it is run
+    _engine_impl(cfg, training, given, filed, parallel["engine"])
     tables = {"training": dict(training), "parallel": dict(parallel)}
     fields = dict(training)
     overhead = fields.pop("overhead")
@@ -186,6 +188,27 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             raise ConfigError("config", f"{where}[{table}] {e.message}") from None
         raise
     return setup, tables
+
+
+def _engine_impl(cfg: GPTConfig, training: dict[str, Any], given: Mapping[str, Any],
+                 filed: set, engine: str) -> None:
+    """The engine's own implementation profile where neither an option nor the file names one
+    (`Engine.default_impl`) and it models every switch of `cfg` (else the family's stays, and
+    the first line says which), and that implementation's training loop: one that drops the
+    logits with the forward (`Engine.loop_keeps_logits` False) sets keep_logits off unless
+    given."""
+    from .memory.activations import profile_models
+    from .memory.engines import engine_named, names
+
+    if engine not in names() or engine_named(engine).default_impl is None:
+        return
+    chosen = engine_named(engine)
+    if (given.get("impl") is None and "impl" not in filed
+            and profile_models(chosen.default_impl, cfg)):
+        training["impl"] = chosen.default_impl
+    if (training["impl"] == chosen.default_impl and not chosen.loop_keeps_logits
+            and given.get("keep_logits") is None and "keep_logits" not in filed):
+        training["keep_logits"] = False
 
 
 def ds_agreed(path: str, ds: Mapping[str, Any], given: Mapping[str, Any],

@@ -19,7 +19,9 @@ AUTOCAST_DTYPES = ("bf16", "fp16")
 RECOMPUTE = ("none", "selective", "op", "full")
 ATTN_IMPLS = ("manual", "sdpa")
 DEVICES = ("cpu", "cuda")
-IMPLS = ("reference", "transformers", "paper")
+# megatron-core: Megatron-Core's GPT model (gptcalc.memory.profile_megatron), with Transformer
+# Engine's modules or its local ones (`megatron_te`)
+IMPLS = ("reference", "transformers", "paper", "megatron-core")
 # the loss over the logits: standard (the whole logits, cross_entropy over them); chunked
 # (torchtune's CEWithChunkedOutputLoss: the head's output in loss_chunks chunks of tokens, each
 # upcast to fp32 in the loss); fused (Liger's fused linear cross entropy: the logits made one
@@ -72,8 +74,10 @@ class TrainingSetup:
     out, its S x S scores saved) | sdpa (F.scaled_dot_product_attention; a flash-type kernel
     on CUDA). device: whose kernel semantics decide what is saved (CPU and CUDA save different
     dtypes for some ops). impl: the implementation whose saved tensors are counted: the
-    project's `reference` model, Hugging Face `transformers`' modules, or Korthikanti et al.
-    2022's `paper` formula. Parallel layout: `dp` data-parallel replicas with ZeRO stage
+    project's `reference` model, Hugging Face `transformers`' modules, Korthikanti et al.
+    2022's `paper` formula, or Megatron-Core's GPT model (`megatron-core`), built from
+    Transformer Engine's modules (`megatron_te`, the default) or its local ones. Parallel
+    layout: `dp` data-parallel replicas with ZeRO stage
     `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
     (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
     holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard);
@@ -132,6 +136,7 @@ class TrainingSetup:
     keep_logits: bool = True
     optimizer_in_backward: bool = False
     allocator: str = "default"
+    megatron_te: bool = True
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
@@ -160,6 +165,7 @@ class TrainingSetup:
         positive_int("loss_chunks", self.loss_chunks)
         boolean("keep_logits", self.keep_logits)
         boolean("optimizer_in_backward", self.optimizer_in_backward)
+        boolean("megatron_te", self.megatron_te)
         if self.optimizer_in_backward and self.zero >= 2:
             raise ConfigError("optimizer_in_backward", "each parameter steps in its gradient "
                                                        "hook on its whole gradient: not with "
@@ -213,10 +219,18 @@ class TrainingSetup:
         optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")
         alloc = ("expandable segments" if self.allocator == "expandable" else
                  "default segments")
-        return (f"{prec}, {optimizer}, attention {self.attn_impl}, "
-                f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
+        return (f"{prec}, {optimizer}, {self.describe_impl()}, recompute "
                 f"{self.recompute}{tune}, {self.describe_loss()}, caching allocator {alloc}, "
                 f"{layout}")
+
+    def describe_impl(self) -> str:
+        """The attention kernel, the device and whose saved tensors are counted, in words."""
+        if self.impl == "megatron-core":
+            modules = ("with Transformer Engine (fused attention, LayerNormLinear)"
+                       if self.megatron_te else "without Transformer Engine (unfused attention)")
+            return f"megatron-core implementation {modules}, {self.device.upper()} kernels"
+        return (f"attention {self.attn_impl}, {self.device.upper()} kernels, {self.impl} "
+                f"implementation")
 
     def describe_loss(self) -> str:
         """The loss and what the training loop does with the logits, in words."""

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .losses import logits_alive, loss_saved_lines
+from .profile_megatron import check_megatron_core, megatron_saved, unmodelled
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
 from .states import autocast_weight_copies
@@ -69,7 +70,21 @@ def _transformers(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> d
     return transformers_saved(cfg, workload.batch_size, workload.seq_len, setup)
 
 
-PROFILES = {"reference": reference_saved, "transformers": _transformers, "paper": paper_saved}
+PROFILES = {"reference": reference_saved, "transformers": _transformers, "paper": paper_saved,
+            "megatron-core": megatron_saved}
+
+
+def profile_models(impl: str, cfg: GPTConfig) -> bool:
+    """Whether the `impl` profile models every switch of `cfg` (megatron-core's: not MoE, MLA,
+    q/k norms, ...: `profile_megatron.unmodelled`); the others refuse what they lack."""
+    return not (impl == "megatron-core" and unmodelled(cfg))
+
+
+def check_profile(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """ConfigError for a set-up the `setup.impl` profile does not model (megatron-core's
+    `check_megatron_core`; the others check as they count)."""
+    if setup.impl == "megatron-core":
+        check_megatron_core(cfg, setup)
 
 
 def transformers_loss(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
@@ -107,7 +122,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
         setup = replace(setup, mode="mixed")
     out = loss_saved_lines(cfg, workload, setup, PROFILES[setup.impl](cfg, workload, setup))
-    if setup.impl == "paper":
+    if setup.impl in ("paper", "megatron-core"):  # no LoRA, no autocast weight copies
         return out
     if setup.lora_rank:  # a frozen base: only what the adapters' gradients need
         from .finetune import finetune_saved
@@ -127,6 +142,12 @@ _SEQUENCE_SHARDED = ("embedding/", "final/", "layer/ln_", "layer/block_input",
                      "layer/moe/router", "layer/moe/topk")
 _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
                "cross_entropy/total_weight", "cross_entropy/count",
+               # Megatron's vocab-parallel cross entropy: every rank's mask and targets whole
+               "cross_entropy/target_mask", "cross_entropy/masked_target",
+               "cross_entropy/loss_mask",
+               # Megatron's per-layer rotary cos/sin (S x rd) and checkpointed mask type
+               "layer/attn/rotary_tables", "layer/attn/rotary_freqs",
+               "layer/attn/checkpoint_mask_type",
                # op-level checkpointing keeps a row-parallel (or replicated) Linear's mm
                # output, the full-width partial sum before its all-reduce / reduce-scatter
                "layer/op/c_proj", "layer/op/mlp_proj", "layer/op/q_a_proj",

@@ -68,7 +68,11 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     entropy on an fp32 copy of the 16-bit logits (N V 4). backward: log_softmax's backward
     holds the incoming gradient and its result, two N x V tensors in the log-probabilities'
     dtype (fp32 under autocast). transformers: its profile's measured terms
-    (`activations.transformers_loss`). The chunked and fused losses: `losses`.
+    (`activations.transformers_loss`). megatron-core (its vocab-parallel cross entropy,
+    megatron/core/tensor_parallel/cross_entropy.py): the fp32 copy of the logits becomes the
+    saved softmax in place, nothing beside it at the forward's end; backward turns that softmax
+    into the gradient in place and the upcast's backward makes the logits' gradient in the
+    compute dtype, N V a. The chunked and fused losses: `losses`.
     """
     if setup.loss == "chunked":
         return chunked_loss_transients(cfg, workload, setup)
@@ -77,6 +81,8 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     if setup.impl == "transformers":  # its loss upcasts and shifts: the profile's own terms
         return {k: v // setup.tp for k, v in transformers_loss(cfg, workload, setup).items()}
     n = workload.batch_size * workload.seq_len * -(-cfg.vocab_size // setup.tp)
+    if setup.impl == "megatron-core":
+        return {"forward": 0, "backward": n * setup.act_bytes}
     autocast = setup.mode in ("amp", "mixed")
     lp = 4 if autocast else setup.act_bytes
     return {"forward": 4 * n if autocast else 0, "backward": 2 * n * lp}
@@ -100,21 +106,23 @@ def block_backward_transients(cfg: GPTConfig, workload: Workload, setup: Trainin
     """The largest set of gradients in flight inside one block's backward, per device, less
     what the block has freed by then.
 
-    Attention written out (manual, or SDPA's CPU math path with dropout): the gradients of the
-    probabilities and of the scores, 2 b H S^2 in the scores' dtype, beside q's and k's
-    gradient, less what the block has released before (`freed`:
-    `attention_backward_freed`). A fused SDPA kernel: the gradients of q, k and v,
-    N (Dq + 2 Dkv). MLP: the hidden gradient and the activation's input gradient (gated MLPs:
+    Attention written out (manual, SDPA's CPU math path with dropout, or megatron-core without
+    Transformer Engine, in the compute dtype): the gradients of the probabilities and of the
+    scores, 2 b H S^2 in the scores' dtype, beside q's and k's gradient, less what the block has
+    released before (`freed`: `attention_backward_freed`). A fused kernel (SDPA's flash type,
+    Transformer Engine's under megatron-core): the gradients of q, k and v, N (Dq + 2 Dkv). MLP: the hidden gradient and the activation's input gradient (gated MLPs:
     gate and up), 2 N d_ff (3 for SwiGLU). Tensor parallel divides heads and d_ff. Plus the
     residual stream's gradient and its copy for the branch, 2 N E in the stream's dtype.
     """
     b, S, t = workload.batch_size, workload.seq_len, setup.tp
     N, a, r = b * S, setup.act_bytes, setup.stream_bytes
     fused = setup.attn_impl == "sdpa" and (cfg.dropout == 0 or setup.device == "cuda")
+    if setup.impl == "megatron-core":  # TE's fused attention, or Megatron's unfused core
+        fused = setup.megatron_te
     if fused:
         attn = N * (cfg.q_width + 2 * cfg.kv_width) * a // t
     else:
-        m = a if setup.attn_impl == "manual" else 4
+        m = a if setup.attn_impl == "manual" or setup.impl == "megatron-core" else 4
         attn = (2 * b * cfg.n_head * S * S * m + 2 * N * cfg.q_width * m) // t - freed
     mlp = (3 if cfg.mlp in GATED_MLPS else 2) * N * cfg.ffn_dim * a // t
     return max(attn, mlp) + 2 * N * cfg.n_embd * r

@@ -15,7 +15,8 @@ from ..layers import global_layers
 from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
-from .activations import activations_paper, checkpoints_on_host, device_activations, logits_bytes
+from .activations import (activations_paper, check_profile, checkpoints_on_host,
+                          device_activations, logits_bytes)
 from .context_parallel import check_context_parallel, local_workload, sharding_setup
 from .peak import StepPeak, step_peak
 from .engines import engine_for, host, resident, state_bytes
@@ -65,6 +66,7 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")
+    check_profile(cfg, setup)
 
 
 @dataclass(frozen=True)

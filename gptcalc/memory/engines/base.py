@@ -62,6 +62,10 @@ class Engine:
     mixed_by_default: ClassVar[bool] = False  # trained in its own mixed precision by default
     # runs torch's context parallel ring with its data-parallel group the dp x cp mesh
     context_parallel: ClassVar[bool] = True
+    # its own implementation profile (--impl), the default under it; None: the family's
+    default_impl: ClassVar[str | None] = None
+    # whether its training loop holds the logits through backward (with its default_impl)
+    loop_keeps_logits: ClassVar[bool] = True
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise ConfigError (naming the option) for a set-up the engine does not run."""

@@ -86,6 +86,10 @@ class Megatron(Engine):
     # Megatron-core's context parallel runs TransformerEngine's ring (point-to-point k/v
     # exchange, its own buffers), not torch's
     context_parallel = False
+    # Megatron-Core's own layer (memory.profile_megatron); pretrain_gpt.py's forward_step gets
+    # the loss from GPTModel.forward, whose logits die with it
+    default_impl = "megatron-core"
+    loop_keeps_logits = False
 
     def check(self, setup: TrainingSetup) -> None:
         super().check(setup)
