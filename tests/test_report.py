@@ -293,3 +293,59 @@ def test_verification_of_a_slow_workload_runs_shape_only_and_says_so():
     assert "shape-only tensors" in text and "SHAPE-ONLY" in text and "B = 100000" in text
     assert data["step peak bytes"][4].startswith("yes") and "FakeTensorMode" in data["step peak bytes"][5]
     assert data["saved activation bytes"][3] == "+0"
+
+
+# ---------------------------------------------------------------- the top of the page
+
+def test_summary_answers_come_first(md):
+    from gptcalc.gpus import GPUS
+    from gptcalc.memory import memory_report
+    from gptcalc.training import default_setup
+
+    top = md.split("\n## ", 1)[0]  # everything above the first section
+    answers = {r[0]: r[1] for r in rows(top)[1:]}
+    assert answers["parameters"].startswith(f"{count_params(CFG).total:,} ")
+    fc = count_flops(CFG, WL)
+    flops = answers["training FLOPs per token (forward + backward)"]
+    assert flops.startswith(f"{fc.training_total // WL.seq_len:,} ")
+    peak = memory_report(CFG, WL, default_setup(CFG)).peak.bytes
+    assert f"({peak:,} bytes)" in answers[f"training step peak (B = {WL.batch_size}, S = "
+                                          f"{WL.seq_len})"]
+    # the debug model's step is a few hundred KiB: it fits any catalogued GPU
+    assert peak < GPUS["h100-sxm"].usable_memory_bytes
+    assert answers["fits on one `h100-sxm`"].startswith("yes")
+    assert re.match(r"\d+ of \d+ checks agree, on `cpu` with real tensors", answers["verified"])
+
+
+def test_contents_links_every_section(report):
+    page = report.html.read_text()
+    nav = re.search(r'<nav class="contents">(.*?)</nav>', page, re.S)
+    assert nav and page.index("<nav") < page.index("<h2")  # above the first section
+    links = re.findall(r'href="#([^"]+)"', nav.group(1))
+    ids = re.findall(r'<h2 id="([^"]+)"', page)
+    assert links == ids and len(ids) >= 8
+    assert "verification-analytic-vs-measured" in ids  # GitHub's slug of the heading
+
+
+def test_every_table_scrolls_in_its_own_box(report):
+    page = report.html.read_text()
+    assert page.count("<table>") == page.count('<div class="table-wrap"><table>') > 5
+    assert re.search(r"\.table-wrap\s*{[^}]*overflow-x:\s*auto", page)
+
+
+def test_verification_measures_the_memory_sections_set_up(md):
+    """The debug family trains under bf16 autocast with SDPA on CUDA: the verification runs
+    that set-up on CPU kernels, and the Memory section shows both, the verified column equal
+    to what the verification table measured."""
+    verification = section(md, "Verification: analytic vs measured")
+    assert "(sdpa attention, on `cpu`)" in verification
+    assert "amp (bf16 autocast, fp32 weights)" in verification
+    assert "device cuda -> cpu" in verification
+    memory = section(md, "Memory")
+    header = rows(memory)[0]
+    assert header[1].startswith("assumed") and header[3].startswith("verified here")
+    cats = {r[0]: r for r in rows(memory)[1:]}
+    measured = {r[0]: r for r in rows(verification)[1:]}
+    assert num(cats["weights"][3]) == num(measured["weight bytes"][2])
+    assert num(cats["optimizer"][3]) == num(measured["optimizer state bytes"][2])
+    assert "device cuda -> cpu" in memory
