@@ -460,7 +460,7 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
             f"{'' if diffs_are_table else ', NOT matched'}). Every other matrix (Q, K, V, "
             "the MLP, the embeddings' V x E) is indeed independent of T, so "
             "the change is small: the position table is "
-            f"{100 * last.position_params / last.measured_params:.1f}% of the model at "
+            f"{claims.position_share(sizes):.1f}% of the model at "
             f"T = {last.block_size:,}. The T x T causal mask (`tril`, one per block) is a "
             "buffer, not a parameter: it is not trained and not in the count, but it does "
             "cap the context of this implementation; the learned table "
