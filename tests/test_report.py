@@ -232,6 +232,49 @@ def test_every_image_loads_in_chromium(report, tmp_path):
     assert all(s["loaded"] for s in status), status
 
 
+_WIDTH_PROBE = """<script>
+window.addEventListener('load', function () {
+  var pre = document.createElement('pre');
+  pre.id = 'width-probe';
+  var root = document.documentElement;
+  var wide = [];
+  document.querySelectorAll('.table-wrap').forEach(function (w) {
+    if (w.scrollWidth > w.clientWidth) wide.push(w.scrollWidth);
+  });
+  pre.textContent = JSON.stringify({page: root.scrollWidth, window: root.clientWidth,
+                                    scrolling_tables: wide.length});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def browser_widths(page: Path, tmp: Path, width: int) -> dict:
+    """The page's scroll width against the window's, in headless chromium `width` pixels
+    wide, and how many tables scroll inside their own box."""
+    probe = page.with_name("width-" + page.name)
+    probe.write_text(page.read_text().replace("</body>", _WIDTH_PROBE + "</body>"))
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--hide-scrollbars", f"--window-size={width},800",
+           f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=10000",
+           "--dump-dom", probe.as_uri()]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    m = re.search(r'<pre id="width-probe">(.*?)</pre>', r.stdout, re.S)
+    assert m, f"no probe output; chromium said: {r.stderr[-2000:]}"
+    return json.loads(html.unescape(m.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_wide_tables_scroll_inside_the_page_in_chromium(report, tmp_path):
+    # a phone-sized window: the verification table's tool column alone is wider
+    got = browser_widths(report.html, tmp_path, 480)
+    assert got["page"] <= got["window"], got  # the page itself never scrolls sideways
+    assert got["scrolling_tables"] >= 1, got  # the wide tables scroll in their boxes
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 def test_the_browser_probe_sees_a_broken_image(tmp_path):
     # the probe can fail: a page whose image is missing reports it as not loaded
