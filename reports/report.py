@@ -207,8 +207,9 @@ def verified_training(setup: TrainingSetup, device: str) -> TrainingSetup:
     recomputation, attention and loss as `setup` has them."""
     from gptcalc.memory.engines import default_engine
 
+    engine = None if setup.engine is None else default_engine(0).name  # one device's engine
     return dataclasses.replace(setup, device="cuda" if device.startswith("cuda") else "cpu",
-                               engine=default_engine(0).name, **_ONE_DEVICE)
+                               engine=engine, **_ONE_DEVICE)
 
 
 def setup_changes(assumed: TrainingSetup, verified: TrainingSetup) -> list[str]:

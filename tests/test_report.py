@@ -392,3 +392,16 @@ def test_verification_measures_the_memory_sections_set_up(md):
     assert num(cats["weights"][3]) == num(measured["weight bytes"][2])
     assert num(cats["optimizer"][3]) == num(measured["optimizer state bytes"][2])
     assert "device cuda -> cpu" in memory
+
+
+def test_the_verified_set_up_keeps_all_that_runs_on_one_device():
+    from gptcalc import TrainingSetup
+    from reports.report import setup_changes, verified_training
+
+    setup = TrainingSetup(mode="amp", attn_impl="sdpa", device="cuda", recompute="full",
+                          optimizer="lion", dp=4, zero=3, loss="chunked")
+    v = verified_training(setup, "cpu")
+    assert (v.mode, v.attn_impl, v.recompute, v.optimizer, v.loss) == (
+        "amp", "sdpa", "full", "lion", "chunked")
+    assert setup_changes(setup, v) == ["device cuda -> cpu", "dp 4 -> 1", "zero 3 -> 0"]
+    assert setup_changes(v, verified_training(v, "cpu")) == []  # nothing left to change
