@@ -31,7 +31,7 @@ SMALL = (("reduce_bucket_size", 4096), ("allgather_bucket_size", 4096),
 
 
 def thresholds(cfg, wl) -> None:
-    from reference_model.distributed import run_layout
+    from reference_model.distributed import run_layouts
     from tests.test_deepspeed import THRESHOLD_CASES
 
     from gptcalc.memory.engines.deepspeed import stage3_moments
@@ -40,12 +40,14 @@ def thresholds(cfg, wl) -> None:
     print("| thresholds | rank | gathered at forward end (predicted, elements) "
           "| peak predicted | measured | error | phase |")
     print("|---|---|---|---|---|---|---|")
-    for zero in THRESHOLD_CASES:
-        setup = TrainingSetup(dp=2, zero=3, engine="deepspeed", mode="mixed",
-                              engine_settings=tuple({**dict(SMALL), **zero}.items()))
+    setups = [TrainingSetup(dp=2, zero=3, engine="deepspeed", mode="mixed",
+                            engine_settings=tuple({**dict(SMALL), **zero}.items()))
+              for zero in THRESHOLD_CASES]
+    # one spawn of the two ranks for every case (each case in its own forked copy)
+    for zero, setup, ranks in zip(THRESHOLD_CASES, setups, run_layouts(cfg, wl, setups)):
         peak = step_peak(cfg, wl, setup, stage="first")
         words = ", ".join(f"{k.replace('stage3_', '')} {v:,}" for k, v in zero.items())
-        for r in run_layout(cfg, wl, setup):
+        for r in ranks:
             gathered = stage3_moments(cfg, setup, r.rank)[Phase.FORWARD_END]
             measured = r.peak - r.peak_categories.get("Buffer", 0)
             print(f"| {words} | {r.rank} | {gathered:,} | {peak.bytes:,} | {measured:,} | "
@@ -53,7 +55,7 @@ def thresholds(cfg, wl) -> None:
 
 
 def main() -> None:
-    from reference_model.distributed import run_layout
+    from reference_model.distributed import run_layouts
 
     impl = sys.argv[1] if len(sys.argv) > 1 else "reference"
     cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
@@ -64,21 +66,23 @@ def main() -> None:
     print("| ZeRO | mode | buckets | rank | resident predicted | measured | error "
           "| peak predicted | measured | error | phase |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for zero in (1, 2, 3):
-        for mode in ("mixed", "fp32"):
-            for buckets in ("default", "small"):
-                setup = TrainingSetup(dp=2, zero=zero, engine="deepspeed", mode=mode,
-                                      impl=impl,
-                                      attn_impl="manual" if impl == "reference" else "sdpa",
-                                      engine_settings=SMALL if buckets == "small" else ())
-                peak = step_peak(cfg, wl, setup, stage="first")
-                for r in run_layout(cfg, wl, setup, impl):
-                    kept = sum(resident(cfg, setup, "first", r.rank).values())
-                    measured = r.peak - r.peak_categories.get("Buffer", 0)
-                    print(f"| {zero} | {mode} | {buckets} | {r.rank} | {kept:,} | "
-                          f"{r.resident:,} | {kept - r.resident:+,} B | {peak.bytes:,} | "
-                          f"{measured:,} | {(peak.bytes - measured) / measured:+.3%} | "
-                          f"{peak.phase} |", flush=True)
+    cases = [(zero, mode, buckets) for zero in (1, 2, 3) for mode in ("mixed", "fp32")
+             for buckets in ("default", "small")]
+    setups = [TrainingSetup(dp=2, zero=zero, engine="deepspeed", mode=mode, impl=impl,
+                            attn_impl="manual" if impl == "reference" else "sdpa",
+                            engine_settings=SMALL if buckets == "small" else ())
+              for zero, mode, buckets in cases]
+    # one spawn of the two ranks for every case (each case in its own forked copy)
+    for (zero, mode, buckets), setup, ranks in zip(cases, setups,
+                                                   run_layouts(cfg, wl, setups, impl)):
+        peak = step_peak(cfg, wl, setup, stage="first")
+        for r in ranks:
+            kept = sum(resident(cfg, setup, "first", r.rank).values())
+            measured = r.peak - r.peak_categories.get("Buffer", 0)
+            print(f"| {zero} | {mode} | {buckets} | {r.rank} | {kept:,} | "
+                  f"{r.resident:,} | {kept - r.resident:+,} B | {peak.bytes:,} | "
+                  f"{measured:,} | {(peak.bytes - measured) / measured:+.3%} | "
+                  f"{peak.phase} |", flush=True)
 
 
 if __name__ == "__main__":

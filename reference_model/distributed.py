@@ -175,31 +175,65 @@ def run_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl: s
     spec = dict(cfg=cfg, workload=workload, setup=setup, impl=impl)
     if tensors == "shape-only":
         return [_fake_rank(spec, r, world) for r in (ranks or range(world))]
-    return _launch(spec, world, deadline_s)
+    return _launch([spec], world, deadline_s)[0]
 
 
-def _launch(spec: dict, world: int, deadline_s: float) -> list[RankResult]:
+def run_layouts(cfg: GPTConfig, workload: Workload, setups: list[TrainingSetup],
+                impl: str = "reference", deadline_s: float = JOIN_DEADLINE_S
+                ) -> list[list[RankResult]]:
+    """`run_layout` (real tensors) of several set-ups of one world size, one list of per-rank
+    results per set-up. Each rank is spawned once and imports torch (and DeepSpeed, where a
+    set-up runs it) once; for each set-up it forks a child that joins a fresh process group
+    and runs the step, so every set-up starts from the same process image as under
+    `run_layout` (nothing one leaves behind reaches the next) while the start-up is paid once
+    per world size. `deadline_s` is per set-up."""
+    worlds = {s.dp * s.tp * s.pp for s in setups}
+    if len(worlds) != 1:
+        raise ValueError(f"run_layouts needs one world size, got {sorted(worlds)}")
+    for s in setups:
+        check_layout(cfg, workload, s, impl, "real")
+    specs = [dict(cfg=cfg, workload=workload, setup=s, impl=impl) for s in setups]
+    return _launch(specs, worlds.pop(), deadline_s * len(specs))
+
+
+def _launch(specs: list[dict], world: int, deadline_s: float) -> list[list[RankResult]]:
+    """Run every spec on `world` ranks: one spawned process per rank for a single spec, else
+    one spawned `_zygote` per rank that forks a child per spec."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
     procs = []
     try:
-        for rank in range(world):
-            p = ctx.Process(target=_worker, args=(rank, world, port, spec, queue), daemon=True)
-            p.start()
-            procs.append(p)
-        results: dict[int, RankResult] = {}
+        if len(specs) == 1:
+            port = free_port()
+            for rank in range(world):
+                p = ctx.Process(target=_worker, args=(rank, world, port, specs[0], queue),
+                                daemon=True)
+                p.start()
+                procs.append(p)
+        else:
+            ports = [free_port() for _ in specs]
+            preload = ["deepspeed"] if any(engine_of(s["setup"]) == "deepspeed"
+                                           for s in specs) else []
+            jobs = list(zip(ports, specs))
+            for rank in range(world):
+                p = ctx.Process(target=_zygote, args=(rank, world, jobs, queue, preload),
+                                daemon=True)
+                p.start()
+                procs.append(p)
+        results: dict[tuple[int, int], RankResult] = {}
         end = time.monotonic() + deadline_s
-        while len(results) < world:
+        while len(results) < world * len(specs):
             if time.monotonic() > end:
                 raise RuntimeError(f"distributed step did not finish within {deadline_s:.0f} s")
             if not queue.empty():
-                kind, rank, payload = queue.get()
+                kind, (case, rank), payload = queue.get()
                 if kind == "error":
-                    raise RuntimeError(f"rank {rank} failed: {payload}")
-                results[rank] = payload
+                    raise RuntimeError(f"rank {rank} failed"
+                                       + (f" in set-up {case}" if len(specs) > 1 else "")
+                                       + f": {payload}")
+                results[case, rank] = payload
                 continue
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead and queue.empty():
@@ -208,7 +242,7 @@ def _launch(spec: dict, world: int, deadline_s: float) -> list[RankResult]:
             time.sleep(0.02)
         for p in procs:
             p.join(timeout=30)
-        return [results[r] for r in sorted(results)]
+        return [[results[case, r] for r in range(world)] for case in range(len(specs))]
     finally:
         for p in procs:
             if p.is_alive():
@@ -220,7 +254,32 @@ def _launch(spec: dict, world: int, deadline_s: float) -> list[RankResult]:
                 p.join(timeout=5)
 
 
-def _worker(rank: int, world: int, port: int, spec: dict, queue) -> None:
+def _zygote(rank: int, world: int, jobs: list[tuple[int, dict]], queue,
+            preload: list[str]) -> None:
+    """One rank's parent process under `run_layouts`: imports once, then forks a `_worker`
+    per job (port, spec), one after another, so each set-up runs in a fresh copy of this
+    process (no torch op has run in it, no process group exists)."""
+    import importlib
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as deepspeed_twin sets it before import
+    for name in preload:
+        importlib.import_module(name)
+    for case, (port, spec) in enumerate(jobs):
+        pid = os.fork()
+        if pid == 0:  # the child: run the set-up, report, and leave without cleanup handlers
+            code = 1
+            try:
+                _worker(rank, world, port, spec, queue, case)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status and os.WIFSIGNALED(status):
+            queue.put(("error", (case, rank), f"killed by signal {os.WTERMSIG(status)}"))
+            return
+
+
+def _worker(rank: int, world: int, port: int, spec: dict, queue, case: int = 0) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -232,7 +291,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, queue) -> None:
             result = _rank_step(spec, rank, world, fake=False)
         finally:
             dist.destroy_process_group()
-        queue.put(("ok", rank, result))
+        queue.put(("ok", (case, rank), result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the run
         root = e
         while root.__cause__ is not None or root.__context__ is not None:
@@ -240,7 +299,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, queue) -> None:
         last = traceback.format_exception_only(type(root), root)[-1].strip()
         if os.environ.get("GPTCALC_DEBUG"):
             last += "\n" + traceback.format_exc()
-        queue.put(("error", rank, last))
+        queue.put(("error", (case, rank), last))
         raise SystemExit(1) from None
 
 

@@ -125,6 +125,13 @@ def measure_sizes(cfg: GPTConfig, block_sizes: Sequence[int], device: str = "cpu
     return points
 
 
+def position_share(points: Sequence[SizePoint]) -> float:
+    """The learned position table's share of the measured model at the largest T swept, in
+    percent (0 without a learned table): the one figure the report's text and its plot quote."""
+    last = max(points, key=lambda p: p.block_size)
+    return 100 * last.position_params / last.measured_params
+
+
 def _split(measurement) -> tuple[int, int]:
     """(all FLOPs, attention FLOPs) of a `reference_model.measure.FlopMeasurement`."""
     attention = sum(v for op, v in measurement.by_operator.items()

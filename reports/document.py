@@ -48,7 +48,24 @@ class Code:
     text: str
 
 
-Block = Union[Heading, Para, Bullets, Table, Image, Code]
+@dataclass(frozen=True)
+class Contents:
+    """A list of links to every level-2 heading of the document, drawn where it stands."""
+
+    title: str = "Contents"
+
+
+Block = Union[Heading, Para, Bullets, Table, Image, Code, Contents]
+
+
+def anchor(text: str) -> str:
+    """The id of a heading: GitHub's slug (lower case, punctuation dropped, spaces to '-'),
+    so the same link works in the Markdown on GitHub and in the HTML."""
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def _sections(blocks: Sequence[Block]) -> list[str]:
+    return [b.text for b in blocks if isinstance(b, Heading) and b.level == 2]
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[object]], caption: str = "",
@@ -97,6 +114,9 @@ def to_markdown(blocks: Sequence[Block]) -> str:
             out.append(text + (f"\n\n*{b.caption}*" if b.caption else ""))
         elif isinstance(b, Code):
             out.append("```\n" + b.text.rstrip("\n") + "\n```")
+        elif isinstance(b, Contents):
+            out.append(f"**{b.title}:** " + " · ".join(
+                f"[{_md_cell(t)}](#{anchor(t)})" for t in _sections(blocks)))
         else:  # pragma: no cover - a new block kind without a renderer
             raise TypeError(f"unknown block {b!r}")
     return "\n\n".join(out) + "\n"
@@ -110,7 +130,8 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
        margin: 2rem auto; padding: 0 1rem; color: #1a1a1a; line-height: 1.45; }
 h1 { border-bottom: 2px solid #333; padding-bottom: .3rem; }
 h2 { border-bottom: 1px solid #ccc; padding-bottom: .2rem; margin-top: 2.2rem; }
-table { border-collapse: collapse; margin: .8rem 0; font-variant-numeric: tabular-nums; }
+.table-wrap { overflow-x: auto; max-width: 100%; margin: .8rem 0; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid #ccc; padding: .25rem .6rem; }
 th { background: #f2f2f2; }
 th { text-align: left; }
@@ -123,6 +144,8 @@ figure img { max-width: 100%; border: 1px solid #ddd; }
 code, pre { font-family: ui-monospace, "DejaVu Sans Mono", monospace; background: #f5f5f5; }
 code { padding: 0 .2rem; }
 pre { padding: .6rem; overflow-x: auto; }
+nav.contents { background: #f7f7f7; border: 1px solid #ddd; padding: .4rem 1rem; }
+nav.contents ol { margin: .3rem 0; columns: 2; }
 """
 
 
@@ -137,7 +160,7 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
     body: list[str] = []
     for b in blocks:
         if isinstance(b, Heading):
-            body.append(f"<h{b.level}>{_inline(b.text)}</h{b.level}>")
+            body.append(f'<h{b.level} id="{anchor(b.text)}">{_inline(b.text)}</h{b.level}>')
         elif isinstance(b, Para):
             body.append(f"<p>{_inline(b.text)}</p>")
         elif isinstance(b, Bullets):
@@ -153,13 +176,19 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
             if b.total is not None:
                 rows.append('<tr class="total">' + cells(b.total) + "</tr>")
             caption = f"<caption>{_inline(b.caption)}</caption>" if b.caption else ""
-            body.append(f"<table>{caption}{''.join(rows)}</table>")
+            # a wide table scrolls inside its own box rather than widening the page
+            body.append(f'<div class="table-wrap"><table>{caption}{"".join(rows)}</table></div>')
         elif isinstance(b, Image):
             cap = f"<figcaption>{_inline(b.caption)}</figcaption>" if b.caption else ""
             body.append(f'<figure><img src="{html.escape(b.src)}" alt="{html.escape(b.alt)}">'
                         f"{cap}</figure>")
         elif isinstance(b, Code):
             body.append(f"<pre>{html.escape(b.text)}</pre>")
+        elif isinstance(b, Contents):
+            links = "".join(f'<li><a href="#{anchor(t)}">{_inline(t)}</a></li>'
+                            for t in _sections(blocks))
+            body.append(f'<nav class="contents"><strong>{html.escape(b.title)}</strong>'
+                        f"<ol>{links}</ol></nav>")
         else:  # pragma: no cover
             raise TypeError(f"unknown block {b!r}")
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
-from matplotlib.ticker import (EngFormatter, FuncFormatter, LogLocator,  # noqa: E402
-                               NullLocator)
+from matplotlib.ticker import (EngFormatter, FixedLocator, FuncFormatter,  # noqa: E402
+                               LogLocator, NullFormatter, NullLocator)
 
 from gptcalc.config import GPTConfig  # noqa: E402
 from gptcalc.flops import forward_flops  # noqa: E402
@@ -89,6 +89,29 @@ def describe_axes(fig) -> list[dict]:
 
 # the axes of every figure saved by this module, by file stem (for tests and for --measure)
 SAVED_AXES: dict[str, list[dict]] = {}
+# the last figure saved under each file stem, closed but still drawable (tests measure where
+# its texts and markers landed)
+SAVED_FIGURES: dict[str, object] = {}
+
+
+def _legend(ax, below: bool = False, **kw) -> None:
+    """The legend outside the data area, so that it covers no curve: right of the axes, or
+    (below=True, for side-by-side panels) under its tick labels and x label."""
+    if not below:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
+                  **kw)
+        return
+    from matplotlib.transforms import offset_copy
+
+    fig = ax.figure
+    r = fig.canvas.get_renderer()
+    # the tick labels and x label hang below the axes by a fixed number of points, whatever
+    # size the layout gives the axes: anchor the legend that far under the axes' bottom edge
+    under = ax.get_window_extent(r).y0 - ax.get_tightbbox(r).y0
+    points = under * 72 / fig.dpi + 4
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=0,
+              bbox_transform=offset_copy(ax.transAxes, fig=fig, y=-points, units="points"),
+              **kw)
 
 
 def _save(fig, out_dir: Path, name: str) -> Path:
@@ -97,8 +120,15 @@ def _save(fig, out_dir: Path, name: str) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     SAVED_AXES[name] = describe_axes(fig)
+    SAVED_FIGURES[name] = fig
     plt.close(fig)
     return path
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
 
 
 def _geom(lo: float, hi: float, n: int = 60) -> list[int]:
@@ -129,17 +159,44 @@ def params_series(vary: str, values: Sequence[int], base: Callable[[int], GPTCon
     return [count_params(base(v)).total for v in values]
 
 
+def widened(cfg: GPTConfig, n_embd: int) -> GPTConfig:
+    """`cfg` at width `n_embd` with its head size, its query-per-KV-head grouping and its
+    d_ff / E ratio kept (every other switch, V and T unchanged)."""
+    group = cfg.n_head // cfg.kv_heads
+    heads = n_embd // cfg.head_size
+    return cfg.replace(n_embd=n_embd, n_head=heads,
+                       n_kv_head=None if cfg.n_kv_head is None else heads // group,
+                       d_ff=None if cfg.d_ff is None else round(cfg.d_ff * n_embd / cfg.n_embd))
+
+
+def own_width_series(cfg: GPTConfig, lo: int = 64, hi: int = 16384) -> list[tuple[int, int]]:
+    """(E, parameters) of `widened(cfg, E)` for widths from lo to hi that hold a whole number
+    of KV groups of heads, the model's own E among them."""
+    from gptcalc.errors import ConfigError
+
+    unit = cfg.head_size * (cfg.n_head // cfg.kv_heads)
+    widths = sorted({unit * max(1, round(w / unit)) for w in _geom(lo, hi, 40)} | {cfg.n_embd})
+    out = []
+    for e in widths:
+        try:
+            out.append((e, count_params(widened(cfg, e)).total))
+        except ConfigError:  # a width this architecture refuses (e.g. an odd rotary size)
+            continue
+    return out
+
+
 def plot_params(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
-    """Parameters vs width E and vs depth L, GPT-2 and GPT-3 presets marked."""
-    fig, (ax_e, ax_l) = plt.subplots(1, 2, figsize=(12, 5))
+    """Parameters vs width E and vs depth L, GPT-2 and GPT-3 presets marked, the model's own
+    architecture (its V and T) drawn through its star."""
+    fig, (ax_e, ax_l) = plt.subplots(1, 2, figsize=(12, 6.4))
     widths = _geom(64, 16384, 40)
     for L, colour in zip((12, 24, 48, 96), ("C0", "C1", "C2", "C3")):
         ax_e.plot(widths, params_series("E", widths, lambda e, L=L: _gpt_family(e, L)),
-                  color=colour, lw=1.5, label=f"GPT-2/3 architecture, L={L}")
+                  color=colour, lw=1.2, alpha=0.7, label=f"GPT-2/3 architecture, L={L}")
     depths = list(range(1, 129))
     for E, colour in zip((768, 1600, 4096, 12288), ("C0", "C1", "C2", "C3")):
         ax_l.plot(depths, params_series("L", depths, lambda l, E=E: _gpt_family(E, l)),
-                  color=colour, lw=1.5, label=f"GPT-2/3 architecture, E={E:,}")
+                  color=colour, lw=1.2, alpha=0.7, label=f"GPT-2/3 architecture, E={E:,}")
     for names, marker, colour, family in ((GPT2_PRESETS, "o", "black", "GPT-2 presets"),
                                           (GPT3_PRESETS, "s", "tab:purple", "GPT-3 presets")):
         pts = [(from_name(n), n) for n in names]
@@ -157,27 +214,36 @@ def plot_params(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
                             textcoords="offset points", fontsize=7, color=colour,
                             ha="right" if left else "left", va="center")
     here = count_params(cfg).total
-    ax_e.scatter([cfg.n_embd], [here], marker="*", s=160, color="red", zorder=6,
-                 label=f"this model ({si(here)})")
-    ax_l.scatter([cfg.n_layer], [here], marker="*", s=160, color="red", zorder=6,
-                 label=f"this model ({si(here)})")
+    own = f"V={cfg.vocab_size:,}, T={cfg.block_size:,}"
+    own_e = own_width_series(cfg)
+    ax_e.plot([e for e, _ in own_e], [n for _, n in own_e], color="red", lw=1.8,
+              label=f"this model's architecture, L={cfg.n_layer}, {own}")
+    own_depths = sorted(set(depths) | {cfg.n_layer})
+    ax_l.plot(own_depths, params_series("L", own_depths, lambda l: cfg.replace(n_layer=l)),
+              color="red", lw=1.8, label=f"this model's architecture, E={cfg.n_embd:,}, {own}")
+    for ax, x in ((ax_e, cfg.n_embd), (ax_l, cfg.n_layer)):
+        ax.scatter([x], [here], marker="*", s=160, color="red", zorder=6,
+                   label=f"this model ({si(here)})")
     ax_e.set(xscale="log", yscale="log", xlabel="embedding width E (d_model)",
              ylabel="parameters (count, tied head counted once)",
-             title="Parameters vs width E (V=50257, T=2048)")
+             title="Parameters vs width E\n(GPT-2/3 curves: V=50,257, T=2,048)")
     ax_l.set(xscale="log", yscale="log", xlabel="number of blocks L",
              ylabel="parameters (count, tied head counted once)",
-             title="Parameters vs depth L (V=50257, T=2048)")
+             title="Parameters vs depth L\n(GPT-2/3 curves: V=50,257, T=2,048)")
     for ax in (ax_e, ax_l):
         _count_axis(ax)
         _int_axis(ax)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("Exact parameter counts: ~12·L·E² once E is large; the embedding V·E dominates "
                  "small models", fontsize=11)
+    fig.tight_layout()
+    for ax in (ax_e, ax_l):
+        _legend(ax, below=True, ncol=2)
     path = _save(fig, out_dir, "params_scaling")
     return Plot("params_scaling", path, "Parameters vs E and vs L",
                 "Exact totals for the GPT-2/GPT-3 architecture; circles and squares are the "
-                "published GPT-2 and GPT-3 sizes, the red star is the analysed model "
+                "published GPT-2 and GPT-3 sizes; the red line is the analysed model's own "
+                "architecture (its V and T, one parameter varied) and the red star the model "
                 f"({model_label(cfg, name)}).", {"params": here})
 
 
@@ -225,7 +291,7 @@ def plot_flops_vs_seq_len(out_dir: Path, cfg: GPTConfig, name: str | None = None
     split = [flops_split_per_token(cfg, s) for s in lengths]
     dense = [d for d, _ in split]
     attn = [a for _, a in split]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     ax.plot(lengths, [d + a for d, a in split], color="black", lw=2,
             label="total (forward matmul FLOPs per token)")
     ax.plot(lengths, dense, color="C0", lw=1.5, label="dense: q/k/v, out, MLP, lm_head weights")
@@ -247,7 +313,7 @@ def plot_flops_vs_seq_len(out_dir: Path, cfg: GPTConfig, name: str | None = None
     _count_axis(ax)
     _int_axis(ax)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _legend(ax)
     path = _save(fig, out_dir, "flops_vs_seq_len")
     return Plot("flops_vs_seq_len", path, "FLOPs per token vs sequence length",
                 "Per token, the weight matmuls cost the same at every length; attention grows "
@@ -264,8 +330,10 @@ KV_PRESETS = ("gpt2", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama3-8b")
 
 def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
                   presets: Iterable[str] = KV_PRESETS) -> Plot:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    items = [(n, from_name(n)) for n in presets] + [(name or "this model", cfg)]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    # a preset that is the model itself is drawn once, as the model
+    items = [(n, from_name(n)) for n in presets if n != name and from_name(n) != cfg]
+    items.append((name or "this model", cfg))
     for i, (n, c) in enumerate(items):
         ctx = _geom(1, c.block_size, 50)
         style = dict(color="red", lw=2.5) if i == len(items) - 1 else dict(lw=1.5)
@@ -278,7 +346,7 @@ def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
     _bytes_axis(ax)
     _int_axis(ax)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _legend(ax)
     path = _save(fig, out_dir, "kv_cache")
     return Plot("kv_cache", path, "KV cache vs context",
                 "Keys and values kept for generation grow linearly with the context; grouped-query "
@@ -291,9 +359,9 @@ def plot_kv_cache(out_dir: Path, cfg: GPTConfig, name: str | None = None,
 def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: Sequence,
                         name: str | None = None) -> Plot:
     """Measured parameters and FLOPs per token vs T (`reports.claims` points)."""
-    from .claims import cost_findings
+    from .claims import cost_findings, position_share
 
-    fig, (ax_p, ax_f) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (ax_p, ax_f) = plt.subplots(1, 2, figsize=(12, 6.4))
     Ts = [s.block_size for s in sizes]
     fixed = [s.analytic_params - s.position_params for s in sizes]
     ax_p.plot(Ts, [s.analytic_params for s in sizes], color="C0", lw=1.5,
@@ -304,13 +372,20 @@ def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: S
                  zorder=5, label="measured: reference model numel()")
     first, last = sizes[0], sizes[-1]
     grew = last.measured_params - first.measured_params
-    ax_p.annotate(f"{grew:+,} parameters from T={first.block_size:,} to T={last.block_size:,}\n"
-                  f"= {last.block_size - first.block_size:,} × E={cfg.n_embd} "
-                  f"({100 * grew / first.measured_params:.1f}% of the model)",
-                  (0.03, 0.80), xycoords="axes fraction", ha="left", fontsize=9)
+    learned = cfg.pos_embedding == "learned"
+    if learned:
+        note = (f"{grew:+,} parameters from T={first.block_size:,} to T={last.block_size:,}\n"
+                f"= {last.block_size - first.block_size:,} × E={cfg.n_embd}; the position "
+                f"table is {position_share(sizes):.1f}%\nof the model at T={last.block_size:,}")
+        answer = "only the learned position table (T·E) grows"
+    else:
+        note = (f"{grew:+,} parameters from T={first.block_size:,} to T={last.block_size:,}:\n"
+                f"{cfg.pos_embedding} positions have no table")
+        answer = f"yes: no learned position table ({cfg.pos_embedding} positions)"
+    ax_p.annotate(note, (0.03, 0.80), xycoords="axes fraction", ha="left", fontsize=9)
     # linear axes: the growth is a straight line, T x E
     ax_p.set(xlabel="block size T (tokens)", ylabel="parameters (count)",
-             title="Is model size independent of T?\nonly the learned position table (T·E) grows")
+             title=f"Is model size independent of T?\n{answer}")
     ax_p.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax_p.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
 
@@ -337,11 +412,12 @@ def plot_context_claims(out_dir: Path, cfg: GPTConfig, sizes: Sequence, costs: S
     ax_f.set_ylim(min(att) / 2, max(tok) * 30)
     _count_axis(ax_f)
     _int_axis(ax_f)
-    for ax, where in ((ax_p, "lower right"), (ax_f, "upper left")):
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc=where)
     fig.suptitle(f"Size and cost vs context, measured on the reference model "
                  f"({model_label(cfg, name)})", fontsize=10)
+    fig.tight_layout()
+    for ax in (ax_p, ax_f):
+        ax.grid(True, which="major", alpha=0.3)
+        _legend(ax, below=True, ncol=2 if ax is ax_p else 1)
     path = _save(fig, out_dir, "context_claims")
     return Plot("context_claims", path, "How size and cost grow with context",
                 "Measured parameters and FLOPs per token at several T.",
@@ -400,11 +476,12 @@ def _stack(ax, xs, series: list[dict[str, int]], peaks: Sequence[int]) -> None:
         ax.set_ylim(0, top / gib * 1.1)
         ax.text(0.98, 0.98, f"80 GiB GPU: off scale ({100 * top / GPU_BYTES:.1f}% used at most)",
                 transform=ax.transAxes, ha="right", va="top", fontsize=8, color="red")
-    ax.set_xlim(xs[0], xs[-1])
+    # from 0 and a little past the last point: a workload at either end of the sweep (B = 1,
+    # S = T) is drawn inside the axes, not on their edge
+    ax.set_xlim(0, xs[-1] * 1.04)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if top > 10 * gib
                                                else f"{v:,.2g}"))
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
 
 
 def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | None = None,
@@ -415,15 +492,19 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
     from gptcalc.memory.engines import describe as describe_setup
 
     setup = setup or memory_setup(cfg)
-    fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(12, 7))
     b_max = max(16, 4 * workload.batch_size)  # around this workload's batch
     batches = sorted({1, *range(max(1, b_max // 64), b_max + 1, max(1, b_max // 64))})
     wls = [Workload(b, workload.seq_len) for b in batches]
     _stack(ax_b, batches, [memory_categories(cfg, w, setup) for w in wls],
            [step_peak(cfg, w, setup).bytes for w in wls])
-    ax_b.axvline(workload.batch_size, color="grey", ls=":", lw=1.5,
-                 label=f"this workload, B = {workload.batch_size}")
-    ax_b.legend(fontsize=8, loc="upper left")
+    here = step_peak(cfg, workload, setup).bytes / 2**30
+    for ax in (ax_b, ax_s):
+        ax.axvline(workload.batch_size if ax is ax_b else workload.seq_len, color="grey",
+                   ls=":", lw=1.5)
+        ax.scatter([workload.batch_size if ax is ax_b else workload.seq_len], [here],
+                   marker="o", s=40, color="black", zorder=6,
+                   label=f"this workload, B = {workload.batch_size}, S = {workload.seq_len:,}")
     ax_b.set(xlabel=f"batch size B (sequences of S = {workload.seq_len:,} tokens)",
              ylabel="memory of one training step (GiB)",
              title=f"Training memory vs batch size (S = {workload.seq_len:,})")
@@ -435,9 +516,12 @@ def plot_training_memory(out_dir: Path, cfg: GPTConfig, workload, name: str | No
     ax_s.set(xlabel=f"sequence length S (tokens, up to T = {T:,})",
              ylabel="memory of one training step (GiB)",
              title=f"Training memory vs sequence length (B = {workload.batch_size})")
-    fig.suptitle(f"{describe_setup(setup)}.\nStacked: every category at once; "
+    fig.suptitle(f"{_wrap(describe_setup(setup), 130)}.\nStacked: every category at once; "
                  f"black: gptcalc's modelled peak of a step\n{model_label(cfg, name)}",
                  fontsize=10)
+    fig.tight_layout()
+    for ax in (ax_b, ax_s):
+        _legend(ax, below=True, ncol=2)
     path = _save(fig, out_dir, "training_memory")
     return Plot("training_memory", path, "Training memory vs batch size and sequence length",
                 "Weights, gradients and AdamW's two moments are fixed; saved activations and "
@@ -453,7 +537,7 @@ def plot_zero(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
     from gptcalc.training_setup import TrainingSetup
     from gptcalc.memory import state_bytes
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     dps = [2**i for i in range(0, 11)]
     for z, colour in zip((0, 1, 2, 3), ("C0", "C1", "C2", "C3")):
         ys = [state_bytes(cfg, TrainingSetup(mode="mixed", dp=d, zero=z)).total for d in dps]
@@ -469,7 +553,7 @@ def plot_zero(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
     _int_axis(ax)
     _bytes_axis(ax)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    _legend(ax)
     path = _save(fig, out_dir, "zero_stages")
     return Plot("zero_stages", path, "Memory per device vs ZeRO stage and data-parallel size",
                 "Rajbhandari et al. 2020's accounting: 2 + 2 + 12 bytes per parameter (fp16 "
@@ -523,7 +607,7 @@ def measure_small(cfg: GPTConfig, widths: Sequence[int] = (16, 32, 64, 128),
 
 def plot_measured(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plot:
     data = measure_small(cfg)
-    fig, (ax_p, ax_f) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (ax_p, ax_f) = plt.subplots(1, 2, figsize=(12, 6.2))
     widths = sorted({4 * round(w / 4) for w in _geom(8, 256, 40)})  # even head_dim for rotary
     ax_p.plot(widths, [count_params(data["width_cfg"](e, 64)).total for e in widths], color="C0",
               lw=1.5, label="gptcalc: count_params")
@@ -545,13 +629,15 @@ def plot_measured(out_dir: Path, cfg: GPTConfig, name: str | None = None) -> Plo
     ax_f.set(xscale="log", yscale="log", xlabel=f"sequence length S (tokens; E={c.n_embd}, L=2)",
              ylabel="forward FLOPs per token (2 per multiply-add)",
              title="FLOPs per token: measured over the formula")
-    for ax, where in ((ax_p, "upper left"), (ax_f, "lower right")):
+    for ax in (ax_p, ax_f):
         _count_axis(ax)
         _int_axis(ax)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc=where)
     fig.suptitle(f"Measured on CPU at small sizes with this model's architecture "
                  f"({model_label(cfg, name)})", fontsize=10)
+    fig.tight_layout()
+    for ax in (ax_p, ax_f):
+        _legend(ax, below=True, ncol=2)
     path = _save(fig, out_dir, "measured")
     exact = all(m == a for _, m, a in data["params"]) and all(
         f[1] == f[2] and f[3] == f[4] for f in data["flops"])
@@ -569,7 +655,7 @@ def plot_decode_timing(out_dir: Path, timings: Sequence, cfg: GPTConfig,
                        name: str | None = None) -> Plot:
     """Measured time per decoded token vs context (`reference_model.timing.DecodeTiming`s of the
     tiny model `cfg`): drawing only, the measurement is the caller's."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     ctx = [t.context for t in timings]
     ax.plot(ctx, [1e3 * t.seconds_with_cache for t in timings], "o-",
             label="with a KV cache: one query against the cached keys")
@@ -577,10 +663,16 @@ def plot_decode_timing(out_dir: Path, timings: Sequence, cfg: GPTConfig,
             label="without a cache: a forward over the whole context")
     ax.set(xscale="log", yscale="log", xlabel="context length (tokens)",
            ylabel="time per decoded token (ms)",
-           title=f"Decode on CPU, measured: {model_label(cfg, name)}")
+           title=f"Decode on CPU, measured\n{model_label(cfg, name)}")
+    # ticks at the measured contexts only: a log axis's minor labels (2x10^1, 3x10^1, ...)
+    # run into each other
+    ax.xaxis.set_major_locator(FixedLocator(ctx))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     _int_axis(ax)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _legend(ax)
     path = _save(fig, out_dir, "decode_timing")
     return Plot("decode_timing", path, "Decode time per token vs context, measured",
                 "With a KV cache the time per token stays nearly flat (the weights dominate, as "

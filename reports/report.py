@@ -22,10 +22,12 @@ from gptcalc.config import GPTConfig
 from gptcalc.workload import Workload
 from gptcalc.flops import NONMATMUL_COST, count_flops, inference_flops, published_estimates
 from gptcalc.params import count_params
+from gptcalc.training_setup import TrainingSetup
 from gptcalc.units import binary_bytes, si
 
 from . import claims
-from .document import Block, Bullets, Heading, Image, Para, table, to_html, to_markdown
+from .document import (Block, Bullets, Contents, Heading, Image, Para, table, to_html,
+                       to_markdown)
 
 
 @dataclass
@@ -87,7 +89,8 @@ class _Progress:
 # ---------------------------------------------------------------------------------------------
 # sections
 
-def _config_blocks(cfg: GPTConfig, wl: Workload, name: str, device: str) -> list[Block]:
+def _config_blocks(cfg: GPTConfig, wl: Workload, name: str, device: str,
+                   summary: list[Block] = ()) -> list[Block]:
     import torch
 
     letters = [("L (n_layer)", cfg.n_layer), ("H (n_head)", cfg.n_head),
@@ -104,9 +107,12 @@ def _config_blocks(cfg: GPTConfig, wl: Workload, name: str, device: str) -> list
         Heading(1, name),
         Para(f"A gptcalc report. Made by gptcalc {__version__} on {when} with torch "
              f"{torch.__version__} "
-             f"(Python {platform.python_version()}); measurements ran on `{device}`. Every "
-             "analytic number below has a measured twin on the reference PyTorch model "
-             "(`reference_model/model.py`) in the verification table."),
+             f"(Python {platform.python_version()}); measurements ran on `{device}`. The "
+             "parameter, FLOP and memory figures are checked against the reference PyTorch "
+             "model (`reference_model/model.py`) in the verification table, which says which "
+             "set-up it measured and how."),
+        *summary,
+        Contents(),
         Heading(2, "Configuration"),
         table(["size", "value"], [(k, v) for k, v in letters]),
         Para(f"Switches: `{switches}`."),
@@ -175,15 +181,73 @@ def _flops_blocks(cfg: GPTConfig, wl: Workload) -> list[Block]:
     ]
 
 
-def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Block]:
-    """Analytic vs measured: `reference_model.verify` (params, fvcore and FlopCounterMode FLOPs,
-    saved-activation bytes, model states and the step peak) at the report's own workload: real
-    tensors when that runs in seconds, else shape-only (meta device and FakeTensorMode, which
-    measure the memory checks too, to the byte of a real run)."""
+@dataclass(frozen=True)
+class Verified:
+    """What the verification table measured: `reference_model.verify`'s plan and checks, and
+    the training set-up its memory checks ran."""
+
+    plan: Any  # reference_model.verify.Setup
+    checks: list
+    training: TrainingSetup
+
+    @property
+    def agreeing(self) -> int:
+        return sum(1 for c in self.checks if c.ok)
+
+
+# fields a single-device verification of the reference model cannot take from the report's
+# set-up, and the value it runs instead
+_ONE_DEVICE = {"impl": "reference", "dp": 1, "zero": 0, "tp": 1, "pp": 1, "sp": False, "ep": 1,
+               "engine_settings": (), "lora_rank": 0, "lora_targets": (), "base_dtype": "same"}
+
+
+def verified_training(setup: TrainingSetup, device: str) -> TrainingSetup:
+    """`setup` as `reference_model.verify` runs it on `device`: that device's kernels, one
+    device, the reference model's own modules, no adapters; precision, optimizer,
+    recomputation, attention and loss as `setup` has them."""
+    from gptcalc.memory.engines import default_engine
+
+    engine = None if setup.engine is None else default_engine(0).name  # one device's engine
+    return dataclasses.replace(setup, device="cuda" if device.startswith("cuda") else "cpu",
+                               engine=engine, **_ONE_DEVICE)
+
+
+def setup_changes(assumed: TrainingSetup, verified: TrainingSetup) -> list[str]:
+    """'field assumed -> verified' for every field the verification had to change."""
+    return [f"{f.name} {getattr(assumed, f.name)} -> {getattr(verified, f.name)}"
+            for f in dataclasses.fields(TrainingSetup)
+            if getattr(assumed, f.name) != getattr(verified, f.name)]
+
+
+def verify_report(cfg: GPTConfig, wl: Workload, device: str,
+                  setup: TrainingSetup | None = None) -> Verified:
+    """`reference_model.verify` of this workload under the report's set-up (`verified_training`)
+    at `verify`'s automatic choice of tensors: real when the step runs in seconds, else
+    shape-only (meta device and FakeTensorMode, the memory checks on CPU to the byte of a real
+    run)."""
     from reference_model.verify import verify
 
-    setup, checks = verify(cfg, wl, device=device)
-    ok = sum(1 for c in checks if c.ok)
+    training = verified_training(setup or _default_setup(cfg), device)
+    plan, checks = verify(cfg, wl, device=device, attn_impl=training.attn_impl,
+                          training=training)
+    return Verified(plan, checks, training)
+
+
+def _default_setup(cfg: GPTConfig) -> TrainingSetup:
+    from gptcalc.training import default_setup
+
+    return default_setup(cfg)
+
+
+def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str,
+                         setup: TrainingSetup | None = None,
+                         verified: Verified | None = None) -> list[Block]:
+    """Analytic vs measured (`verify_report`) at the report's own workload and set-up."""
+    from gptcalc.memory.engines import describe as describe_setup
+
+    setup = setup or _default_setup(cfg)
+    v = verified or verify_report(cfg, wl, device, setup)
+    checks = v.checks
     exact = sum(1 for c in checks if c.difference == 0)
     rows = [(c.name, _num(c.analytic), _num(c.measured), f"{c.difference:+,}",
              ("yes" if c.ok else "**NO**") + (f" (within ±{c.tolerance:,})"
@@ -191,43 +255,57 @@ def _verification_blocks(cfg: GPTConfig, wl: Workload, device: str) -> list[Bloc
              c.tool + (f"; {c.note}" if c.note else ""))
             for c in checks]
     # verify's notes name its own --tensors option, which the report does not have
-    notes = [Para(n.split("; pass --tensors")[0] + ".") for n in setup.notes]
-    how = ("real tensors: the model was built and run" if setup.tensors == "real" else
+    notes = [Para(n.split("; pass --tensors")[0] + ".") for n in v.plan.notes]
+    how = ("real tensors: the model was built and run" if v.plan.tensors == "real" else
            "shape-only tensors: nothing was computed, every op ran on tensors that carry only "
            "shape, dtype and device, which give the counts and byte sizes of a real run (the "
            "test suite compares both on small models)")
+    changes = setup_changes(setup, v.training)
+    same = ("the set-up the Memory section assumes" if not changes else
+            "the Memory section's set-up with what cannot run here changed ("
+            + "; ".join(changes) + "; the Memory section shows both side by side)")
     return [
         Heading(2, "Verification: analytic vs measured"),
-        Para(f"{ok} of {len(checks)} checks agree ({exact} exactly; the others within the "
-             "tolerance their row states). Measured on the reference model "
-             f"({setup.attn_impl} attention, on `{device}`) at this report's workload, "
-             f"B = {wl.batch_size} and S = {wl.seq_len}, with {how}."),
+        Para(f"{v.agreeing} of {len(checks)} checks agree ({exact} exactly; the others within "
+             "the tolerance their row states). Measured on the reference model "
+             f"({v.plan.attn_impl} attention, on `{device}`) at this report's workload, "
+             f"B = {wl.batch_size} and S = {wl.seq_len}, with {how}. The memory checks ran "
+             f"{describe_setup(v.training)}: {same}."),
         *notes,
         table(["quantity", "analytic", "measured", "difference", "agrees", "tool"], rows),
     ]
 
 
-def _memory_blocks(cfg: GPTConfig, wl: Workload, setup=None) -> list[Block]:
+def _memory_blocks(cfg: GPTConfig, wl: Workload, setup: TrainingSetup | None = None,
+                   verified: TrainingSetup | None = None) -> list[Block]:
     """`gptcalc.memory.memory_report` of this workload under `setup` (default: the family's
-    usual training set-up)."""
-    from gptcalc.training import default_setup
+    usual training set-up) and, where the verification ran another (`verified`, e.g. CPU
+    kernels for CUDA's), under that one beside it with the terms that differ."""
     from gptcalc.memory import memory_report
     from gptcalc.memory.engines import describe as describe_setup
 
-    setup = setup or default_setup(cfg)
+    setup = setup or _default_setup(cfg)
     r = memory_report(cfg, wl, setup)
     cats = r.categories()
-    rows = [(k, f"{v:,}", binary_bytes(v)) for k, v in cats.items()]
+    both = verified is not None and verified != setup
+    other = memory_report(cfg, wl, verified) if both else None
+    ocats = other.categories() if other else {}
+    cols = ["category", "bytes", "binary"]
+    if both:
+        cols = ["category", "assumed: bytes", "binary", "verified here: bytes", "binary"]
+
+    def cells(k: str, a: int, b: int | None) -> tuple:
+        return (k, f"{a:,}", binary_bytes(a)) + ((f"{b:,}", binary_bytes(b)) if both else ())
+    rows = [cells(k, v, ocats.get(k)) for k, v in cats.items()]
+    total = cells("sum (all at once)", sum(cats.values()), sum(ocats.values()) if both else None)
     acts = r.breakdown["activations"]
     top = sorted(((k, v) for k, v in acts.items() if v), key=lambda kv: -kv[1])[:8]
     peak = r.peak
-    return [
+    blocks: list[Block] = [
         Heading(2, "Memory"),
         Para(f"One training step of a micro-batch of B = {wl.batch_size} sequences of "
              f"S = {wl.seq_len} tokens on one device, assuming {describe_setup(setup)}."),
-        table(["category", "bytes", "binary"], rows,
-              total=("sum (all at once)", f"{sum(cats.values()):,}",
-                     binary_bytes(sum(cats.values()))),
+        table(cols, rows, total=total,
               caption="activations: every tensor saved for backward, the cross entropy's "
                       "log-probabilities and autocast's weight copies included."),
         Para(f"Modelled peak of a step: **{binary_bytes(peak.bytes)}** ({peak.bytes:,} bytes), "
@@ -236,9 +314,37 @@ def _memory_blocks(cfg: GPTConfig, wl: Workload, setup=None) -> list[Block]:
              f"activations) against {binary_bytes(r.activations)} saved by this model. KV "
              f"cache for inference at context {wl.seq_len}: {binary_bytes(r.kv_cache)} "
              f"(B = {wl.batch_size}, in the serving dtype)."),
-        table(["largest saved tensors (all layers)", "bytes", "binary"],
-              [(k, f"{v:,}", binary_bytes(v)) for k, v in top]),
     ]
+    if both:
+        blocks.append(Para(_why_they_differ(setup, verified, r, other)))
+    blocks.append(table(["largest saved tensors (all layers)", "bytes", "binary"],
+                        [(k, f"{v:,}", binary_bytes(v)) for k, v in top]))
+    return blocks
+
+
+def _why_they_differ(setup: TrainingSetup, verified: TrainingSetup, r, other) -> str:
+    """The sentence under a side-by-side memory table: what was changed and which modelled
+    terms move with it."""
+    changed = "; ".join(setup_changes(setup, verified))
+    diffs = []
+    for section in ("activations", "weight_copies", "state"):
+        a, b = r.breakdown.get(section, {}), other.breakdown.get(section, {})
+        diffs += [f"{section} {k}: {a.get(k, 0):,} -> {b.get(k, 0):,} B"
+                  for k in sorted(set(a) | set(b)) if a.get(k, 0) != b.get(k, 0)]
+    moved = ("every saved tensor and state is the same under both" if not diffs
+             else "these terms differ: " + "; ".join(diffs[:6])
+             + (f" and {len(diffs) - 6} more" if len(diffs) > 6 else ""))
+    device = ("; where CPU and CUDA kernels can differ: on CUDA AdamW's foreach update makes "
+              "temporaries for every parameter at once, on CPU one tensor at a time "
+              "(gptcalc.memory.peak.optimizer_temporaries), and "
+              "some kernels save other dtypes (gptcalc.memory.profile_reference)"
+              if setup.device != verified.device else "")
+    peaks = (f"the peak is {binary_bytes(r.peak.bytes)} in the {r.peak.phase} phase assumed, "
+             f"{binary_bytes(other.peak.bytes)} in the {other.peak.phase} phase verified")
+    return (f"Assumed: the set-up above, which this machine cannot run as it is. Verified here: "
+            f"the same with {changed}, what the verification table below measures. "
+            f"Between the two, {moved}; {peaks}{device}. The assumed column is gptcalc's model "
+            "of that set-up, not measured in this report.")
 
 
 def _time_blocks(cfg: GPTConfig, wl: Workload, gpu_name: str, out_dir: Path,
@@ -355,7 +461,7 @@ def _claims_blocks(cfg: GPTConfig, sizes: list, costs: list, device_used: str,
             f"{'' if diffs_are_table else ', NOT matched'}). Every other matrix (Q, K, V, "
             "the MLP, the embeddings' V x E) is indeed independent of T, so "
             "the change is small: the position table is "
-            f"{100 * last.position_params / last.measured_params:.1f}% of the model at "
+            f"{claims.position_share(sizes):.1f}% of the model at "
             f"T = {last.block_size:,}. The T x T causal mask (`tril`, one per block) is a "
             "buffer, not a parameter: it is not trained and not in the count, but it does "
             "cap the context of this implementation; the learned table "
@@ -470,18 +576,13 @@ def _build(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str, name: str,
            progress: bool, gpu: str, setup) -> Report:
     from . import plots
 
-    blocks: list[Block] = []
+    setup = setup or _default_setup(cfg)
     made: list = []
     with _Progress(progress) as prog:
-        blocks += _config_blocks(cfg, wl, name, device)
-        blocks += _params_blocks(cfg)
-        blocks += _flops_blocks(cfg, wl)
-        blocks += _memory_blocks(cfg, wl, setup)
         with prog.step("time and serving; decode timed on the CPU"):
             time_blocks, decode_plot = _time_blocks(cfg, wl, gpu, out_dir, name)
-            blocks += time_blocks
         with prog.step("verification on the reference model"):
-            blocks += _verification_blocks(cfg, wl, device)
+            verified = verify_report(cfg, wl, device, setup)
         Ts = claims.sweep_block_sizes(cfg)
         with prog.step("context sweep: parameters at each T", len(Ts)):
             sizes = claims.measure_sizes(cfg, Ts)
@@ -492,11 +593,18 @@ def _build(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str, name: str,
         with prog.step("plots", 5):
             claim_plot = plots.plot_context_claims(out_dir, cfg, sizes, costs, name)
             made.append(claim_plot)
-            blocks += _claims_blocks(cfg, sizes, costs, cost_device, claim_plot.path.name)
             measured = [(p.block_size, p.per_token) for p in costs]
             made += plots.make_plots(out_dir, cfg, wl, name, measured_flops=measured,
                                      setup=setup)
             made.append(plots.plot_measured(out_dir, cfg, name))
+    blocks: list[Block] = _config_blocks(cfg, wl, name, device,
+                                         _summary_blocks(cfg, wl, setup, gpu, verified))
+    blocks += _params_blocks(cfg)
+    blocks += _flops_blocks(cfg, wl)
+    blocks += _memory_blocks(cfg, wl, setup, verified.training)
+    blocks += time_blocks
+    blocks += _verification_blocks(cfg, wl, device, setup, verified)
+    blocks += _claims_blocks(cfg, sizes, costs, cost_device, claim_plot.path.name)
     blocks.append(Heading(2, "Plots"))
     for p in made[1:]:
         blocks += [Heading(3, p.title), Image(p.path.name, p.title, p.caption)]
@@ -511,4 +619,40 @@ def _build(cfg: GPTConfig, wl: Workload, out_dir: Path, device: str, name: str,
         "exponent_per_token": f.per_token.exponent,
         "exponent_attention": f.attention_per_token.exponent,
         "exponent_no_cache": f.per_sequence.exponent,
+        "checks": len(verified.checks), "checks_agreeing": verified.agreeing,
+        "tensors": verified.plan.tensors,
     })
+
+
+def _summary_blocks(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, gpu_name: str,
+                    verified: Verified) -> list[Block]:
+    """The answers first: size, cost per token, memory of a step, whether it fits, and how
+    much of it the verification table confirms."""
+    from gptcalc.gpus import gpu as find_gpu
+    from gptcalc.memory import memory_report
+
+    p = count_params(cfg).total
+    fc = count_flops(cfg, wl)
+    per_token = fc.per_token(fc.training_total)
+    peak = memory_report(cfg, wl, setup).peak.bytes
+    g = find_gpu(gpu_name)
+    if g.usable_memory_bytes is None:
+        fits = f"`{g.name}` has no memory figure"
+    else:
+        fits = (f"**{'yes' if peak <= g.usable_memory_bytes else 'NO'}**: the peak is "
+                f"{100 * peak / g.usable_memory_bytes:.1f}% of its "
+                f"{binary_bytes(g.usable_memory_bytes)} usable")
+    shape_only = verified.plan.tensors != "real"
+    how = ("real tensors" if not shape_only else
+           "**shape-only** tensors (FakeTensorMode: counts and bytes, nothing computed; a real "
+           "step of this model would take too long for a report)")
+    rows = [
+        ("parameters", f"{p:,} ({si(p)})"),
+        ("training FLOPs per token (forward + backward)", f"{per_token:,} ({si(per_token)})"),
+        (f"training step peak (B = {wl.batch_size}, S = {wl.seq_len})",
+         f"{binary_bytes(peak)} ({peak:,} bytes)"),
+        (f"fits on one `{g.name}`", fits),
+        ("verified", f"{verified.agreeing} of {len(verified.checks)} checks agree, on "
+                     f"`{verified.plan.device}` with {how}"),
+    ]
+    return [table(["Summary", "answer"], rows)]

@@ -85,19 +85,38 @@ def test_stage3_keeps_its_reduce_bucket_and_gradient_partitions():
 
 CASES = [(z, mode, buckets) for z in (1, 2, 3) for mode in ("mixed", "fp32")
          for buckets in ("default", "small")]
+TWIN_WORKLOAD = Workload(2, 32)
+
+
+def _case_setup(zero: int, mode: str, buckets: str) -> TrainingSetup:
+    return TrainingSetup(dp=2, zero=zero, engine="deepspeed", mode=mode,
+                         engine_settings=tuple(SMALL.items()) if buckets == "small" else ())
+
+
+def _threshold_setup(zero: dict) -> TrainingSetup:
+    return TrainingSetup(dp=2, zero=3, engine="deepspeed", mode="mixed",
+                         engine_settings=tuple({**SMALL, **zero}.items()))
+
+
+@pytest.fixture(scope="module")
+def twin_runs():
+    """Every DeepSpeed twin of this module (CASES, then THRESHOLD_CASES) on 2 gloo ranks, in
+    one `run_layouts`: the ranks start and import DeepSpeed once, each set-up runs in its own
+    forked copy of them. Per-rank results by set-up."""
+    pytest.importorskip("deepspeed")
+    from reference_model.distributed import run_layouts
+
+    setups = [_case_setup(*c) for c in CASES] + [_threshold_setup(z) for z in THRESHOLD_CASES]
+    return dict(zip(setups, run_layouts(LLAMA, TWIN_WORKLOAD, setups)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("zero, mode, buckets", CASES)
-def test_deepspeed_twin_resident_and_peak(zero, mode, buckets):
-    pytest.importorskip("deepspeed")
-    from reference_model.distributed import run_layout
-
-    setup = TrainingSetup(dp=2, zero=zero, engine="deepspeed", mode=mode,
-                          engine_settings=tuple(SMALL.items()) if buckets == "small" else ())
-    wl = Workload(2, 32)
+def test_deepspeed_twin_resident_and_peak(twin_runs, zero, mode, buckets):
+    setup = _case_setup(zero, mode, buckets)
+    wl = TWIN_WORKLOAD
     peak = step_peak(LLAMA, wl, setup, stage="first").bytes
-    for r in run_layout(LLAMA, wl, setup):
+    for r in twin_runs[setup]:
         kept = sum(resident(LLAMA, setup, "first", r.rank).values())
         assert abs(kept - r.resident) <= RESIDENT_TOLERANCE * r.resident, (kept, r.resident)
         # the reference model's own buffers (causal mask, rotary tables) are not the engine's
@@ -194,14 +213,9 @@ THRESHOLD_CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", THRESHOLD_CASES, ids=lambda z: ",".join(
     f"{k.replace('stage3_', '')}={v}" for k, v in z.items()))
-def test_deepspeed_twin_peak_under_scaled_thresholds(zero):
-    pytest.importorskip("deepspeed")
-    from reference_model.distributed import run_layout
-
-    setup = TrainingSetup(dp=2, zero=3, engine="deepspeed", mode="mixed",
-                          engine_settings=tuple({**SMALL, **zero}.items()))
-    wl = Workload(2, 32)
-    peak = step_peak(LLAMA, wl, setup, stage="first").bytes
-    for r in run_layout(LLAMA, wl, setup):
+def test_deepspeed_twin_peak_under_scaled_thresholds(twin_runs, zero):
+    setup = _threshold_setup(zero)
+    peak = step_peak(LLAMA, TWIN_WORKLOAD, setup, stage="first").bytes
+    for r in twin_runs[setup]:
         measured = r.peak - r.peak_categories.get("Buffer", 0)
         assert abs(peak - measured) <= PEAK_TOLERANCE * measured, (peak, measured)

@@ -125,6 +125,12 @@ def test_verify_refuses_a_layout_of_no_ranks(args, option):
 @pytest.mark.parametrize("args, option", [
     (["infer", "--preset", "gpt2", "--prompt-len", "2000"], "--prompt-len"),
     (["infer", "--preset", "gpt2", "--gen-len", "2000"], "--gen-len"),
+    # a request longer than the model's context T: the request's option, not --block-size
+    (["serve", "--preset", "gpt2", "--max-model-len", "2048"], "--max-model-len"),
+    (["serve", "--preset", "gpt2", "--max-model-len", "2048", "--allow-long-max-model-len",
+      "--context", "4096"], "--context"),
+    (["serve", "--preset", "gpt2", "--context", "2048"], "--context"),
+    (["memory", "--preset", "gpt2", "--seq-len", "2048"], "--seq-len"),
     (["serve", "--preset", "llama3-8b", "--engine", "sglang", "--gpu-memory", "1GiB"],
      "--gpu-memory"),
     (["memory", "--preset", "gpt2", "--attn", "manual", "--impl", "transformers",

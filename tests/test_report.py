@@ -232,6 +232,49 @@ def test_every_image_loads_in_chromium(report, tmp_path):
     assert all(s["loaded"] for s in status), status
 
 
+_WIDTH_PROBE = """<script>
+window.addEventListener('load', function () {
+  var pre = document.createElement('pre');
+  pre.id = 'width-probe';
+  var root = document.documentElement;
+  var wide = [];
+  document.querySelectorAll('.table-wrap').forEach(function (w) {
+    if (w.scrollWidth > w.clientWidth) wide.push(w.scrollWidth);
+  });
+  pre.textContent = JSON.stringify({page: root.scrollWidth, window: root.clientWidth,
+                                    scrolling_tables: wide.length});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def browser_widths(page: Path, tmp: Path, width: int) -> dict:
+    """The page's scroll width against the window's, in headless chromium `width` pixels
+    wide, and how many tables scroll inside their own box."""
+    probe = page.with_name("width-" + page.name)
+    probe.write_text(page.read_text().replace("</body>", _WIDTH_PROBE + "</body>"))
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--hide-scrollbars", f"--window-size={width},800",
+           f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=10000",
+           "--dump-dom", probe.as_uri()]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    m = re.search(r'<pre id="width-probe">(.*?)</pre>', r.stdout, re.S)
+    assert m, f"no probe output; chromium said: {r.stderr[-2000:]}"
+    return json.loads(html.unescape(m.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_wide_tables_scroll_inside_the_page_in_chromium(report, tmp_path):
+    # a phone-sized window: the verification table's tool column alone is wider
+    got = browser_widths(report.html, tmp_path, 480)
+    assert got["page"] <= got["window"], got  # the page itself never scrolls sideways
+    assert got["scrolling_tables"] >= 1, got  # the wide tables scroll in their boxes
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 def test_the_browser_probe_sees_a_broken_image(tmp_path):
     # the probe can fail: a page whose image is missing reports it as not loaded
@@ -293,3 +336,72 @@ def test_verification_of_a_slow_workload_runs_shape_only_and_says_so():
     assert "shape-only tensors" in text and "SHAPE-ONLY" in text and "B = 100000" in text
     assert data["step peak bytes"][4].startswith("yes") and "FakeTensorMode" in data["step peak bytes"][5]
     assert data["saved activation bytes"][3] == "+0"
+
+
+# ---------------------------------------------------------------- the top of the page
+
+def test_summary_answers_come_first(md):
+    from gptcalc.gpus import GPUS
+    from gptcalc.memory import memory_report
+    from gptcalc.training import default_setup
+
+    top = md.split("\n## ", 1)[0]  # everything above the first section
+    answers = {r[0]: r[1] for r in rows(top)[1:]}
+    assert answers["parameters"].startswith(f"{count_params(CFG).total:,} ")
+    fc = count_flops(CFG, WL)
+    flops = answers["training FLOPs per token (forward + backward)"]
+    assert flops.startswith(f"{fc.training_total // WL.seq_len:,} ")
+    peak = memory_report(CFG, WL, default_setup(CFG)).peak.bytes
+    assert f"({peak:,} bytes)" in answers[f"training step peak (B = {WL.batch_size}, S = "
+                                          f"{WL.seq_len})"]
+    # the debug model's step is a few hundred KiB: it fits any catalogued GPU
+    assert peak < GPUS["h100-sxm"].usable_memory_bytes
+    assert answers["fits on one `h100-sxm`"].startswith("yes")
+    assert re.match(r"\d+ of \d+ checks agree, on `cpu` with real tensors", answers["verified"])
+
+
+def test_contents_links_every_section(report):
+    page = report.html.read_text()
+    nav = re.search(r'<nav class="contents">(.*?)</nav>', page, re.S)
+    assert nav and page.index("<nav") < page.index("<h2")  # above the first section
+    links = re.findall(r'href="#([^"]+)"', nav.group(1))
+    ids = re.findall(r'<h2 id="([^"]+)"', page)
+    assert links == ids and len(ids) >= 8
+    assert "verification-analytic-vs-measured" in ids  # GitHub's slug of the heading
+
+
+def test_every_table_scrolls_in_its_own_box(report):
+    page = report.html.read_text()
+    assert page.count("<table>") == page.count('<div class="table-wrap"><table>') > 5
+    assert re.search(r"\.table-wrap\s*{[^}]*overflow-x:\s*auto", page)
+
+
+def test_verification_measures_the_memory_sections_set_up(md):
+    """The debug family trains under bf16 autocast with SDPA on CUDA: the verification runs
+    that set-up on CPU kernels, and the Memory section shows both, the verified column equal
+    to what the verification table measured."""
+    verification = section(md, "Verification: analytic vs measured")
+    assert "(sdpa attention, on `cpu`)" in verification
+    assert "amp (bf16 autocast, fp32 weights)" in verification
+    assert "device cuda -> cpu" in verification
+    memory = section(md, "Memory")
+    header = rows(memory)[0]
+    assert header[1].startswith("assumed") and header[3].startswith("verified here")
+    cats = {r[0]: r for r in rows(memory)[1:]}
+    measured = {r[0]: r for r in rows(verification)[1:]}
+    assert num(cats["weights"][3]) == num(measured["weight bytes"][2])
+    assert num(cats["optimizer"][3]) == num(measured["optimizer state bytes"][2])
+    assert "device cuda -> cpu" in memory
+
+
+def test_the_verified_set_up_keeps_all_that_runs_on_one_device():
+    from gptcalc import TrainingSetup
+    from reports.report import setup_changes, verified_training
+
+    setup = TrainingSetup(mode="amp", attn_impl="sdpa", device="cuda", recompute="full",
+                          optimizer="lion", dp=4, zero=3, loss="chunked")
+    v = verified_training(setup, "cpu")
+    assert (v.mode, v.attn_impl, v.recompute, v.optimizer, v.loss) == (
+        "amp", "sdpa", "full", "lion", "chunked")
+    assert setup_changes(setup, v) == ["device cuda -> cpu", "dp 4 -> 1", "zero 3 -> 0"]
+    assert setup_changes(v, verified_training(v, "cpu")) == []  # nothing left to change

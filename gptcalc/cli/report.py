@@ -47,8 +47,11 @@ def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path
     r = build_report(cfg, wl, out_dir, device=device, name=name, progress=not quiet,
                      gpu=gpu_name, setup=setup)
     f = r.facts
-    print_line(f"{name}: {r.facts['params']:,} parameters ({si(f['params'])}); measured on "
-               f"{f['device']}; FLOPs per token ~ T^{f['exponent_per_token']:.2f} over the "
+    tensors = ("real tensors" if f["tensors"] == "real" else
+               "SHAPE-ONLY tensors (too slow to run for real here)")
+    print_line(f"{name}: {r.facts['params']:,} parameters ({si(f['params'])}); verified on "
+               f"{f['device']}, {f['checks_agreeing']} of {f['checks']} checks agree, "
+               f"{tensors}; FLOPs per token ~ T^{f['exponent_per_token']:.2f} over the "
                f"sweep, attention part T^{f['exponent_attention']:.2f}, one token without a KV "
                f"cache T^{f['exponent_no_cache']:.2f}")
     print_line(f"wrote {r.markdown}, {r.html} and {len(r.plots)} plots: "
