@@ -87,7 +87,8 @@ def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Reci
             targets = ",".join(r.text("lora_target_modules", m) for m in modules)
             if not targets:
                 raise r.fail("a LoRA adapter needs lora_target_modules or lora_target_linear")
-        r.set("lora_target_modules", "lora_targets", targets)
+        r.set("lora_target_linear" if targets == "all" else "lora_target_modules",
+              "lora_targets", targets)
         if four_bit or adapter == "qlora":
             r.set("load_in_4bit", "weights_dtype", "nf4-dq")
     elif adapter is not None:

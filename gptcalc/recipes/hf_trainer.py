@@ -147,11 +147,12 @@ def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bo
         r.refuse("gradient_checkpointing", ckpt, option="recompute")
     else:
         r.set("gradient_checkpointing", "recompute", "full" if ckpt else "none")
-    optim = doc.get("optim", doc.get("optimizer", "adamw_torch"))
+    key = "optimizer" if "optimizer" in doc else "optim"  # axolotl's spelling, the Trainer's
+    optim = doc.get(key, "adamw_torch")
     if optim in OPTIM:
-        r.set("optim", "optimizer", OPTIM[optim])
+        r.set(key, "optimizer", OPTIM[optim])
     else:
-        r.refuse("optim", optim, option="optimizer")
+        r.refuse(key, optim, option="optimizer")
     r.set("(training loop)", "keep_logits", False)
 
 

@@ -141,13 +141,12 @@ def _model(r: Reading, keys: dict[str, Any]) -> None:
         r.set("model._component_", option, value)
     if not m.group(2):
         return
-    targets = []
-    for name in keys.get("model.lora_attn_modules", []) or []:
+    names = keys.get("model.lora_attn_modules", []) or []
+    for name in names:
         if name not in ATTN_TARGETS:
             raise r.fail(f"model.lora_attn_modules: {name!r} is not one of "
                          f"{', '.join(ATTN_TARGETS)}")
-        if ATTN_TARGETS[name] not in targets:
-            targets.append(ATTN_TARGETS[name])
+    targets = [t for n, t in ATTN_TARGETS.items() if n in names]  # the model's order
     if r.flag("model.apply_lora_to_mlp", keys.get("model.apply_lora_to_mlp", False)):
         targets += ["gate", "up", "down"]
     if r.flag("model.apply_lora_to_output", keys.get("model.apply_lora_to_output", False)):
