@@ -295,3 +295,24 @@ def test_the_fixtures_read_every_kind():
     kinds = {read_recipe(p, {"dp": 8}).kind for p in (TITAN, TUNE, AXOLOTL, HF, MEGATRON)}
     assert kinds == {"torchtitan", "torchtune", "axolotl", "Hugging Face TrainingArguments",
                      "Megatron-LM"}
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("bomb.yaml", "a: &a {x: 1, y: 2}\nb: {p: *a, q: *a}\nmodel: {_component_: *a}\n",
+     "YAML aliases"),
+    ("deep.yaml", "base_model: x\nk: " + "[" * 200 + "]" * 200 + "\n", "nests deeper"),
+    ("bad.yaml", "base_model: [\n", "not valid YAML"),
+    ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
+    ("odd.yaml", "name: x\n", "neither a torchtune config"),
+    ("bad.toml", "[model\n", "not valid TOML"),
+    ("bad.json", "{", "not valid JSON"),
+    ("gpt.args", "--num-layers 'two\n", "not an argument list"),
+    ("gpt.args", "num-layers 2\n", "expected a --flag"),
+])
+def test_broken_files_are_one_line(tmp_path, name, text, needle):
+    assert needle in fails("memory", "--recipe", _write(tmp_path, name, text))
+
+
+def test_not_a_file_is_one_line(tmp_path):
+    assert "is not a regular file" in fails("memory", "--recipe", str(tmp_path))
+    assert "no such file" in fails("memory", "--recipe", str(tmp_path / "nope.toml"))

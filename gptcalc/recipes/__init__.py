@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..documents import parse_document, read_text_file
+from ..documents import MAX_DEPTH, nesting_depth, parse_document, read_text_file
 from ..errors import ConfigError
 from ..schema import OPTIONS
 from .axolotl import read_axolotl
@@ -31,10 +31,20 @@ def _yaml(text: str, path: Path) -> Any:
         raise ConfigError("recipe", f"{path}: reading YAML needs PyYAML (pip install pyyaml)") \
             from None
     try:
-        return yaml.safe_load(text)
+        # an alias repeats a node by reference: a few lines of them expand to more keys than
+        # memory holds ("billion laughs"); no recipe of these projects uses them
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text)):
+            raise ConfigError("recipe", f"{path}: YAML aliases (*name) are not read; write "
+                                        f"the values out")
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError("recipe", f"{path} is not valid YAML: "
                                     f"{' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise ConfigError("recipe", f"{path} nests deeper than {MAX_DEPTH} levels") from None
+    if nesting_depth(doc) > MAX_DEPTH:
+        raise ConfigError("recipe", f"{path} nests deeper than {MAX_DEPTH} levels")
+    return doc
 
 
 def read_recipe(path: str | Path, given: dict[str, Any] | None = None) -> Recipe:
