@@ -316,3 +316,18 @@ def test_broken_files_are_one_line(tmp_path, name, text, needle):
 def test_not_a_file_is_one_line(tmp_path):
     assert "is not a regular file" in fails("memory", "--recipe", str(tmp_path))
     assert "no such file" in fails("memory", "--recipe", str(tmp_path / "nope.toml"))
+
+
+@pytest.mark.parametrize("parallelism, engine, mode", [
+    # torchtitan's maybe_enable_amp: autocast on one device or DDP, fully_shard's policy under
+    # FSDP, no mixed precision at all with tp or pp but no FSDP
+    ("data_parallel_shard_degree = 1", "ddp", "amp"),
+    ("data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 2", "ddp", "amp"),
+    ("data_parallel_shard_degree = 2", "fsdp2", "mixed"),
+    ("data_parallel_shard_degree = 1\ntensor_parallel_degree = 2", "ddp", "fp32"),
+    ("data_parallel_shard_degree = 2\ntensor_parallel_degree = 2", "fsdp2", "mixed"),
+])
+def test_torchtitan_precision_follows_its_parallelism(tmp_path, parallelism, engine, mode):
+    path = _write(tmp_path, "job.toml", TITAN_MIN + "[parallelism]\n" + parallelism + "\n")
+    setup = memory("--recipe", path)["setup"]
+    assert (setup["engine"], setup["mode"]) == (engine, mode)

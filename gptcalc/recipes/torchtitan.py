@@ -6,7 +6,8 @@ of TOML job configs). What each setting does is read from the same version:
 
 - precision: `training.dtype = "bfloat16"` trains in pure bf16 (no fp32 copy); otherwise
   `mixed_precision_param` is FSDP2's MixedPrecisionPolicy when the data-parallel shard degree
-  is above 1, else torch.autocast (single device or DDP over `data_parallel_replicate_degree`);
+  is above 1, else torch.autocast (single device or DDP over `data_parallel_replicate_degree`),
+  and nothing (fp32) with tensor or pipeline parallelism but no FSDP (maybe_enable_amp);
 - `data_parallel_shard_degree = -1` is "the ranks left over": the world size is not in the
   file, so --dp gives it (1 without it: no FSDP, as torchtitan on one device);
 - `fsdp_reshard_after_forward`: "always" is ZeRO-3, "never" ZeRO-2, "default" ZeRO-3 without
@@ -17,6 +18,11 @@ of TOML job configs). What each setting does is read from the same version:
   policy (--recompute op); a number n checkpoints every n-th block, which gptcalc does not
   model except n = 1 (every block: full);
 - the training loop frees the logits before backward (`del pred`): --no-keep-logits.
+
+torchtitan wraps the token embedding as an FSDP unit of its own and the final norm with the
+head as another (llama3/infra/parallelize.py, apply_fsdp); gptcalc's FSDP2 engine counts the
+blocks as units and everything else in the root, so at the start of backward it holds the
+embedding unsharded where torchtitan has resharded it (V x E / dp elements against V x E).
 """
 
 from __future__ import annotations
@@ -200,8 +206,11 @@ def _parallel(r: Reading, v: dict[str, Any], given: dict[str, Any]) -> None:
         raise r.fail(f"training.dtype and mixed_precision_param are bfloat16 or float32, got "
                      f"{dtype!r}, {param!r}")
     fsdp = shard > 1
-    mode = "bf16" if dtype == "bfloat16" else (
-        ("mixed" if fsdp else "amp") if param == "bfloat16" else "fp32")
+    # maybe_enable_amp (torchtitan/distributed/utils.py): fully_shard's policy under FSDP;
+    # torch.autocast on one device or DDP; none with tp or pp but no FSDP
+    autocast = tp == 1 and pp == 1
+    mode = "bf16" if dtype == "bfloat16" else "fp32" if param == "float32" else (
+        "mixed" if fsdp else "amp" if autocast else "fp32")
     r.set("training.dtype+mixed_precision_param", "mode", mode)
     if fsdp:
         r.set(p + "data_parallel_shard_degree", "engine", "fsdp2")
