@@ -116,7 +116,8 @@ _TRAINING = (
     Option("optimizer", "--optimizer", "choice", "adamw (default; torch.optim.AdamW), sgd, "
            "sgd-momentum, adamw8bit and paged_adamw8bit (bitsandbytes' 8-bit block-wise "
            "states), adafactor (transformers' Adafactor: factored second moment, no first "
-           "moment), lion (one moment).",
+           "moment), lion (one moment), muon (torch.optim.Muon's momentum on the blocks' "
+           "2-D matrices, AdamW on embeddings, head, norms and biases; one device or DDP).",
            "training", OPTIMIZERS),
     Option("autocast_dtype", "--autocast-dtype", "choice", "16-bit dtype of amp and mixed "
            "(default bf16).", "training", AUTOCAST_DTYPES),

@@ -66,6 +66,13 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
                                               "attention projection among the targets (the "
                                               "first block's experts ahead of the first adapter "
                                               "are not measured)")
+    if setup.optimizer == "muon" and (setup.zero or setup.tp > 1 or setup.pp > 1 or setup.ep > 1
+                                      or setup.lora_rank or setup.optimizer_in_backward
+                                      or not engine_for(setup).replicated(setup)):
+        raise ConfigError("optimizer", "muon is modelled on one device or DDP (each rank "
+                                       "orthogonalises whole matrices): not with ZeRO, a "
+                                       "sharding engine, tp, pp, ep, LoRA or the optimizer in "
+                                       "backward")
     if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")
