@@ -331,3 +331,20 @@ def test_torchtitan_precision_follows_its_parallelism(tmp_path, parallelism, eng
     path = _write(tmp_path, "job.toml", TITAN_MIN + "[parallelism]\n" + parallelism + "\n")
     setup = memory("--recipe", path)["setup"]
     assert (setup["engine"], setup["mode"]) == (engine, mode)
+
+
+def test_the_trainer_hands_deepspeed_and_fsdp_on(tmp_path, llama31):
+    # a ds_config beside the recipe (its "auto" bf16 from the Trainer's bf16: mode mixed), and
+    # FSDP2 full_shard (reshard after forward: ZeRO-3) with its bf16 MixedPrecisionPolicy
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2},
+                                                  "bf16": {"enabled": "auto"}}))
+    ds = _write(tmp_path, "ds_args.json", json.dumps({
+        "model_name_or_path": llama31, "bf16": True, "deepspeed": "ds.json",
+        "per_device_train_batch_size": 1}))
+    setup = memory("--recipe", ds, "--dp", "4")["setup"]
+    assert (setup["engine"], setup["zero"], setup["mode"]) == ("deepspeed", 2, "mixed")
+    fsdp = _write(tmp_path, "fsdp_args.json", json.dumps({
+        "model_name_or_path": llama31, "bf16": True, "fsdp": "full_shard auto_wrap",
+        "per_device_train_batch_size": 1}))
+    setup = memory("--recipe", fsdp, "--dp", "4")["setup"]
+    assert (setup["engine"], setup["zero"], setup["mode"]) == ("fsdp2", 3, "mixed")

@@ -160,7 +160,8 @@ def _model(r: Reading, args: dict[str, Any], given: dict[str, Any]) -> None:
                  "in the file", option="vocab_size")
     else:
         multiple = _int(r, args, "make-vocab-size-divisible-by", 128) * tp
-        r.set("--vocab-size", "vocab_size", math.ceil(vocab / multiple) * multiple)
+        key = "--vocab-size" if "vocab-size" in args else "--tokenizer-type"
+        r.set(key, "vocab_size", math.ceil(vocab / multiple) * multiple)
 
 
 def _training(r: Reading, args: dict[str, Any], given: dict[str, Any]) -> None:
