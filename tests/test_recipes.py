@@ -348,3 +348,10 @@ def test_the_trainer_hands_deepspeed_and_fsdp_on(tmp_path, llama31):
         "per_device_train_batch_size": 1}))
     setup = memory("--recipe", fsdp, "--dp", "4")["setup"]
     assert (setup["engine"], setup["zero"], setup["mode"]) == ("fsdp2", 3, "mixed")
+
+
+@pytest.mark.parametrize("recipe", [TUNE, MEGATRON])
+def test_save_config_keeps_what_the_recipe_set(recipe, tmp_path):
+    saved = str(tmp_path / "effective.toml")
+    assert memory("--recipe", recipe, "--save-config", saved)["peak"] == memory(
+        "--config", saved)["peak"]
