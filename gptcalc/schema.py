@@ -97,6 +97,10 @@ _MODEL = (
            metavar="PATH|ORG/NAME[@REV]", source=True),
     Option("config", "--config", "text", "A gptcalc config file (TOML or .json): [model], "
            "[workload], [training], [parallel].", metavar="FILE", source=True),
+    Option("recipe", "--recipe", "text", "Your own training recipe, read as the options it "
+           "stands for: a torchtitan job config (.toml), a torchtune or axolotl config "
+           "(.yaml), Hugging Face TrainingArguments (.json) or a Megatron-LM argument file; "
+           "options given beside it win.", metavar="FILE", source=True),
     Option("save_config", "--save-config", "text", "Write the effective configuration to FILE "
            "(.toml or .json) for --config.", metavar="FILE", source=True),
 )
@@ -112,7 +116,8 @@ _TRAINING = (
     Option("optimizer", "--optimizer", "choice", "adamw (default; torch.optim.AdamW), sgd, "
            "sgd-momentum, adamw8bit and paged_adamw8bit (bitsandbytes' 8-bit block-wise "
            "states), adafactor (transformers' Adafactor: factored second moment, no first "
-           "moment), lion (one moment).",
+           "moment), lion (one moment), muon (torch.optim.Muon's momentum on the blocks' "
+           "2-D matrices, AdamW on embeddings, head, norms and biases; one device or DDP).",
            "training", OPTIMIZERS),
     Option("autocast_dtype", "--autocast-dtype", "choice", "16-bit dtype of amp and mixed "
            "(default bf16).", "training", AUTOCAST_DTYPES),

@@ -9,9 +9,10 @@ from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int
 
 MODES = ("fp32", "amp", "mixed", "bf16")
 # adamw8bit / paged_adamw8bit: bitsandbytes' AdamW8bit / PagedAdamW8bit; adafactor:
-# transformers' Adafactor (no first moment); lion: lion-pytorch's Lion
+# transformers' Adafactor (no first moment); lion: lion-pytorch's Lion; muon: torch.optim.Muon
+# on the blocks' 2-D matrices, AdamW on everything else
 OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adamw8bit", "paged_adamw8bit", "adafactor",
-              "lion")
+              "lion", "muon")
 AUTOCAST_DTYPES = ("bf16", "fp16")
 # recompute: none; selective, the attention core (Korthikanti et al. 2022, sec. 5); op,
 # torchtitan's op-level selective checkpointing (matmul and attention-kernel outputs kept but

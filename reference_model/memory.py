@@ -323,9 +323,41 @@ def make_optimizer(model: GPT, setup: TrainingSetup):
         if setup.mode == "mixed":
             raise ValueError("the optimizer-in-backward twin runs fp32, amp or bf16")
         return OptimizerInBackward(model, setup)
+    if setup.optimizer == "muon":  # by role: the blocks' 2-D matrices, in parameter order
+        hidden = [n.startswith("transformer.h.") and p.ndim == 2
+                  for n, p in model.named_parameters()]
+        if setup.mode == "mixed":
+            return MasterWeights(model.parameters(), lambda ps: MuonWithAdamW(ps, hidden))
+        return MuonWithAdamW(model.parameters(), hidden)
     if setup.mode == "mixed":
         return MasterWeights(model.parameters(), lambda ps: _torch_optimizer(ps, setup))
     return _torch_optimizer(list(model.parameters()), setup)
+
+
+class MuonWithAdamW:
+    """torch.optim.Muon (torch 2.13) on the blocks' 2-D matrices, torch.optim.AdamW on the rest
+    (embeddings, head, norms, biases), stepped one after the other: Keller Jordan's split
+    (github.com/KellerJordan/Muon, MuonWithAuxAdam) with torch's two optimizers. `hidden`:
+    per parameter, in order, whether Muon takes it."""
+
+    def __init__(self, params, hidden: list[bool]) -> None:
+        params = list(params)
+        self.muon = torch.optim.Muon([p for p, h in zip(params, hidden) if h], lr=0.02,
+                                     weight_decay=0.1)
+        self.adamw = torch.optim.AdamW([p for p, h in zip(params, hidden) if not h], lr=1e-4,
+                                       weight_decay=0.1)
+
+    @property
+    def state(self) -> dict:
+        return {**self.muon.state, **self.adamw.state}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none=set_to_none)
+        self.adamw.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
 
 
 def _torch_optimizer(params, setup: TrainingSetup) -> torch.optim.Optimizer:
@@ -463,6 +495,7 @@ def _tracked_steps(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, dev
     # MasterWeights: its fp32 side, the inner optimizer's states and the master weights (plain
     # tensors made before the tracker, invisible to it unless named here)
     inner = getattr(opt, "inner", opt)
+    inner = [inner.muon, inner.adamw] if isinstance(inner, MuonWithAdamW) else inner
     tracker.track_external(model, *(inner if isinstance(inner, list) else [inner]),
                            *getattr(opt, "masters", []))
     with tracker:

@@ -140,3 +140,45 @@ def test_qwen2_moe_style_names_are_the_experts():
     assert parse_targets("gate_proj,up_proj", cfg) == ("experts.gate_up_proj",)
     with pytest.raises(Exception, match="without up_proj"):
         parse_targets("q_proj,gate_proj", cfg)
+
+
+# Sliding windows and parallel blocks (PEFT on transformers' Mistral and GPT-NeoX): a window of
+# 16 on sequences of 8 (no key cut off: transformers builds no window mask), 16 and 48 (a mask
+# SDPA saves); GPT-NeoX's parallel residual, whose MLP reads the block's input, so the first
+# block saves its MLP only from the MLP's own first adapter on
+PARALLEL_CASES = {
+    "mistral": {"model_type": "mistral", "num_hidden_layers": 2, "intermediate_size": 160,
+                "sliding_window": 16, **_TINY},
+    # Phi-3's fused qkv_proj and gate_up_proj under a window (phi-3-mini's own switches)
+    "phi3": {**CASES["phi3"], "sliding_window": 16},
+    "gpt_neox": {"model_type": "gpt_neox", "num_hidden_layers": 2, "intermediate_size": 256,
+                 "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 1000,
+                 "max_position_embeddings": 128, "rotary_pct": 0.25,
+                 "use_parallel_residual": True},
+}
+PARALLEL_TARGETS = {"mistral": ["q_proj,v_proj", "all", "o_proj", "up_proj", "k_proj,down_proj"],
+                    "phi3": ["qkv_proj", "gate_up_proj"],
+                    "gpt_neox": ["query_key_value", "all", "dense", "dense_h_to_4h",
+                                 "dense_4h_to_h"]}
+
+
+# Mistral's window on both sides of its threshold; Phi-3's and the parallel block at one size
+SIZES = {"mistral": [(2, 8), (1, 48)], "phi3": [(1, 48)], "gpt_neox": [(2, 16)]}
+
+
+@pytest.mark.parametrize("name, targets, B, S", [(n, t, B, S) for n, ts in PARALLEL_TARGETS.items()
+                                                 for t in ts for B, S in SIZES[n]])
+def test_window_and_parallel_block_saved_exact(name, targets, B, S, tmp_path):
+    raw = PARALLEL_CASES[name]
+    out = predicted(raw, targets, B, S, tmp_path)
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    saved = tw.measure_saved(peft_model(raw, targets), idx, labels)
+    assert sum(out["breakdown"]["activations"].values()) == sum(t.nbytes for t in saved.tensors)
+
+
+def test_window_peak_within_tolerance(tmp_path):
+    raw = PARALLEL_CASES["mistral"]
+    out = predicted(raw, "all", 1, 32, tmp_path)
+    idx, labels = tw.make_batch(raw["vocab_size"], 1, 32)
+    peak = tw.measure_step_peak(peft_model(raw, "all"), idx, labels).peak_bytes
+    assert abs(out["peak"] - peak) <= PEAK_TOLERANCE * peak, (out["peak"], peak)

@@ -72,3 +72,28 @@ def test_peft_trainable_count_and_qlora_base():
     base = q.breakdown["base/weights"]
     assert n_matrix // 2 + 2 * (6_738_415_616 - n_matrix) < base
     assert base < n_matrix // 2 + n_matrix * 0.128 / 8 + 2 * (6_738_415_616 - n_matrix)
+
+
+# Parallel blocks (GPT-NeoX's two norms, GPT-J's and Phi's one shared norm) and sliding windows
+# on the reference model: the first block's MLP of a parallel block reads the block's input, so
+# it saves nothing ahead of the MLP's own first adapter; a shared norm's output is the input of
+# q, k, v and of the MLP at once. A window of 8 on sequences of 8 (nothing cut off) and 16.
+SWITCHES = {"parallel": dict(arch="gpt2", parallel_residual=True),
+            "shared norm": dict(arch="gpt2", parallel_residual=True, shared_norm=True),
+            "window": dict(arch="llama", sliding_window=8)}
+
+
+@pytest.mark.parametrize("attn", ["manual", "sdpa"])
+@pytest.mark.parametrize("switch, targets, S", [
+    ("parallel", ("qkv",), 16), ("parallel", ("o",), 16), ("parallel", ("up",), 16),
+    ("shared norm", ("qkv",), 16), ("shared norm", ("up",), 16),
+    ("shared norm", ("o", "down"), 16), ("window", ("q", "v"), 8), ("window", ("q", "v"), 16),
+    ("window", ("o",), 16), ("window", ("gate", "down"), 8), ("window", ("gate", "down"), 16)])
+def test_lora_parallel_blocks_and_windows_exact_cpu(switch, targets, attn, S):
+    cfg = from_name("debug", n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16,
+                    dropout=0.0, **SWITCHES[switch])
+    setup = TrainingSetup(mode="fp32", attn_impl=attn, lora_rank=4, lora_targets=targets)
+    wl = Workload(2, S)
+    model = apply_lora(build_for(cfg, setup), setup.lora_rank, setup.lora_targets)
+    measured = sum(t.nbytes for t in measure_saved(model, *make_batch(cfg, wl), setup).tensors)
+    assert sum(saved_activations(cfg, wl, setup).values()) == measured

@@ -8,7 +8,7 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 
 from gptcalc import Workload, from_name
-from gptcalc.memory import TrainingSetup, saved_activations, state_bytes
+from gptcalc.memory import TrainingSetup, memory_report, saved_activations, state_bytes
 from reference_model.replay import replay_peak as step_peak
 from ._strategies import TINY_ATTENTION_BOUND, TINY_PARALLEL_BOUND, configs_and_workloads
 from reference_model.memory import (build_for, make_batch, make_optimizer, measure_saved,
@@ -378,3 +378,40 @@ def test_phase_model_tiny_attention_bound_cpu():
     measured -= buffers
     predicted = phase_peak(cfg, wl, setup).bytes
     assert abs(predicted - measured) <= 0.10 * measured, (predicted, measured)
+
+
+# Muon (torch.optim.Muon on the blocks' 2-D matrices, torch.optim.AdamW on the rest, as
+# reference_model.memory.MuonWithAdamW runs them): the states exact in every mode
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("mode", ["fp32", "amp", "bf16", "mixed"])
+def test_muon_state_bytes_exact(arch, mode):
+    cfg = from_name("debug", arch=arch, n_layer=2, n_head=2, n_embd=16, block_size=8,
+                    vocab_size=32)
+    setup = TrainingSetup(mode=mode, optimizer="muon")
+    model = build_for(cfg, setup)
+    opt = make_optimizer(model, setup)
+    idx, targets = make_batch(cfg, Workload(2, 8))
+    train_step(model, opt, idx, targets, setup)
+    train_step(model, opt, idx, targets, setup)
+    states = sum({v.untyped_storage().data_ptr(): v.untyped_storage().nbytes()
+                  for s in opt.state.values() for v in s.values()
+                  if isinstance(v, torch.Tensor)}.values())
+    sb = state_bytes(cfg, setup)
+    assert (sb.weights, sb.optimizer) == (sum(p.nbytes for p in model.parameters()), states)
+
+
+# The optimizer step's peak under Muon, exact: MemTracker counts the Newton-Schulz temporaries
+# (gptcalc.memory.peak.muon_update_temporaries, read from torch/optim/_muon.py) among the
+# optimizer's states, and beside them the model's registered buffers (the causal mask, the
+# rotary tables: its "Buffer" category), which the optimizer phase leaves out for every optimizer
+@pytest.mark.parametrize("arch, mode", [("gpt2", "fp32"), ("llama", "bf16"), ("gpt2", "mixed"),
+                                        ("llama", "amp")])
+def test_muon_step_peak_exact_cpu(arch, mode):
+    cfg = from_name("debug", arch=arch, n_layer=2, n_head=4, n_embd=64, block_size=16,
+                    vocab_size=32)
+    wl = Workload(1, 16)
+    setup = TrainingSetup(mode=mode, optimizer="muon", attn_impl="manual")
+    measured = measure_step_peak_cpu(cfg, wl, setup)
+    predicted = memory_report(cfg, wl, setup).peak
+    assert predicted.phase == "optimizer step"
+    assert predicted.bytes + measured.by_category["Buffer"] == measured.peak_bytes

@@ -17,8 +17,9 @@ from ..memory.reserved import (MAX_SIMULATED_BLOCKS, RESERVED_LINE, nvidia_smi_l
 from ..units import binary_bytes
 from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit
-from .options import (assumptions, click_option, deepspeed_settings, deepspeed_workload, describe,
-                      model_options, training_options, training_setup)
+from .options import (assumptions, click_option, current_recipe, deepspeed_settings,
+                      deepspeed_workload, describe, model_options, training_options,
+                      training_setup)
 from .render import emit_json, envelope, print_line, print_table
 
 # ranks (GPUs) per node, for the host memory a node needs: an 8-GPU server (DGX/HGX)
@@ -81,6 +82,12 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
            "host_per_node": rep.host_total * node}
     if fit:
         out["fit"] = fit
+    recipe = current_recipe()
+    if recipe is not None:
+        rec, _ = recipe
+        out["recipe"] = {"path": str(rec.path), "kind": rec.kind,
+                         "read": [{"key": k, "setting": v} for k, v in rec.read],
+                         "ignored": [{"key": k, "why": v} for k, v in rec.ignored]}
     return out
 
 
@@ -91,6 +98,11 @@ def _rows(lines: dict[str, int]) -> list[list[str]]:
 def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
             smi: dict[str, int] | None) -> None:
     print_line(assumptions(cfg, wl, setup))
+    recipe = current_recipe()
+    if recipe is not None:
+        from ..recipes import recipe_line
+
+        print_line(recipe_line(*recipe))
     print_line(describe(cfg, wl))
     stage = f", {rep.peak.stage} pipeline stage" if setup.pp > 1 else ""
     rows = _rows({
@@ -135,4 +147,7 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
                 ["tensor", "bytes", "binary"], _rows(rep.breakdown["activations"]))
     if fit:
         render_fit(cfg, wl, rep, fit)
+    if recipe is not None and recipe[0].ignored:
+        print_table("recipe keys read and knowingly ignored (they do not change a step's "
+                    "memory)", ["key", "why"], [list(kv) for kv in recipe[0].ignored])
 

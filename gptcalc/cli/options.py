@@ -22,6 +22,7 @@ from ..training import PARALLEL_DEFAULTS
 
 _SECTIONS_KEY = "gptcalc.config_sections"
 _SETUP_KEY = "gptcalc.setup"
+_RECIPE_KEY = "gptcalc.recipe"
 
 
 def option_for(field: str) -> str:
@@ -76,6 +77,9 @@ def model_options(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
         picked = {k: kwargs.pop(k) for k in MODEL_KEYS}
+        recipe = picked.pop("recipe")
+        if recipe is not None:
+            _with_recipe(recipe, picked, kwargs)
         save_to = picked.pop("save_config")
         if save_to is not None and not str(save_to).lower().endswith(FORMATS):
             raise ConfigError("save_config", f"{save_to}: the file name must end in .toml or .json")
@@ -91,6 +95,29 @@ def model_options(command: Callable) -> Callable:
     for option in reversed(_MODEL_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
+
+
+def _with_recipe(path: str, picked: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Fill the options not typed from --recipe's file (`gptcalc.recipes`), in place, and in
+    the context's parameters as if typed; the command's own options only."""
+    from ..recipes import apply_recipe, read_recipe
+
+    if picked.get("config") is not None:
+        raise ConfigError("recipe", "give --recipe or --config, not both")
+    given = {**picked, **kwargs}
+    recipe = read_recipe(path, {k: v for k, v in given.items() if v not in (None, ())})
+    ctx = click.get_current_context()
+    ctx.meta[_RECIPE_KEY] = (recipe, dict(given))
+    for keyword, value in apply_recipe(recipe, given).items():
+        target = picked if keyword in picked else kwargs if keyword in kwargs else None
+        if target is not None:
+            target[keyword] = ctx.params[keyword] = value
+
+
+def current_recipe() -> tuple[Any, dict[str, Any]] | None:
+    """The running command's --recipe (the Recipe, and the options typed beside it), or None."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_RECIPE_KEY) if ctx else None
 
 
 # the keyword each of _MODEL_OPTIONS passes to the command

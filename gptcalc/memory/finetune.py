@@ -25,7 +25,12 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
   the adapted weight W + B A, which its matmul saves (measured on transformers' Mixtral and
   Qwen3-MoE wrapped by PEFT 0.21, tests/test_lora_peak.py);
 - before the first adapter of the first block nothing requires a gradient (the embeddings are
-  frozen), so the first block saves nothing ahead of it (`_first_block_unsaved`).
+  frozen), so the first block saves nothing ahead of it (`_first_block_unsaved`); in a
+  parallel block (GPT-NeoX, GPT-J, Phi) the MLP reads the block's input, so the first block's
+  MLP saves nothing ahead of the MLP's own first adapter (measured on transformers' GPT-NeoX
+  wrapped by PEFT, tests/test_lora_peak.py, and on the reference model);
+- a shared parallel norm's output is the input of q, k, v and of the MLP alike: lora_A of an
+  adapted up (gate) projection keeps it too.
 """
 
 from __future__ import annotations
@@ -129,7 +134,10 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                if not k.startswith(("layer/", "embedding/", "final/ln_f/"))}
     drop = ["input/idx", "embedding/positions"] + ["final/lm_head_input"] * (
         "lm_head" not in targets)  # lora_A of the head saves the head's input
-    if not targets & set(ATTN_INPUT_TARGETS):
+    # the attention's input; with one norm ahead of both branches (a shared parallel norm)
+    # also the MLP's, which lora_A of an adapted up (gate) projection keeps
+    readers = set(ATTN_INPUT_TARGETS) | (set(UP_TARGETS) if cfg.shared_norm else set())
+    if not targets & readers:
         drop.append("layer/attn/qkv_input")
     if "o" not in targets and (setup.attn_impl == "manual" or setup.impl == "transformers"):
         # o_proj's own input (transformers: its contiguous copy, where there is one); the
@@ -232,14 +240,35 @@ def _first_block_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str]
     only when gate is adapted, and the product saves the other factor of each branch that needs
     one (up's output for gate, silu's output for up). Likewise a written-out attention whose
     first block adapts only some of q, k, v: q @ k^T keeps q only for k's gradient and k only
-    for q's, and v and the mask are kept only when q or k needs a gradient."""
-    out: dict[str, int] = {}
-    L = cfg.n_layer
+    for q's, and v and the mask are kept only when q or k needs a gradient.
+
+    A parallel block (GPT-J, GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x))) has two chains, each
+    reading the block's input: the MLP's lines of the first block go unsaved up to the MLP's
+    own first adapter, whatever the attention adapts, and likewise the attention's."""
     kept_inputs = {"layer/attn/qkv_input"}
     if "o" in targets:  # o_proj's input: its own copy, or (transformers) SDPA's output itself
         kept_inputs |= {"layer/attn/out_input"} if lines.get("layer/attn/out_input") else {
             "layer/attn/out_input", "layer/attn/sdpa_out"}
-    for site_targets, prefixes in _SITES:
+    chains = (_SITES[:2], _PARALLEL_MLP_SITES) if cfg.parallel_residual else (_SITES,)
+    out: dict[str, int] = {}
+    for chain in chains:
+        for k, v in _chain_unsaved(cfg, setup, targets, lines, hidden_tensor, chain,
+                                   kept_inputs).items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+# a parallel block's MLP chain: ln_2 reads the block's input, not the attention's output
+_PARALLEL_MLP_SITES = ((UP_TARGETS, ("layer/ln_2/",)), (("down",), ("layer/mlp/hidden",)))
+
+
+def _chain_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
+                   lines: dict[str, int], hidden_tensor: int, sites: tuple,
+                   kept_inputs: set[str]) -> dict[str, int]:
+    """`_first_block_unsaved` along one chain of sites, up to its first adapted Linear."""
+    out: dict[str, int] = {}
+    L = cfg.n_layer
+    for site_targets, prefixes in sites:
         if targets & set(site_targets) and site_targets == UP_TARGETS and (
                 cfg.mlp in GATED_MLPS):
             for k, v in lines.items():

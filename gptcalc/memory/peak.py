@@ -257,6 +257,36 @@ def lion_update_temporaries(n: int, param_bytes: int) -> int:
     return 2 * n * param_bytes
 
 
+def muon_update_temporaries(shape: tuple[int, int], param_bytes: int) -> int:
+    """Bytes torch.optim.Muon allocates while it updates one m x k matrix (torch 2.13,
+    torch/optim/_muon.py, `_single_tensor_muon` and `_zeropower_via_newtonschulz`): the Nesterov
+    update `grad.lerp(buf, momentum)`, n x param_bytes, held through the orthogonalisation;
+    inside it, from the second Newton-Schulz step on, the bf16 iterate X (2 n), the s x s Gram
+    matrices X X^T and its update (2 s^2 each, s = min(m, k)) and the next iterate made by
+    addmm (2 n): n x param_bytes + 4 n + 4 s^2. (At the next X X^T, 2 n + 6 s^2 are alive
+    beside the update, never more, as s^2 <= n.)"""
+    n, s = shape[0] * shape[1], min(shape)
+    return n * param_bytes + 4 * n + 4 * s * s
+
+
+def muon_step_temporaries(cfg: GPTConfig, setup: TrainingSetup, param_bytes: int) -> int:
+    """The optimizer step's temporaries under Muon with AdamW beside it: Muon updates one
+    matrix at a time (`muon_update_temporaries` of the costliest), then AdamW steps the rest
+    (on CUDA its foreach path, one fp32 tensor per parameter it steps; on CPU two tensors the
+    size of its largest), one after the other."""
+    from .states import muon_matrix, stage_tensors
+
+    tensors = stage_tensors(cfg, setup, "first")
+    muon = max((muon_update_temporaries(t.shape, param_bytes) for t in tensors
+                if muon_matrix(t)), default=0)
+    rest = [t for t in tensors if not muon_matrix(t)]
+    if setup.device == "cuda":
+        adamw = param_bytes * sum(t.numel * t.count for t in rest)
+    else:
+        adamw = param_bytes * 2 * max((t.numel for t in rest), default=0)
+    return max(muon, adamw)
+
+
 def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) -> int:
     """Bytes the optimizer's update allocates beside the states.
 
@@ -275,6 +305,8 @@ def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) 
     shard = -(-st.params // setup.dp)
     masters = engine.master_gradient_bytes(setup, st.params)
     wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
+    if setup.optimizer == "muon":
+        return masters + muon_step_temporaries(cfg, setup, wb)
     if setup.optimizer in ("adamw8bit", "paged_adamw8bit", "adafactor", "lion"):
         n = engine.largest_optimizer_tensor(cfg, setup, st.params)
         if setup.optimizer == "adafactor":

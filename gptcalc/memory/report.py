@@ -23,6 +23,13 @@ from .engines import engine_for, host, resident, state_bytes
 from .states import STAGES, stage_params
 
 
+# switches beyond the classic blocks whose LoRA memory is measured: sliding windows (PEFT on
+# transformers' Mistral, tests/test_lora_peak.py, and the reference model), a shared parallel
+# norm (GPT-J's and Phi's block, which the transformers profile does not model: the reference
+# model with PEFT-shaped adapters, tests/test_memory_finetune.py)
+LORA_MEASURED_SWITCHES = ("sliding windows", "a shared parallel norm")
+
+
 def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
     """Parallel sizes must divide what they shard (Megatron-LM's and the 1F1B schedule's
     rules); data parallelism shards nothing of the micro-batch, so any dp is valid. The
@@ -46,9 +53,12 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     if setup.lora_rank and (t > 1 or p > 1):
         raise ConfigError("lora_rank", "LoRA memory is modelled with data parallelism (and ZeRO) "
                                        "only, not with tp or pp")
-    if setup.lora_rank and modern_switches(cfg) and not lora_on_transformers(cfg, setup):
+    unmeasured = [s for s in modern_switches(cfg) if s not in LORA_MEASURED_SWITCHES]
+    if cfg.sliding_window is not None and "G" in cfg.attn_pattern.upper():
+        unmeasured.append("a pattern of global and sliding layers")  # every layer sliding only
+    if setup.lora_rank and unmeasured and not lora_on_transformers(cfg, setup):
         raise ConfigError("lora_rank", "LoRA memory is measured on the classic GPT-2 / Llama "
-                                       f"blocks, not with {', '.join(modern_switches(cfg))}")
+                                       f"blocks, not with {', '.join(unmeasured)}")
     if setup.lora_rank:
         from ..lora import covered, parse_targets
 
@@ -63,6 +73,13 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
                                               "attention projection among the targets (the "
                                               "first block's experts ahead of the first adapter "
                                               "are not measured)")
+    if setup.optimizer == "muon" and (setup.zero or setup.tp > 1 or setup.pp > 1 or setup.ep > 1
+                                      or setup.lora_rank or setup.optimizer_in_backward
+                                      or not engine_for(setup).replicated(setup)):
+        raise ConfigError("optimizer", "muon is modelled on one device or DDP (each rank "
+                                       "orthogonalises whole matrices): not with ZeRO, a "
+                                       "sharding engine, tp, pp, ep, LoRA or the optimizer in "
+                                       "backward")
     if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")

@@ -43,6 +43,32 @@ SCALAR_OPTIMIZERS = ("adamw", "adafactor")
 STAGES = ("first", "last")
 
 
+# Muon (Jordan et al. 2024, github.com/KellerJordan/Muon, muon.py; torch.optim.Muon, torch 2.13
+# torch/optim/_muon.py): `state["momentum_buffer"] = zeros_like(p.grad)` per 2-D hidden matrix,
+# no step counter, so one state in the gradient's dtype (mode mixed: beside the fp32 master
+# copy). Every other parameter (embeddings, the output head, norms, biases) goes to AdamW, as
+# both tell: "Muon should only be used for hidden weight layers".
+MUON_BYTES = {"fp32": 4, "amp": 4, "mixed": 8, "bf16": 2}
+
+
+def muon_matrix(t: ParamTensor) -> bool:
+    """Whether Muon updates `t`: a 2-D weight matrix of a block; AdamW takes the rest."""
+    return t.place == "block" and t.role == "matrix" and len(t.shape) == 2
+
+
+def muon_optimizer_bytes(setup: TrainingSetup, tensors: list[ParamTensor], tp: int = 1
+                         ) -> dict[str, int]:
+    """Optimizer bytes of Muon with AdamW beside it over `tensors` (tp-sharded): "states",
+    Muon's momentum (`MUON_BYTES`) and AdamW's two moments (`OPTIMIZER_BYTES`), and "step",
+    AdamW's float32 step per tensor it updates."""
+    adamw = replace(setup, optimizer="adamw")
+    muon = sum(MUON_BYTES[setup.mode] * t.shard(tp) * t.count for t in tensors if muon_matrix(t))
+    rest = [t for t in tensors if not muon_matrix(t)]
+    return {"states": muon + sum(OPTIMIZER_BYTES[setup.mode]["adamw"] * t.shard(tp) * t.count
+                                 for t in rest),
+            "step": step_counter_bytes(adamw) * sum(t.count for t in rest)}
+
+
 def optimizer_bytes_per_param(setup: TrainingSetup) -> int:
     """Optimizer state per parameter (the ZeRO paper's K in mixed mode) of an optimizer whose
     states are elementwise; the shaped ones have none (`tensor_optimizer_bytes`)."""

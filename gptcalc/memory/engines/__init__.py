@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import replace
 
 from ...config import GPTConfig
 from ...training_setup import TrainingSetup
@@ -65,13 +66,17 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> S
         weights = lines["base/weights"] + lines["adapter/weights"]
         return StateBytes(stage=stage, params=lines["adapter/weights"] // setup.weight_bytes,
                           weights=weights, gradients=grads, optimizer=opt, breakdown=lines)
-    from ..states import zero_bytes_per_param
+    from ..states import muon_optimizer_bytes, zero_bytes_per_param
     from .shards import optimizer_over, step_counters, tp_local_shape
 
     engine = engine_for(setup)
     tensors = stage_tensors(cfg, setup, stage)
     n = sum(t.shard(setup.tp) * t.count for t in tensors)
-    if engine.replicated(setup):
+    if engine.replicated(setup) and setup.optimizer == "muon":  # by each tensor's role
+        z = zero_bytes_per_param(replace(setup, optimizer="sgd"), n)
+        muon = muon_optimizer_bytes(setup, tensors, setup.tp)
+        weights, grads, opt, steps = z["weights"], z["gradients"], muon["states"], muon["step"]
+    elif engine.replicated(setup):
         z = zero_bytes_per_param(setup, n)
         steps = step_counters(setup, sum(t.count for t in tensors))
         weights, grads, opt = z["weights"], z["gradients"], z["optimizer"]

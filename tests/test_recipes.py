@@ -1,0 +1,357 @@
+"""--recipe FILE: each kind of recipe, written the way its project ships it (tests/recipes/,
+each file naming the one it follows), answers as the options it stands for typed by hand; a
+key gptcalc does not know, or a setting it does not model, is one line naming the key and the
+file; options typed beside the recipe win."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc.cli import cli
+from gptcalc.recipes import hf_trainer, read_recipe, torchtitan
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "tests" / "recipes"
+TITAN = str(RECIPES / "torchtitan_llama3_8b.toml")
+TITAN_DEBUG = str(RECIPES / "torchtitan_debug_model.toml")
+TUNE = str(RECIPES / "torchtune_llama3_1_8b_qlora.yaml")
+AXOLOTL = str(RECIPES / "axolotl_llama3_qlora.yml")
+HF = str(RECIPES / "hf_trainer_args.json")
+MEGATRON = str(RECIPES / "megatron_gpt3_175b.args")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def memory(*args: str) -> dict:
+    r = invoke("memory", *args, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    out.pop("recipe", None)
+    return out
+
+
+def fails(*args: str) -> str:
+    r = invoke(*args)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert r.stderr.startswith("Error: --recipe: ") and r.stderr.count("\n") == 1, r.stderr
+    return r.stderr
+
+
+@pytest.fixture
+def llama31(tmp_path) -> str:
+    """A local Llama-3.1-8B config.json (as published on the Hub) that stands in for the Hub
+    id a recipe names, given as --hf-config beside it."""
+    from .test_hf_hub import LLAMA31_8B
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA31_8B))
+    return str(path)
+
+
+# Each recipe and the options it stands for, written from the project's own documentation of
+# its keys (the module docstrings of gptcalc.recipes.* cite the file and version of each)
+TYPED = {
+    # llama3_8b.toml on 8 ranks: FSDP2 (shard degree -1 = all 8) with bf16 MixedPrecisionPolicy,
+    # reshard after forward (no pipelining), op-level selective checkpointing, local batch 1
+    "torchtitan": ([TITAN, "--dp", "8"],
+                   ["--preset", "llama3-8b", "-T", "131072", "--engine", "fsdp2", "--dp", "8",
+                    "--zero", "3", "--mode", "mixed", "--recompute", "op", "-B", "1",
+                    "--seq-len", "8192", "--no-keep-logits"]),
+    # 8B_qlora_single_device.yaml: torchao NF4 base, adapters on q,k,v,o and the MLP, pure
+    # bf16, batch 2 x 16, every layer checkpointed, the chunked loss, logits deleted
+    "torchtune": ([TUNE],
+                  ["--preset", "llama3-8b", "--lora-rank", "8", "--lora-targets",
+                   "q,k,v,o,gate,up,down", "--weights-dtype", "nf4-dq", "--mode", "bf16",
+                   "-B", "2", "--grad-accum", "16", "--loss", "chunked", "--recompute", "full",
+                   "--no-keep-logits"]),
+    # axolotl qlora.yml: PEFT all-linear at r=32 over a double-quantised NF4 base, bf16 autocast
+    # with fp32 adapters, sequences of 4096, micro-batch 2 x 4, paged 8-bit AdamW, checkpointing
+    "axolotl": ([AXOLOTL],
+                ["--lora-rank", "32", "--lora-targets", "all", "--weights-dtype", "nf4-dq",
+                 "--mode", "amp", "--seq-len", "4096", "-B", "2", "--grad-accum", "4",
+                 "--optimizer", "paged_adamw8bit", "--recompute", "full",
+                 "--no-keep-logits"]),
+    # TrainingArguments: bf16 autocast over an fp32 model, batch 4 x 8, checkpointing, fused
+    # AdamW, blocks of 2048 tokens
+    "hf": ([HF], ["--mode", "amp", "-B", "4", "--grad-accum", "8", "--recompute", "full",
+                  "--seq-len", "2048", "--no-keep-logits"]),
+    # the GPT-3 175B script: tp 8, pp 16, fp16 mixed precision without the distributed
+    # optimizer, micro-batch 1 of a 1536 global batch on one data-parallel rank
+    "megatron": ([MEGATRON],
+                 ["--preset", "gpt2", "-L", "96", "-E", "12288", "-H", "96", "--d-ff", "49152",
+                  "-T", "2048", "--seq-len", "2048", "-V", "51200", "--dropout", "0.1",
+                  "--set", "mlp=gelu", "--engine", "megatron", "--attn", "sdpa", "--tp", "8",
+                  "--pp", "16", "--no-distributed-optimizer", "--mode", "mixed",
+                  "--autocast-dtype", "fp16", "-B", "1", "--grad-accum", "1536"]),
+}
+
+
+@pytest.mark.parametrize("kind", TYPED)
+def test_a_recipe_answers_as_its_options_typed(kind, llama31):
+    recipe, typed = TYPED[kind]
+    hub = ["--hf-config", llama31] if kind in ("axolotl", "hf") else []
+    assert memory("--recipe", *recipe, *hub) == memory(*typed, *hub)
+
+
+def test_the_recipe_line_and_the_ignored_keys():
+    r = invoke("memory", "--recipe", TITAN, "--dp", "8")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("Assuming engine fsdp2")
+    assert lines[1].startswith(f"recipe: {TITAN} (torchtitan): model.name+flavor -> --preset "
+                               "llama3-8b;")
+    assert "activation_checkpoint.mode+selective_ac_option -> --recompute op" in lines[1]
+    out = json.loads(invoke("memory", "--recipe", TITAN, "--dp", "8", "--json").stdout)
+    ignored = {d["key"] for d in out["recipe"]["ignored"]}
+    assert {"checkpoint.interval", "metrics.log_freq", "optimizer.lr",
+            "quantize.linear.float8.filter_fqns", "compile.enable"} <= ignored
+
+
+def test_the_recipe_json_is_documented():
+    out = json.loads(invoke("memory", "--recipe", MEGATRON, "--json").stdout)
+    row = next(line for line in (ROOT / "docs" / "json.md").read_text().splitlines()
+               if line.startswith("| `recipe` |"))
+    for key in (*out["recipe"], *out["recipe"]["read"][0], *out["recipe"]["ignored"][0]):
+        assert f"`{key}`" in row, key
+
+
+def test_options_typed_beside_the_recipe_win():
+    out = memory("--recipe", TITAN, "--dp", "8", "-B", "3", "--recompute", "full")
+    assert out["workload"]["batch_size"] == 3 and out["setup"]["recompute"] == "full"
+    r = invoke("memory", "--recipe", TITAN, "--dp", "8", "-B", "3")
+    assert "training.local_batch_size -> --batch-size 1 (overridden by --batch-size)" in r.stdout
+
+
+def test_a_shard_degree_of_minus_one_is_the_ranks_dp_gives():
+    # without --dp torchtitan runs on one rank: no FSDP, bf16 autocast
+    one = memory("--recipe", TITAN)
+    assert one["setup"]["engine"] == "ddp" and one["setup"]["mode"] == "amp"
+    assert memory("--recipe", TITAN, "--dp", "4")["setup"]["engine"] == "fsdp2"
+
+
+# torchtitan's flavors (torchtitan/models/llama3/__init__.py at e347b1e5):
+# (dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier, multiple_of, vocab_size)
+TITAN_ARGS = {"debugmodel": (256, 6, 16, None, None, 256, 2048),
+              "8B": (4096, 32, 32, 8, 1.3, 1024, 128256),
+              "70B": (8192, 80, 64, 8, 1.3, 4096, 128256),
+              "405B": (16384, 126, 128, 8, 1.2, 4096, 128256)}
+
+
+@pytest.mark.parametrize("flavor", TITAN_ARGS)
+def test_torchtitan_flavors_as_torchtitan_sizes_them(flavor, tmp_path):
+    dim, layers, heads, kv, mult, multiple, vocab = TITAN_ARGS[flavor]
+    hidden = int(2 * 4 * dim / 3)  # torchtitan's FeedForward: 2/3 of 4 dim, scaled, rounded up
+    if mult is not None:
+        hidden = int(mult * hidden)
+    hidden = multiple * ((hidden + multiple - 1) // multiple)
+    path = tmp_path / "job.toml"
+    path.write_text(f'[model]\nname = "llama3"\nflavor = "{flavor}"\n'
+                    '[activation_checkpoint]\nmode = "full"\n')
+    cfg = json.loads(invoke("params", "--recipe", str(path), "--json").stdout)["config"]
+    assert (cfg["n_embd"], cfg["n_layer"], cfg["n_head"], cfg["vocab_size"]) == (
+        dim, layers, heads, vocab)
+    assert (cfg["n_kv_head"] or cfg["n_head"]) == (kv or heads)
+    assert (cfg["d_ff"] or cfg["ffn_mult"] * cfg["n_embd"]) == hidden
+    assert set(torchtitan.FLAVORS) == {("llama3", f) for f in TITAN_ARGS}
+
+
+def test_megatron_pads_the_vocabulary_and_builds_gpt3():
+    # Megatron-LM's _vocab_size_with_padding: GPT-2's 50257 up to a multiple of 128 x tp 8 =
+    # 1024 is 51200; the model is GPT-3 175B (the preset, Brown et al. 2020 Table 2.1) with it
+    params = json.loads(invoke("params", "--recipe", MEGATRON, "--json").stdout)
+    preset = json.loads(invoke("params", "--preset", "gpt3-175b", "-V", "51200",
+                               "--json").stdout)
+    assert params["config"]["vocab_size"] == 51200 == math.ceil(50257 / 1024) * 1024
+    assert params["total"] == preset["total"]
+    text = (RECIPES / "megatron_gpt3_175b.args").read_text()
+    one = text.replace("--tensor-model-parallel-size 8", "--tensor-model-parallel-size 1")
+    assert _megatron_vocab(one) == "50304"  # 50257 up to a multiple of 128
+
+
+def _megatron_vocab(text: str) -> str:
+    from gptcalc.recipes.megatron import read_megatron
+
+    return str(read_megatron(text, Path("gpt.args"), {}).values["vocab_size"])
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+TITAN_MIN = ('[model]\nname = "llama3"\nflavor = "debugmodel"\n'
+             '[activation_checkpoint]\nmode = "none"\n')
+TUNE_MIN = "model:\n  _component_: torchtune.models.llama3_1.llama3_1_8b\n"
+AXO_MIN = "base_model: {model}\nsequence_len: 512\n"
+HF_MIN = '{{"model_name_or_path": "{model}", "per_device_train_batch_size": 1'
+MEGA_MIN = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+            "--vocab-size 1000\n")
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("job.toml", TITAN_MIN + "[training]\nlocal_batchsize = 2\n",
+     "unknown key 'training.local_batchsize' of a torchtitan recipe"),
+    ("job.toml", TITAN_MIN + "[compile]\nenable = true\n", "compile.enable = True: not modelled"),
+    ("job.toml", TITAN_MIN.replace('flavor = "debugmodel"', 'flavor = "debugmodel"\n'
+                                   'converters = ["float8"]'),
+     "model.converters = ['float8']: not modelled"),
+    ("job.toml", TITAN_MIN + "[parallelism]\ncontext_parallel_degree = 2\n",
+     "parallelism.context_parallel_degree = 2: not modelled"),
+    ("job.toml", TITAN_MIN.replace("debugmodel", "13B"), "flavor 13B has no gptcalc preset"),
+    ("tune.yaml", TUNE_MIN + "enable_activation_offloading: true\n",
+     "enable_activation_offloading = True: not modelled"),
+    ("tune.yaml", TUNE_MIN + "batchsize: 2\n", "unknown key 'batchsize' of a torchtune recipe"),
+    ("tune.yaml", TUNE_MIN + "compile: true\n", "compile = True: not modelled"),
+    ("tune.yaml", TUNE_MIN.replace("llama3_1_8b", "gemma_2b"), "has no gptcalc preset"),
+    ("axo.yml", AXO_MIN + "torch_compile: true\n", "torch_compile = True: not modelled"),
+    ("axo.yml", AXO_MIN + "lora_dropout: 0.05\n", "lora_dropout = 0.05: not modelled"),
+    ("axo.yml", AXO_MIN + "micro_batchsize: 2\n", "unknown key 'micro_batchsize'"),
+    ("args.json", HF_MIN + ', "torch_compile": true}}', "torch_compile = True: not modelled"),
+    ("args.json", HF_MIN + ', "per_device_batch": 2}}', "unknown key 'per_device_batch'"),
+    ("args.json", HF_MIN + ', "fsdp": "full_shard", "fsdp_config": {{"version": 1}}}}',
+     "FSDP1's flat parameters are not modelled"),
+    ("gpt.args", MEGA_MIN + "--num-experts 8\n", "--num-experts = '8': not modelled"),
+    ("gpt.args", MEGA_MIN + "--hiden-size 64\n", "unknown key '--hiden-size'"),
+])
+def test_refusals_are_one_line_naming_the_key_and_the_file(tmp_path, llama31, name, text, needle):
+    path = _write(tmp_path, name, text.format(model=llama31))
+    err = fails("memory", "--recipe", path)
+    assert needle in err and path in err
+
+
+def test_a_refusal_an_option_can_settle(tmp_path):
+    # debug_model.toml checkpoints every second block, which is not modelled: --recompute
+    # counts another policy in its place, and the pipeline schedule is read only with pp > 1
+    err = fails("memory", "--recipe", TITAN_DEBUG)
+    assert "selective_ac_option = '2': every n-th block checkpointed is not modelled" in err
+    assert "give --recompute" in err
+    assert memory("--recipe", TITAN_DEBUG, "--recompute", "full")["setup"]["recompute"] == "full"
+    axolotl = RECIPES / "axolotl_llama3_qlora.yml"
+    shipped = axolotl.read_text().replace("optimizer: paged_adamw_8bit",
+                                          "optimizer: paged_adamw_32bit")
+    path = _write(tmp_path, "qlora.yml", shipped)
+    assert "optimizer = 'paged_adamw_32bit': not modelled" in fails("memory", "--recipe", path)
+
+
+def test_recipe_and_config_together_is_one_line(tmp_path):
+    config = _write(tmp_path, "c.toml", '[model]\npreset = "debug"\n')
+    assert "--recipe or --config" in fails("memory", "--recipe", TITAN, "--config", config)
+
+
+def test_a_hub_id_the_recipe_names_is_read_through_the_cache(tmp_path):
+    from .test_hf_hub import LLAMA31_8B, gptcalc, hub_cache
+
+    home = hub_cache(tmp_path / "hf", "NousResearch/Meta-Llama-3-8B", LLAMA31_8B)
+    r = gptcalc("memory", "--recipe", AXOLOTL, "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["config"]["n_kv_head"] == 8 and out["setup"]["lora_rank"] == 32
+    assert out["recipe"]["kind"] == "axolotl"
+
+
+def test_the_trainer_keys_are_transformers_own():
+    # every TrainingArguments key gptcalc reads or ignores is a field of transformers' own
+    # dataclass (training_args.py read as text: importing transformers takes seconds), or one
+    # of run_clm.py's model and data arguments, or a name older releases used
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        pytest.skip("transformers is not installed")
+    tree = ast.parse((Path(spec.origin).parent / "training_args.py").read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+               and n.name == "TrainingArguments")
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    older = {"evaluation_strategy", "overwrite_output_dir", "save_safetensors", "logging_dir",
+             "warmup_ratio", "group_by_length"}
+    script = set(hf_trainer.IGNORED_SCRIPT) | {"model_name_or_path", "torch_dtype", "dtype",
+                                               "block_size", "max_seq_length"}
+    named = set(hf_trainer.IGNORED_FIELDS) | set(hf_trainer.OFF) | set(hf_trainer.READ)
+    assert named - fields - script - older == set()
+
+
+def test_reading_a_recipe_imports_yaml_only_for_yaml():
+    code = ("import sys; from gptcalc.recipes import read_recipe; "
+            f"read_recipe({TITAN!r}); assert 'yaml' not in sys.modules, 'yaml'; "
+            f"read_recipe({TUNE!r}); assert 'yaml' in sys.modules; "
+            "assert 'torch' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_fixtures_read_every_kind():
+    kinds = {read_recipe(p, {"dp": 8}).kind for p in (TITAN, TUNE, AXOLOTL, HF, MEGATRON)}
+    assert kinds == {"torchtitan", "torchtune", "axolotl", "Hugging Face TrainingArguments",
+                     "Megatron-LM"}
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("bomb.yaml", "a: &a {x: 1, y: 2}\nb: {p: *a, q: *a}\nmodel: {_component_: *a}\n",
+     "YAML aliases"),
+    ("deep.yaml", "base_model: x\nk: " + "[" * 200 + "]" * 200 + "\n", "nests deeper"),
+    ("bad.yaml", "base_model: [\n", "not valid YAML"),
+    ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
+    ("odd.yaml", "name: x\n", "neither a torchtune config"),
+    ("bad.toml", "[model\n", "not valid TOML"),
+    ("bad.json", "{", "not valid JSON"),
+    ("gpt.args", "--num-layers 'two\n", "not an argument list"),
+    ("gpt.args", "num-layers 2\n", "expected a --flag"),
+])
+def test_broken_files_are_one_line(tmp_path, name, text, needle):
+    assert needle in fails("memory", "--recipe", _write(tmp_path, name, text))
+
+
+def test_not_a_file_is_one_line(tmp_path):
+    assert "is not a regular file" in fails("memory", "--recipe", str(tmp_path))
+    assert "no such file" in fails("memory", "--recipe", str(tmp_path / "nope.toml"))
+
+
+@pytest.mark.parametrize("parallelism, engine, mode", [
+    # torchtitan's maybe_enable_amp: autocast on one device or DDP, fully_shard's policy under
+    # FSDP, no mixed precision at all with tp or pp but no FSDP
+    ("data_parallel_shard_degree = 1", "ddp", "amp"),
+    ("data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 2", "ddp", "amp"),
+    ("data_parallel_shard_degree = 2", "fsdp2", "mixed"),
+    ("data_parallel_shard_degree = 1\ntensor_parallel_degree = 2", "ddp", "fp32"),
+    ("data_parallel_shard_degree = 2\ntensor_parallel_degree = 2", "fsdp2", "mixed"),
+])
+def test_torchtitan_precision_follows_its_parallelism(tmp_path, parallelism, engine, mode):
+    path = _write(tmp_path, "job.toml", TITAN_MIN + "[parallelism]\n" + parallelism + "\n")
+    setup = memory("--recipe", path)["setup"]
+    assert (setup["engine"], setup["mode"]) == (engine, mode)
+
+
+def test_the_trainer_hands_deepspeed_and_fsdp_on(tmp_path, llama31):
+    # a ds_config beside the recipe (its "auto" bf16 from the Trainer's bf16: mode mixed), and
+    # FSDP2 full_shard (reshard after forward: ZeRO-3) with its bf16 MixedPrecisionPolicy
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2},
+                                                  "bf16": {"enabled": "auto"}}))
+    ds = _write(tmp_path, "ds_args.json", json.dumps({
+        "model_name_or_path": llama31, "bf16": True, "deepspeed": "ds.json",
+        "per_device_train_batch_size": 1}))
+    setup = memory("--recipe", ds, "--dp", "4")["setup"]
+    assert (setup["engine"], setup["zero"], setup["mode"]) == ("deepspeed", 2, "mixed")
+    fsdp = _write(tmp_path, "fsdp_args.json", json.dumps({
+        "model_name_or_path": llama31, "bf16": True, "fsdp": "full_shard auto_wrap",
+        "per_device_train_batch_size": 1}))
+    setup = memory("--recipe", fsdp, "--dp", "4")["setup"]
+    assert (setup["engine"], setup["zero"], setup["mode"]) == ("fsdp2", 3, "mixed")
+
+
+@pytest.mark.parametrize("recipe", [TUNE, MEGATRON])
+def test_save_config_keeps_what_the_recipe_set(recipe, tmp_path):
+    saved = str(tmp_path / "effective.toml")
+    assert memory("--recipe", recipe, "--save-config", saved)["peak"] == memory(
+        "--config", saved)["peak"]
