@@ -142,9 +142,11 @@ _TRAINING = (
     Option("loss_chunks", "--loss-chunks", "int", f"Chunks of tokens of --loss chunked "
            f"(default {DEFAULT_LOSS_CHUNKS}, torchtune's).", "training"),
     Option("keep_logits", "--keep-logits", "flag", "Whether the training loop holds the "
-           "logits through backward (default on: the reference model's and litgpt's loops); "
-           "--no-keep-logits: dropped before backward, as the Hugging Face Trainer, torchtitan "
-           "and torchtune do.", "training"),
+           "logits through backward, as litgpt's loop and the tutorial notebooks' do (their "
+           "families' default); otherwise off (--no-keep-logits): dropped before backward, as "
+           "the Hugging Face Trainer, torchtitan and torchtune do. A pipeline (--pp > 1) keeps "
+           "them either way.",
+           "training"),
     Option("optimizer_in_backward", "--optimizer-in-backward", "flag", "Each parameter's "
            "optimizer step runs in its post-accumulate-grad hook and frees its gradient "
            "(torchtune's optimizer_in_bwd): no full set of gradients; not with gradient "

@@ -23,21 +23,25 @@ from .training_setup import DEFAULT_BNB_VERSION, DEFAULT_LOSS_CHUNKS, ZERO_STAGE
 NOTEBOOK_FAMILIES = ("tutorial", "notes")
 
 
-def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, str]:
+def training_defaults(cfg: GPTConfig, hf: bool = False) -> dict[str, Any]:
     """The set-up a model of this family is usually trained with: `mode`, `attn`, `device`,
-    `impl`. The tutorial and notes families: fp32, manual attention, CPU (the reference model,
-    as their notebooks run it). Others: amp (bf16), SDPA, CUDA; a Hugging Face config (`hf`) is
+    `impl`, `keep_logits`. The tutorial and notes families: fp32, manual attention, CPU (the
+    reference model, as their notebooks run it), the logits held through backward (their loop
+    keeps `logits, loss = model(x, y)` until the next step). Others: amp (bf16), SDPA, CUDA,
+    the logits dropped before backward (the Hugging Face Trainer's compute_loss, torchtitan,
+    torchtune); a Hugging Face config (`hf`) is
     counted as transformers' modules save it where that profile models its switches (with the
     class's default attention: eager for Gemma 2), else as the reference model saves it."""
     if not hf and family_of(cfg) in NOTEBOOK_FAMILIES:
-        return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference"}
+        return {"mode": "fp32", "attn": "manual", "device": "cpu", "impl": "reference",
+                "keep_logits": True}
     impl = "transformers" if hf and _transformers_modelled(cfg) else "reference"
     attn = "sdpa"
     if impl == "transformers":  # the class's own default (Gemma 2: eager, no SDPA path)
         from .memory.profile_transformers import default_attention  # torch-free
 
         attn = default_attention(cfg)
-    return {"mode": "amp", "attn": attn, "device": "cuda", "impl": impl}
+    return {"mode": "amp", "attn": attn, "device": "cuda", "impl": impl, "keep_logits": False}
 
 
 def _transformers_modelled(cfg: GPTConfig) -> bool:
@@ -57,7 +61,7 @@ def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingS
     """`TrainingSetup` with the family's `training_defaults`, then `changes`."""
     d = training_defaults(cfg, hf)
     fields = {"mode": d["mode"], "attn_impl": d["attn"], "device": d["device"],
-              "impl": d["impl"], **changes}
+              "impl": d["impl"], "keep_logits": d["keep_logits"], **changes}
     return TrainingSetup(**fields)
 
 
@@ -72,9 +76,8 @@ def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, 
     return {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
             "recompute": "none", "attn": family["attn"], "device": family["device"],
             "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
-            "keep_logits": True, "optimizer_in_backward": False, "allocator": "default",
-            "megatron_te": True,
-            "overhead": 0, "lora_rank": 0,
+            "keep_logits": family["keep_logits"], "optimizer_in_backward": False,
+            "allocator": "default", "megatron_te": True, "overhead": 0, "lora_rank": 0,
             "lora_targets": "",
             "weights_dtype": "", "bnb_version": DEFAULT_BNB_VERSION}
 

@@ -98,10 +98,11 @@ class TrainingSetup:
     fragmentation, communication buckets); 0 unless given, always printed. `loss`: how the
     cross entropy meets the logits (`LOSSES`), `loss_chunks` the chunks of tokens of the
     chunked loss. `keep_logits`: the training loop holds the model's logits through backward
-    (the reference model's loop and litgpt's) rather than dropping them before it (Hugging Face
-    Trainer, torchtitan's `del pred`, torchtune's `del logits`). `optimizer_in_backward`:
-    each parameter's optimizer step runs in its post-accumulate-grad hook and frees its
-    gradient (torchtune's optimizer_in_bwd), so no full set of gradients exists.
+    (the reference model's loop and litgpt's) rather than dropping them before it (Hugging
+    Face Trainer, torchtitan's `del pred`, torchtune's `del logits`: the commands' default
+    outside the tutorial families). `optimizer_in_backward`: each parameter's optimizer step
+    runs in its post-accumulate-grad hook and frees its gradient (torchtune's
+    optimizer_in_bwd), so no full set of gradients exists.
     `allocator`: the CUDA caching allocator's mode the reserved bytes are simulated under
     (`ALLOCATORS`).
 
@@ -239,5 +240,7 @@ class TrainingSetup:
                 "chunked": f"chunked loss ({self.loss_chunks} chunks, torchtune)"}[self.loss]
         if self.loss == "fused":
             return loss + ", no logits"
+        if self.pp > 1 and not self.keep_logits:
+            return loss + ", logits kept through backward (the pipeline merges outputs)"
         return loss + (", logits kept through backward" if self.keep_logits
                        else ", logits dropped before backward")

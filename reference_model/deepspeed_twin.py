@@ -80,6 +80,8 @@ class DeepSpeedRank(_Engine):
     def step(self, live: LiveSaved | None = None, flops: bool = False) -> None:
         with live.hooks() if live else contextlib.nullcontext(), self.context():
             out, loss = self.model.loss(self.idx, self.targets)
+        if not self.setup.keep_logits:
+            out = None  # the loop drops the logits before backward (the Trainer's)
         self.engine.backward(loss)
         del out, loss
         self.engine.step()

@@ -154,6 +154,8 @@ class _Engine:
         self.opt.zero_grad(set_to_none=True)
         with live.hooks() if live else contextlib.nullcontext(), self.context():
             out, loss = self.model.loss(self.idx, self.targets)
+            if not self.setup.keep_logits:
+                out = None  # the loop drops the logits before backward (the Trainer's)
             loss.backward()
         del out, loss
         self.after_backward()

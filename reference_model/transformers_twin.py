@@ -308,10 +308,13 @@ def make_optimizer(model: torch.nn.Module, optimizer: str = "adamw") -> torch.op
     return torch.optim.SGD(params, lr=1e-3)
 
 
-def train_step(model, opt, idx, labels, amp_dtype=None, tracker=None) -> None:
-    """One step of the `no_trainer` loop: zero_grad(set_to_none) -> out = model(..., labels) ->
-    out.loss.backward() -> drop out -> opt.step(). With `tracker`, names the phases and records
-    the live bytes at the moments of StepMoments into tracker.moments."""
+def train_step(model, opt, idx, labels, amp_dtype=None, tracker=None,
+               keep_logits: bool = False) -> None:
+    """One step: zero_grad(set_to_none) -> out = model(..., labels) -> loss.backward() ->
+    opt.step(). The output (its logits) is dropped before backward, as the Hugging Face
+    Trainer's compute_loss returns the loss alone, or with `keep_logits` held through backward
+    (the `no_trainer` scripts' `outputs`). With `tracker`, names the phases and records the live
+    bytes at the moments of StepMoments into tracker.moments."""
     moments = {} if tracker is None else tracker.__dict__.setdefault("moments", {})
 
     def mark(name: str, phase: str | None = None) -> None:
@@ -328,27 +331,31 @@ def train_step(model, opt, idx, labels, amp_dtype=None, tracker=None) -> None:
     mark("forward_end", "loss_backward")
     if tracker is not None:
         out.logits.register_hook(lambda g: mark("backward_start", "backward"))
-    out.loss.backward()
+    loss = out.loss
+    if not keep_logits:
+        out = None
+    loss.backward()
     mark("backward_end", "drop_output")
-    del out
+    del out, loss
     mark("optimizer_start", "optimizer")
     opt.step()
     mark("optimizer_end", "done")
 
 
 def measure_step_peak(model: torch.nn.Module, idx: torch.Tensor, labels: torch.Tensor,
-                      optimizer: str = "adamw", amp_dtype: torch.dtype | None = None
-                      ) -> StepMoments:
+                      optimizer: str = "adamw", amp_dtype: torch.dtype | None = None,
+                      keep_logits: bool = False) -> StepMoments:
     """Peak live tensor bytes of one steady-state step on CPU (MemTracker), after a warm-up
-    step that creates the optimizer states, with the live bytes at the phase boundaries."""
+    step that creates the optimizer states, with the live bytes at the phase boundaries
+    (`keep_logits`: as `train_step`)."""
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
     opt = make_optimizer(model, optimizer)
-    train_step(model, opt, idx, labels, amp_dtype)  # warm-up: optimizer states exist after it
+    train_step(model, opt, idx, labels, amp_dtype, keep_logits=keep_logits)  # warm-up: states
     tracker = _phase_tracker_class()()
     tracker.track_external(model, opt)
     with tracker:
-        train_step(model, opt, idx, labels, amp_dtype, tracker)
+        train_step(model, opt, idx, labels, amp_dtype, tracker, keep_logits)
     snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
     m = tracker.moments
     return StepMoments(

@@ -104,8 +104,8 @@ def test_chunked_below_standard_and_no_keep_below_keep():
         return step_peak(cfg, wl, TrainingSetup(mode="mixed", attn_impl="sdpa", device="cuda",
                                                 recompute="op", engine="fsdp2", zero=3, dp=8,
                                                 **kw)).bytes
-    assert peak(loss="chunked") < peak()
-    assert peak(keep_logits=False) < peak()
+    assert peak(loss="chunked", keep_logits=True) < peak(keep_logits=True)
+    assert peak() < peak(keep_logits=True)
     assert peak(loss="fused") < peak(loss="chunked")
 
 
@@ -146,9 +146,10 @@ def test_cli_loss_options_on_the_assumptions_line():
                                         "--json", *args])
         assert out.exit_code == 0, out.output
         return json.loads(out.output)
-    standard = run()
+    standard = run("--keep-logits")
     assert "standard loss, logits kept through backward" in standard["assumptions"]
-    chunked = run("--loss", "chunked", "--loss-chunks", "16", "--no-keep-logits")
+    assert "standard loss, logits dropped before backward" in run()["assumptions"]
+    chunked = run("--loss", "chunked", "--loss-chunks", "16")
     assert "chunked loss (16 chunks, torchtune), logits dropped" in chunked["assumptions"]
     assert chunked["peak"] < standard["peak"]
     bad = CliRunner().invoke(cli, ["memory", "--loss-chunks", "0"])

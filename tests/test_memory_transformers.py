@@ -133,3 +133,25 @@ def test_unmodelled_families_refuse_impl_transformers(raw, tmp_path):
     r = CliRunner().invoke(cli, base)
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["training"]["impl"] == "reference"
+
+
+# litgpt's loop and the `no_trainer` scripts hold the output through backward: --keep-logits
+# against the same model stepped with its output kept
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "gemma2"])
+def test_keep_logits_matches_transformers_stepped_with_its_output_kept(name, tmp_path):
+    raw, B, S = CASES[name], 2, 32
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+
+    def predicted(*extra):
+        r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", str(B),
+                                     "--seq-len", str(S), "--mode", "fp32", "--device", "cpu",
+                                     "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["peak"]
+    model = tw.build(raw)
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    kept = tw.measure_step_peak(model, idx, labels, keep_logits=True).peak_bytes
+    dropped = tw.measure_step_peak(model, idx, labels).peak_bytes
+    assert abs(predicted("--keep-logits") - kept) <= PEAK_TOLERANCE * kept
+    assert abs(predicted() - dropped) <= PEAK_TOLERANCE * dropped
+    assert dropped < kept

@@ -126,7 +126,8 @@ def logits_alive(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> di
         return {"forward": 0, "backward": 0}
     v_shard = -(-cfg.vocab_size // setup.tp)
     logits = workload.batch_size * workload.seq_len * v_shard * setup.act_bytes
-    return {"forward": logits, "backward": logits if setup.keep_logits else 0}
+    kept = setup.keep_logits or setup.pp > 1
+    return {"forward": logits, "backward": logits if kept else 0}
 
 
 __all__ = ["chunk_rows", "chunked_loss_transients", "fused_loss_transients", "liger_chunk_rows",
