@@ -136,17 +136,21 @@ def test_resident_is_held_at_every_phase_and_its_lines_sum(name, engine_zero, dp
 
 # torchtitan docs/performance.md, Table 1: Llama 3.1 8B, FSDP on 8 H100s, local batch 2 x 8,192
 # tokens, selective (op) activation checkpointing, bf16 MixedPrecisionPolicy, eager: 82.4 GiB,
-# torchtitan's reading of torch.cuda.max_memory_reserved(). Reserved memory holds the caching
-# allocator's free blocks beside what is allocated, so the allocated peak gptcalc predicts is
-# below it; 15% is the room the allocator's fragmentation takes at this size (the project's
-# CUDA runs will replace it with a measured bound)
+# torchtitan's reading of torch.cuda.max_memory_reserved() (benchmarks/
+# llama3_h100_202412_torchtitan.md, FSDP on 8 H100s). gptcalc's reserved replays the step's
+# tensors on the caching allocator but not each op's own temporaries nor FSDP2's and NCCL's
+# streams, whose cached blocks the compute stream cannot reuse: it reads below the measurement,
+# by up to 15% at this size
 TORCHTITAN_8B_RESERVED_GIB = 82.4
-RESERVED_OVER_ALLOCATED = 0.15
+RESERVED_BELOW_MEASURED = 0.15
 
 
 def test_a_published_torchtitan_run_is_one_set_of_options():
+    # torchtitan deletes the logits before backward (`del pred`): the default loop
     out = _memory("--preset", "llama3-8b", "-B", "2", "--seq-len", "8192", "--engine", "fsdp2",
                   "--zero", "3", "--dp", "8", "--mode", "mixed", "--recompute", "op")
-    peak_gib = out["peak"] / 2**30
-    assert peak_gib <= TORCHTITAN_8B_RESERVED_GIB
-    assert peak_gib >= TORCHTITAN_8B_RESERVED_GIB * (1 - RESERVED_OVER_ALLOCATED)
+    assert "logits dropped before backward" in out["assumptions"]
+    reserved_gib = out["reserved"] / 2**30
+    assert out["peak"] <= out["reserved"]
+    assert reserved_gib <= TORCHTITAN_8B_RESERVED_GIB
+    assert reserved_gib >= TORCHTITAN_8B_RESERVED_GIB * (1 - RESERVED_BELOW_MEASURED)

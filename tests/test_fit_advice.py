@@ -61,7 +61,7 @@ def test_the_text_names_the_longest_sequence_and_the_changes():
     r = CliRunner().invoke(cli, LORA + ["--gpu-memory", "24GiB"])
     assert r.exit_code == 0
     assert "no micro-batch fits at seq_len 2,048" in r.output
-    assert "the longest sequence that fits is 1,215 tokens" in r.output
+    assert "the longest sequence that fits is 1,258 tokens" in r.output
     assert "--weights-dtype int4" in r.output and "--recompute" in r.output
 
 

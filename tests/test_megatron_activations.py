@@ -285,7 +285,7 @@ def test_the_megatron_engine_counts_megatron_core_by_default_and_says_so():
     assert "logits dropped before backward" in first
     r = _memory("--engine", "megatron", "--no-megatron-te")
     assert "megatron-core implementation without Transformer Engine" in r.output.splitlines()[0]
-    r = _memory("--engine", "megatron", "--impl", "reference")
+    r = _memory("--engine", "megatron", "--impl", "reference", "--keep-logits")
     assert "reference implementation" in r.output.splitlines()[0]
     assert "logits kept through backward" in r.output.splitlines()[0]
 
