@@ -62,7 +62,8 @@ def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingS
 
 
 # engine "": the default for the ZeRO stage (`memory.engines.default_engine`)
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1, "engine": "",
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "pp_schedule": "1f1b",
+                     "pp_virtual": 1, "sp": False, "ep": 1, "engine": "",
                      "distributed_optimizer": True}
 
 

@@ -28,6 +28,11 @@ LOSSES = ("standard", "chunked", "fused")
 # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
 DEFAULT_LOSS_CHUNKS = 8
 ZERO_STAGES = (0, 1, 2, 3)
+# torch.distributed.pipelining's schedules: ScheduleGPipe, Schedule1F1B,
+# ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (gptcalc.schedules replays them)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+# the schedules that run more than one virtual stage (model chunk) per pipeline rank
+VIRTUAL_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
 
 
 # the bitsandbytes release assumed unless --bnb-version names another (the one measured)
@@ -72,7 +77,8 @@ class TrainingSetup:
     project's `reference` model, Hugging Face `transformers`' modules, or Korthikanti et al.
     2022's `paper` formula. Parallel layout: `dp` data-parallel replicas with ZeRO stage
     `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
-    (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
+    (Korthikanti et al. 2022); `pp` pipeline stages run by `pp_schedule` (`PP_SCHEDULES`) with
+    `pp_virtual` model chunks per stage (interleaved schedules); `ep` expert-parallel ranks, each
     holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard).
     `engine`: the training engine's name (gptcalc.memory.engines: its registry checks it and
     gives the default of the ZeRO stage when None), `engine_settings` the engine's own settings
@@ -107,6 +113,8 @@ class TrainingSetup:
     zero: int = 0
     tp: int = 1
     pp: int = 1
+    pp_schedule: str = "1f1b"
+    pp_virtual: int = 1
     sp: bool = False
     ep: int = 1
     engine: str | None = None
@@ -127,10 +135,14 @@ class TrainingSetup:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
-                              ("loss", LOSSES)):
+                              ("loss", LOSSES), ("pp_schedule", PP_SCHEDULES)):
             one_of(name, getattr(self, name), choices)
-        for name in ("dp", "tp", "pp", "ep"):
+        for name in ("dp", "tp", "pp", "ep", "pp_virtual"):
             positive_int(name, getattr(self, name))
+        if self.pp_virtual > 1 and self.pp_schedule not in VIRTUAL_SCHEDULES:
+            raise ConfigError("pp_virtual", f"{self.pp_schedule} runs one model chunk per "
+                                            "stage: virtual stages need --pp-schedule "
+                                            "interleaved-1f1b or zero-bubble")
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
         boolean("sp", self.sp)
@@ -182,6 +194,9 @@ class TrainingSetup:
                 "mixed": mixed, "bf16": "pure bf16"}[self.mode]
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
                  f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
+        if self.pp > 1:
+            layout += f" ({self.pp_schedule}" + (
+                f", {self.pp_virtual} virtual stages" if self.pp_virtual > 1 else "") + ")"
         tune = ""
         if self.lora_rank:
             base = ("an NF4 (QLoRA, double-quantised" if self.double_quant else

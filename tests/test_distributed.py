@@ -176,7 +176,7 @@ def test_cli_json_names_checks_by_rank():
 
 @pytest.mark.parametrize("args, option", [
     (["--tp", "3"], "--tp"),  # 2 heads
-    (["--pp", "3"], "--pp"),  # 2 layers
+    (["--pp", "5"], "--pp"),  # 2 layers + the embedding and the head: 4 for torchtitan
     (["--dp", "2", "--zero", "0", "--tensors", "shape-only"], "--tensors"),  # DDP: real only
     (["--dp", "16", "--zero", "3", "--engine", "fsdp2", "--tensors", "real"], "--dp"),
     (["--dp", "2", "--zero", "1", "--engine", "fsdp2"], "--zero"),  # FSDP2 is ZeRO-2/3

@@ -11,18 +11,21 @@ from ..errors import ConfigError, positive_int
 from ..families import modern_switches
 from ..inference.kv import kv_cache_bytes
 from ..layers import global_layers
+from ..schedules import check_pipeline, stage_hold
+from ..schedules import holds_head as stage_holds_head
 from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
 from .activations import activations_paper, device_activations, logits_bytes
 from .peak import StepPeak, step_peak
 from .engines import engine_for, host, resident, state_bytes
+from .engines.shards import stage_of
 from .states import STAGES, stage_params
 
 
 def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
-    """Parallel sizes must divide what they shard (Megatron-LM's and the 1F1B schedule's
-    rules); data parallelism shards nothing of the micro-batch, so any dp is valid. The
+    """Parallel sizes must divide what they shard (Megatron-LM's rules; the pipeline
+    schedules' in `schedules.check_pipeline`); data parallelism shards nothing of the micro-batch, so any dp is valid. The
     engine must run the set-up (`engines.engine_for`)."""
     engine_for(setup)
     validate_workload(cfg, workload)
@@ -34,8 +37,7 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     if setup.sp and t > 1 and workload.seq_len % t:
         raise ConfigError("sp", f"sequence parallel needs tp {t} to divide seq_len "
                                 f"{workload.seq_len}")
-    if cfg.n_layer % p:
-        raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
+    check_pipeline(cfg, workload, setup)
     if setup.lora_rank and (t > 1 or p > 1):
         raise ConfigError("lora_rank", "LoRA memory is modelled with data parallelism (and ZeRO) "
                                        "only, not with tp or pp")
@@ -80,6 +82,8 @@ class MemoryReport:
     breakdown: dict[str, dict[str, int]]
     # what the host holds for the device, by line (DeepSpeed's offloaded states; {} without)
     host: dict[str, int] = field(default_factory=dict)
+    # every pipeline rank's figures (`pipeline_stages`); [] without pipelining
+    stages: list[StageFigures] = field(default_factory=list)
 
     @property
     def host_total(self) -> int:
@@ -92,6 +96,44 @@ class MemoryReport:
         return {"weights": self.weights, "gradients": self.gradients,
                 "optimizer": self.optimizer, "activations": self.activations + self.weight_copies,
                 "logits": self.logits}
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """One pipeline rank's blocks, what its schedule keeps alive, its states and its peak."""
+
+    rank: int
+    layers: int  # blocks the rank holds (all its virtual stages)
+    held_layers: int  # block-micro-batches alive at its heaviest moment
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for backward then (autocast's weight copies included)
+    peak: int
+    peak_phase: str
+
+    def as_dict(self) -> dict[str, int | str]:
+        return dict(vars(self))
+
+
+def pipeline_stages(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                    ) -> list[StageFigures]:
+    """Every pipeline rank's `StageFigures`, rank 0 first; [] without pipelining."""
+    if setup.pp == 1:
+        return []
+    out = []
+    for r in range(setup.pp):
+        stage = stage_of(setup, r)
+        hold = stage_hold(cfg, workload, setup, stage)
+        st = state_bytes(cfg, setup, stage)
+        acts = device_activations(cfg, workload, setup, stage)
+        peak = step_peak(cfg, workload, setup, stage=stage)
+        out.append(StageFigures(
+            rank=r, layers=hold.layers, held_layers=hold.held_layers,
+            weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
+            activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
+            peak=peak.bytes, peak_phase=peak.phase))
+    return out
 
 
 def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
@@ -108,7 +150,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
     acts = {k: v for k, v in acts.items() if k not in copies}
     paper = activations_paper(cfg, workload, setup)
-    holds_head = setup.pp == 1 or peak.stage == "last"
+    holds_head = setup.pp == 1 or stage_holds_head(setup, peak.stage)
     logits = logits_bytes(cfg, workload, setup) if holds_head else 0
     kept = resident(cfg, setup, peak.stage)
     kv = kv_cache_bytes(cfg, workload.batch_size, ctx, serving_dtype_bytes(setup), setup.tp,
@@ -122,6 +164,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
         host=host(cfg, setup, peak.stage),
+        stages=pipeline_stages(cfg, workload, setup),
     )
 
 
@@ -150,7 +193,7 @@ def max_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget
     return largest_fitting(fits, 1) if fits(1) else 0
 
 
-__all__ = ["MemoryReport", "STAGES", "max_batch", "max_seq_len", "memory_report",
+__all__ = ["MemoryReport", "STAGES", "StageFigures", "pipeline_stages", "max_batch", "max_seq_len", "memory_report",
            "validate_setup"]
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from ...config import GPTConfig
+from ...schedules import Stage
 from ...errors import ConfigError, one_of
 from ...training_setup import TrainingSetup
 from ...workload import Workload
@@ -45,7 +46,7 @@ class Step:
     cfg: GPTConfig
     workload: Workload
     setup: TrainingSetup
-    stage: str
+    stage: Stage
     logits: int
     gradients: int
     forward_tensors: Mapping[Term, int]
@@ -90,7 +91,7 @@ class Engine:
         """The states of `rank`: DTensor's tensor-parallel shards (`shards.tp_rank_states`)."""
         return tp_rank_states(cfg, setup, rank)
 
-    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
+    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage) -> int:
         """The global rank of `stage` holding the most state bytes: its first (the first dp
         rank owns the most rows of every split)."""
         return first_rank(setup, stage)

@@ -19,6 +19,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 from ...config import GPTConfig
+from ...schedules import Stage, holds_head, stage_hold, stage_layers
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ...inventory import ParamTensor
@@ -93,7 +94,7 @@ def _padded_elements(t: ParamTensor, setup: TrainingSetup) -> int:
     return rows_times_rest(shape, padded_rows(shape[0], setup.dp) * setup.dp)
 
 
-def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
                              ) -> dict[str, int]:
     """Elements FSDP2 all-gathers, per group: `root` (everything outside the blocks:
     embeddings, final norm, head; `fully_shard` at the root groups them) and `block` (one
@@ -102,13 +103,13 @@ def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: str = 
     for t in stage_tensors(cfg, setup, stage):
         n = _padded_elements(t, setup) * t.copies
         if t.place == "block":
-            block += n * t.layers // max(1, cfg.n_layer // setup.pp)
+            block += n * t.layers // max(1, stage_layers(cfg, setup, stage))
         else:
             root += n
     return {"root": root, "block": block}
 
 
-def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
                     ) -> dict[str, int]:
     """Bytes of `fsdp2_unsharded_elements` in the unsharded parameters' dtype."""
     ub = unsharded_bytes(setup)
@@ -133,7 +134,7 @@ ROOT_REGATHERED = Term("FSDP2 root all-gather output (re-gathered for backward)"
 
 
 def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                               stage: str = "first") -> dict[Term, int]:
+                               stage: Stage = "first") -> dict[Term, int]:
     """The moment after the last block's backward, as FSDP2's post-backward hook copies its
     unsharded gradients into the reduce-scatter input (torch.distributed.fsdp's
     `foreach_reduce`): the block's saved activations and parameters are freed, its unsharded
@@ -147,12 +148,12 @@ def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     from ..activations import device_activations, saved_in
 
     acts = device_activations(cfg, workload, setup, stage)
-    blocks = cfg.n_layer // setup.pp
-    layer = saved_in(acts, "layer") // blocks
+    blocks = stage_layers(cfg, setup, stage)
+    layer = saved_in(acts, "layer") // max(1, stage_hold(cfg, workload, setup, stage).held_layers)
     loss = saved_in(acts, "cross_entropy")
     el = fsdp2_unsharded_elements(cfg, setup, stage)
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
-    head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if stage == "last" or setup.pp == 1 else 0
+    head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if holds_head(setup, stage) else 0
     cast = rb * el["block"] if setup.device == "cpu" and ub != rb else 0
     return {SAVED: sum(acts.values()) - loss - layer,
             GRADIENTS: ub * head,
@@ -200,7 +201,7 @@ def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
     root, block = ub * el["root"], ub * el["block"]
     z3 = setup.zero == 3
-    held = cfg.n_layer // setup.pp * block if setup.zero == 2 else 0
+    held = stage_layers(cfg, setup, stage) * block if setup.zero == 2 else 0
     for phase in ledger.forward_phases():
         ledger.add(phase, ROOT_PARAMETERS, root)
         ledger.add(phase, BLOCKS_KEPT, held)

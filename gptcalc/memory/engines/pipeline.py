@@ -1,10 +1,12 @@
-"""torch.distributed.pipelining's Schedule1F1B, per stage.
+"""A pipeline schedule's own terms per stage (torch.distributed.pipelining's schedules, as
+`gptcalc.schedules` replays them).
 
 Every function here is pure and never imports torch.
 """
 
 from __future__ import annotations
 
+from ...schedules import holds_head, stage_hold
 from ..ledger import GRADIENTS, Ledger, Phase, Term
 from .base import Step
 
@@ -14,25 +16,29 @@ GRADIENTS_OVER_MICRO_BATCHES = Term("gradients (accumulating over micro-batches)
 
 
 def pipeline_adjust(ledger: Ledger, step: Step) -> None:
-    """What Schedule1F1B (pp micro-batches) holds on the last stage beyond one micro-batch's
-    tensors (measured with MemTracker on CPU/gloo, torch 2.13):
+    """What a pipeline schedule holds on a stage beyond the micro-batches' saved tensors, at
+    the stage's heaviest moment (`schedules.stage_hold`; measured with MemTracker on CPU/gloo,
+    torch 2.13):
 
-    - the schedule keeps every micro-batch's output (the logits) to return them merged at the
-      end of the step: pp - 1 earlier micro-batches' logits beside the current one;
-    - the last stage runs each micro-batch's backward right after its forward, so from the
-      second micro-batch on the stage's gradients of the earlier ones are alive (the first
-      stage runs all pp forwards before its first backward: it holds none at its peak).
-    Nothing unless pp > 1, on the last stage. Applied after the engine's terms, whatever the
-    engine."""
+    - the last stage keeps every micro-batch's output (the logits) to return them merged at
+      the end of the step (`schedule.step`'s return_outputs): m - 1 earlier micro-batches'
+      logits beside the current one;
+    - where a backward has run on the stage before that moment (1F1B's stages that run more
+      micro-batches than their warm-up forwards: the last always; GPipe's never), the
+      stage's gradients of the earlier micro-batches are alive.
+    Nothing unless pp > 1. Applied after the engine's terms, whatever the engine."""
     setup = step.setup
-    if setup.pp == 1 or step.stage != "last":
+    if setup.pp == 1:
         return
-    kept = (setup.pp - 1) * step.logits
+    hold = stage_hold(step.cfg, step.workload, setup, step.stage)
+    kept = (hold.micro_batches - 1) * step.logits if holds_head(setup, step.stage) else 0
+    grads = step.gradients if hold.backward_done else 0
     for phase in (*ledger.forward_phases(), Phase.BACKWARD_START):
         ledger.add(phase, KEPT_LOGITS, kept)
-        ledger.add(phase, GRADIENTS_OVER_MICRO_BATCHES, step.gradients)
+        ledger.add(phase, GRADIENTS_OVER_MICRO_BATCHES, grads)
     ledger.add(Phase.BACKWARD_LAST_BLOCK, KEPT_LOGITS, kept)
-    ledger.replace(Phase.BACKWARD_LAST_BLOCK, GRADIENTS, step.gradients)
+    if grads:
+        ledger.replace(Phase.BACKWARD_LAST_BLOCK, GRADIENTS, step.gradients)
     ledger.add(Phase.BACKWARD_END, KEPT_LOGITS, kept)
 
 
