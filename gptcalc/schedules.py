@@ -129,7 +129,8 @@ def _interleaved_actions(pp: int, v: int, m: int, rank: int, zero_bubble: bool
         backward(op)
     for op in range(total, total + warmup):
         backward(op)
-    out += [("W", *b) for b in backwards[weights:]]
+    if zero_bubble:  # the weight-gradient halves still pending
+        out += [("W", *b) for b in backwards[weights:]]
     return out
 
 
@@ -171,6 +172,8 @@ class StageHold:
     held_embedding: int
     held_head: int
     backward_done: bool
+    alive: tuple[int, ...] = ()  # micro-batches alive then, per local chunk
+    backwards: tuple[int, ...] = ()  # backwards (B or I) run by then, per local chunk
 
 
 def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
@@ -183,12 +186,14 @@ def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: 
     _backward.py, torch 2.13). Without pipelining: one micro-batch of every block."""
     r = pp_rank(setup, stage)
     if setup.pp == 1:
-        return StageHold(0, cfg.n_layer, 1, cfg.n_layer, 1, 1, workload.grad_accum > 1)
+        return StageHold(0, cfg.n_layer, 1, cfg.n_layer, 1, 1, workload.grad_accum > 1, (1,),
+                         (0,))
     m = micro_batches(workload, setup)
     chunks = rank_chunks(setup, r)
     split = chunk_layers(cfg.n_layer, setup.pp * setup.pp_virtual)
     last = setup.pp * setup.pp_virtual - 1
     alive: set[tuple[int, int]] = set()
+    backwards = [0] * len(chunks)
     done, best, best_key = False, None, None
     for kind, c, mb in rank_actions(setup, m, r):
         if kind == "F":
@@ -196,29 +201,31 @@ def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: 
             held = sum(split[chunks[k]] for k, _ in alive)
             key = (held, done)
             if best_key is None or key >= best_key:
-                emb = sum(1 for k, _ in alive if chunks[k] == 0)
-                head = sum(1 for k, _ in alive if chunks[k] == last)
-                best, best_key = (held, emb, head, done), key
-        elif kind in ("B", "W"):
-            alive.discard((c, mb))
+                per = tuple(sum(1 for k, _ in alive if k == i) for i in range(len(chunks)))
+                emb = per[0] if chunks[0] == 0 else 0
+                head = per[-1] if chunks[-1] == last else 0
+                best, best_key = (held, emb, head, done, per, tuple(backwards)), key
+        else:
+            if kind in ("B", "I"):
+                backwards[c] += 1
+            if kind in ("B", "W"):
+                alive.discard((c, mb))
             done = True
     assert best is not None
-    held, emb, head, done = best
-    return StageHold(r, sum(split[c] for c in chunks), m, held, emb, head, done)
+    held, emb, head, done, per, bwd = best
+    return StageHold(r, sum(split[c] for c in chunks), m, held, emb, head, done, per, bwd)
 
 
 def check_pipeline(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
-    """The set-ups the schedules run: Schedule1F1B needs m >= pp (torch refuses fewer); the
-    interleaved schedules need m a multiple of their rounds, max(1, m // pp); every chunk
-    needs a block (`chunk_layers`)."""
+    """The set-ups the schedules run: the interleaved schedules need m a multiple of their
+    rounds, max(1, m // pp); every chunk needs a block (`chunk_layers`). 1F1B with fewer
+    micro-batches than stages is counted as Megatron-LM runs it (each stage warms up with
+    min(m, pp - rank) forwards); torch's Schedule1F1B refuses it."""
     if setup.pp == 1:
         if setup.pp_virtual > 1:
             raise ConfigError("pp_virtual", "virtual stages need pipeline stages: give --pp")
         return
     m = micro_batches(workload, setup)
-    if setup.pp_schedule == "1f1b" and m < setup.pp:
-        raise ConfigError("grad_accum", f"Schedule1F1B runs at least pp ({setup.pp}) "
-                                        f"micro-batches, got {m}")
     rounds = max(1, m // setup.pp)
     if setup.pp_schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
         raise ConfigError("grad_accum", f"the interleaved schedules need the micro-batches "

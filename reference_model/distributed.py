@@ -15,8 +15,11 @@ model of the same config), applies the layout and trains:
 - tensor / sequence parallel: DTensor `parallelize_module` with Megatron's layout (column-parallel
   q/k/v and MLP up/gate, row-parallel output projections, vocabulary-parallel embedding and
   head, `SequenceParallel` norms, a vocabulary-parallel cross entropy with `loss_parallel`);
-- pipeline: `torch.distributed.pipelining` with `Schedule1F1B` over pp stages and pp
-  micro-batches (the first stage holds the embeddings, the last the final norm and the head).
+- pipeline: `torch.distributed.pipelining` with the schedule of `pp_schedule` (ScheduleGPipe,
+  Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble) over pp stages of
+  `pp_virtual` model chunks each, split as `gptcalc.schedules.chunk_layers` splits them, and
+  its micro-batches (`gptcalc.schedules.micro_batches`; the first chunk holds the embeddings,
+  the last the final norm and the head).
 
 Per rank it measures the state bytes (the storages of local parameter shards, gradients and
 optimizer states), the peak of live saved-for-backward bytes (saved_tensors_hooks; a tensor is
@@ -178,7 +181,22 @@ def run_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl: s
     return _launch(spec, world, deadline_s)
 
 
-def _launch(spec: dict, world: int, deadline_s: float) -> list[RankResult]:
+def run_layouts(layouts: list[tuple[GPTConfig, Workload, TrainingSetup]],
+                deadline_s: float = JOIN_DEADLINE_S) -> list[list[RankResult]]:
+    """One measured training step of each layout, real tensors, the reference model, all in
+    one launch of the world's processes (the layouts share its size): per layout, its ranks'
+    results sorted by rank. Launching once saves the seconds each spawn costs."""
+    worlds = {s.dp * s.tp * s.pp for _, _, s in layouts}
+    if len(worlds) != 1:
+        raise ConfigError("dp", "layouts run in one launch need one world size")
+    for cfg, wl, setup in layouts:
+        check_layout(cfg, wl, setup, "reference", "real")
+    specs = [dict(cfg=c, workload=w, setup=s, impl="reference") for c, w, s in layouts]
+    per_rank = _launch(specs, worlds.pop(), deadline_s)
+    return [[r[i] for r in per_rank] for i in range(len(layouts))]
+
+
+def _launch(spec: dict | list[dict], world: int, deadline_s: float) -> list:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -229,7 +247,10 @@ def _worker(rank: int, world: int, port: int, spec: dict, queue) -> None:
                                 world_size=world,
                                 timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
         try:
-            result = _rank_step(spec, rank, world, fake=False)
+            if isinstance(spec, list):  # several layouts, one after another
+                result = [_rank_step(one, rank, world, fake=False) for one in spec]
+            else:
+                result = _rank_step(spec, rank, world, fake=False)
         finally:
             dist.destroy_process_group()
         queue.put(("ok", rank, result))
@@ -554,15 +575,27 @@ def _parallelize(model: _Model, mesh, sp: bool) -> None:
 
 class _Pipeline(_Engine):
     def build(self) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+        from torch.distributed.pipelining import PipelineStage
 
-        pp, stage = self.setup.pp, self.coords["pp"]
-        self.n_micro = pp
+        from gptcalc.schedules import chunk_layers, micro_batches, rank_chunks
+
+        s, rank = self.setup, self.coords["pp"]
+        self.n_micro = micro_batches(self.wl, s)
         self.idx, self.targets = _batch(self.cfg, self.wl.batch_size * self.n_micro,
                                         self.wl.seq_len, seed=1000)
-        self.stage_module = _StageModule(self.model.module, stage, pp)
-        self.pipe = PipelineStage(self.stage_module, stage, pp, torch.device("cpu"))
-        self.schedule = Schedule1F1B(self.pipe, self.n_micro, loss_fn=_cross_entropy)
+        # the model's chunks as gptcalc.schedules splits them (torchtitan's split when the
+        # chunks do not divide the layers); this rank runs chunks rank, rank + pp, ...
+        split = chunk_layers(self.cfg.n_layer, s.pp * s.pp_virtual)
+        chunks = [_StageModule(self.model.module, sum(split[:c]), sum(split[:c + 1]),
+                               c == 0, c == len(split) - 1) for c in rank_chunks(s, rank)]
+        self.stage_module = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
+        self.chunks = chunks
+        stages = [PipelineStage(m, c, len(split), torch.device("cpu"))
+                  for m, c in zip(chunks, rank_chunks(s, rank))]
+        cls = _schedule_class(s.pp_schedule)
+        single = s.pp_schedule in ("gpipe", "1f1b")
+        self.schedule = cls(stages[0] if single else stages, self.n_micro,
+                            loss_fn=_cross_entropy)
         self.opt = self.optimizer(self.stage_module.parameters())
         # a tied head: the last stage holds its own copy of the token embedding and the two
         # stages all-reduce its gradient after backward (Megatron-LM's word-embedding group)
@@ -572,9 +605,10 @@ class _Pipeline(_Engine):
         import torch.distributed as dist
 
         if self.tied_group is not None and self.coords["pp"] in (0, self.setup.pp - 1):
-            m = self.stage_module
-            w = m.wte.weight if m.first else m.lm_head.weight
-            dist.all_reduce(w.grad, group=self.tied_group)
+            for m in self.chunks:
+                if m.first or m.last:
+                    w = m.wte.weight if m.first else m.lm_head.weight
+                    dist.all_reduce(w.grad, group=self.tied_group)
 
     @property
     def tracked_module(self) -> torch.nn.Module:
@@ -620,23 +654,33 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-class _StageModule(torch.nn.Module):
-    """L/pp consecutive blocks of the reference model; the first stage also embeds (as
-    GPT.forward does), the last also applies the final norm and the head."""
+def _schedule_class(name: str):
+    """torch.distributed.pipelining's schedule of `--pp-schedule` NAME."""
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble)
 
-    def __init__(self, gpt, stage: int, pp: int) -> None:
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+            "interleaved-1f1b": ScheduleInterleaved1F1B,
+            "zero-bubble": ScheduleInterleavedZeroBubble}[name]
+
+
+class _StageModule(torch.nn.Module):
+    """Blocks start..stop of the reference model; the first chunk also embeds (as GPT.forward
+    does), the last also applies the final norm and the head."""
+
+    def __init__(self, gpt, start: int, stop: int, first: bool, last: bool) -> None:
         super().__init__()
         cfg = gpt.config
-        n = cfg.n_layer // pp
-        self.cfg, self.first, self.last = cfg, stage == 0, stage == pp - 1
-        self.h = torch.nn.ModuleList(gpt.transformer.h[stage * n:(stage + 1) * n])
+        self.cfg, self.first, self.last = cfg, first, last
+        self.h = torch.nn.ModuleList(gpt.transformer.h[start:stop])
         if self.first:
             self.wte = gpt.transformer.wte
             self.wpe = getattr(gpt.transformer, "wpe", None)
         if self.last:
             self.ln_f = getattr(gpt.transformer, "ln_f", None)
             self.lm_head = gpt.lm_head
-            if cfg.tie_embeddings and pp > 1:  # the last stage's own copy of the embedding
+            if cfg.tie_embeddings and not first:  # the last stage's own copy of the embedding
                 self.lm_head.weight = torch.nn.Parameter(gpt.transformer.wte.weight.detach()
                                                          .clone())
 
@@ -661,4 +705,4 @@ class _StageModule(torch.nn.Module):
 
 
 __all__ = ["ENGINES", "MAX_RANKS", "RankResult", "check_layout", "coords_of", "engine_of",
-           "free_port", "run_layout", "storage_bytes"]
+           "free_port", "run_layout", "run_layouts", "storage_bytes"]
