@@ -98,8 +98,9 @@ def check_precision(layout: dict, mode: str, optimizer: str, recompute: str) -> 
 def engine_of(setup: TrainingSetup) -> str:
     """The engine a layout runs under; raises ConfigError for a layout not wired up."""
     if setup.pp > 1:
-        if setup.dp > 1 or setup.tp > 1:
-            raise ConfigError("pp", "the pipeline engine runs pp alone (dp = tp = 1)")
+        if setup.tp > 1 or (setup.dp > 1 and setup.engine != "fsdp2"):
+            raise ConfigError("pp", "the pipeline engine runs pp alone (dp = tp = 1) or with "
+                                    "FSDP2 inside each stage (--engine fsdp2)")
         return "pipeline"
     from gptcalc.memory.engines import engine_for
 
@@ -311,6 +312,9 @@ def _meshes(setup: TrainingSetup) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    if setup.pp > 1 and setup.dp > 1:  # FSDP2 inside each stage: a (pp, dp) mesh
+        mesh = init_device_mesh("cpu", (setup.pp, setup.dp), mesh_dim_names=("pp", "dp"))
+        return {"pp": mesh["pp"], "dp": mesh["dp"]}
     if setup.pp > 1:
         return {"tied": dist.new_group([0, setup.pp - 1])}
     if setup.dp > 1 and setup.tp > 1:
@@ -590,7 +594,20 @@ class _Pipeline(_Engine):
                                c == 0, c == len(split) - 1) for c in rank_chunks(s, rank)]
         self.stage_module = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
         self.chunks = chunks
-        stages = [PipelineStage(m, c, len(split), torch.device("cpu"))
+        group = None
+        if s.dp > 1:  # FSDP2 on every block and on each chunk, over the stage's dp ranks
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+                if s.mode == "mixed" else MixedPrecisionPolicy()
+            for m in chunks:
+                for block in m.h:
+                    fully_shard(block, mesh=self.meshes["dp"], reshard_after_forward=s.zero == 3,
+                                mp_policy=mp)
+                fully_shard(m, mesh=self.meshes["dp"], reshard_after_forward=s.zero == 3,
+                            mp_policy=mp)
+            group = self.meshes["pp"].get_group()
+        stages = [PipelineStage(m, c, len(split), torch.device("cpu"), group=group)
                   for m, c in zip(chunks, rank_chunks(s, rank))]
         cls = _schedule_class(s.pp_schedule)
         single = s.pp_schedule in ("gpipe", "1f1b")
@@ -599,7 +616,10 @@ class _Pipeline(_Engine):
         self.opt = self.optimizer(self.stage_module.parameters())
         # a tied head: the last stage holds its own copy of the token embedding and the two
         # stages all-reduce its gradient after backward (Megatron-LM's word-embedding group)
-        self.tied_group = self.meshes["tied"] if self.cfg.tie_embeddings else None
+        self.tied_group = self.meshes.get("tied") if self.cfg.tie_embeddings else None
+        if self.cfg.tie_embeddings and s.dp > 1:
+            raise ConfigError("tie_embeddings", "FSDP2 inside pipeline stages is verified on "
+                                                "untied embeddings")
 
     def after_backward(self) -> None:
         import torch.distributed as dist

@@ -407,8 +407,12 @@ DIST_SAVED_TOLERANCE = {"fsdp2": 0.0, "zero1": 0.0, "ddp": 0.0, "pipeline": 0.01
 #   (stage 3) 0-d fp32 scalars of its own beside what gptcalc models: 4-8 B of 2.4 MB on the
 #   reference Llama above: 1%, the bound the DeepSpeed twin is held to.
 DIST_RESIDENT_TOLERANCE = {"deepspeed": 0.01}
+# - FSDP2 inside pipeline stages (dp 2 x pp 2, 1F1B over 4 micro-batches, an untied 4-block
+#   debug model, ZeRO-2 and ZeRO-3): the first stage +0.07%, the last -1.2% (ZeRO-2) and
+#   -2.6% (ZeRO-3: the last stage's unsharded blocks are counted from its first backward on,
+#   the tracker's peak comes before all of them are): 3%.
 DIST_PEAK_TOLERANCE = {"fsdp2": 0.08, "ddp": 0.01, "zero1": 0.01, "pipeline": 0.02, "tp": 0.06,
-                       "deepspeed": 0.03}
+                       "deepspeed": 0.03, "pipeline-fsdp2": 0.03}
 
 
 def distributed_checks(cfg: GPTConfig, workload: Workload, setup: "TrainingSetup",
@@ -473,7 +477,8 @@ def layout_checks(cfg: GPTConfig, workload: Workload, setup: "TrainingSetup", re
         # left out of the measured peak
         buffers = r.peak_categories.get("Buffer", 0)
         measured = r.peak - buffers
-        bound = DIST_PEAK_TOLERANCE[engine]
+        bound = DIST_PEAK_TOLERANCE["pipeline-fsdp2" if engine == "pipeline" and setup.dp > 1
+                                    else engine]
         checks.append(Check(f"{name} step peak bytes", peak.bytes, measured, r.peak_tool,
                             note=f"{peak.phase}; phase model with the engine's terms, "
                                  f"tolerance {bound:.0%}; the model's buffers "

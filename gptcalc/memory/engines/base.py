@@ -129,6 +129,13 @@ class Engine:
         (ZeRO-2 and up)."""
         return setup.zero >= 2
 
+    def pipeline_accumulation(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                              ) -> dict[Term, int] | None:
+        """Under a pipeline, what the engine holds across micro-batches once a stage's first
+        backward has run, as terms; None: the stage's gradients, as the engine keeps them
+        (`engines.pipeline.pipeline_adjust`)."""
+        return None
+
     def adjust(self, ledger: Ledger, step: Step) -> None:
         """Add or replace the engine's own terms at each moment of the step; none by
         default."""

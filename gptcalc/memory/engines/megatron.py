@@ -22,6 +22,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 from ...config import GPTConfig
+from ...schedules import Stage
 from ...errors import ConfigError
 from ...training_setup import TrainingSetup
 from ..ledger import (GRADIENTS, GRADIENTS_ACCUMULATING, Phase, Ledger, Term)
@@ -112,6 +113,12 @@ class Megatron(Engine):
     def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
         """The main gradients are the gradients: no separate fp32 copy for the masters."""
         return 0
+
+    def pipeline_accumulation(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                              ) -> dict[Term, int] | None:
+        """Every micro-batch's gradient is added into the main-gradient buffer, which `adjust`
+        counts at every moment already: nothing more across micro-batches."""
+        return {}
 
     def adjust(self, ledger: Ledger, step: Step) -> None:
         """The main-gradient buffer is allocated once and lives through every moment: before

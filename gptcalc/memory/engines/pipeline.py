@@ -11,7 +11,7 @@ from ...schedules import Stage, holds_head, rank_chunks, stage_hold
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import GRADIENTS, Ledger, Phase, Term
-from .base import Step
+from .base import Step, engine_for
 
 
 KEPT_LOGITS = Term("pipeline: earlier micro-batches' logits (kept for the merged output)")
@@ -76,7 +76,9 @@ def pipeline_adjust(ledger: Ledger, step: Step) -> None:
       gradients left on them by the backwards run so far (`input_gradients`);
     - where a backward has run on the stage before that moment (1F1B's stages that run more
       micro-batches than their warm-up forwards: the last always; GPipe's never), the
-      stage's gradients of the earlier micro-batches are alive.
+      stage's gradients of the earlier micro-batches are alive, as the engine keeps them
+      across micro-batches (`Engine.pipeline_accumulation`: FSDP2 defers its reduce-scatter
+      and keeps unsharded gradients; at the end of the last backward always).
     Nothing unless pp > 1. Applied after the engine's terms, whatever the engine."""
     setup = step.setup
     if setup.pp == 1:
@@ -84,6 +86,14 @@ def pipeline_adjust(ledger: Ledger, step: Step) -> None:
     hold = stage_hold(step.cfg, step.workload, setup, step.stage)
     kept = (hold.micro_batches - 1) * step.logits if holds_head(setup, step.stage) else 0
     grads = step.gradients if hold.backward_done else 0
+    accumulated = engine_for(setup).pipeline_accumulation(step.cfg, setup, step.stage)
+    if accumulated is not None:  # the engine's own (FSDP2's unsharded gradients and blocks)
+        grads = 0
+        for phase in (*ledger.forward_phases(), Phase.BACKWARD_START, Phase.BACKWARD_LAST_BLOCK,
+                      Phase.BACKWARD_END):
+            for term, nbytes in accumulated.items():
+                ledger.add(phase, term, nbytes if hold.backward_done or
+                           phase is Phase.BACKWARD_END else 0)
     buffers = receive_buffers(step.cfg, step.workload, setup, step.stage)
     kept_grads = input_gradients(step.cfg, step.workload, setup, step.stage)
     end_grads = input_gradients(step.cfg, step.workload, setup, step.stage, at_end=True)
