@@ -12,6 +12,7 @@ order and finds the moment it holds the most. Torch-free, pure.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .config import GPTConfig
 from .errors import ConfigError
@@ -176,6 +177,7 @@ class StageHold:
     backwards: tuple[int, ...] = ()  # backwards (B or I) run by then, per local chunk
 
 
+@lru_cache(maxsize=4096)  # every term of a stage's peak asks; the replay is O(m v) actions
 def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
                ) -> StageHold:
     """Replay `rank_actions` and keep the moment after a forward with the most blocks alive

@@ -129,13 +129,15 @@ def test_fsdp2_inside_a_pipeline_defers_its_reduce_scatter():
 
 def test_megatron_accumulates_into_its_main_gradient_buffer_under_a_pipeline():
     from gptcalc.memory import step_peak
-    from gptcalc.memory.engines.pipeline import GRADIENTS_OVER_MICRO_BATCHES
+    from gptcalc.memory.engines.pipeline import GRADIENTS_OVER_MICRO_BATCHES, RECEIVE_BUFFERS
     cfg = from_name("llama3-8b").replace(n_layer=8)
     setup = TrainingSetup(pp=4, dp=2, mode="mixed", engine="megatron")
     for stage in ("first", 1, "last"):
         lines = step_peak(cfg, Workload(1, 512, 8), setup, stage=stage).lines
         assert lines.get(GRADIENTS_OVER_MICRO_BATCHES.label, 0) == 0
         assert lines.get("gradients", 0) == 0 or "Megatron-LM main-gradient buffer" not in lines
+        # its own schedule: torch.distributed.pipelining's receive buffers are not its
+        assert RECEIVE_BUFFERS.label not in lines
 
 
 # --------------------------------------------------------------------------- real engines

@@ -61,6 +61,9 @@ class Engine:
     stages: ClassVar[tuple[int, ...]]  # the ZeRO stages it runs
     default_for: ClassVar[tuple[int, ...]] = ()  # the stages it is the default engine of
     mixed_by_default: ClassVar[bool] = False  # trained in its own mixed precision by default
+    # its pipeline stages are torch.distributed.pipelining's, with their receive buffers
+    # (`engines.pipeline.receive_buffers`); False: the engine runs its own schedule
+    torch_pipelining: ClassVar[bool] = True
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise ConfigError (naming the option) for a set-up the engine does not run."""

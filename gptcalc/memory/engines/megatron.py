@@ -84,6 +84,9 @@ class Megatron(Engine):
             "runs here)")
     stages = (0,)
     mixed_by_default = True
+    # Megatron-LM runs its own schedules (megatron/core/pipeline_parallel/schedules.py): the
+    # micro-batches alive are counted as torch's (`gptcalc.schedules`), its p2p tensors not
+    torch_pipelining = False
 
     def check(self, setup: TrainingSetup) -> None:
         super().check(setup)

@@ -72,8 +72,9 @@ def pipeline_adjust(ledger: Ledger, step: Step) -> None:
     - the last stage keeps every micro-batch's output (the logits) to return them merged at
       the end of the step (`schedule.step`'s return_outputs): m - 1 earlier micro-batches'
       logits beside the current one;
-    - every moment: the p2p receive buffers of its chunks (`receive_buffers`) and the input
-      gradients left on them by the backwards run so far (`input_gradients`);
+    - every moment, where the engine's stages are torch's (`Engine.torch_pipelining`): the
+      p2p receive buffers of its chunks (`receive_buffers`) and the input gradients left on
+      them by the backwards run so far (`input_gradients`); they grow with m;
     - where a backward has run on the stage before that moment (1F1B's stages that run more
       micro-batches than their warm-up forwards: the last always; GPipe's never), the
       stage's gradients of the earlier micro-batches are alive, as the engine keeps them
@@ -94,13 +95,14 @@ def pipeline_adjust(ledger: Ledger, step: Step) -> None:
             for term, nbytes in accumulated.items():
                 ledger.add(phase, term, nbytes if hold.backward_done or
                            phase is Phase.BACKWARD_END else 0)
-    buffers = receive_buffers(step.cfg, step.workload, setup, step.stage)
-    kept_grads = input_gradients(step.cfg, step.workload, setup, step.stage)
-    end_grads = input_gradients(step.cfg, step.workload, setup, step.stage, at_end=True)
-    for phase in ledger.phases:
-        ledger.add(phase, RECEIVE_BUFFERS, buffers)
-        late = phase in (Phase.BACKWARD_END, Phase.OPTIMIZER_STEP)
-        ledger.add(phase, INPUT_GRADIENTS, end_grads if late else kept_grads)
+    if engine_for(setup).torch_pipelining:
+        buffers = receive_buffers(step.cfg, step.workload, setup, step.stage)
+        kept_grads = input_gradients(step.cfg, step.workload, setup, step.stage)
+        end_grads = input_gradients(step.cfg, step.workload, setup, step.stage, at_end=True)
+        for phase in ledger.phases:
+            ledger.add(phase, RECEIVE_BUFFERS, buffers)
+            late = phase in (Phase.BACKWARD_END, Phase.OPTIMIZER_STEP)
+            ledger.add(phase, INPUT_GRADIENTS, end_grads if late else kept_grads)
     for phase in (*ledger.forward_phases(), Phase.BACKWARD_START):
         ledger.add(phase, KEPT_LOGITS, kept)
         ledger.add(phase, GRADIENTS_OVER_MICRO_BATCHES, grads)
