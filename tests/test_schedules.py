@@ -33,6 +33,29 @@ def test_an_uneven_split_is_torchtitans():
     assert e.value.field == "pp"
 
 
+def _torchtitan_layers(num_stages: int, num_layers: int) -> list[int]:
+    """Blocks per stage as torchtitan's generate_llm_fqn_per_model_part deals out module names
+    (input and output weight 1): effective layers per stage, the first and last one fewer,
+    layers handed out in order while any remain."""
+    effective = num_layers + 2
+    per, extra = divmod(effective, num_stages)
+    out, current = [], 0
+    for i in range(num_stages):
+        take = per + (1 if i < extra else 0) - (1 if i in (0, num_stages - 1) else 0)
+        got = min(take, num_layers - current)
+        out.append(got)
+        current += got
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 200), st.integers(2, 64))
+def test_uneven_splits_follow_torchtitan(layers, chunks):
+    if layers % chunks == 0 or (layers + 2) // chunks < 1:
+        return
+    assert list(chunk_layers(layers, chunks)) == _torchtitan_layers(chunks, layers)
+
+
 def test_interleaved_ranks_hold_their_chunks():
     s = TrainingSetup(pp=8, pp_schedule="interleaved-1f1b", pp_virtual=2)
     cfg = from_name("debug").replace(n_layer=126)
