@@ -23,13 +23,15 @@ is nothing to shard); recomputation none, selective or full. Under LoRA only dat
 does not depend on it, and a larger one runs matmuls better), or 1 under a pipeline (the most
 micro-batches, the smallest bubble).
 
-Pruning rests on monotony the tests check by brute force: a step's peak grows with B at a given
-accumulation, shrinks as dp grows past 1 (more sharding, a smaller micro-batch; one replica has
-no data-parallel buffers, so dp = 1 is compared with itself only) and as recomputation keeps
-less (none > selective > full). The search is best-first on a lower bound of each layout's
-time: a layout's memory is evaluated only when it could rank, and a group of layouts (tp, pp,
-engine, stage, one replica or several) that does not fit at its largest dp with full
-recomputation is never evaluated again.
+Pruning rests on monotony the tests check by brute force: without a pipeline a step's peak
+grows with B at a given accumulation (under one, where the accumulation is the schedule's
+micro-batches, the last stage keeps every micro-batch's logits and input gradients: each B is
+tried), shrinks as dp grows past 1 (more sharding, a smaller micro-batch; one replica has no
+data-parallel buffers, so dp = 1 is compared with itself only) and as recomputation keeps less
+(none > selective > full). The search is best-first on a lower bound of each layout's time: a
+layout's memory is evaluated only when it could rank, and a group of layouts (tp, pp, engine,
+stage, one replica or several) that does not fit at its largest dp with full recomputation is
+never evaluated again.
 """
 
 from __future__ import annotations
@@ -252,8 +254,8 @@ class _Evaluator:
         if setup is None or self.ruled_out(layout):
             return 0
         n = self.batch // layout.dp
-        if layout.pp > 1:
-            order = (1, n)
+        if layout.pp > 1:  # the smallest that fits: more micro-batches can hold more
+            order = tuple(divisors(n))
         elif self.fits(setup, n):
             return n
         else:

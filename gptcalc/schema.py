@@ -17,8 +17,8 @@ from .errors import ConfigError, integer
 from .families import ARCHS
 from .lora import TARGETS_HELP
 from .presets import DEFAULT_PRESET
-from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, DEFAULT_LOSS_CHUNKS, DEVICES,
-                             IMPLS, LOSSES, MODES, OPTIMIZERS, RECOMPUTE)
+from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, DEFAULT_LOSS_CHUNKS,
+                             DEVICES, IMPLS, LOSSES, MODES, OPTIMIZERS, PP_SCHEDULES, RECOMPUTE)
 from .units import parse_bytes
 
 
@@ -177,7 +177,15 @@ _TRAINING = (
            "states sharded over dp.", "parallel"),
     Option("dp", "--dp", "int", "Data-parallel replicas (default 1).", "parallel"),
     Option("tp", "--tp", "int", "Tensor-parallel ranks (default 1).", "parallel"),
-    Option("pp", "--pp", "int", "Pipeline stages, 1F1B (default 1).", "parallel"),
+    Option("pp", "--pp", "int", "Pipeline stages (default 1); pp not dividing the layers "
+           "splits them as torchtitan does (the first and last stages one block fewer).",
+           "parallel"),
+    Option("pp_schedule", "--pp-schedule", "choice", "The pipeline schedule (torch.distributed."
+           "pipelining's): gpipe, 1f1b (default), interleaved-1f1b or zero-bubble "
+           "(ScheduleInterleavedZeroBubble); micro-batches: --grad-accum when above 1, else pp.",
+           "parallel", PP_SCHEDULES),
+    Option("pp_virtual", "--pp-virtual", "int", "Model chunks (virtual stages) per pipeline "
+           "stage, for interleaved-1f1b and zero-bubble (default 1).", "parallel"),
     Option("sp", "--sp", "flag", "Sequence parallel (with tp).", "parallel"),
     Option("ep", "--ep", "int", "Expert-parallel ranks: each holds n_expert/ep routed experts "
            "(default 1).", "parallel"),

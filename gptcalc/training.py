@@ -66,8 +66,9 @@ def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingS
 
 
 # engine "": the default for the ZeRO stage (`memory.engines.default_engine`)
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "sp": False, "ep": 1, "cp": 1,
-                     "engine": "", "distributed_optimizer": True}
+PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "pp_schedule": "1f1b",
+                     "pp_virtual": 1, "sp": False, "ep": 1, "cp": 1, "engine": "",
+                     "distributed_optimizer": True}
 
 
 def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, Any]:

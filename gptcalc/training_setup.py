@@ -34,6 +34,11 @@ ZERO_STAGES = (0, 1, 2, 3)
 # PyTorch's CUDA caching allocator: default (a segment per cudaMalloc) or expandable
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); gptcalc.memory.allocator simulates both
 ALLOCATORS = ("default", "expandable")
+# torch.distributed.pipelining's schedules: ScheduleGPipe, Schedule1F1B,
+# ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (gptcalc.schedules replays them)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+# the schedules that run more than one virtual stage (model chunk) per pipeline rank
+VIRTUAL_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
 
 
 # the bitsandbytes release assumed unless --bnb-version names another (the one measured)
@@ -80,7 +85,8 @@ class TrainingSetup:
     Transformer Engine's modules (`megatron_te`, the default) or its local ones. Parallel
     layout: `dp` data-parallel replicas with ZeRO stage
     `zero`; `tp` tensor-parallel ranks (Megatron-LM) with sequence parallelism `sp`
-    (Korthikanti et al. 2022); `pp` pipeline stages (1F1B); `ep` expert-parallel ranks, each
+    (Korthikanti et al. 2022); `pp` pipeline stages run by `pp_schedule` (`PP_SCHEDULES`) with
+    `pp_virtual` model chunks per stage (interleaved schedules); `ep` expert-parallel ranks, each
     holding n_expert / ep of every MoE block's routed experts (Lepikhin et al. 2020, GShard);
     `cp` context-parallel ranks, each holding 2 of the sequence's 2 cp chunks, attention run as
     a ring over them (torch's context_parallel as torchtitan runs it, Megatron-core's
@@ -121,6 +127,8 @@ class TrainingSetup:
     zero: int = 0
     tp: int = 1
     pp: int = 1
+    pp_schedule: str = "1f1b"
+    pp_virtual: int = 1
     sp: bool = False
     ep: int = 1
     cp: int = 1
@@ -144,10 +152,15 @@ class TrainingSetup:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
-                              ("loss", LOSSES), ("allocator", ALLOCATORS)):
+                              ("loss", LOSSES), ("allocator", ALLOCATORS),
+                              ("pp_schedule", PP_SCHEDULES)):
             one_of(name, getattr(self, name), choices)
-        for name in ("dp", "tp", "pp", "ep", "cp"):
+        for name in ("dp", "tp", "pp", "ep", "cp", "pp_virtual"):
             positive_int(name, getattr(self, name))
+        if self.pp_virtual > 1 and self.pp_schedule not in VIRTUAL_SCHEDULES:
+            raise ConfigError("pp_virtual", f"{self.pp_schedule} runs one model chunk per "
+                                            "stage: virtual stages need --pp-schedule "
+                                            "interleaved-1f1b or zero-bubble")
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
             raise ConfigError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
         boolean("sp", self.sp)
@@ -203,8 +216,12 @@ class TrainingSetup:
         amp_weights = "16-bit frozen base, fp32 adapters" if self.lora_rank else "fp32 weights"
         prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, {amp_weights})",
                 "mixed": mixed, "bf16": "pure bf16"}[self.mode]
+        schedule = ""
+        if self.pp > 1:
+            schedule = f" ({self.pp_schedule}" + (
+                f", {self.pp_virtual} virtual stages" if self.pp_virtual > 1 else "") + ")"
         layout = f"dp={self.dp} zero={self.zero} tp={self.tp} sp={'on' if self.sp else 'off'}" \
-                 f" pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "") + (
+                 f" pp={self.pp}{schedule}" + (f" ep={self.ep}" if self.ep > 1 else "") + (
                      f" cp={self.cp} (ring attention, head-tail chunks, parameters sharded "
                      f"over dp x cp; {self.gpus:,} GPUs = dp x tp x pp x cp)" if self.cp > 1
                      else "")

@@ -15,8 +15,11 @@ model of the same config), applies the layout and trains:
 - tensor / sequence parallel: DTensor `parallelize_module` with Megatron's layout (column-parallel
   q/k/v and MLP up/gate, row-parallel output projections, vocabulary-parallel embedding and
   head, `SequenceParallel` norms, a vocabulary-parallel cross entropy with `loss_parallel`);
-- pipeline: `torch.distributed.pipelining` with `Schedule1F1B` over pp stages and pp
-  micro-batches (the first stage holds the embeddings, the last the final norm and the head).
+- pipeline: `torch.distributed.pipelining` with the schedule of `pp_schedule` (ScheduleGPipe,
+  Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble) over pp stages of
+  `pp_virtual` model chunks each, split as `gptcalc.schedules.chunk_layers` splits them, and
+  its micro-batches (`gptcalc.schedules.micro_batches`; the first chunk holds the embeddings,
+  the last the final norm and the head).
 
 Per rank it measures the state bytes (the storages of local parameter shards, gradients and
 optimizer states), the peak of live saved-for-backward bytes (saved_tensors_hooks; a tensor is
@@ -95,8 +98,9 @@ def check_precision(layout: dict, mode: str, optimizer: str, recompute: str) -> 
 def engine_of(setup: TrainingSetup) -> str:
     """The engine a layout runs under; raises ConfigError for a layout not wired up."""
     if setup.pp > 1:
-        if setup.dp > 1 or setup.tp > 1:
-            raise ConfigError("pp", "the pipeline engine runs pp alone (dp = tp = 1)")
+        if setup.tp > 1 or (setup.dp > 1 and setup.engine != "fsdp2"):
+            raise ConfigError("pp", "the pipeline engine runs pp alone (dp = tp = 1) or with "
+                                    "FSDP2 inside each stage (--engine fsdp2)")
         return "pipeline"
     from gptcalc.memory.engines import engine_for
 
@@ -193,6 +197,19 @@ def run_layouts(cfg: GPTConfig, workload: Workload, setups: list[TrainingSetup],
     for s in setups:
         check_layout(cfg, workload, s, impl, "real")
     specs = [dict(cfg=cfg, workload=workload, setup=s, impl=impl) for s in setups]
+    return _launch(specs, worlds.pop(), deadline_s * len(specs))
+
+
+def run_each(layouts: list[tuple[GPTConfig, Workload, TrainingSetup]],
+             deadline_s: float = JOIN_DEADLINE_S) -> list[list[RankResult]]:
+    """`run_layouts` of layouts that each bring their own model and workload (one world size,
+    the reference model): per layout, its ranks' results sorted by rank."""
+    worlds = {s.dp * s.tp * s.pp for _, _, s in layouts}
+    if len(worlds) != 1:
+        raise ValueError(f"run_each needs one world size, got {sorted(worlds)}")
+    for cfg, wl, setup in layouts:
+        check_layout(cfg, wl, setup, "reference", "real")
+    specs = [dict(cfg=c, workload=w, setup=s, impl="reference") for c, w, s in layouts]
     return _launch(specs, worlds.pop(), deadline_s * len(specs))
 
 
@@ -349,6 +366,9 @@ def _meshes(setup: TrainingSetup) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    if setup.pp > 1 and setup.dp > 1:  # FSDP2 inside each stage: a (pp, dp) mesh
+        mesh = init_device_mesh("cpu", (setup.pp, setup.dp), mesh_dim_names=("pp", "dp"))
+        return {"pp": mesh["pp"], "dp": mesh["dp"]}
     if setup.pp > 1:
         return {"tied": dist.new_group([0, setup.pp - 1])}
     if setup.dp > 1 and setup.tp > 1:
@@ -613,27 +633,56 @@ def _parallelize(model: _Model, mesh, sp: bool) -> None:
 
 class _Pipeline(_Engine):
     def build(self) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+        from torch.distributed.pipelining import PipelineStage
 
-        pp, stage = self.setup.pp, self.coords["pp"]
-        self.n_micro = pp
+        from gptcalc.schedules import chunk_layers, micro_batches, rank_chunks
+
+        s, rank = self.setup, self.coords["pp"]
+        self.n_micro = micro_batches(self.wl, s)
         self.idx, self.targets = _batch(self.cfg, self.wl.batch_size * self.n_micro,
                                         self.wl.seq_len, seed=1000)
-        self.stage_module = _StageModule(self.model.module, stage, pp)
-        self.pipe = PipelineStage(self.stage_module, stage, pp, torch.device("cpu"))
-        self.schedule = Schedule1F1B(self.pipe, self.n_micro, loss_fn=_cross_entropy)
+        # the model's chunks as gptcalc.schedules splits them (torchtitan's split when the
+        # chunks do not divide the layers); this rank runs chunks rank, rank + pp, ...
+        split = chunk_layers(self.cfg.n_layer, s.pp * s.pp_virtual)
+        chunks = [_StageModule(self.model.module, sum(split[:c]), sum(split[:c + 1]),
+                               c == 0, c == len(split) - 1) for c in rank_chunks(s, rank)]
+        self.stage_module = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
+        self.chunks = chunks
+        group = None
+        if s.dp > 1:  # FSDP2 on every block and on each chunk, over the stage's dp ranks
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+                if s.mode == "mixed" else MixedPrecisionPolicy()
+            for m in chunks:
+                for block in m.h:
+                    fully_shard(block, mesh=self.meshes["dp"], reshard_after_forward=s.zero == 3,
+                                mp_policy=mp)
+                fully_shard(m, mesh=self.meshes["dp"], reshard_after_forward=s.zero == 3,
+                            mp_policy=mp)
+            group = self.meshes["pp"].get_group()
+        stages = [PipelineStage(m, c, len(split), torch.device("cpu"), group=group)
+                  for m, c in zip(chunks, rank_chunks(s, rank))]
+        cls = _schedule_class(s.pp_schedule)
+        single = s.pp_schedule in ("gpipe", "1f1b")
+        self.schedule = cls(stages[0] if single else stages, self.n_micro,
+                            loss_fn=_cross_entropy)
         self.opt = self.optimizer(self.stage_module.parameters())
         # a tied head: the last stage holds its own copy of the token embedding and the two
         # stages all-reduce its gradient after backward (Megatron-LM's word-embedding group)
-        self.tied_group = self.meshes["tied"] if self.cfg.tie_embeddings else None
+        self.tied_group = self.meshes.get("tied") if self.cfg.tie_embeddings else None
+        if self.cfg.tie_embeddings and s.dp > 1:
+            raise ConfigError("tie_embeddings", "FSDP2 inside pipeline stages is verified on "
+                                                "untied embeddings")
 
     def after_backward(self) -> None:
         import torch.distributed as dist
 
         if self.tied_group is not None and self.coords["pp"] in (0, self.setup.pp - 1):
-            m = self.stage_module
-            w = m.wte.weight if m.first else m.lm_head.weight
-            dist.all_reduce(w.grad, group=self.tied_group)
+            for m in self.chunks:
+                if m.first or m.last:
+                    w = m.wte.weight if m.first else m.lm_head.weight
+                    dist.all_reduce(w.grad, group=self.tied_group)
 
     @property
     def tracked_module(self) -> torch.nn.Module:
@@ -679,23 +728,33 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-class _StageModule(torch.nn.Module):
-    """L/pp consecutive blocks of the reference model; the first stage also embeds (as
-    GPT.forward does), the last also applies the final norm and the head."""
+def _schedule_class(name: str):
+    """torch.distributed.pipelining's schedule of `--pp-schedule` NAME."""
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble)
 
-    def __init__(self, gpt, stage: int, pp: int) -> None:
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+            "interleaved-1f1b": ScheduleInterleaved1F1B,
+            "zero-bubble": ScheduleInterleavedZeroBubble}[name]
+
+
+class _StageModule(torch.nn.Module):
+    """Blocks start..stop of the reference model; the first chunk also embeds (as GPT.forward
+    does), the last also applies the final norm and the head."""
+
+    def __init__(self, gpt, start: int, stop: int, first: bool, last: bool) -> None:
         super().__init__()
         cfg = gpt.config
-        n = cfg.n_layer // pp
-        self.cfg, self.first, self.last = cfg, stage == 0, stage == pp - 1
-        self.h = torch.nn.ModuleList(gpt.transformer.h[stage * n:(stage + 1) * n])
+        self.cfg, self.first, self.last = cfg, first, last
+        self.h = torch.nn.ModuleList(gpt.transformer.h[start:stop])
         if self.first:
             self.wte = gpt.transformer.wte
             self.wpe = getattr(gpt.transformer, "wpe", None)
         if self.last:
             self.ln_f = getattr(gpt.transformer, "ln_f", None)
             self.lm_head = gpt.lm_head
-            if cfg.tie_embeddings and pp > 1:  # the last stage's own copy of the embedding
+            if cfg.tie_embeddings and not first:  # the last stage's own copy of the embedding
                 self.lm_head.weight = torch.nn.Parameter(gpt.transformer.wte.weight.detach()
                                                          .clone())
 
@@ -720,4 +779,4 @@ class _StageModule(torch.nn.Module):
 
 
 __all__ = ["ENGINES", "MAX_RANKS", "RankResult", "check_layout", "coords_of", "engine_of",
-           "free_port", "run_layout", "storage_bytes"]
+           "free_port", "run_each", "run_layout", "run_layouts", "storage_bytes"]

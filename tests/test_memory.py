@@ -173,7 +173,12 @@ def test_tp_pp_most_loaded_device():
 
 
 @pytest.mark.parametrize("args, option", [
-    (["--tp", "5"], "--tp"), (["--pp", "5"], "--pp"), (["--zero", "4"], "--zero"),
+    # gpt2's 12 blocks + the embedding and the head split over at most 14 stages (torchtitan)
+    (["--tp", "5"], "--tp"), (["--pp", "15"], "--pp"), (["--zero", "4"], "--zero"),
+    (["--pp", "2", "--pp-virtual", "2"], "--pp-virtual"),  # 1F1B runs one chunk per stage
+    (["--pp", "2", "--pp-schedule", "dualpipe"], "--pp-schedule"),
+    # 9 micro-batches in 2 rounds of 4 stages
+    (["--pp", "4", "--pp-schedule", "interleaved-1f1b", "--grad-accum", "9"], "--grad-accum"),
     (["--dp", "0"], "--dp"), (["--gpu-memory", "lots"], "--gpu-memory"),
     (["--context", "0"], "--context"), (["--grad-accum", "0"], "--grad-accum")])
 def test_cli_errors(args, option):

@@ -243,7 +243,10 @@ def test_memory_is_monotone_where_the_search_prunes(brute):
     for layout, by_b in peaks.items():
         n = BATCH // layout.dp
         below = [by_b[b] for b in sorted(by_b) if b < n]
-        assert below == sorted(below), layout  # grows with B at a given accumulation
+        # grows with B at a given accumulation; under a pipeline the accumulation is the
+        # schedule's micro-batches, whose logits and input gradients the last stage keeps:
+        # the search tries every B there
+        assert layout.pp > 1 or below == sorted(below), layout
         r = PLANNED_RECOMPUTE.index(layout.recompute)
         if r + 1 < len(PLANNED_RECOMPUTE):
             less = peaks[dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[r + 1])]

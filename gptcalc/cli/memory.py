@@ -14,6 +14,7 @@ from ..memory import MemoryReport, memory_report
 from ..memory.engines import engine_for
 from ..memory.reserved import (MAX_SIMULATED_BLOCKS, RESERVED_LINE, nvidia_smi_lines,
                                reserved_bytes)
+from ..schedules import pp_rank as pipeline_rank
 from ..units import binary_bytes
 from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit
@@ -73,7 +74,10 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
            "activations_paper": rep.activations_paper,
            "logits": rep.logits, "kv_cache": rep.kv_cache, "resident": rep.resident,
            "peak": rep.peak.bytes,
-           "peak_phase": rep.peak.phase, "peak_stage": rep.peak.stage,
+           "peak_phase": rep.peak.phase,
+           "peak_stage": rep.peak.stage if isinstance(rep.peak.stage, str) else "middle",
+           "peak_rank": pipeline_rank(setup, rep.peak.stage),
+           "stages": [s.as_dict() for s in rep.stages],
            "peak_phases": rep.peak.phases, "overhead": setup.overhead,
            "reserved": smi[RESERVED_LINE] if smi else None,
            "nvidia_smi": sum(smi.values()) if smi else None,
@@ -95,6 +99,15 @@ def _rows(lines: dict[str, int]) -> list[list[str]]:
     return [[k, f"{v:,}", binary_bytes(v)] for k, v in lines.items() if v]
 
 
+def _render_stages(setup: TrainingSetup, rep: MemoryReport) -> None:
+    rows = [[str(s.rank), str(s.layers), str(s.held_layers),
+             binary_bytes(s.weights + s.gradients + s.optimizer), binary_bytes(s.activations),
+             binary_bytes(s.peak), s.peak_phase] for s in rep.stages]
+    print_table(f"Pipeline stages ({setup.pp_schedule}), per device",
+                ["rank", "blocks", "blocks x micro-batches alive", "states", "activations", "peak",
+                 "peak phase"], rows)
+
+
 def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
             smi: dict[str, int] | None) -> None:
     print_line(assumptions(cfg, wl, setup))
@@ -104,7 +117,9 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
 
         print_line(recipe_line(*recipe))
     print_line(describe(cfg, wl))
-    stage = f", {rep.peak.stage} pipeline stage" if setup.pp > 1 else ""
+    stage = ""
+    if setup.pp > 1:
+        stage = f", pipeline rank {pipeline_rank(setup, rep.peak.stage)} (the most loaded)"
     rows = _rows({
         "weights": rep.weights, "gradients": rep.gradients, "optimizer": rep.optimizer,
         f"activations saved for backward ({setup.impl})": rep.activations,
@@ -143,6 +158,8 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
     if setup.lora_rank:
         print_table("Model states: the frozen base and the adapters", ["line", "bytes", "binary"],
                     _rows(rep.breakdown["state"]))
+    if rep.stages:
+        _render_stages(setup, rep)
     print_table(f"Saved activations ({setup.impl}), one line per saved tensor kind",
                 ["tensor", "bytes", "binary"], _rows(rep.breakdown["activations"]))
     if fit:

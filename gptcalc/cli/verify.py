@@ -9,6 +9,7 @@ import click
 
 from ..config import GPTConfig
 from ..errors import ConfigError, nonneg_int, positive_int
+from ..training_setup import PP_SCHEDULES
 from ..workload import Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
 from .extras import require
@@ -48,7 +49,12 @@ from .render import emit_json, envelope, print_line, print_table
               help="Tensor-parallel ranks (DTensor, Megatron's layout).")
 @click.option("--sp/--no-sp", default=False, help="Sequence parallel norms (with --tp).")
 @click.option("--pp", type=int, default=1, show_default=True,
-              help="Pipeline stages (torch.distributed.pipelining, 1F1B, pp micro-batches).")
+              help="Pipeline stages (torch.distributed.pipelining; micro-batches: --grad-accum "
+                   "when above 1, else pp).")
+@click.option("--pp-schedule", type=click.Choice(PP_SCHEDULES), default="1f1b",
+              show_default=True, help="The pipeline schedule, as `gptcalc memory` takes it.")
+@click.option("--pp-virtual", type=int, default=1, show_default=True,
+              help="Model chunks per pipeline stage (interleaved-1f1b, zero-bubble).")
 @click.option("--impl", type=click.Choice(["reference", "transformers"]), default="reference",
               show_default=True,
               help="The model trained by a distributed verify: this project's reference "
@@ -57,11 +63,12 @@ from .render import emit_json, envelope, print_line, print_table
 def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
             mode: str, optimizer: str, recompute: str, max_layers: int | None,
             dp: int, zero: int, engine: str | None, deepspeed_config: str | None, tp: int,
-            sp: bool, pp: int, impl: str, as_json: bool) -> int:
+            sp: bool, pp: int, pp_schedule: str, pp_virtual: int, impl: str,
+            as_json: bool) -> int:
     """Analytic params, FLOPs and memory against a real PyTorch GPT (fvcore, FlopCounterMode,
     saved_tensors_hooks, MemTracker); exit 1 if any check fails. With --dp, --tp or --pp above
     1: one training step per rank under FSDP2, ZeroRedundancyOptimizer, DDP, DTensor
-    tensor/sequence parallel or 1F1B pipelining, every rank's states, resident bytes, saved
+    tensor/sequence parallel or a pipeline schedule, every rank's states, resident bytes, saved
     activations, step peak and FLOPs checked."""
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp)):
         positive_int(name, value)
@@ -73,7 +80,8 @@ def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: 
 
         return run(cfg, wl, device=device, attn=attn, tensors=tensors, mode=mode,
                    optimizer=optimizer, recompute=recompute, max_layers=max_layers,
-                   layout=dict(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, engine=engine), impl=impl,
+                   layout=dict(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, pp_schedule=pp_schedule,
+                               pp_virtual=pp_virtual, engine=engine), impl=impl,
                    as_json=as_json, deepspeed_config=deepspeed_config)
     import torch
 

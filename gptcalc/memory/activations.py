@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from ..config import GPTConfig
+from ..schedules import Stage, holds_embedding, holds_head, stage_hold
 from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
@@ -163,24 +164,21 @@ def _tp_divisor(key: str, setup: TrainingSetup) -> int:
     return setup.tp
 
 
-def stage_in_flight(setup: TrainingSetup, stage: str) -> int:
-    """Micro-batches whose activations a pipeline stage holds at once under 1F1B: the first
-    stage pp (it runs pp forwards before its first backward), the last stage 1 (Narayanan et
-    al. 2021, sec. 2.2; Korthikanti et al. 2022, sec. 4.2.3)."""
-    return setup.pp if stage == "first" else 1
-
-
 def device_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                       stage: str = "first") -> dict[str, int]:
+                       stage: Stage = "first") -> dict[str, int]:
     """Saved-activation bytes one device of pipeline stage `stage` holds, by line.
 
     Tensor/sequence parallel: each line divided as `_tp_divisor` says (the paper's paper layer
-    total is split 10sbh by sp and 24sbh + 5as^2b by tp, as in its Table 2). Pipeline: a stage
-    holds L/pp layers of each of its `stage_in_flight` micro-batches; the embedding lines live on
-    the first stage, the final norm, lm_head input and cross entropy on the last.
+    total is split 10sbh by sp and 24sbh + 5as^2b by tp, as in its Table 2). Pipeline: at the
+    moment its schedule holds the most (`schedules.stage_hold`), a stage holds `held_layers`
+    block-micro-batches of the L blocks' lines (1F1B's first stage: pp micro-batches of L/pp
+    blocks, Narayanan et al. 2021, sec. 2.2; Korthikanti et al. 2022, sec. 4.2.3); the
+    embedding lines of its alive micro-batches on the first stage, the final norm, lm_head
+    input and cross entropy of its alive micro-batches on the last.
     """
     lines = saved_activations(cfg, workload, setup)
-    p, inflight = setup.pp, stage_in_flight(setup, stage)
+    p, L = setup.pp, cfg.n_layer
+    hold = stage_hold(cfg, workload, setup, stage)
     out: dict[str, int] = {}
     for key, nbytes in lines.items():
         if key == "layer/all":  # the paper's layer total: 10sbh by sp, the rest by tp
@@ -189,16 +187,19 @@ def device_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             split = (nbytes - plain) // setup.tp + plain // (setup.tp if setup.sp else 1)
             if setup.recompute == "full" and setup.sp:
                 split = nbytes // setup.tp
-            out[key] = split * inflight // p
+            out[key] = split * hold.held_layers // L
             continue
         if key.startswith(("layer/", "weight_copy/")) and not key.endswith("lm_head"):
-            nbytes = nbytes * inflight // p  # L/pp layers x micro-batches in flight
+            nbytes = nbytes * hold.held_layers // L  # the stage's blocks x micro-batches alive
         elif key.startswith(("embedding/", "input/idx")):
-            nbytes = nbytes * inflight if stage == "first" or p == 1 else 0
-        elif p > 1 and stage == "first":  # final norm, head, loss, targets: the last stage
+            nbytes = nbytes * hold.held_embedding if p == 1 or holds_embedding(setup, stage) \
+                else 0
+        elif p > 1 and not holds_head(setup, stage):  # final norm, head, loss, targets
             nbytes = 0
+        elif p > 1:
+            nbytes *= hold.held_head
         out[key] = nbytes // _tp_divisor(key, setup)
-    return place_checkpoints(cfg, setup, stage, out)
+    return place_checkpoints(cfg, workload, setup, stage, out)
 
 
 # a checkpointed block input's dimensions (b, S, E): deepspeed.checkpointing saves each
@@ -215,13 +216,13 @@ def checkpoint_placement(setup: TrainingSetup) -> tuple[bool, bool]:
             setup.recompute == "full" and bool(settings.get("cpu_checkpointing")))
 
 
-def _checkpoints(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
-    """Checkpointed block inputs one device of `stage` holds: L/pp blocks of each micro-batch
-    in flight."""
-    return cfg.n_layer // setup.pp * stage_in_flight(setup, stage)
+def _checkpoints(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage) -> int:
+    """Checkpointed block inputs one device of `stage` holds: its blocks of each micro-batch
+    alive at its fullest moment (`schedules.stage_hold`)."""
+    return stage_hold(cfg, workload, setup, stage).held_layers
 
 
-def place_checkpoints(cfg: GPTConfig, setup: TrainingSetup, stage: str,
+def place_checkpoints(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage,
                       lines: dict[str, int]) -> dict[str, int]:
     """`lines` with the block inputs full recomputation keeps placed as deepspeed.checkpointing
     places them (deepspeed/runtime/activation_checkpointing/checkpointing.py, 0.19,
@@ -234,7 +235,7 @@ def place_checkpoints(cfg: GPTConfig, setup: TrainingSetup, stage: str,
     if not (partitioned or on_host) or "layer/block_input" not in lines:
         return lines
     kept = lines["layer/block_input"] // (setup.tp if partitioned else 1)
-    placeholders = 4 * _checkpoints(cfg, setup, stage)
+    placeholders = 4 * _checkpoints(cfg, workload, setup, stage)
     return {**lines, "layer/block_input": placeholders + (0 if on_host else kept)}
 
 
@@ -252,7 +253,7 @@ def checkpoints_on_host(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
             "layer/block_input", 0) // (setup.tp if partitioned else 1)
     if partitioned:
         out["activation checkpoint sizes (partition_activations)"] = (
-            8 * CHECKPOINT_INPUT_DIMS * _checkpoints(cfg, setup, stage))
+            8 * CHECKPOINT_INPUT_DIMS * _checkpoints(cfg, workload, setup, stage))
     return out
 
 

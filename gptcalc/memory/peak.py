@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 from ..config import GATED_MLPS, GPTConfig
 from ..errors import ConfigError
+from ..schedules import Stage, holds_embedding, stage_hold
+from ..schedules import holds_head as stage_holds_head
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .activations import device_activations, saved_in, transformers_loss
@@ -44,7 +46,7 @@ from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUT
                      OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK,
                      RING_BACKWARD_BUFFERS, RING_FORWARD_BUFFERS, SAVED, SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger,
                      Phase)
-from .states import BNB_MIN_8BIT_SIZE, STAGES, StateBytes, largest_tensor
+from .states import BNB_MIN_8BIT_SIZE, StateBytes, largest_tensor
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class StepPeak:
 
     bytes: int
     phase: str  # the label of a `ledger.Phase`: "forward end", "backward start", ...
-    stage: str  # "first" or "last" pipeline stage (the same device when pp == 1)
+    stage: Stage  # "first", "last" or a middle pipeline rank (one device when pp == 1)
     why: str
     phases: dict[str, int]  # each phase's total, by label
     lines: dict[str, int] = field(default_factory=dict)  # the terms of the peak phase, by label
@@ -88,13 +90,15 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     return {"forward": 4 * n if autocast else 0, "backward": 2 * n * lp}
 
 
-def attention_backward_freed(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup) -> int:
+def attention_backward_freed(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup,
+                             blocks: int | None = None) -> int:
     """What one block's backward has released, per device, by the time its written-out
     attention core holds its score gradients: the dropped probabilities `att @ v` saved (its
     backward has run) and, in a block without experts whose MLP has its own input, everything
     the MLP side saved (ln_2, the MLP: its backward runs first, also in a parallel block, whose
-    MLP branch is made after the attention's). One block's share of `acts`' layer lines."""
-    per_block = max(1, cfg.n_layer // setup.pp)
+    MLP branch is made after the attention's). One block's share of `acts`' layer lines, which
+    hold `blocks` block-micro-batches (default L: one micro-batch of every block)."""
+    per_block = max(1, cfg.n_layer if blocks is None else blocks)
     freed = ["layer/attn/dropped"]
     if not (cfg.parallel_residual and cfg.shared_norm) and not cfg.n_expert:
         freed += [k for k in acts if k.startswith(("layer/ln_2/", "layer/mlp/"))]
@@ -186,14 +190,14 @@ def sdpa_math_output_transients(cfg: GPTConfig, workload: Workload, setup: Train
             + (N * cfg.n_embd * 4 if amp else 0))
 
 
-def saved_before_attention_core(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup
-                                ) -> int:
+def saved_before_attention_core(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup,
+                                blocks: int | None = None) -> int:
     """Saved bytes alive when the forward reaches the last block's attention core output, per
     device: the embeddings', every earlier block's, the last block's ln_1 and attention core
     (its input projection and amp's 16-bit copy of that projection's weight); not yet the
     output projection's input, the residual dropout, ln_2, the MLP, the head or the loss, nor
-    the batch (made before the step)."""
-    per_block = max(1, cfg.n_layer // setup.pp)
+    the batch (made before the step). `acts` hold `blocks` block-micro-batches (default L)."""
+    per_block = max(1, cfg.n_layer if blocks is None else blocks)
     later = ("layer/attn/out_input", "layer/attn/resid_dropout_mask", "weight_copy/attention/out")
     out = 0
     for k, v in acts.items():
@@ -215,9 +219,9 @@ def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -
         return 0
     from dataclasses import replace
 
-    def layer(s: TrainingSetup) -> int:
-        lines = device_activations(cfg, workload, s, "last")
-        return saved_in(lines, "layer") // (cfg.n_layer // setup.pp)
+    def layer(s: TrainingSetup) -> int:  # one block of one micro-batch, tp-sharded
+        lines = device_activations(cfg, workload, replace(s, pp=1, pp_virtual=1))
+        return saved_in(lines, "layer") // cfg.n_layer
     return max(0, layer(replace(setup, recompute="none")) - layer(setup))
 
 
@@ -359,11 +363,14 @@ def optimizer_in_backward(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     ledger.replace(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES, temps)
 
 
-def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
+def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
                  ) -> Ledger:
-    """Each moment's terms on one device of pipeline stage `stage`: the step's own, then the
-    engine's (`engines.adjust`). Under context parallel, the step of one rank's T/cp tokens
-    over states sharded on dp x cp ranks (`context_parallel.local_workload`, `sharding_setup`),
+    """Each moment's terms on one device of pipeline stage `stage` ("first", "last" or a
+    pipeline rank): the step's own, then the engine's and the pipeline schedule's
+    (`engines.adjust`). Under pipelining the moments are those of the micro-batch at which the
+    stage holds the most (`schedules.stage_hold`); the gradients of earlier micro-batches are
+    the schedule's terms. Under context parallel, the step of one rank's T/cp tokens over
+    states sharded on dp x cp ranks (`context_parallel.local_workload`, `sharding_setup`),
     then the ring attention's own moments (`ring_attention_phases`)."""
     if setup.cp == 1:
         return rank_ledger(cfg, workload, setup, stage)
@@ -411,8 +418,9 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     own tokens and sharding)."""
     st = state_bytes(cfg, setup, stage)
     acts = device_activations(cfg, workload, setup, stage)
+    blocks = stage_hold(cfg, workload, setup, stage).held_layers
     saved = sum(acts.values())
-    holds_head = setup.pp == 1 or stage == "last"
+    holds_head = setup.pp == 1 or stage_holds_head(setup, stage)
     # the logits as the loss reads them, and as the training loop holds them through backward
     alive = logits_alive(cfg, workload, setup)
     logits = alive["forward"] if holds_head else 0
@@ -423,7 +431,8 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     # the head's backward (final norm, lm_head) runs before any block's and frees its inputs
     head_saved = saved_in(acts, "final")
     # with gradient accumulation the gradients of earlier micro-batches are alive throughout
-    grads_early = st.gradients if workload.grad_accum > 1 else 0
+    # (under pipelining --grad-accum counts the schedule's micro-batches: `pipeline_adjust`)
+    grads_early = st.gradients if workload.grad_accum > 1 and setup.pp == 1 else 0
     base = {WEIGHTS: st.weights, OPTIMIZER_STATES: st.optimizer, OVERHEAD: setup.overhead}
     engine = engine_for(setup)
     head_grads = 0
@@ -435,7 +444,7 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     # a tied token embedding's backward makes its own gradient and sums it with the lm_head's
     # out of place (AccumulateGrad): two V x E tensors in flight at the end of backward
     tied_grad = 0
-    if cfg.tie_embeddings and stage == "first" and not setup.lora_rank:
+    if cfg.tie_embeddings and holds_embedding(setup, stage) and not setup.lora_rank:
         shard = -(-cfg.vocab_size // setup.tp) * cfg.n_embd
         tied_grad = 2 * setup.weight_bytes * -(-shard // (setup.dp if setup.zero >= 2 else 1))
     ledger = Ledger()
@@ -450,7 +459,7 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
         RECOMPUTED_BLOCK: recomputed_block(cfg, workload, setup),
         GRADIENTS: max(grads_early, head_grads),
         BLOCK_GRADIENTS: block_backward_transients(
-            cfg, workload, setup, attention_backward_freed(cfg, acts, setup))})
+            cfg, workload, setup, attention_backward_freed(cfg, acts, setup, blocks))})
     ledger.open(Phase.BACKWARD_END, {
         **base, GRADIENTS: st.gradients, TIED_EMBEDDING_GRADIENT: tied_grad, LOGITS: kept,
         EMBEDDING_INPUTS: saved_in(acts, "embedding", "input")})
@@ -461,7 +470,8 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     if sdpa_math_path_16bit(cfg, setup):
         # inside the last block's forward; the engine's forward-end terms apply here too
         ledger.open(Phase.ATTENTION_CORE, {
-            **base, SAVED_TO_ATTENTION_CORE: saved_before_attention_core(cfg, acts, setup),
+            **base, SAVED_TO_ATTENTION_CORE: saved_before_attention_core(cfg, acts, setup,
+                                                                  blocks),
             ATTENTION_CORE_TRANSIENTS: sdpa_math_output_transients(cfg, workload,
                                                                    setup) // setup.tp,
             GRADIENTS_ACCUMULATING: grads_early})
@@ -474,13 +484,46 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     return ledger
 
 
+def pipeline_ranks(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                   ) -> list[Stage]:
+    """The pipeline ranks whose peaks can differ, one of each kind: ranks with the same blocks,
+    the same micro-batches alive at their heaviest moment and neither the embedding nor the
+    head hold the same bytes (1F1B's middle ranks differ in what they hold; GPipe's do not).
+    The first and last are "first" and "last"."""
+    if setup.pp == 1:
+        return ["first"]
+    out: list[Stage] = ["first"]
+    seen = set()
+    for r in range(1, setup.pp - 1):
+        h = stage_hold(cfg, workload, setup, r)
+        key = (h.layers, h.held_layers, h.backward_done)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out + ["last"]
+
+
+def stage_why(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage) -> str:
+    """Why a pipeline stage is the most loaded, in words."""
+    h = stage_hold(cfg, workload, setup, stage)
+    name = stage if isinstance(stage, str) else f"rank {stage}"
+    parts = [f"{h.layers} blocks", f"{h.held_layers} block-micro-batches of activations alive "
+             f"under {setup.pp_schedule} ({h.micro_batches} micro-batches)"]
+    if stage_holds_head(setup, stage):
+        parts.append("the logits and the lm_head")
+    elif holds_embedding(setup, stage):
+        parts.append("the embeddings")
+    return f"the {name} pipeline stage is the most loaded (it holds {', '.join(parts)})"
+
+
 def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-              stage: str | None = None) -> StepPeak:
+              stage: Stage | None = None) -> StepPeak:
     """The peak of one training step on the most loaded device: the largest phase of
-    `stage_ledger` over the first and last pipeline stage (the first holds pp micro-batches of
-    activations, the last the logits and the head); on a device of `stage` when given."""
+    `stage_ledger` over the pipeline ranks (`pipeline_ranks`: the first holds the most
+    micro-batches of activations under 1F1B, the last the logits and the head); on a device of
+    `stage` when given."""
     best: StepPeak | None = None
-    stages = (stage,) if stage else STAGES if setup.pp > 1 else ("first",)
+    stages = (stage,) if stage is not None else pipeline_ranks(cfg, workload, setup)
     for stage in stages:
         ledger = stage_ledger(cfg, workload, setup, stage)
         totals = {p: ledger.total(p) for p in ledger.phases}
@@ -488,9 +531,7 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         if best is None or totals[phase] > best.bytes:
             why = phase.why
             if setup.pp > 1:
-                why += (f"; the {stage} pipeline stage is the most loaded ("
-                        + ("it holds pp micro-batches of activations in flight under 1F1B)"
-                           if stage == "first" else "it holds the logits and the lm_head)"))
+                why += "; " + stage_why(cfg, workload, setup, stage)
             best = StepPeak(bytes=totals[phase], phase=phase.label, stage=stage, why=why,
                             phases={p.label: v for p, v in totals.items()},
                             lines=ledger.labelled()[phase.label])

@@ -12,6 +12,8 @@ from ..errors import ConfigError, positive_int
 from ..families import modern_switches
 from ..inference.kv import kv_cache_bytes
 from ..layers import global_layers
+from ..schedules import check_pipeline, stage_hold
+from ..schedules import holds_head as stage_holds_head
 from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
@@ -20,6 +22,7 @@ from .activations import (activations_paper, check_profile, checkpoints_on_host,
 from .context_parallel import check_context_parallel, local_workload, sharding_setup
 from .peak import StepPeak, step_peak
 from .engines import engine_for, host, resident, state_bytes
+from .engines.shards import stage_of
 from .states import STAGES, stage_params
 
 
@@ -31,10 +34,10 @@ LORA_MEASURED_SWITCHES = ("sliding windows", "a shared parallel norm")
 
 
 def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
-    """Parallel sizes must divide what they shard (Megatron-LM's and the 1F1B schedule's
-    rules); data parallelism shards nothing of the micro-batch, so any dp is valid. The
-    engine must run the set-up (`engines.engine_for`), context parallel torch's ring
-    (`context_parallel.check_context_parallel`)."""
+    """Parallel sizes must divide what they shard (Megatron-LM's rules; the pipeline
+    schedules' in `schedules.check_pipeline`); data parallelism shards nothing of the
+    micro-batch, so any dp is valid. The engine must run the set-up (`engines.engine_for`),
+    context parallel torch's ring (`context_parallel.check_context_parallel`)."""
     engine = engine_for(setup)
     validate_workload(cfg, workload)
     check_context_parallel(cfg, workload, setup, engine.context_parallel)
@@ -48,8 +51,7 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
         raise ConfigError("sp", f"sequence parallel needs tp {t} to divide seq_len "
                                 f"{workload.seq_len}" + (f" / cp = {local}" if setup.cp > 1
                                                          else ""))
-    if cfg.n_layer % p:
-        raise ConfigError("pp", f"pp {p} does not divide n_layer {cfg.n_layer}")
+    check_pipeline(cfg, workload, setup)
     if setup.lora_rank and (t > 1 or p > 1):
         raise ConfigError("lora_rank", "LoRA memory is modelled with data parallelism (and ZeRO) "
                                        "only, not with tp or pp")
@@ -105,6 +107,8 @@ class MemoryReport:
     breakdown: dict[str, dict[str, int]]
     # what the host holds for the device, by line (DeepSpeed's offloaded states; {} without)
     host: dict[str, int] = field(default_factory=dict)
+    # every pipeline rank's figures (`pipeline_stages`); [] without pipelining
+    stages: list[StageFigures] = field(default_factory=list)
 
     @property
     def host_total(self) -> int:
@@ -117,6 +121,44 @@ class MemoryReport:
         return {"weights": self.weights, "gradients": self.gradients,
                 "optimizer": self.optimizer, "activations": self.activations + self.weight_copies,
                 "logits": self.logits}
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """One pipeline rank's blocks, what its schedule keeps alive, its states and its peak."""
+
+    rank: int
+    layers: int  # blocks the rank holds (all its virtual stages)
+    held_layers: int  # block-micro-batches alive at its heaviest moment
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for backward then (autocast's weight copies included)
+    peak: int
+    peak_phase: str
+
+    def as_dict(self) -> dict[str, int | str]:
+        return dict(vars(self))
+
+
+def pipeline_stages(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                    ) -> list[StageFigures]:
+    """Every pipeline rank's `StageFigures`, rank 0 first; [] without pipelining."""
+    if setup.pp == 1:
+        return []
+    out = []
+    for r in range(setup.pp):
+        stage = stage_of(setup, r)
+        hold = stage_hold(cfg, workload, setup, stage)
+        st = state_bytes(cfg, setup, stage)
+        acts = device_activations(cfg, workload, setup, stage)
+        peak = step_peak(cfg, workload, setup, stage=stage)
+        out.append(StageFigures(
+            rank=r, layers=hold.layers, held_layers=hold.held_layers,
+            weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
+            activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
+            peak=peak.bytes, peak_phase=peak.phase))
+    return out
 
 
 def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
@@ -136,7 +178,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
     acts = {k: v for k, v in acts.items() if k not in copies}
     paper = activations_paper(cfg, workload, setup)
-    holds_head = setup.pp == 1 or peak.stage == "last"
+    holds_head = setup.pp == 1 or stage_holds_head(setup, peak.stage)
     logits = logits_bytes(cfg, workload, setup) if holds_head else 0
     kept = resident(cfg, setup, peak.stage)
     kv = kv_cache_bytes(cfg, workload.batch_size, ctx, serving_dtype_bytes(setup), setup.tp,
@@ -151,6 +193,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
         host={**host(cfg, setup, peak.stage),
               **checkpoints_on_host(cfg, workload, setup, peak.stage)},
+        stages=pipeline_stages(cfg, workload, setup),
     )
 
 
@@ -178,7 +221,7 @@ def max_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget
     return t * (largest_fitting(lambda k: fits(k * t), 1) if fits(t) else 0)
 
 
-__all__ = ["MemoryReport", "STAGES", "max_batch", "max_seq_len", "memory_report",
+__all__ = ["MemoryReport", "STAGES", "StageFigures", "pipeline_stages", "max_batch", "max_seq_len", "memory_report",
            "validate_setup"]
 
 

@@ -13,6 +13,7 @@ from typing import Iterable
 from ..config import GPTConfig
 from ..training_setup import TrainingSetup
 from ..inventory import ParamTensor, inventory, tied_head_weight
+from ..schedules import Stage, holds_embedding, holds_head, stage_layers
 
 # Optimizer state bytes per parameter of the optimizers whose states are elementwise. fp32 and
 # amp: exp_avg + exp_avg_sq in fp32 (AdamW), momentum_buffer (SGD with momentum), exp_avg (Lion,
@@ -174,25 +175,30 @@ def zero_bytes_per_param(setup: TrainingSetup, n_params: int) -> dict[str, int]:
     }
 
 
-def stage_tensors(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> list[ParamTensor]:
-    """The parameter tensors one device of pipeline stage `stage` ("first" or "last") holds.
+def stage_tensors(cfg: GPTConfig, setup: TrainingSetup, stage: Stage) -> list[ParamTensor]:
+    """The parameter tensors one device of pipeline stage `stage` ("first", "last" or a
+    pipeline rank) holds.
 
-    Expert parallelism keeps n_expert / ep of each MoE block's routed experts. Each stage holds
-    L/pp blocks; the first also the embeddings, the last the final norm and the
-    lm_head. With tied embeddings and pp > 1 the last stage keeps its own copy of the token
-    embedding for the head (Megatron-LM's word-embedding copy on the last stage). With pp = 1
-    both names are the one device.
+    Expert parallelism keeps n_expert / ep of each MoE block's routed experts. Each rank holds
+    its chunks' blocks (`schedules.stage_layers`: L/pp, or torchtitan's split where pp x
+    virtual stages do not divide L); a block kind on only some blocks (MoE, sliding) is counted
+    pro rata, t.layers x blocks / L. The first rank also holds the embeddings, the last the
+    final norm and the lm_head. With tied embeddings and pp > 1 the last stage keeps its own
+    copy of the token embedding for the head (Megatron-LM's word-embedding copy on the last
+    stage). With pp = 1 both names are the one device.
     """
     p, out = setup.pp, []
+    blocks, L = stage_layers(cfg, setup, stage), cfg.n_layer
     for t in inventory(cfg):
         if t.expert and setup.ep > 1:  # expert parallelism: n_expert / ep experts per rank
             t = replace(t, copies=t.copies // setup.ep)
         if t.place == "block":
-            out.append(replace(t, layers=t.layers // p))
-        elif p == 1 or (t.place == "embedding") == (stage == "first"):
+            out.append(replace(t, layers=t.layers * blocks // L))
+        elif p == 1 or (holds_embedding(setup, stage) if t.place == "embedding"
+                        else holds_head(setup, stage)):
             out.append(t)
     tied = tied_head_weight(cfg)
-    if p > 1 and stage == "last" and tied is not None:
+    if p > 1 and holds_head(setup, stage) and tied is not None:
         out.append(tied)
     return out
 
@@ -213,7 +219,7 @@ def stage_params(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, dict[str, in
 class StateBytes:
     """Weights, gradients and optimizer states of one device, with what each line holds."""
 
-    stage: str  # "first" or "last" pipeline stage (the same device when pp == 1)
+    stage: Stage  # "first", "last" or a pipeline rank (the same device when pp == 1)
     params: int  # parameters held by the device before ZeRO sharding
     weights: int
     gradients: int

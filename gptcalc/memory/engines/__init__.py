@@ -21,6 +21,7 @@ import pkgutil
 from dataclasses import replace
 
 from ...config import GPTConfig
+from ...schedules import Stage, micro_batches, stage_layers
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import Ledger
@@ -40,13 +41,13 @@ def rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStat
     return engine_for(setup).rank_states(cfg, setup, rank)
 
 
-def peak_rank(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
+def peak_rank(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") -> int:
     """The global rank of pipeline stage `stage` holding the most state bytes
     (`Engine.peak_rank`)."""
     return engine_for(setup).peak_rank(cfg, setup, stage)
 
 
-def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> StateBytes:
+def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") -> StateBytes:
     """Weights, gradients and optimizer states on the most loaded device of `stage`, exact.
 
     Tensor and pipeline parallelism split the inventory (`states.stage_params`); the engine
@@ -99,14 +100,14 @@ def adjust(ledger: Ledger, step: Step) -> None:
     pipeline_adjust(ledger, step)
 
 
-def host(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> dict[str, int]:
+def host(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") -> dict[str, int]:
     """Bytes the host holds for the most loaded rank of `stage`, by line (`Engine.host`:
     DeepSpeed's offloaded states); {} when nothing is offloaded."""
     engine = engine_for(setup)
     return engine.host(cfg, setup, engine.peak_rank(cfg, setup, stage))
 
 
-def resident(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first",
+def resident(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first",
              rank: int | None = None) -> dict[str, int]:
     """Bytes one device keeps between optimizer steps, by line: weights, optimizer states, the
     gradients the engine keeps (DDP's buckets, Megatron-LM's main-gradient buffer) and its
@@ -126,8 +127,9 @@ def rank_training_flops(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     FlopCounterMode counts them on its local shards.
 
     Blocks: `count_flops`' per-sequence total less the lm_head, times the micro-batch, divided
-    by tp (heads and d_ff are split evenly) and by pp (L/pp blocks per stage), times the
-    micro-batches a stage runs (pp under 1F1B, 1 otherwise). lm_head: on the last stage, its
+    by tp (heads and d_ff are split evenly), times the share of the L blocks the rank's
+    pipeline stage holds (`schedules.stage_layers`), times the micro-batches a pipeline step
+    runs (`schedules.micro_batches`; 1 without pipelining). lm_head: on the last stage, its
     share of the vocabulary rows as torch.chunk splits them (V/tp need not be whole)."""
     from ...flops import count_flops
 
@@ -135,9 +137,9 @@ def rank_training_flops(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     head = sum(part.get("lm_head", 0) for part in (fc.forward, fc.backward, fc.recompute))
     blocks = fc.hardware_total - head
     pp_rank, _, tp_rank = coords(rank, setup)
-    micro = setup.pp if setup.pp > 1 else 1
+    micro = micro_batches(workload, setup) if setup.pp > 1 else 1
     b = workload.batch_size * micro
-    total = b * blocks // (setup.tp * setup.pp)
+    total = b * blocks * stage_layers(cfg, setup, pp_rank) // (setup.tp * cfg.n_layer)
     if pp_rank == setup.pp - 1:
         V = cfg.vocab_size
         total += b * head * chunk_rows(V, setup.tp, tp_rank) // V

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from ...config import GPTConfig
+from ...schedules import Stage
 from ...errors import ConfigError, one_of
 from ...training_setup import TrainingSetup
 from ...workload import Workload
@@ -45,7 +46,7 @@ class Step:
     cfg: GPTConfig
     workload: Workload
     setup: TrainingSetup
-    stage: str
+    stage: Stage
     logits: int
     gradients: int
     forward_tensors: Mapping[Term, int]
@@ -66,6 +67,9 @@ class Engine:
     default_impl: ClassVar[str | None] = None
     # whether its training loop holds the logits through backward (with its default_impl)
     loop_keeps_logits: ClassVar[bool] = True
+    # its pipeline stages are torch.distributed.pipelining's, with their receive buffers
+    # (`engines.pipeline.receive_buffers`); False: the engine runs its own schedule
+    torch_pipelining: ClassVar[bool] = True
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise ConfigError (naming the option) for a set-up the engine does not run."""
@@ -96,7 +100,7 @@ class Engine:
         """The states of `rank`: DTensor's tensor-parallel shards (`shards.tp_rank_states`)."""
         return tp_rank_states(cfg, setup, rank)
 
-    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
+    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage) -> int:
         """The global rank of `stage` holding the most state bytes: its first (the first dp
         rank owns the most rows of every split)."""
         return first_rank(setup, stage)
@@ -133,6 +137,13 @@ class Engine:
         """Whether the lm_head's gradient is reduced to a 1/dp partition as backward makes it
         (ZeRO-2 and up)."""
         return setup.zero >= 2
+
+    def pipeline_accumulation(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                              ) -> dict[Term, int] | None:
+        """Under a pipeline, what the engine holds across micro-batches once a stage's first
+        backward has run, as terms; None: the stage's gradients, as the engine keeps them
+        (`engines.pipeline.pipeline_adjust`)."""
+        return None
 
     def adjust(self, ledger: Ledger, step: Step) -> None:
         """Add or replace the engine's own terms at each moment of the step; none by

@@ -7,6 +7,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 from ...config import GPTConfig
+from ...schedules import Stage
 from ...training_setup import TrainingSetup
 from ..ledger import STEADY_PHASES, Ledger, Term
 from .base import Engine, Step, engine_for, register
@@ -15,7 +16,7 @@ from .shards import coords, first_rank, stage_of, tp_rank_states
 BUCKETS = Term("DDP gradient buckets (a second copy of the gradients)")
 
 
-def ddp_gradient_buckets(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
+def ddp_gradient_buckets(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") -> int:
     """Bytes of DistributedDataParallel's gradient buckets on one rank: the reducer allocates
     flat bucket buffers for every parameter that requires a gradient at construction
     (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb 25, the first bucket 1 MB) and,

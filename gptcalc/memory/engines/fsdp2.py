@@ -19,6 +19,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 from ...config import GPTConfig
+from ...schedules import Stage, holds_head, stage_hold, stage_layers
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ...inventory import ParamTensor
@@ -93,7 +94,7 @@ def _padded_elements(t: ParamTensor, setup: TrainingSetup) -> int:
     return rows_times_rest(shape, padded_rows(shape[0], setup.dp) * setup.dp)
 
 
-def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
                              ) -> dict[str, int]:
     """Elements FSDP2 all-gathers, per group: `root` (everything outside the blocks:
     embeddings, final norm, head; `fully_shard` at the root groups them) and `block` (one
@@ -102,13 +103,13 @@ def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: str = 
     for t in stage_tensors(cfg, setup, stage):
         n = _padded_elements(t, setup) * t.copies
         if t.place == "block":
-            block += n * t.layers // max(1, cfg.n_layer // setup.pp)
+            block += n * t.layers // max(1, stage_layers(cfg, setup, stage))
         else:
             root += n
     return {"root": root, "block": block}
 
 
-def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
                     ) -> dict[str, int]:
     """Bytes of `fsdp2_unsharded_elements` in the unsharded parameters' dtype."""
     ub = unsharded_bytes(setup)
@@ -130,10 +131,29 @@ LAST_BLOCK_GRADIENTS = Term("FSDP2 unsharded gradients of the last block")
 LAST_BLOCK_REDUCE = Term("FSDP2 reduce-scatter input of the last block")
 REDUCE_CAST = Term("FSDP2 reduce-scatter copy-in's cast (CPU)")
 ROOT_REGATHERED = Term("FSDP2 root all-gather output (re-gathered for backward)")
+PIPELINE_GRADIENTS = Term("FSDP2 unsharded gradients accumulating over micro-batches "
+                          "(reduce-scatter deferred to the last)")
+
+
+def fsdp2_pipeline_accumulation(cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                                ) -> dict[Term, int]:
+    """What FSDP2 holds across micro-batches under torch.distributed.pipelining once a stage's
+    first backward has run. Before each micro-batch's backward the stage calls
+    `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)`
+    (`_PipelineStageBase.backward_maybe_with_nosync`), and reduce-scatters and reshards only
+    after the last (`perform_reduce_grad`; torch/distributed/pipelining/stage.py, torch 2.13):
+    every parameter of the stage keeps an unsharded gradient, accumulated in reduce_dtype when
+    it differs from the gradient's (`FSDPParam.to_accumulated_grad_if_needed`), and every
+    block stays unsharded (`fsdp2_adjust` counts them as ZeRO-2's `BLOCKS_KEPT`). The padded
+    unsharded elements of `fsdp2_unsharded_elements`, the root's included."""
+    el = fsdp2_unsharded_elements(cfg, setup, stage)
+    blocks = stage_layers(cfg, setup, stage)
+    grad = reduce_bytes(setup) if setup.mode == "mixed" else unsharded_bytes(setup)
+    return {PIPELINE_GRADIENTS: grad * (el["root"] + el["block"] * blocks)}
 
 
 def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                               stage: str = "first") -> dict[Term, int]:
+                               stage: Stage = "first") -> dict[Term, int]:
     """The moment after the last block's backward, as FSDP2's post-backward hook copies its
     unsharded gradients into the reduce-scatter input (torch.distributed.fsdp's
     `foreach_reduce`): the block's saved activations and parameters are freed, its unsharded
@@ -147,12 +167,12 @@ def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     from ..activations import device_activations, saved_in
 
     acts = device_activations(cfg, workload, setup, stage)
-    blocks = cfg.n_layer // setup.pp
-    layer = saved_in(acts, "layer") // blocks
+    blocks = stage_layers(cfg, setup, stage)
+    layer = saved_in(acts, "layer") // max(1, stage_hold(cfg, workload, setup, stage).held_layers)
     loss = saved_in(acts, "cross_entropy")
     el = fsdp2_unsharded_elements(cfg, setup, stage)
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
-    head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if stage == "last" or setup.pp == 1 else 0
+    head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if holds_head(setup, stage) else 0
     cast = rb * el["block"] if setup.device == "cpu" and ub != rb else 0
     return {SAVED: sum(acts.values()) - loss - layer,
             GRADIENTS: ub * head,
@@ -199,12 +219,17 @@ def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
     el = fsdp2_unsharded_elements(cfg, setup, stage)
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
     root, block = ub * el["root"], ub * el["block"]
-    z3 = setup.zero == 3
-    held = cfg.n_layer // setup.pp * block if setup.zero == 2 else 0
+    # under a pipeline the blocks stay unsharded from the stage's first backward to the end of
+    # the step (`fsdp2_pipeline_accumulation`): ZeRO-3 then holds what ZeRO-2 holds, and a
+    # forward all-gathers nothing more (measured: the same peak at ZeRO-2 and ZeRO-3)
+    deferred = setup.pp > 1 and stage_hold(cfg, step.workload, setup, stage).backward_done
+    z3 = setup.zero == 3 and not deferred
+    held = stage_layers(cfg, setup, stage) * block if setup.zero == 2 or deferred else 0
+    gathered = 0 if deferred or (setup.pp > 1 and setup.zero == 2) else block
     for phase in ledger.forward_phases():
         ledger.add(phase, ROOT_PARAMETERS, root)
         ledger.add(phase, BLOCKS_KEPT, held)
-        ledger.add(phase, LAST_BLOCK_KEPT, block)
+        ledger.add(phase, LAST_BLOCK_KEPT, gathered)
     ledger.add(Phase.BACKWARD_START, ROOT_PARAMETERS, root)
     ledger.add(Phase.BACKWARD_START, BLOCKS_KEPT, held)
     ledger.add(Phase.BACKWARD_START, LAST_BLOCK_PREFETCH, block if z3 else 0)
@@ -275,12 +300,16 @@ class FSDP2(Engine):
         """FSDP2 keeps the root's gradients unsharded until the root's reduce-scatter."""
         return False
 
+    def pipeline_accumulation(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                              ) -> dict[Term, int] | None:
+        return fsdp2_pipeline_accumulation(cfg, setup, stage) if setup.dp > 1 else None
+
     def adjust(self, ledger: Ledger, step: Step) -> None:
         fsdp2_adjust(ledger, step)
 
 
 register(FSDP2())
 
-__all__ = ["FSDP2", "fsdp2_adjust", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
+__all__ = ["FSDP2", "fsdp2_adjust", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
            "fsdp2_resident", "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes",
            "reduce_bytes", "sharded_bytes", "unsharded_bytes"]

@@ -22,6 +22,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 from ...config import GPTConfig
+from ...schedules import Stage
 from ...errors import ConfigError
 from ...training_setup import TrainingSetup
 from ..ledger import (GRADIENTS, GRADIENTS_ACCUMULATING, Phase, Ledger, Term)
@@ -90,6 +91,9 @@ class Megatron(Engine):
     # the loss from GPTModel.forward, whose logits die with it
     default_impl = "megatron-core"
     loop_keeps_logits = False
+    # Megatron-LM runs its own schedules (megatron/core/pipeline_parallel/schedules.py): the
+    # micro-batches alive are counted as torch's (`gptcalc.schedules`), its p2p tensors not
+    torch_pipelining = False
 
     def check(self, setup: TrainingSetup) -> None:
         super().check(setup)
@@ -119,6 +123,12 @@ class Megatron(Engine):
     def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
         """The main gradients are the gradients: no separate fp32 copy for the masters."""
         return 0
+
+    def pipeline_accumulation(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                              ) -> dict[Term, int] | None:
+        """Every micro-batch's gradient is added into the main-gradient buffer, which `adjust`
+        counts at every moment already: nothing more across micro-batches."""
+        return {}
 
     def adjust(self, ledger: Ledger, step: Step) -> None:
         """The main-gradient buffer is allocated once and lives through every moment: before

@@ -13,6 +13,8 @@ from ...config import GPTConfig
 from ...errors import ConfigError
 from ...training_setup import TrainingSetup
 from ...inventory import ParamTensor
+from ...schedules import Stage
+from ...schedules import pp_rank as schedule_rank
 from ..states import (muon_optimizer_bytes, optimizer_fixed_bytes, stage_tensors,
                       step_counter_bytes, tensor_optimizer_bytes)
 
@@ -70,22 +72,21 @@ def coords(rank: int, setup: TrainingSetup) -> tuple[int, int, int]:
     return rank // (setup.dp * setup.tp), rank // setup.tp % setup.dp, rank % setup.tp
 
 
-def stage_of(setup: TrainingSetup, pp_rank: int) -> str:
-    """The pipeline stage name ("first" or "last") whose tensors `pp_rank` holds."""
-    return "last" if setup.pp > 1 and pp_rank == setup.pp - 1 else "first"
+def stage_of(setup: TrainingSetup, pp_rank: int) -> Stage:
+    """The pipeline stage of `pp_rank`: "first" (rank 0), "last" (pp - 1) or the rank."""
+    if setup.pp > 1 and pp_rank == setup.pp - 1:
+        return "last"
+    return "first" if pp_rank == 0 else pp_rank
 
 
-def first_rank(setup: TrainingSetup, stage: str) -> int:
+def first_rank(setup: TrainingSetup, stage: Stage) -> int:
     """The lowest global rank of pipeline stage `stage`."""
-    return (setup.pp - 1 if stage == "last" else 0) * setup.dp * setup.tp
+    return schedule_rank(setup, stage) * setup.dp * setup.tp
 
 
 def stage_list(cfg: GPTConfig, setup: TrainingSetup, pp_rank: int) -> list[ParamTensor]:
     """The tensors of pipeline rank `pp_rank` (middle stages: blocks only)."""
-    tensors = stage_tensors(cfg, setup, stage_of(setup, pp_rank))
-    if 0 < pp_rank < setup.pp - 1:
-        tensors = [t for t in tensors if t.place == "block"]
-    return tensors
+    return stage_tensors(cfg, setup, stage_of(setup, pp_rank))
 
 
 def step_counters(setup: TrainingSetup, tensors: int) -> int:

@@ -13,6 +13,7 @@ import functools
 import heapq
 
 from ...config import GPTConfig
+from ...schedules import Stage
 from ...training_setup import TrainingSetup
 from ..states import SHAPED_OPTIMIZERS, optimizer_bytes_per_param, stage_tensors
 from .base import Engine, register
@@ -49,7 +50,7 @@ def zero1_partition(sizes: tuple[int, ...], world: int) -> tuple[tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=64)
-def _zero1_shapes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+def _zero1_shapes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
                   ) -> tuple[tuple[int, ...], ...]:
     """The shape of every parameter tensor of `stage` (its tensor-parallel shard), in
     inventory order."""
@@ -60,7 +61,7 @@ def _zero1_shapes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
 
 
 @functools.lru_cache(maxsize=64)
-def _zero1_sizes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first"
+def _zero1_sizes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
                  ) -> tuple[int, ...]:
     return tuple(tensor_sizes(stage_tensors(cfg, setup, stage), setup.tp))
 
@@ -84,14 +85,14 @@ def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> Ra
                       "ZeroRedundancyOptimizer: whole tensors assigned greedily by size")
 
 
-def zero1_most_loaded(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
+def zero1_most_loaded(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") -> int:
     """The data-parallel rank holding the most optimizer elements under `zero1_partition`."""
     sizes = _zero1_sizes(cfg, setup, stage)
     loads = {r: sum(sizes[i] for i in o) for r, o in zero1_owned(sizes, setup.dp).items()}
     return max(sorted(loads), key=loads.__getitem__, default=0)
 
 
-def zero1_peak_rank(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") -> int:
+def zero1_peak_rank(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") -> int:
     """The global rank of `stage` whose states are the largest (the most loaded dp rank)."""
     return first_rank(setup, stage) + zero1_most_loaded(cfg, setup, stage) * setup.tp
 
@@ -116,7 +117,7 @@ class ZeroRedundancy(Engine):
     def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
         return zero1_rank_states(cfg, setup, rank)
 
-    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: str) -> int:
+    def peak_rank(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage) -> int:
         return zero1_peak_rank(cfg, setup, stage)
 
     def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
