@@ -83,6 +83,54 @@ def test_pool_against_a_published_llama2_7b_log():
     _check_log(out, None, 7351)
 
 
+# vLLM's "Model loading took" holds the rotary embedding's cos/sin table besides the
+# parameters: max_position_embeddings x rotary_dim in the model dtype, shared by the layers
+# (vllm/model_executor/layers/rotary_embedding.py, `RotaryEmbedding.__init__`), which the
+# weights leave out. Qwen3-30B-A3B: 40,960 x 128 x 2 bytes = 10 MiB, 0.07% of 14.25 GiB.
+WEIGHTS_LOG_TOLERANCE = 0.001
+QWEN3_235B_FP8 = os.path.join(os.path.dirname(__file__), "quantized", "qwen3-235b-a22b-fp8.json")
+
+
+def test_moe_weights_against_a_published_vllm_log():
+    # https://github.com/vllm-project/vllm/issues/17469 (vLLM 0.8.5, Qwen/Qwen3-30B-A3B, bf16,
+    # four A10 at tp 4): every worker logs "Model loading took 14.2474 GiB"
+    out = serve_json("--preset", "qwen3-30b-a3b", "--tp", "4", "--gpu", "a10g",
+                     "--engine-version", "0.8.5")
+    assert out["weights"] / GiB == pytest.approx(14.2474, rel=WEIGHTS_LOG_TOLERANCE)
+    # within the tolerance only with the 48 routers, Linear(2048, 128), whole on every GPU
+    # (vLLM's ReplicatedLinear): split four ways, the weights would be 18 MiB (0.12%) fewer
+
+
+# SGLang's pool is what is left of total x mem_fraction_static after everything the process
+# holds: its non-torch term is the CUDA context, NCCL's and the custom all-reduce's buffers,
+# which one SGLang rank logs as "Init torch distributed ends. mem usage=2.01 GB" (8 x H200,
+# tp 8: https://github.com/sgl-project/sglang/pull/11716). Taken for the 4 x H100 of the logs
+# below, the SGLang pool agrees within 0.5%.
+SGLANG_TP_NON_TORCH = "2.01GiB"
+# The vLLM log of the same set-up prints only the pool; with the non-torch term SGLang's rank
+# logs, `serve` is 6% above it (8.58 against 8.11 GiB), 7% in tokens (the log's blocks are
+# the smallest pool of the four workers, its "Available KV cache memory" one worker's).
+# The log was taken with an LMCache connector, and the non-torch memory of a vLLM worker at
+# tp 4 on H100 is not logged (vLLM logs 3.58 GiB at tp 2: vllm-project/vllm pull 10511).
+MOE_VLLM_LOG_TOLERANCE = 0.08
+
+
+@pytest.mark.parametrize("engine,args,kv_gib,tokens,tolerance", [
+    # https://github.com/vllm-project/vllm/issues/21348 (Qwen3-235B-A22B-FP8, 4 x H100,
+    # tp 4, July 2025: vLLM 0.9.2, V1): "Available KV cache memory: 8.11 GiB",
+    # "GPU KV cache size: 178,880 tokens"
+    ("vllm", ["--engine-version", "0.9.2"], 8.11, 178_880, MOE_VLLM_LOG_TOLERANCE),
+    # the same issue, SGLang with --mem-fraction-static 0.93: "KV Cache is allocated.
+    # #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB" (GB meaning GiB)
+    ("sglang", ["--mem-fraction-static", "0.93"], 8.23 * 2, 367_404, LOG_POOL_TOLERANCE),
+])
+def test_moe_fp8_pool_against_published_logs(engine, args, kv_gib, tokens, tolerance):
+    out = serve_json("--hf-config", QWEN3_235B_FP8, "--tp", "4", "--gpu", "h100-sxm",
+                     "--engine", engine, "--non-torch", SGLANG_TP_NON_TORCH, *args)
+    assert out["kv_cache"] / GiB == pytest.approx(kv_gib, rel=tolerance)
+    assert out["kv_tokens"] == pytest.approx(tokens, rel=tolerance)
+
+
 def test_lines_sum_to_the_budget():
     out = serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm")
     assert sum(out["activation"].values()) == out["activation_peak"]
@@ -205,6 +253,25 @@ def test_the_sampler_moment_wins_with_many_sequences_and_a_large_vocabulary():
     assert a == {"hidden": 2048 * 4096 * 2, "last hidden": 2 * 1024 * 4096 * 2,
                  "logits": NV * 2, "sampler/float32": NV * 4, "sampler/sorted": NV * 12,
                  "sampler/sort temporaries": NV * 20, "sampler/requests": 1024 * 36}
+
+
+def test_an_moe_block_holds_the_fused_moe_caches():
+    # Qwen3-235B-A22B (config.json: hidden 4096, 128 experts of 1536, 8 per token) at tp 4,
+    # 8,192 tokens in 32 sequences, by the shapes of vLLM's `fused_experts_impl`
+    # (vllm/model_executor/layers/fused_moe/fused_moe.py): N = 2 x 1536 / 4 = 768 rows of
+    # w13 per GPU, cache13 8,192 x 8 x max(768, 4096) and cache2 8,192 x 8 x 384 bf16
+    # elements; the block's other lines as for a dense block
+    from gptcalc.hf import config_from_hf
+
+    with open(QWEN3_235B_FP8) as f:
+        cfg = config_from_hf(json.load(f))
+    a = profile_activation_bytes(cfg, 8192, 32, 4)
+    assert a == {"stream": 4 * 8192 * 4096 * 2, "positions": 8 * 8192,
+                 "branch/moe": 8192 * 8 * 4096 * 2 + 8192 * 8 * 384 * 2}
+    # DeepSeek-V3's three dense blocks (d_ff 18,432) and 58 MoE blocks (8 of 256 experts of
+    # 2,048) at tp 8: the MoE caches, 8,192 x 8 x (7,168 + 256) x 2 bytes, are the wider
+    ds = profile_activation_bytes(from_name("deepseek-v3"), 8192, 32, 8)
+    assert ds["branch/moe"] == 8192 * 8 * (7168 + 256) * 2 and "branch/mlp" not in ds
 
 
 BAD = [

@@ -26,7 +26,8 @@ process holds (GPU memory free after loading, less total x (1 - mem_fraction_sta
 the non-torch term includes the CUDA context. Its activations live in the remaining
 1 - mem_fraction_static. Pages of one token.
 
-Scope: dense (non-MoE) activations; no CUDA graphs (vLLM captures them after sizing the pool,
+Scope: an MoE block's working set is vLLM's fused-MoE caches (shared experts and the
+router's outputs left out); no CUDA graphs (vLLM captures them after sizing the pool,
 in the headroom left by gpu_memory_utilization); no multimodal encoder memory (the first line
 of `serve` says so for such a checkpoint). The scheduler defaults are the release's
 (`servers.scheduler_defaults`).
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from ..config import GPTConfig
 from ..errors import ConfigError, one_of, positive_int
 from ..gpus import GPU, usable_memory
-from ..layers import global_layers, sliding_layers
+from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
 from .kv import kv_bytes_per_token_layer
@@ -62,6 +63,10 @@ POSITION_BYTES = 8  # the int64 position of every token of the profile batch
 # the residual, the normed attention output and the down projection's output, while its
 # gate_up output (2F) and activation (F) are alive: four either way, with 3F.
 KEPT_STREAMS = 4
+# vLLM's fused MoE runs at most this many tokens at once (VLLM_FUSED_MOE_CHUNK_SIZE's default,
+# vllm/envs.py; the chunk loop of `fused_experts_impl`, vllm/model_executor/layers/fused_moe/
+# fused_moe.py)
+FUSED_MOE_CHUNK = 32768
 
 
 def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
@@ -111,6 +116,28 @@ def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int,
     return global_layers(cfg) * full + sliding_layers(cfg) * windowed
 
 
+def fused_moe_workspace_bytes(cfg: GPTConfig, tokens: int, tp: int = 1,
+                              act_bytes: int = 2) -> int:
+    """The intermediate caches vLLM's fused MoE allocates for one MoE layer's routed experts
+    (vllm/model_executor/layers/fused_moe/fused_moe.py, `fused_experts_impl`, 0.7 to 0.33):
+
+        M = min(T, 32,768)               tokens per chunk (VLLM_FUSED_MOE_CHUNK_SIZE)
+        cache13 = M x k x max(N, E) x a  the first GEMM's output (M, k, N) and the second's
+                                         (M, k, E), one buffer reused
+        cache2  = M x k x N/2 x a        the activation's output, alive with cache1
+
+    k experts per token, N = 2 I/tp the gate_up projection's rows per GPU (I one expert's
+    width; N = I/tp for an ungated expert, whose activation keeps N), E the model width.
+    Scope: the Triton path (unquantised, fp8 and int8 weights); the router's logits and the
+    top-k ids and weights (T x (n_expert + 2k) elements) and moe_align_block_size's sorted ids
+    are left out, under 2% of cache13 for the models here."""
+    M, k, E, a = min(tokens, FUSED_MOE_CHUNK), cfg.n_expert_active, cfg.n_embd, act_bytes
+    gated = cfg.mlp in ("swiglu", "geglu")
+    N = (2 if gated else 1) * cfg.expert_dim // tp
+    act_out = N // 2 if gated else N
+    return M * k * max(N, E) * a + M * k * act_out * a
+
+
 def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1,
                              act_bytes: int = 2, kept: int = KEPT_STREAMS,
                              engine: str = "V1", cuda: bool = True, sampler: bool = True
@@ -127,6 +154,8 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
                     T x (2 F/tp + E) x a      plain: fc output, activation, projection output
           attention T x ((q + 2 kv)/tp + q/tp) x a   q, k, v and the attention output; a
                                               flash-type kernel, no T x T scores
+          moe       `fused_moe_workspace_bytes`  the routed experts' intermediate caches
+        (mlp with dense blocks only, moe with MoE blocks only)
     After the blocks, the sampler pass over the last token of each of the N = seqs sequences:
         hidden       = T x E x a              the last block's output, still held
         last hidden  = N x E x a x c          the last tokens' states (c = 2 in V1, which
@@ -147,9 +176,12 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     S = min(seqs, T)
     gated = cfg.mlp in ("swiglu", "geglu")
     branches = {
-        "branch/mlp": T * (3 * F // tp if gated else 2 * F // tp + E) * a,
         "branch/attention": T * ((cfg.q_width + 2 * cfg.kv_width) // tp + cfg.q_width // tp) * a,
     }
+    if dense_mlp_layers(cfg):
+        branches["branch/mlp"] = T * (3 * F // tp if gated else 2 * F // tp + E) * a
+    if moe_layers(cfg):
+        branches["branch/moe"] = fused_moe_workspace_bytes(cfg, T, tp, a)
     widest = max(branches, key=branches.__getitem__)
     block = {"stream": kept * T * E * a, "positions": POSITION_BYTES * T,
              widest: branches[widest]}
