@@ -130,7 +130,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     line = _assumptions(pool, g.name, total, tp, (weights, source), kv_dtype, mml, ctx, gen_len,
                         gpu_memory is None, {k for k, v in given.items() if v is None})
     if cfg.moe and pool.activation:
-        line += "; MoE layers' activations as one dense MLP of width d_ff"
+        line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path, no "
+                 "expert parallelism)")
     setup = current_setup()
     if setup is not None and setup.encoders:
         line += (f"; the language model only: the checkpoint's {' and '.join(setup.encoders)} "
