@@ -261,6 +261,8 @@ def test_the_sampler_moment_wins_with_many_sequences_and_a_large_vocabulary():
 # "Model loading took", torch peak increase, non-torch increase, "Available KV cache memory"
 # and "GPU KV cache size" of each log, as llm-d-incubation/llm-d-planner tabulates them
 # (accuracy/results/v0.19.0/results_raw.csv, from the logs beside it). Non-torch is given.
+FP8_70B = os.path.join(os.path.dirname(__file__), "quantized", "llama-3.3-70b-fp8-dynamic.json")
+W8A8_8B = os.path.join(os.path.dirname(__file__), "quantized", "llama-3.1-8b-w8a8.json")
 LLMD_0_19 = [
     # (name, model options, tp, non-torch GiB, weights, activation, pool GiB, tokens)
     ("Llama-3.1-8B", ["--preset", "llama3-8b", "--set", "block_size=131072"], 1, 0.25,
@@ -276,6 +278,11 @@ LLMD_0_19 = [
     ("DeepSeek-V2-Lite", ["--preset", "deepseek-v2-lite"], 1, 0.26, 29.43, 1.93, 43.61,
      1_505_552),
     ("Qwen1.5-MoE-A2.7B", ["qwen1.5-moe-a2.7b"], 1, 0.25, 26.67, 2.47, 45.83, 250_304),
+    # RedHatAI's fp8-dynamic Llama-3.3-70B (fp8 weights, one fp32 scale per output channel;
+    # lm_head kept) and int8 w8a8 Llama-3.1-8B (compressed-tensors)
+    ("Llama-3.3-70B fp8 tp 2", ["--hf-config", FP8_70B], 2, 2.10, 33.88, 1.96, 37.28, 244_304),
+    ("Llama-3.3-70B fp8 tp 4", ["--hf-config", FP8_70B], 4, 2.21, 16.96, 1.97, 54.09, 708_992),
+    ("Llama-3.1-8B w8a8", ["--hf-config", W8A8_8B], 1, 0.25, 8.49, 1.89, 64.60, 529_200),
 ]
 # weights: vLLM also loads the rotary cos/sin table, which `serve` leaves out (Llama-3.1:
 # 131,072 x 128 bf16 values, the 0.03 GiB of its gap); DeepSeek-V2-Lite is 0.17 GiB (0.6%)
@@ -293,7 +300,7 @@ LLMD_POOL_TOLERANCE = 0.01
                          ids=[r[0] for r in LLMD_0_19])
 def test_pool_against_vllm_0_19_logs(tmp_path, name, model, tp, non_torch, weights, activation,
                                      kv_gib, tokens):
-    if model[0] != "--preset":  # a published config.json (tests/hf_published.py)
+    if not model[0].startswith("--"):  # a published config.json (tests/hf_published.py)
         from tests.hf_published import PUBLISHED
 
         (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[model[0]]))
