@@ -699,3 +699,36 @@ def test_the_tp_advice_is_bounded_whatever_the_head_count(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert not out["fits"] and out["kv_cache"] == 0 and out["to_fit"]["tp"] is None
+
+
+@pytest.mark.parametrize("model_type,advice", [("qwen2_vl", 'model_type "qwen2"'),
+                                               ("qwen2_5_vl", 'model_type "qwen2"'),
+                                               ("mllama", "cross_attention_layers")])
+def test_refused_multimodal_checkpoints_say_what_to_pass(tmp_path, model_type, advice):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type,
+                                                       "vision_config": {"depth": 2}}))
+    r = run("serve", "--hf-config", str(tmp_path / "config.json"))
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.output
+    assert "--hf-config" in r.stderr and advice in r.stderr, r.stderr
+
+
+def test_qwen2_vl_language_model_counts_as_transformers_builds_it():
+    # the advice for a qwen2_vl config.json: its text fields as model_type "qwen2" count what
+    # transformers' Qwen2VLForConditionalGeneration holds besides its vision tower (M-RoPE's
+    # sections add no parameters), built on the meta device
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from gptcalc.hf import config_from_hf
+    from gptcalc.params import count_params
+
+    text = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                max_position_embeddings=256, tie_word_embeddings=False,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    hf = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(
+        depth=2, embed_dim=32, num_heads=2, hidden_size=64, patch_size=14))
+    with torch.device("meta"):
+        model = transformers.Qwen2VLForConditionalGeneration(hf)
+    language = sum(p.numel() for p in model.parameters()) - \
+        sum(p.numel() for p in model.model.visual.parameters())
+    assert count_params(config_from_hf(dict(text, model_type="qwen2"))).total == language
