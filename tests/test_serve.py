@@ -732,3 +732,14 @@ def test_qwen2_vl_language_model_counts_as_transformers_builds_it():
     language = sum(p.numel() for p in model.parameters()) - \
         sum(p.numel() for p in model.model.visual.parameters())
     assert count_params(config_from_hf(dict(text, model_type="qwen2"))).total == language
+
+
+def test_cuda_graphs_charged_to_the_pool_are_named_as_not_counted():
+    # vLLM 0.21.0 and later subtract their CUDA graphs' estimate from the pool; the pool
+    # model does not, and says so for those releases only
+    words = "CUDA graphs' memory"
+    assert words in run("serve", "--preset", "llama3-8b").stdout.splitlines()[0]
+    assert words in run("serve", "--preset", "llama3-8b", "--engine-version", "0.21.0"
+                        ).stdout.splitlines()[0]
+    assert words not in run("serve", "--preset", "llama3-8b", "--engine-version", "0.20.2"
+                            ).stdout.splitlines()[0]
