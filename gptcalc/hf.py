@@ -71,6 +71,21 @@ from .hf_families import (ATTRIBUTE_MAPS, DEFAULTS, FAMILIES, HEADS, HIDDEN, LAY
                           STRUCTURE_FIELDS, TEXT_CONFIG_TYPES, VOCAB, spellings)
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES) + tuple(TEXT_CONFIG_TYPES)
+_AS_QWEN2 = ("its language model is a Qwen2 decoder (M-RoPE changes no count): pass the same "
+             "config.json with model_type \"qwen2\" (with transformers 5's text_config, its "
+             "fields at the top level); the vision tower and vLLM's encoder profile run are "
+             "then named as not counted")
+# multimodal model types whose language model is refused, and what to pass instead
+MULTIMODAL_INSTEAD = {
+    "qwen2_vl": _AS_QWEN2, "qwen2_5_vl": _AS_QWEN2,
+    # transformers' MllamaForConditionalGeneration: cross-attention decoder layers at
+    # text_config.cross_attention_layers, among the self-attention ones
+    "mllama": ("its language model interleaves cross-attention layers "
+               "(text_config.cross_attention_layers), which are not modelled: pass text_config "
+               "with model_type \"llama\" and num_hidden_layers less those layers to count the "
+               "self-attention ones; the cross-attention layers, the vision tower and vLLM's "
+               "encoder profile run are not counted"),
+}
 _MISSING = object()
 
 
@@ -317,6 +332,9 @@ def _language_model(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
 def hf_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
     """GPTConfig fields (all of them that change a count, and every switch) for a config.json."""
     raw, model_type = _language_model(raw)
+    if model_type in MULTIMODAL_INSTEAD:
+        raise ConfigError("hf_config", f"model_type {model_type!r} is not supported: "
+                                       f"{MULTIMODAL_INSTEAD[model_type]}")
     if model_type not in FAMILIES:
         shown = "missing" if model_type is None else repr(model_type)
         raise ConfigError("hf_config", f"model_type {shown} is not supported; supported: "

@@ -83,6 +83,58 @@ def test_pool_against_a_published_llama2_7b_log():
     _check_log(out, None, 7351)
 
 
+# vLLM's "Model loading took" holds the rotary embedding's cos/sin table besides the
+# parameters: max_position_embeddings x rotary_dim in the model dtype, shared by the layers
+# (vllm/model_executor/layers/rotary_embedding.py, `RotaryEmbedding.__init__`), which the
+# weights leave out. Qwen3-30B-A3B: 40,960 x 128 x 2 bytes = 10 MiB, 0.07% of 14.25 GiB.
+WEIGHTS_LOG_TOLERANCE = 0.001
+QWEN3_235B_FP8 = os.path.join(os.path.dirname(__file__), "quantized", "qwen3-235b-a22b-fp8.json")
+
+
+def test_moe_weights_against_a_published_vllm_log():
+    # https://github.com/vllm-project/vllm/issues/17469 (vLLM 0.8.5, Qwen/Qwen3-30B-A3B, bf16,
+    # four A10 at tp 4): every worker logs "Model loading took 14.2474 GiB"
+    out = serve_json("--preset", "qwen3-30b-a3b", "--tp", "4", "--gpu", "a10g",
+                     "--engine-version", "0.8.5")
+    assert out["weights"] / GiB == pytest.approx(14.2474, rel=WEIGHTS_LOG_TOLERANCE)
+    # within the tolerance only with the 48 routers, Linear(2048, 128), whole on every GPU
+    # (vLLM's ReplicatedLinear): split four ways, the weights would be 18 MiB (0.12%) fewer
+
+
+# Non-torch memory at tp 4 on H100s is NCCL's buffers, about 2 GiB, not the default 0.2 GiB.
+# SGLang's pool is what is left of total x mem_fraction_static after everything the process
+# holds, CUDA context included: one SGLang rank logs "Init torch distributed ends. mem
+# usage=2.01 GB" (8 x H200, tp 8: https://github.com/sgl-project/sglang/pull/11716). vLLM's
+# counts what the worker adds beyond its context: 2.21 GiB in vLLM 0.19.0's log of an fp8
+# Llama-3.3-70B at tp 4 on H100s (LLMD_0_19 below).
+SGLANG_TP_NON_TORCH = "2.01GiB"
+VLLM_TP4_NON_TORCH = "2.21GiB"
+# vLLM's log of Qwen3-235B prints only the pool: `serve` is 3.3% above it (8.38 against 8.11
+# GiB), 4.5% in tokens, the log's tokens being 1.1% fewer than its 8.11 GiB hold (every worker
+# takes the smallest worker's blocks, vllm/v1/core/kv_cache_utils.py `unify_kv_cache_configs`,
+# and the line is one worker's). That log was taken with an LMCache connector; its non-torch
+# memory is not logged.
+MOE_VLLM_LOG_TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize("engine,args,kv_gib,tokens,tolerance", [
+    # https://github.com/vllm-project/vllm/issues/21348 (Qwen3-235B-A22B-FP8, 4 x H100,
+    # tp 4, July 2025: vLLM 0.9.2, V1): "Available KV cache memory: 8.11 GiB",
+    # "GPU KV cache size: 178,880 tokens"
+    ("vllm", ["--engine-version", "0.9.2", "--non-torch", VLLM_TP4_NON_TORCH], 8.11, 178_880,
+     MOE_VLLM_LOG_TOLERANCE),
+    # the same issue, SGLang with --mem-fraction-static 0.93: "KV Cache is allocated.
+    # #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB" (GB meaning GiB): within 0.5%
+    ("sglang", ["--mem-fraction-static", "0.93", "--non-torch", SGLANG_TP_NON_TORCH], 8.23 * 2,
+     367_404, LOG_POOL_TOLERANCE),
+])
+def test_moe_fp8_pool_against_published_logs(engine, args, kv_gib, tokens, tolerance):
+    out = serve_json("--hf-config", QWEN3_235B_FP8, "--tp", "4", "--gpu", "h100-sxm",
+                     "--engine", engine, *args)
+    assert out["kv_cache"] / GiB == pytest.approx(kv_gib, rel=tolerance)
+    assert out["kv_tokens"] == pytest.approx(tokens, rel=tolerance)
+
+
 def test_lines_sum_to_the_budget():
     out = serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm")
     assert sum(out["activation"].values()) == out["activation_peak"]
@@ -205,6 +257,99 @@ def test_the_sampler_moment_wins_with_many_sequences_and_a_large_vocabulary():
     assert a == {"hidden": 2048 * 4096 * 2, "last hidden": 2 * 1024 * 4096 * 2,
                  "logits": NV * 2, "sampler/float32": NV * 4, "sampler/sorted": NV * 12,
                  "sampler/sort temporaries": NV * 20, "sampler/requests": 1024 * 36}
+
+
+# vLLM 0.19.0 on one H100 node (torch's total 79.19 GiB), gpu_memory_utilization 0.95,
+# max_model_len 8,192 and the defaults (8,192 tokens in 1,024 sequences profiled): the
+# "Model loading took", torch peak increase, non-torch increase, "Available KV cache memory"
+# and "GPU KV cache size" of each log, as llm-d-incubation/llm-d-planner tabulates them
+# (accuracy/results/v0.19.0/results_raw.csv, from the logs beside it). Non-torch is given.
+FP8_70B = os.path.join(os.path.dirname(__file__), "quantized", "llama-3.3-70b-fp8-dynamic.json")
+W8A8_8B = os.path.join(os.path.dirname(__file__), "quantized", "llama-3.1-8b-w8a8.json")
+LLMD_0_19 = [
+    # (name, model options, tp, non-torch GiB, weights, activation, pool GiB, tokens)
+    ("Llama-3.1-8B", ["--preset", "llama3-8b", "--set", "block_size=131072"], 1, 0.25,
+     14.99, 1.89, 58.11, 476_016),
+    ("Llama-3.1-8B tp 2", ["--preset", "llama3-8b", "--set", "block_size=131072"], 2, 2.07,
+     7.51, 1.89, 63.76, 1_044_688),
+    ("Llama-3.1-8B tp 4", ["--preset", "llama3-8b", "--set", "block_size=131072"], 4, 2.13,
+     3.77, 1.89, 67.44, 2_209_792),
+    ("Qwen3-8B", ["--preset", "qwen3-8b"], 1, 0.25, 15.27, 2.21, 57.50, 418_688),
+    ("gemma-2-9b", ["--preset", "gemma-2-9b"], 1, 0.25, 17.22, 3.65, 54.12, 168_880),
+    ("Qwen3-30B-A3B", ["--preset", "qwen3-30b-a3b"], 1, 0.27, 56.88, 2.68, 15.41, 168_288),
+    ("Mixtral-8x7B tp 2", ["--preset", "mixtral-8x7b"], 2, 2.07, 43.51, 1.21, 28.44, 465_936),
+    ("DeepSeek-V2-Lite", ["--preset", "deepseek-v2-lite"], 1, 0.26, 29.43, 1.93, 43.61,
+     1_505_552),
+    ("Qwen1.5-MoE-A2.7B", ["qwen1.5-moe-a2.7b"], 1, 0.25, 26.67, 2.47, 45.83, 250_304),
+    # RedHatAI's fp8-dynamic Llama-3.3-70B (fp8 weights, one fp32 scale per output channel;
+    # lm_head kept) and int8 w8a8 Llama-3.1-8B (compressed-tensors)
+    ("Llama-3.3-70B fp8 tp 2", ["--hf-config", FP8_70B], 2, 2.10, 33.88, 1.96, 37.28, 244_304),
+    ("Llama-3.3-70B fp8 tp 4", ["--hf-config", FP8_70B], 4, 2.21, 16.96, 1.97, 54.09, 708_992),
+    ("Llama-3.1-8B w8a8", ["--hf-config", W8A8_8B], 1, 0.25, 8.49, 1.89, 64.60, 529_200),
+]
+# weights: vLLM also loads the rotary cos/sin table, which `serve` leaves out (Llama-3.1:
+# 131,072 x 128 bf16 values, the 0.03 GiB of its gap); DeepSeek-V2-Lite is 0.17 GiB (0.6%)
+# below its log, a gap not attributed
+LLMD_WEIGHTS_TOLERANCE = 0.01
+# activation: tensors of a few bytes per sequence or per token (the sampler's per-request
+# parameters and argmax, the MoE router's logits and top-k) are not all counted: `serve` is
+# 1.0% to 2.7% below every log
+LLMD_ACTIVATION_TOLERANCE = 0.03
+# the pool and its tokens: within 0.5% of every log
+LLMD_POOL_TOLERANCE = 0.01
+
+
+@pytest.mark.parametrize("name,model,tp,non_torch,weights,activation,kv_gib,tokens", LLMD_0_19,
+                         ids=[r[0] for r in LLMD_0_19])
+def test_pool_against_vllm_0_19_logs(tmp_path, name, model, tp, non_torch, weights, activation,
+                                     kv_gib, tokens):
+    if not model[0].startswith("--"):  # a published config.json (tests/hf_published.py)
+        from tests.hf_published import PUBLISHED
+
+        (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[model[0]]))
+        model = ["--hf-config", str(tmp_path / "config.json")]
+    out = serve_json(*model, "--tp", str(tp), "--gpu", "h100-sxm", "--gpu-memory", "79.19GiB",
+                     "--gpu-memory-utilization", "0.95", "--max-model-len", "8192",
+                     "--engine-version", "0.19.0", "--non-torch", f"{non_torch}GiB")
+    assert out["weights"] / GiB == pytest.approx(weights, rel=LLMD_WEIGHTS_TOLERANCE)
+    assert out["activation_peak"] / GiB == pytest.approx(activation,
+                                                         rel=LLMD_ACTIVATION_TOLERANCE)
+    assert out["kv_cache"] / GiB == pytest.approx(kv_gib, rel=LLMD_POOL_TOLERANCE)
+    assert out["kv_tokens"] == pytest.approx(tokens, rel=LLMD_POOL_TOLERANCE)
+
+
+@pytest.mark.parametrize("version,activation", [("0.16.0", 5.64), ("0.17.0", 2.23)])
+def test_the_sampler_stops_sorting_at_vllm_0_17(version, activation):
+    # Qwen3-14B (config.json: 40 layers, hidden 5120, intermediate 17408, vocabulary 151,936)
+    # on an H100 at vLLM's defaults, its logged activation peaks by release
+    # (llm-d-incubation/llm-d-planner, accuracy/results/version-sweep/runs): the sort's 38
+    # bytes per bf16 logit to 0.16.0, the Triton kernel's 14 and its buffer from 0.17.0
+    out = serve_json("--preset", "qwen3-8b", "--set", "n_layer=40", "--set", "n_head=40",
+                     "--set", "n_embd=5120", "--set", "d_ff=17408", "--gpu", "h100-sxm",
+                     "--gpu-memory", "79.19GiB", "--gpu-memory-utilization", "0.95",
+                     "--max-model-len", "8192", "--engine-version", version)
+    assert out["weights"] / GiB == pytest.approx(27.52, rel=LLMD_WEIGHTS_TOLERANCE)
+    assert out["activation_peak"] / GiB == pytest.approx(activation,
+                                                         rel=LLMD_ACTIVATION_TOLERANCE)
+
+
+def test_an_moe_block_holds_the_fused_moe_caches():
+    # Qwen3-235B-A22B (config.json: hidden 4096, 128 experts of 1536, 8 per token) at tp 4,
+    # 8,192 tokens in 32 sequences, by the shapes of vLLM's `fused_experts_impl`
+    # (vllm/model_executor/layers/fused_moe/fused_moe.py): N = 2 x 1536 / 4 = 768 rows of
+    # w13 per GPU, cache13 8,192 x 8 x max(768, 4096) and cache2 8,192 x 8 x 384 bf16
+    # elements; the block's other lines as for a dense block
+    from gptcalc.hf import config_from_hf
+
+    with open(QWEN3_235B_FP8) as f:
+        cfg = config_from_hf(json.load(f))
+    a = profile_activation_bytes(cfg, 8192, 32, 4)
+    assert a == {"stream": 4 * 8192 * 4096 * 2, "positions": 8 * 8192,
+                 "branch/moe": 8192 * 8 * 4096 * 2 + 8192 * 8 * 384 * 2}
+    # DeepSeek-V3's three dense blocks (d_ff 18,432) and 58 MoE blocks (8 of 256 experts of
+    # 2,048) at tp 8: the MoE caches, 8,192 x 8 x (7,168 + 256) x 2 bytes, are the wider
+    ds = profile_activation_bytes(from_name("deepseek-v3"), 8192, 32, 8)
+    assert ds["branch/moe"] == 8192 * 8 * (7168 + 256) * 2 and "branch/mlp" not in ds
 
 
 BAD = [
@@ -461,11 +606,11 @@ def test_nothing_fits_says_so_with_the_keys_of_a_fitting_run():
 
 
 @pytest.mark.parametrize("change,fits_with,not_with", [
-    # tp 2 halves the weights (65.7 GiB), which with the sampler pass over 1,024 sequences
-    # (4.6 GiB) leave 0.8 GiB, less than one request of 8,192 tokens x 160 KiB; tp 4 fits
-    ("tp", ["--tp", "4"], ["--tp", "2"]),
-    # int4 (36.8 GiB with its scales) leaves a pool; fp8, the next wider, with the sampler
-    # pass over 1,024 sequences (4.6 GiB), exceeds the budget
+    # tp 2 halves the weights (65.7 GiB), which with vLLM 0.33.0's sort-free sampler pass over
+    # 1,024 sequences (1.9 GiB) leave 3.4 GiB, 2.7 requests of 8,192 tokens x 160 KiB
+    ("tp", ["--tp", "2"], ["--tp", "1"]),
+    # int4 (36.8 GiB with its scales) leaves a pool; fp8, the next wider (67.7 GiB), leaves
+    # 1.5 GiB, 0.6 of a request of 8,192 tokens x 320 KiB
     ("weights_dtype", ["--weights-dtype", "int4"], ["--weights-dtype", "fp8"]),
     # a B200's 180 GB holds the 131.4 GiB of weights at 0.9; an H200's 141 GB does not
     ("gpu", ["--gpu", "b200"], ["--gpu", "h200"]),
@@ -484,7 +629,7 @@ def test_a_shorter_max_model_len_is_advised_only_when_the_weights_fit():
     assert out["to_fit"]["max_model_len"] is None
     text = run("serve", "--preset", "llama3-70b", "--gpu", "h100-sxm").stdout
     assert "does NOT fit" in text and "--max-model-len" not in text.split("does NOT fit")[1]
-    assert "--tp 4" in text and "--weights-dtype int4" in text and "--gpu b200" in text
+    assert "--tp 2" in text and "--weights-dtype int4" in text and "--gpu b200" in text
     # fp8 weights with 256 sequences profiled leave a pool too small for 8,192 tokens: the
     # longest request it holds fits, one token more does not
     fp8 = ["--preset", "llama3-70b", "--gpu", "h100-sxm", "--weights-dtype", "fp8",
@@ -514,14 +659,20 @@ def test_fp32_weights_take_four_bytes_and_run_32_bit_activations():
     # vLLM's --dtype float32: 8,030,261,248 parameters (transformers' count of Llama-3-8B) x 4
     # bytes, every weight unquantised; the profile run's activations in 4 bytes, twice bf16's
     # (the int64 positions unchanged)
-    fp32 = serve_json("--preset", "llama3-8b", "--weights-dtype", "fp32", "--kv-dtype", "fp32")
-    bf16 = serve_json("--preset", "llama3-8b")
+    # (vLLM 0.16.0, whose sampler sorts: its moment is the peak in both dtypes)
+    old = ("--engine-version", "0.16.0")
+    fp32 = serve_json("--preset", "llama3-8b", "--weights-dtype", "fp32", "--kv-dtype", "fp32",
+                      *old)
+    bf16 = serve_json("--preset", "llama3-8b", *old)
     assert fp32["weights"] == 4 * 8_030_261_248
     # the sampler's moment: the logits and the hidden states double, the sampler's float32 copy
     # is the logits themselves (Tensor.to of a float32 tensor returns it), its buffers stay
     doubled = {"hidden", "last hidden", "logits"}
     assert fp32["activation"] == {k: 2 * v if k in doubled else 0 if k == "sampler/float32"
                                   else v for k, v in bf16["activation"].items()}
+    # vLLM 0.17.0 and later: the sort-free sampler's moment is under the fp32 forward's
+    new = serve_json("--preset", "llama3-8b", "--weights-dtype", "fp32", "--kv-dtype", "fp32")
+    assert set(new["activation"]) == {"stream", "positions", "branch/mlp"}
     # the forward's moment (64 sequences): everything but the int64 positions doubles
     wide, narrow = (profile_activation_bytes(LLAMA3, 8192, 64, act_bytes=b) for b in (4, 2))
     assert wide == {k: v if k == "positions" else 2 * v for k, v in narrow.items()}
@@ -548,3 +699,47 @@ def test_the_tp_advice_is_bounded_whatever_the_head_count(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert not out["fits"] and out["kv_cache"] == 0 and out["to_fit"]["tp"] is None
+
+
+@pytest.mark.parametrize("model_type,advice", [("qwen2_vl", 'model_type "qwen2"'),
+                                               ("qwen2_5_vl", 'model_type "qwen2"'),
+                                               ("mllama", "cross_attention_layers")])
+def test_refused_multimodal_checkpoints_say_what_to_pass(tmp_path, model_type, advice):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type,
+                                                       "vision_config": {"depth": 2}}))
+    r = run("serve", "--hf-config", str(tmp_path / "config.json"))
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.output
+    assert "--hf-config" in r.stderr and advice in r.stderr, r.stderr
+
+
+def test_qwen2_vl_language_model_counts_as_transformers_builds_it():
+    # the advice for a qwen2_vl config.json: its text fields as model_type "qwen2" count what
+    # transformers' Qwen2VLForConditionalGeneration holds besides its vision tower (M-RoPE's
+    # sections add no parameters), built on the meta device
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from gptcalc.hf import config_from_hf
+    from gptcalc.params import count_params
+
+    text = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                max_position_embeddings=256, tie_word_embeddings=False,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    hf = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(
+        depth=2, embed_dim=32, num_heads=2, hidden_size=64, patch_size=14))
+    with torch.device("meta"):
+        model = transformers.Qwen2VLForConditionalGeneration(hf)
+    language = sum(p.numel() for p in model.parameters()) - \
+        sum(p.numel() for p in model.model.visual.parameters())
+    assert count_params(config_from_hf(dict(text, model_type="qwen2"))).total == language
+
+
+def test_cuda_graphs_charged_to_the_pool_are_named_as_not_counted():
+    # vLLM 0.21.0 and later subtract their CUDA graphs' estimate from the pool; the pool
+    # model does not, and says so for those releases only
+    words = "CUDA graphs' memory"
+    assert words in run("serve", "--preset", "llama3-8b").stdout.splitlines()[0]
+    assert words in run("serve", "--preset", "llama3-8b", "--engine-version", "0.21.0"
+                        ).stdout.splitlines()[0]
+    assert words not in run("serve", "--preset", "llama3-8b", "--engine-version", "0.20.2"
+                            ).stdout.splitlines()[0]

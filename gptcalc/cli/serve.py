@@ -16,6 +16,7 @@ from ..inference.fit import to_fit
 from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
+from ..inference.servers import cuda_graphs_profiled
 from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
@@ -129,8 +130,12 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
              "max_lora_rank": max_lora_rank}
     line = _assumptions(pool, g.name, total, tp, (weights, source), kv_dtype, mml, ctx, gen_len,
                         gpu_memory is None, {k for k, v in given.items() if v is None})
+    if cuda_graphs_profiled(pool.release):
+        line += ("; its CUDA graphs' memory, which this release subtracts from the pool as "
+                 "estimated, not counted (pass --gpu-memory-utilization lower by it)")
     if cfg.moe and pool.activation:
-        line += "; MoE layers' activations as one dense MLP of width d_ff"
+        line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path, no "
+                 "expert parallelism)")
     setup = current_setup()
     if setup is not None and setup.encoders:
         line += (f"; the language model only: the checkpoint's {' and '.join(setup.encoders)} "

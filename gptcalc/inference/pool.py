@@ -26,8 +26,11 @@ process holds (GPU memory free after loading, less total x (1 - mem_fraction_sta
 the non-torch term includes the CUDA context. Its activations live in the remaining
 1 - mem_fraction_static. Pages of one token.
 
-Scope: dense (non-MoE) activations; no CUDA graphs (vLLM captures them after sizing the pool,
-in the headroom left by gpu_memory_utilization); no multimodal encoder memory (the first line
+Scope: an MoE block's working set is vLLM's fused-MoE caches (shared experts and the
+router's outputs left out); no CUDA graphs (vLLM captures them after sizing the pool,
+in the headroom left by gpu_memory_utilization, and from 0.21.0 subtracts an estimate of them
+from the pool, which `serve`'s first line names as not counted:
+`servers.cuda_graphs_profiled`); no multimodal encoder memory (the first line
 of `serve` says so for such a checkpoint). The scheduler defaults are the release's
 (`servers.scheduler_defaults`).
 """
@@ -40,12 +43,13 @@ from dataclasses import dataclass, field
 from ..config import GPTConfig
 from ..errors import ConfigError, one_of, positive_int
 from ..gpus import GPU, usable_memory
-from ..layers import global_layers, sliding_layers
+from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
 from .kv import kv_bytes_per_token_layer
-from .sampler import sampler_bytes
-from .servers import Release, custom_all_reduce_bytes, release, scheduler_defaults
+from .sampler import SMS, TRITON_SAMPLER_SINCE, sampler_bytes, sort_free_sampler_bytes
+from .servers import (Release, custom_all_reduce_bytes, parse_version, release,
+                      scheduler_defaults)
 from .weights import device_weight_bytes, unquantised_bytes
 
 SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
@@ -62,6 +66,11 @@ POSITION_BYTES = 8  # the int64 position of every token of the profile batch
 # the residual, the normed attention output and the down projection's output, while its
 # gate_up output (2F) and activation (F) are alive: four either way, with 3F.
 KEPT_STREAMS = 4
+# vLLM's fused MoE runs at most this many tokens at once (VLLM_FUSED_MOE_CHUNK_SIZE's default,
+# vllm/envs.py; the chunk loop of `fused_experts_impl`, vllm/model_executor/layers/fused_moe/
+# fused_moe.py)
+FUSED_MOE_CHUNK = 32768
+MOE_WORKSPACE_KEPT_SINCE = (0, 19, 0)  # see `persistent_moe_workspace`
 
 
 def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
@@ -111,10 +120,54 @@ def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int,
     return global_layers(cfg) * full + sliding_layers(cfg) * windowed
 
 
+def fused_moe_workspace_bytes(cfg: GPTConfig, tokens: int, tp: int = 1,
+                              act_bytes: int = 2, modular: bool = False) -> int:
+    """The intermediate caches vLLM's fused MoE allocates for one MoE layer's routed experts,
+    M = min(T, 32,768) tokens per chunk (VLLM_FUSED_MOE_CHUNK_SIZE), k experts per token,
+    N = 2 I/tp the gate_up projection's rows per GPU (I one expert's width; I/tp for an ungated
+    expert, whose activation keeps N), E the model width, a the activation bytes:
+
+      `fused_experts_impl` (vllm/model_executor/layers/fused_moe/fused_moe.py, 0.7 and later),
+      freed after each layer:
+        cache13 = M x k x max(N, E) x a   the first GEMM's output and the second's, one buffer
+        cache2  = M x k x N/2 x a         the activation's output, alive with cache1
+      `modular`: `FusedMoEModularKernel` with `TritonExperts` (modular_kernel.py and
+      `TritonExperts.workspace_shapes`), buffers shared by every layer and kept after the
+      forward ("persistent buffers", `SharedBuffers`):
+        workspace13 = M x k x max(N/2, E) x a
+        workspace2  = M x k x max(N, E) x a
+
+    Scope: the Triton path (unquantised weights; fp8 and int8 take the same shapes); the
+    router's logits, the top-k ids and weights (T x (n_expert + 2k) elements) and
+    moe_align_block_size's sorted ids are left out, under 2% of the caches for the models here."""
+    M, k, E, a = min(tokens, FUSED_MOE_CHUNK), cfg.n_expert_active, cfg.n_embd, act_bytes
+    gated = cfg.mlp in ("swiglu", "geglu")
+    N = (2 if gated else 1) * cfg.expert_dim // tp
+    if modular:
+        return M * k * max(N // 2, E) * a + M * k * max(N, E) * a
+    act_out = N // 2 if gated else N
+    return M * k * max(N, E) * a + M * k * act_out * a
+
+
+def sort_free_sampler(r: Release) -> bool:
+    """vLLM masks top-k/top-p without sorting from 0.17.0 (`sampler` module docstring)."""
+    return r.server == "vllm" and parse_version(r.version) >= TRITON_SAMPLER_SINCE
+
+
+def persistent_moe_workspace(r: Release) -> bool:
+    """vLLM keeps the fused MoE's workspace after the forward (`fused_moe_workspace_bytes`,
+    `modular`) in the releases measured holding it: 0.19.0 and later (the activation peaks
+    llm-d-incubation/llm-d-planner logs for Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, DeepSeek-V2-Lite
+    and Mixtral-8x7B on an H100, accuracy/results/v0.19.0). Earlier releases are modelled
+    freeing it after each layer."""
+    return r.server == "vllm" and parse_version(r.version) >= MOE_WORKSPACE_KEPT_SINCE
+
+
 def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1,
                              act_bytes: int = 2, kept: int = KEPT_STREAMS,
-                             engine: str = "V1", cuda: bool = True, sampler: bool = True
-                             ) -> dict[str, int]:
+                             engine: str = "V1", cuda: bool = True, sampler: bool = True,
+                             sort_free: bool = False, sms: int = 0,
+                             moe_kept: bool = False) -> dict[str, int]:
     """The activation peak of one inference forward of `tokens` tokens in `seqs` sequences,
     logits for the last token of each only, no KV cache, nothing kept for a backward: the
     moment with the most live bytes, by line (the lines sum to the peak).
@@ -127,6 +180,8 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
                     T x (2 F/tp + E) x a      plain: fc output, activation, projection output
           attention T x ((q + 2 kv)/tp + q/tp) x a   q, k, v and the attention output; a
                                               flash-type kernel, no T x T scores
+          moe       `fused_moe_workspace_bytes`  the routed experts' intermediate caches
+        (mlp with dense blocks only, moe with MoE blocks only)
     After the blocks, the sampler pass over the last token of each of the N = seqs sequences:
         hidden       = T x E x a              the last block's output, still held
         last hidden  = N x E x a x c          the last tokens' states (c = 2 in V1, which
@@ -134,7 +189,10 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
         logits, sampler/...                   `sampler.sampler_bytes`: the N x V logits (every
                                               GPU all of V) and the sampler's buffers, a + 36
                                               bytes per element on CUDA (`cuda`), a + 26 on CPU
-    (`sampler` False: the forward alone, its hidden states and logits.)
+    (`sampler` False: the forward alone, its hidden states and logits. `sort_free`: vLLM
+    0.17.0 and later, `sampler.sort_free_sampler_bytes` with `sms` streaming multiprocessors.
+    `moe_kept`: the MoE blocks' workspace is vLLM's modular kernel's, kept after the forward:
+    the sampler's moment holds it too, as "moe workspace".)
 
     a the activation bytes (the kernels' 16-bit dtype), T tokens, widths per GPU at tp (the
     residual stream E is replicated). Measured against transformers' forward on CPU
@@ -147,16 +205,22 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     S = min(seqs, T)
     gated = cfg.mlp in ("swiglu", "geglu")
     branches = {
-        "branch/mlp": T * (3 * F // tp if gated else 2 * F // tp + E) * a,
         "branch/attention": T * ((cfg.q_width + 2 * cfg.kv_width) // tp + cfg.q_width // tp) * a,
     }
+    if dense_mlp_layers(cfg):
+        branches["branch/mlp"] = T * (3 * F // tp if gated else 2 * F // tp + E) * a
+    if moe_layers(cfg):
+        branches["branch/moe"] = fused_moe_workspace_bytes(cfg, T, tp, a, moe_kept)
     widest = max(branches, key=branches.__getitem__)
     block = {"stream": kept * T * E * a, "positions": POSITION_BYTES * T,
              widest: branches[widest]}
     copies = 2 if engine == "V1" else 1
-    after = ({"hidden": T * E * a, "last hidden": S * E * a * copies,
-              **sampler_bytes(S, V, a, cuda)} if sampler
+    sampled = (sort_free_sampler_bytes(S, V, a, sms) if sort_free and cuda
+               else sampler_bytes(S, V, a, cuda))
+    after = ({"hidden": T * E * a, "last hidden": S * E * a * copies, **sampled} if sampler
              else {"hidden": T * E * a, "logits": S * V * a})
+    if moe_kept and moe_layers(cfg):
+        after["moe workspace"] = branches["branch/moe"]
     return max(block, after, key=lambda moment: sum(moment.values()))
 
 
@@ -277,7 +341,9 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     frac = check_fraction(frac, name)
     positive_int("kv_block_size", bs)
     act = {} if engine == "sglang" else profile_activation_bytes(
-        cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), engine=rel.engine)
+        cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), engine=rel.engine,
+        sort_free=sort_free_sampler(rel), sms=SMS.get(gpu_name, 0),
+        moe_kept=persistent_moe_workspace(rel))
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
     comm = custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
     if lora is not None and engine == "sglang":

@@ -47,7 +47,10 @@ from ..flops import inference_flops, matmul_flops
 from ..gpus import GPU, require_bandwidth, require_peak
 from ..time import check_fraction
 from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
-from .pool import gpu_memory, profile_activation_bytes, vllm_defaults
+from .pool import (gpu_memory, persistent_moe_workspace, profile_activation_bytes,
+                   sort_free_sampler, vllm_defaults)
+from .sampler import SMS
+from .servers import release
 from .weights import device_weight_bytes, unquantised_bytes, weight_bytes
 
 ACT_BYTES = 2  # 16-bit activations
@@ -62,15 +65,20 @@ def compute_precision(weights_dtype: str) -> str:
 
 
 def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, tp: int = 1,
-                             chunk: int = 2048, max_seqs: int = 256, act_bytes: int = 2) -> int:
+                             chunk: int = 2048, max_seqs: int = 256, act_bytes: int = 2,
+                             gpu_name: str = "") -> int:
     """Activation peak of the prefill of B prompts of p tokens, as a serving engine runs it:
     chunked, at most `chunk` tokens (max_num_batched_tokens) of at most `max_seqs` sequences
     (max_num_seqs) per forward, logits for the last token of each sequence only; the peak of the
     largest chunk by `gptcalc.inference.pool.profile_activation_bytes` (the model a serving
-    engine's profile run uses)."""
+    engine's profile run uses), its sampler the newest vLLM release's on `gpu_name`."""
     tokens = min(batch_size * prompt_len, chunk)
     seqs = min(batch_size, max_seqs, tokens)
-    return sum(profile_activation_bytes(cfg, tokens, seqs, tp, act_bytes).values())
+    return sum(profile_activation_bytes(cfg, tokens, seqs, tp, act_bytes,
+                                        sort_free=sort_free_sampler(release("vllm")),
+                                        sms=SMS.get(gpu_name, 0),
+                                        moe_kept=persistent_moe_workspace(release("vllm"))
+                                        ).values())
 
 
 @dataclass(frozen=True)
@@ -226,7 +234,8 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
         weights_dtype=weights_dtype, kv_dtype=kv_dtype, weights=parts, weights_bytes=w_dev,
         kv_cache_bytes=kv_cache_bytes(cfg, batch_size, prompt_len + gen_len, kv_b, tp=tp),
         activation_bytes=prefill_activation_bytes(cfg, batch_size, prompt_len, tp, chunk,
-                                                  max_seqs, unquantised_bytes(weights_dtype)),
+                                                  max_seqs, unquantised_bytes(weights_dtype),
+                                                  gpu.name),
         memory_bytes=memory, prefill=prefill, decode=decode, weights_read=w_dev,
         kv_per_sequence=kv_seq, decode_flops_per_sequence=f_seq,
         flops_efficiency=fe, bandwidth_efficiency=be,

@@ -35,6 +35,21 @@ Checked on CUDA against the activation peak vLLM logs for Llama-3-8B on an H100 
 
 Per request, besides: the sampling parameters (temperature, top-p, top-k as int64, three
 penalties) and the greedy token, 36 bytes.
+
+vLLM 0.17.0 and later mask top-k and top-p with a Triton kernel that sorts nothing
+(vllm/v1/sample/ops/topk_topp_triton.py, `apply_top_k_top_p_triton`; vllm-project/vllm pull
+33538), in place on the float32 logits; then `softmax` and `random_sample` hold
+
+    float32     4       logits.to(float32), masked in place
+    probs       4       softmax in float32
+    noise       4       the exponential noise q (probs.div_(q) in place, then argmax)
+    buffer      min(N, SMs) x V x 4 bytes in all: one float32 row per Triton program, one
+                program per streaming multiprocessor at most
+
+a + 12 bytes per logit and the buffer (`sort_free_sampler_bytes`). The activation peaks one
+deployment logs for vLLM 0.15.0 to 0.18.0 (Qwen3-14B on an H100, llm-d-incubation/
+llm-d-planner, accuracy/results/version-sweep) fall from 5.64 GiB at 0.16.0 to 2.23 GiB at
+0.17.0, the release the kernel first shipped in.
 """
 
 from __future__ import annotations
@@ -51,6 +66,28 @@ SEGMENTED_FROM = 128  # PyTorch sorts this many rows or more with cub's segmente
 LARGE_SEGMENT = 10**6  # PyTorch sorts rows of this many elements or more one by one
 # temperature, top-p (float32), top-k (int64), three float32 penalties, the greedy token (int64)
 PER_REQUEST = 4 + 4 + 8 + 3 * 4 + 8
+
+
+TRITON_SAMPLER_SINCE = (0, 17, 0)  # vLLM's first release that masks top-k/top-p without a sort
+PROBS = NOISE = 4  # float32 probabilities and exponential noise per logit
+# Streaming multiprocessors of the catalogue's GPUs (NVIDIA's datasheets and architecture
+# whitepapers; compute units for AMD): the Triton sampler runs one program per SM at most
+SMS = {"h100-sxm": 132, "h100-pcie": 114, "h200": 132, "h20": 78, "b200": 148,
+       "a100-sxm-40gb": 108, "a100-sxm-80gb": 108, "a100-pcie-40gb": 108, "a100-pcie-80gb": 108,
+       "l40s": 142, "rtx-4090": 128, "rtx-3090": 82, "a10g": 80, "l4": 58, "t4": 40,
+       "a6000": 84, "mi300x": 304}
+
+
+def sort_free_sampler_bytes(seqs: int, vocab_size: int, act_bytes: int = 2, sms: int = 0
+                            ) -> dict[str, int]:
+    """The sampler's live bytes over `seqs` x `vocab_size` logits of `act_bytes` in vLLM 0.17.0
+    and later (the module docstring): a + 12 bytes per logit, and the Triton kernel's buffer of
+    min(seqs, sms) rows of float32 logits (none with sms 0, a GPU whose count is not known)."""
+    NV, a = seqs * vocab_size, act_bytes
+    return {"logits": NV * a, "sampler/float32": 0 if a == FLOAT32 else NV * FLOAT32,
+            "sampler/probs": NV * PROBS, "sampler/noise": NV * NOISE,
+            "sampler/top-k top-p buffer": min(seqs, sms) * vocab_size * FLOAT32,
+            "sampler/requests": seqs * PER_REQUEST}
 
 
 def sampler_bytes(seqs: int, vocab_size: int, act_bytes: int = 2, cuda: bool = True
@@ -78,4 +115,5 @@ def sort_temporaries(rows: int, columns: int) -> int:
     return SEGMENTED_TEMPORARIES if rows >= SEGMENTED_FROM else FULL_SORT_TEMPORARIES
 
 
-__all__ = ["sampler_bytes", "sort_temporaries"]
+__all__ = ["SMS", "TRITON_SAMPLER_SINCE", "sampler_bytes", "sort_free_sampler_bytes",
+           "sort_temporaries"]

@@ -89,6 +89,18 @@ def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_mod
     return 2048, 256
 
 
+# vLLM subtracts an estimate of its CUDA graphs' memory from the pool by default from 0.21.0
+# (vllm/v1/worker/gpu_worker.py logs "CUDA graph memory profiling is enabled (default since
+# v0.21.0)" with the utilization it is equivalent to without it)
+CUDA_GRAPHS_PROFILED_SINCE = (0, 21, 0)
+
+
+def cuda_graphs_profiled(r: Release) -> bool:
+    """The release charges its CUDA graphs' estimated memory to the pool, which the pool
+    model leaves out (vLLM 0.21.0 and later)."""
+    return r.server == "vllm" and parse_version(r.version) >= CUDA_GRAPHS_PROFILED_SINCE
+
+
 def custom_all_reduce_bytes(r: Release, tp: int) -> int:
     """What vLLM's custom all-reduce holds on each GPU of a tensor-parallel group of tp:
 
@@ -108,5 +120,6 @@ def custom_all_reduce_bytes(r: Release, tp: int) -> int:
     return 2 * CUSTOM_AR_MAX_SIZE + CUSTOM_AR_RANK_DATA
 
 
-__all__ = ["DEFAULT_VERSIONS", "Release", "custom_all_reduce_bytes", "parse_version", "release",
+__all__ = ["CUDA_GRAPHS_PROFILED_SINCE", "DEFAULT_VERSIONS", "Release", "cuda_graphs_profiled",
+           "custom_all_reduce_bytes", "parse_version", "release",
            "scheduler_defaults"]

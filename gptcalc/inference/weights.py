@@ -75,9 +75,22 @@ def weights_label(dtype: WeightsDtype) -> str:
     return dtype.label if isinstance(dtype, Quantization) else dtype
 
 
+def replicated_weight_bytes(cfg: GPTConfig, dtype: WeightsDtype = "bf16") -> int:
+    """Weight bytes every one of tp devices holds whole: the norms (the blocks' and the final
+    one, and the per-head query/key norms) in the unquantised dtype, and each MoE layer's
+    router, a Linear(E, n_expert) that vLLM builds as a ReplicatedLinear
+    (vllm/model_executor/models/qwen3_moe.py, mixtral.py, deepseek_v2.py: `self.gate =
+    ReplicatedLinear(config.hidden_size, num_experts, ...)`, 0.8 to 0.33), in 16 bit under a
+    checkpoint's quantisation (`quant`) and in `dtype` otherwise, as `weight_bytes` counts it."""
+    comps = count_params(cfg).components
+    norms = sum(v for k, v in comps.items() if k.startswith("norm/") or k == "attention/norm")
+    router = comps.get("moe/router", 0)
+    router_bytes = 2 if isinstance(dtype, Quantization) else WEIGHT_DTYPES[dtype]
+    return unquantised_bytes(dtype) * norms + math.ceil(router * router_bytes)
+
+
 def device_weight_bytes(cfg: GPTConfig, dtype: WeightsDtype = "bf16", tp: int = 1) -> int:
-    """Weight bytes on one of tp devices (`weight_bytes` summed): the norms replicated, every
-    other weight split tp ways (Megatron)."""
-    norms = unquantised_bytes(dtype) * sum(v for k, v in count_params(cfg).components.items()
-                                           if k.startswith("norm/"))
-    return (sum(weight_bytes(cfg, dtype).values()) - norms) // tp + norms
+    """Weight bytes on one of tp devices (`weight_bytes` summed): the norms and MoE routers
+    replicated (`replicated_weight_bytes`), every other weight split tp ways (Megatron)."""
+    whole = replicated_weight_bytes(cfg, dtype)
+    return (sum(weight_bytes(cfg, dtype).values()) - whole) // tp + whole
