@@ -72,7 +72,8 @@ def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, 
     return {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
             "recompute": "none", "attn": family["attn"], "device": family["device"],
             "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
-            "keep_logits": True, "optimizer_in_backward": False, "overhead": 0, "lora_rank": 0,
+            "keep_logits": True, "optimizer_in_backward": False, "compile": "none",
+            "float8": "none", "offload_activations": False, "overhead": 0, "lora_rank": 0,
             "lora_targets": "",
             "weights_dtype": "", "bnb_version": DEFAULT_BNB_VERSION}
 

@@ -28,6 +28,13 @@ LOSSES = ("standard", "chunked", "fused")
 # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
 DEFAULT_LOSS_CHUNKS = 8
 ZERO_STAGES = (0, 1, 2, 3)
+# torch.compile of the training step: none (eager); blocks (torchtitan's per-block compile:
+# each transformer block one compiled graph, partitioned by AOTAutograd's min-cut
+# partitioner); model (the blocks and the loss, torchtitan's compile components model + loss)
+COMPILES = ("none", "blocks", "model")
+# torchao float8 training of the blocks' Linears (Float8Linear): none; tensorwise (one fp32
+# scale per tensor); rowwise (one fp32 scale per row of each operand)
+FLOAT8 = ("none", "tensorwise", "rowwise")
 
 
 # the bitsandbytes release assumed unless --bnb-version names another (the one measured)
@@ -91,6 +98,9 @@ class TrainingSetup:
     Trainer, torchtitan's `del pred`, torchtune's `del logits`). `optimizer_in_backward`:
     each parameter's optimizer step runs in its post-accumulate-grad hook and frees its
     gradient (torchtune's optimizer_in_bwd), so no full set of gradients exists.
+    `compile`: what torch.compile compiles (`COMPILES`); `float8`: torchao's float8 training of
+    the blocks' Linears (`FLOAT8`); `offload_activations`: saved activations go to host memory
+    as they are saved (torchtune's OffloadActivations).
 
     The dataclass defaults are the bare fp32 CPU set-up the reference model is measured in;
     `training_defaults` gives the set-up a family is usually trained with.
@@ -122,12 +132,15 @@ class TrainingSetup:
     loss_chunks: int = DEFAULT_LOSS_CHUNKS
     keep_logits: bool = True
     optimizer_in_backward: bool = False
+    compile: str = "none"
+    float8: str = "none"
+    offload_activations: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
-                              ("loss", LOSSES)):
+                              ("loss", LOSSES), ("compile", COMPILES), ("float8", FLOAT8)):
             one_of(name, getattr(self, name), choices)
         for name in ("dp", "tp", "pp", "ep"):
             positive_int(name, getattr(self, name))
@@ -150,6 +163,7 @@ class TrainingSetup:
         positive_int("loss_chunks", self.loss_chunks)
         boolean("keep_logits", self.keep_logits)
         boolean("optimizer_in_backward", self.optimizer_in_backward)
+        boolean("offload_activations", self.offload_activations)
         if self.optimizer_in_backward and self.zero >= 2:
             raise ConfigError("optimizer_in_backward", "each parameter steps in its gradient "
                                                        "hook on its whole gradient: not with "
@@ -195,7 +209,21 @@ class TrainingSetup:
         optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")
         return (f"{prec}, {optimizer}, attention {self.attn_impl}, "
                 f"{self.device.upper()} kernels, {self.impl} implementation, recompute "
-                f"{self.recompute}{tune}, {self.describe_loss()}, {layout}")
+                f"{self.recompute}{tune}{self.describe_stack()}, {self.describe_loss()}, "
+                f"{layout}")
+
+    def describe_stack(self) -> str:
+        """torch.compile, float8 and activation offloading in words (empty when all are off)."""
+        parts = []
+        if self.compile != "none":
+            parts.append({"blocks": "compiled blocks (min-cut partitioner)",
+                          "model": "compiled blocks and loss (min-cut partitioner)"}[
+                self.compile])
+        if self.float8 != "none":
+            parts.append(f"float8 {self.float8} Linears (torchao)")
+        if self.offload_activations:
+            parts.append("activations offloaded to the host (torchtune)")
+        return "".join(", " + p for p in parts)
 
     def describe_loss(self) -> str:
         """The loss and what the training loop does with the logits, in words."""

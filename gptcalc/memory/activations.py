@@ -16,6 +16,7 @@ from ..config import GPTConfig
 from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
+from .compiled import compiled_lines
 from .losses import logits_alive, loss_saved_lines
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
@@ -106,6 +107,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
         setup = replace(setup, mode="mixed")
     out = loss_saved_lines(cfg, workload, setup, PROFILES[setup.impl](cfg, workload, setup))
+    out = compiled_lines(cfg, workload, setup, out)
     if setup.impl == "paper":
         return out
     if setup.lora_rank:  # a frozen base: only what the adapters' gradients need
@@ -130,6 +132,7 @@ _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
                # output, the full-width partial sum before its all-reduce / reduce-scatter
                "layer/op/c_proj", "layer/op/mlp_proj", "layer/op/q_a_proj",
                "layer/op/kv_a_proj",
+               "layer/rng_state",  # one generator state per block, whatever the layout
                "weight_copy/")  # weight copies arrive tensor-parallel sharded already
 
 

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .activations import device_activations, saved_in, transformers_loss
+from .compiled import compiled_loss_transients, loss_saves_logits
 from .engines import Step, adjust, engine_for, state_bytes
 from .losses import chunked_loss_transients, fused_loss_transients, logits_alive
 from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
@@ -66,8 +67,11 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     entropy on an fp32 copy of the 16-bit logits (N V 4). backward: log_softmax's backward
     holds the incoming gradient and its result, two N x V tensors in the log-probabilities'
     dtype (fp32 under autocast). transformers: its profile's measured terms
-    (`activations.transformers_loss`). The chunked and fused losses: `losses`.
+    (`activations.transformers_loss`). The chunked and fused losses: `losses`; a compiled
+    loss: `compiled.compiled_loss_transients`.
     """
+    if loss_saves_logits(setup):  # a compiled loss: Inductor's fused kernels
+        return compiled_loss_transients(cfg, workload, setup)
     if setup.loss == "chunked":
         return chunked_loss_transients(cfg, workload, setup)
     if setup.loss == "fused":
@@ -329,6 +333,11 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     alive = logits_alive(cfg, workload, setup)
     logits = alive["forward"] if holds_head else 0
     kept = alive["backward"] if holds_head else 0
+    # a compiled loss saves the logits (a saved line) until its backward; the loop's own
+    # reference to them counts again only after it
+    kept_at_start = 0 if loss_saves_logits(setup) else kept
+    if loss_saves_logits(setup):
+        logits = 0
     loss = loss_transients(cfg, workload, setup) if holds_head else {"forward": 0,
                                                                      "backward": 0}
     loss_saved = saved_in(acts, "cross_entropy")
@@ -354,7 +363,7 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     ledger.open(Phase.FORWARD_END, {**base, SAVED: saved, LOGITS: logits,
                                     LOSS_LOGITS_COPY: loss["forward"],
                                     GRADIENTS_ACCUMULATING: grads_early})
-    ledger.open(Phase.BACKWARD_START, {**base, SAVED: saved, LOGITS: kept,
+    ledger.open(Phase.BACKWARD_START, {**base, SAVED: saved, LOGITS: kept_at_start,
                                        LOSS_GRADIENT: loss["backward"],
                                        GRADIENTS_ACCUMULATING: grads_early})
     ledger.open(Phase.BACKWARD_LAST_BLOCK, {
@@ -381,7 +390,7 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
         optimizer_in_backward(cfg, workload, setup, ledger)
     # an engine's own moment (FSDP2's root all-gather at backward start) starts from the
     # forward's tensors without the loss's transients
-    forward = {**base, SAVED: saved, LOGITS: kept, GRADIENTS_ACCUMULATING: grads_early}
+    forward = {**base, SAVED: saved, LOGITS: kept_at_start, GRADIENTS_ACCUMULATING: grads_early}
     adjust(ledger, Step(cfg, workload, setup, stage, logits, st.gradients, forward))
     return ledger
 
