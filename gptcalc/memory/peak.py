@@ -34,15 +34,17 @@ from ..config import GATED_MLPS, GPTConfig
 from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .activations import device_activations, saved_in, transformers_loss
+from .activations import device_activations, saved_in, stage_in_flight, transformers_loss
 from .compiled import compiled_loss_transients, loss_saves_logits
 from .engines import Step, adjust, engine_for, state_bytes
 from .losses import chunked_loss_transients, fused_loss_transients, logits_alive
 from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
                      GRADIENTS_ACCUMULATING, LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY,
-                     OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
+                     OFFLOAD_STASH, OFFLOADED_BACK, OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES,
+                     OVERHEAD, RECOMPUTED_BLOCK, SAVED,
                      SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger,
                      Phase)
+from .offload import brought_back_bytes, check_offload, forward_stash_bytes, offload_split
 from .states import BNB_MIN_8BIT_SIZE, STAGES, StateBytes, largest_tensor
 
 
@@ -327,7 +329,11 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     engine's (`engines.adjust`)."""
     st = state_bytes(cfg, setup, stage)
     acts = device_activations(cfg, workload, setup, stage)
-    saved = sum(acts.values())
+    check_offload(setup)
+    # what the device keeps of them (all, unless they are offloaded to the host)
+    inflight = stage_in_flight(setup, stage)
+    kept_acts, offloaded = offload_split(cfg, setup, acts, inflight)
+    saved = sum(kept_acts.values())
     holds_head = setup.pp == 1 or stage == "last"
     # the logits as the loss reads them, and as the training loop holds them through backward
     alive = logits_alive(cfg, workload, setup)
@@ -340,9 +346,9 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
         logits = 0
     loss = loss_transients(cfg, workload, setup) if holds_head else {"forward": 0,
                                                                      "backward": 0}
-    loss_saved = saved_in(acts, "cross_entropy")
+    loss_saved = saved_in(kept_acts, "cross_entropy")
     # the head's backward (final norm, lm_head) runs before any block's and frees its inputs
-    head_saved = saved_in(acts, "final")
+    head_saved = saved_in(kept_acts, "final")
     # with gradient accumulation the gradients of earlier micro-batches are alive throughout
     grads_early = st.gradients if workload.grad_accum > 1 else 0
     base = {WEIGHTS: st.weights, OPTIMIZER_STATES: st.optimizer, OVERHEAD: setup.overhead}
@@ -388,6 +394,12 @@ def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
             GRADIENTS_ACCUMULATING: grads_early})
     if setup.optimizer_in_backward:
         optimizer_in_backward(cfg, workload, setup, ledger)
+    if setup.offload_activations:
+        stash = forward_stash_bytes(cfg, setup, offloaded, inflight)
+        ledger.add(Phase.FORWARD_END, OFFLOAD_STASH, stash)
+        ledger.add(Phase.BACKWARD_START, OFFLOAD_STASH, stash)
+        ledger.add(Phase.BACKWARD_LAST_BLOCK, OFFLOADED_BACK,
+                   brought_back_bytes(cfg, setup, offloaded, inflight))
     # an engine's own moment (FSDP2's root all-gather at backward start) starts from the
     # forward's tensors without the loss's transients
     forward = {**base, SAVED: saved, LOGITS: kept_at_start, GRADIENTS_ACCUMULATING: grads_early}

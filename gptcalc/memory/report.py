@@ -14,7 +14,8 @@ from ..layers import global_layers
 from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
 from .finetune import ATTENTION_TARGETS, lora_on_transformers
-from .activations import activations_paper, device_activations, logits_bytes
+from .activations import activations_paper, device_activations, logits_bytes, stage_in_flight
+from .offload import offload_split
 from .peak import StepPeak, step_peak
 from .engines import engine_for, host, resident, state_bytes
 from .states import STAGES, stage_params
@@ -105,6 +106,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     peak = step_peak(cfg, workload, setup)
     st = state_bytes(cfg, setup, peak.stage)
     acts = device_activations(cfg, workload, setup, peak.stage)
+    _, offloaded = offload_split(cfg, setup, acts, stage_in_flight(setup, peak.stage))
     copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
     acts = {k: v for k, v in acts.items() if k not in copies}
     paper = activations_paper(cfg, workload, setup)
@@ -121,7 +123,8 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         global_batch=workload.global_batch(setup.dp),
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
-        host=host(cfg, setup, peak.stage),
+        host={**host(cfg, setup, peak.stage),
+              **{f"saved activations: {k}": v for k, v in offloaded.items()}},
     )
 
 

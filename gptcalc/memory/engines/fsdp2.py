@@ -143,10 +143,12 @@ def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     gradients' dtype differs from reduce_dtype (MixedPrecisionPolicy), the copy-in
     (`torch._chunk_cat`) converts through an intermediate in reduce_dtype the size of the
     input; CUDA's kernel casts in place (measured with FSDPMemTracker on CPU/gloo,
-    torch 2.13)."""
-    from ..activations import device_activations, saved_in
+    torch 2.13). Saved activations: those the device keeps (`offload.offload_split`)."""
+    from ..activations import device_activations, saved_in, stage_in_flight
+    from ..offload import offload_split
 
-    acts = device_activations(cfg, workload, setup, stage)
+    acts, _ = offload_split(cfg, setup, device_activations(cfg, workload, setup, stage),
+                            stage_in_flight(setup, stage))
     blocks = cfg.n_layer // setup.pp
     layer = saved_in(acts, "layer") // blocks
     loss = saved_in(acts, "cross_entropy")
