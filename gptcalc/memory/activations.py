@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .compiled import compiled_lines
+from .float8 import float8_lines
 from .losses import logits_alive, loss_saved_lines
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
@@ -107,7 +108,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
         setup = replace(setup, mode="mixed")
     out = loss_saved_lines(cfg, workload, setup, PROFILES[setup.impl](cfg, workload, setup))
-    out = compiled_lines(cfg, workload, setup, out)
+    out = float8_lines(cfg, workload, setup, compiled_lines(cfg, workload, setup, out))
     if setup.impl == "paper":
         return out
     if setup.lora_rank:  # a frozen base: only what the adapters' gradients need
