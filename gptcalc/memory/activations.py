@@ -129,6 +129,8 @@ _SEQUENCE_SHARDED = ("embedding/", "final/", "layer/ln_", "layer/block_input",
                      "layer/moe/router", "layer/moe/topk")
 _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
                "cross_entropy/total_weight", "cross_entropy/count",
+               # a compiled loss's per-token statistics: every vocabulary shard's rank has all
+               "cross_entropy/row_max", "cross_entropy/logsumexp",
                # op-level checkpointing keeps a row-parallel (or replicated) Linear's mm
                # output, the full-width partial sum before its all-reduce / reduce-scatter
                "layer/op/c_proj", "layer/op/mlp_proj", "layer/op/q_a_proj",
