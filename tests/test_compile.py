@@ -80,3 +80,39 @@ def test_compile_refuses_dropout_and_moe():
         with pytest.raises(ConfigError):
             saved_activations(cfg, Workload(1, 8), TrainingSetup(
                 mode="mixed", attn_impl="sdpa", compile="blocks"))
+
+
+@pytest.mark.slow
+def test_compiled_loss_buffers_from_inductors_code():
+    # Inductor's own generated code for the loss (a C++ compiler builds its CPU kernels): the
+    # forward allocates no N x V buffer, the backward one, the logits' gradient in their dtype
+    torch = pytest.importorskip("torch")
+    import re
+    import shutil
+
+    import torch.nn.functional as F
+    from torch._inductor.utils import run_and_get_code
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("Inductor's CPU kernels need a C++ compiler")
+    N, V = 32, 256
+    cfg = from_name("debug", arch="llama", n_layer=1, n_embd=16, n_head=2, block_size=16,
+                    vocab_size=V)
+    setup = TrainingSetup(mode="mixed", attn_impl="sdpa", compile="model")
+    from gptcalc.memory.compiled import compiled_loss_transients
+
+    want = compiled_loss_transients(cfg, Workload(2, N // 2), setup)
+    torch._dynamo.reset()
+    loss_fn = torch.compile(lambda x, t: F.cross_entropy(x.float(), t))
+    x = torch.randn(N, V, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, V, (N,))
+
+    def step():
+        loss_fn(x, t).backward()
+    _, (forward, backward) = run_and_get_code(step)
+    elem = {"torch.float32": 4, "torch.bfloat16": 2, "torch.int64": 8}
+    for name, code in (("forward", forward), ("backward", backward)):
+        bufs = re.findall(r"empty_strided_cpu\(\((\d+), (\d+)\), \([^)]*\), (torch\.\w+)\)",
+                          code)
+        vocab_wide = sum(int(n) * int(v) * elem[d] for n, v, d in bufs if int(v) == V)
+        assert vocab_wide == want[name], (name, bufs)

@@ -141,8 +141,10 @@ def compiled_loss_transients(cfg: GPTConfig, workload: Workload, setup: Training
     kernel writes the logits' gradient in their dtype from the saved logits and statistics,
     N V' a (chunked: a chunk's rows_j V' a while the chunks done hold gradients where their
     logits were freed, so the largest chunk; then the head's weight-gradient sum over the
-    chunks, as `losses.chunked_loss_transients` counts it, against the freed logits). Not
-    measured: the CPU twin runs the partitioned graphs op by op, without Inductor's fusion."""
+    chunks, as `losses.chunked_loss_transients` counts it, against the freed logits). The
+    buffers are those of Inductor's generated code for the loss (torch 2.13, CPU): forward,
+    two N x 1 fp32 and the scalars; backward, an N x 1 fp32 and the N x V' gradient
+    (tests/test_compile.py reads them); the chunked loss's moments are modelled, not measured."""
     V, a = -(-cfg.vocab_size // setup.tp), setup.act_bytes
     if setup.loss != "chunked":
         return {"forward": 0, "backward": workload.tokens * V * a}
