@@ -49,9 +49,15 @@ def measure_offload(cfg, workload, setup) -> OffloadCount:
             kept[key] = t.untyped_storage().nbytes()
         return t
 
+    op_checkpoint = getattr(model, "op_checkpoint", None)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with autocast_context(setup, "cpu"):
             model(idx, targets)
+    # op-level checkpointing's kept outputs: its cache, which no saved-tensor hook sees
+    for t in op_checkpoint.cached() if op_checkpoint is not None else ():
+        key = storage_key(t)
+        if key not in excluded and key not in moved:
+            kept[key] = t.untyped_storage().nbytes()
     device = sum(v for k, v in kept.items() if k not in moved)
     return OffloadCount(device, sum(moved.values()), copies[0])
 

@@ -20,16 +20,18 @@ def _split(cfg, wl, setup):
     return sum(device.values()), sum(host.values())
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(arch=st.sampled_from(["llama", "gpt2"]), mode=st.sampled_from(["fp32", "bf16", "mixed"]),
-       b=st.integers(1, 2), S=st.integers(2, 40), E=st.sampled_from([16, 32]))
-def test_offloaded_bytes_exact_cpu(arch, mode, b, S, E):
+       b=st.integers(1, 2), S=st.integers(2, 40), E=st.sampled_from([16, 32]),
+       recompute=st.sampled_from(["none", "op", "full", "selective"]))
+def test_offloaded_bytes_exact_cpu(arch, mode, b, S, E, recompute):
     from reference_model.offload import measure_offload
 
     cfg = from_name("debug", arch=arch, n_layer=2, n_embd=E, n_head=2, block_size=64,
                     vocab_size=64)
     wl = Workload(b, S)
-    setup = TrainingSetup(mode=mode, attn_impl="sdpa", offload_activations=True)
+    setup = TrainingSetup(mode=mode, attn_impl="sdpa", offload_activations=True,
+                          recompute=recompute)
     m = measure_offload(cfg, wl, setup)
     assert _split(cfg, wl, setup) == (m.device, m.host)
 

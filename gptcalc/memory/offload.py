@@ -74,14 +74,18 @@ def offload_split(cfg: GPTConfig, setup: TrainingSetup, acts: dict[str, int],
                   inflight: int = 1) -> tuple[dict[str, int], dict[str, int]]:
     """`acts` (a device's saved lines) split into the lines the device keeps and those on the
     host. Offloaded: a line outside the head and the loss (`_STAY`) whose tensor
-    (`line_tensor_bytes`) holds at least `MIN_OFFLOAD_BYTES`. Unchanged when offloading is
-    off (every line stays)."""
+    (`line_tensor_bytes`) holds at least `MIN_OFFLOAD_BYTES`, and that autograd saves: the
+    op outputs eager op-level checkpointing keeps (`layer/op/`) live in its selective-
+    checkpoint cache, which no saved-tensor hook sees, so they stay (a checkpoint's inputs are
+    saved through autograd, `_NoopSaveInputs`, and go; compiled, the kept outputs are the
+    graph's saved tensors and go too). Unchanged when offloading is off (every line stays)."""
     if not setup.offload_activations:
         return dict(acts), {}
+    stay = _STAY + (("layer/op/",) if setup.compile == "none" else ())
     device, host = {}, {}
     for key, nbytes in acts.items():
         size = line_tensor_bytes(cfg, setup, key, nbytes, inflight)
-        if nbytes and not key.startswith(_STAY) and size >= MIN_OFFLOAD_BYTES:
+        if nbytes and not key.startswith(stay) and size >= MIN_OFFLOAD_BYTES:
             host[key] = nbytes
         else:
             device[key] = nbytes
