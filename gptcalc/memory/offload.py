@@ -50,9 +50,10 @@ def check_offload(setup: TrainingSetup) -> None:
 
 def _tensors_per_block(cfg: GPTConfig, setup: TrainingSetup, key: str) -> int:
     """Equal tensors one block saves under a line: q, k and v (grouped-query k and v repeated
-    to the query heads inside the core); the MLP's hidden tensors (`HIDDEN_SAVED`, compiled
+    to the query heads inside the core; the core's inputs selective recomputation keeps); the
+    MLP's hidden tensors (`HIDDEN_SAVED`, compiled
     `COMPILED_HIDDEN`); else one."""
-    if key == "layer/attn/qkv":
+    if key in ("layer/attn/qkv", "layer/attn/core_inputs"):
         return 3
     if key == "layer/mlp/hidden":
         return (COMPILED_HIDDEN if setup.compile != "none" else HIDDEN_SAVED)[cfg.mlp]
