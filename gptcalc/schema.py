@@ -17,8 +17,9 @@ from .errors import ConfigError, integer
 from .families import ARCHS
 from .lora import TARGETS_HELP
 from .presets import DEFAULT_PRESET
-from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, DEFAULT_LOSS_CHUNKS,
-                             DEVICES, IMPLS, LOSSES, MODES, OPTIMIZERS, PP_SCHEDULES, RECOMPUTE)
+from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, COMPILES,
+                             DEFAULT_LOSS_CHUNKS, DEVICES, FLOAT8, IMPLS, LOSSES, MODES,
+                             OPTIMIZERS, PP_SCHEDULES, RECOMPUTE)
 from .units import parse_bytes
 
 
@@ -155,6 +156,19 @@ _TRAINING = (
            "reserved bytes (torch.cuda.max_memory_reserved) are simulated under: default, or "
            "expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).", "training",
            ALLOCATORS),
+    Option("compile", "--compile", "choice", "torch.compile: none (default, eager), blocks "
+           "(torchtitan's per-block compile: the min-cut partitioner recomputes a block's "
+           "cheap pointwise ops in backward) or model (the blocks and the loss: the loss keeps "
+           "the logits and two fp32 numbers per token, not fp32 log-probabilities); --impl "
+           "reference.", "training", COMPILES),
+    Option("float8", "--float8", "choice", "torchao float8 training of the blocks' Linears: "
+           "none (default), tensorwise or rowwise scaling (what each Linear saves for "
+           "backward, and float8 all-gathers under FSDP2 with tensorwise).", "training",
+           FLOAT8),
+    Option("offload_activations", "--offload-activations", "flag", "Saved activations go "
+           "to host memory as they are saved and come back for backward (torchtune's "
+           "OffloadActivations): the device keeps tensors under its minimum size and the "
+           "output head's; the host row counts the rest (default off).", "training"),
     Option("overhead", "--overhead", "size", "Bytes added to every phase of the peak for what "
            "is not modelled (CUDA context, fragmentation, communication buffers), e.g. 2GiB; "
            "default 0.", "training", metavar="SIZE", zero_ok=True),

@@ -78,7 +78,8 @@ def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, 
             "recompute": "none", "attn": family["attn"], "device": family["device"],
             "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
             "keep_logits": family["keep_logits"], "optimizer_in_backward": False,
-            "allocator": "default", "megatron_te": True, "overhead": 0, "lora_rank": 0,
+            "allocator": "default", "megatron_te": True, "compile": "none", "float8": "none",
+            "offload_activations": False, "overhead": 0, "lora_rank": 0,
             "lora_targets": "",
             "weights_dtype": "", "bnb_version": DEFAULT_BNB_VERSION}
 

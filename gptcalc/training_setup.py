@@ -39,6 +39,13 @@ ALLOCATORS = ("default", "expandable")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 # the schedules that run more than one virtual stage (model chunk) per pipeline rank
 VIRTUAL_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
+# torch.compile of the training step: none (eager); blocks (torchtitan's per-block compile:
+# each transformer block one compiled graph, partitioned by AOTAutograd's min-cut
+# partitioner); model (the blocks and the loss, torchtitan's compile components model + loss)
+COMPILES = ("none", "blocks", "model")
+# torchao float8 training of the blocks' Linears (Float8Linear): none; tensorwise (one fp32
+# scale per tensor); rowwise (one fp32 scale per row of each operand)
+FLOAT8 = ("none", "tensorwise", "rowwise")
 
 
 # the bitsandbytes release assumed unless --bnb-version names another (the one measured)
@@ -111,6 +118,9 @@ class TrainingSetup:
     optimizer_in_bwd), so no full set of gradients exists.
     `allocator`: the CUDA caching allocator's mode the reserved bytes are simulated under
     (`ALLOCATORS`).
+    `compile`: what torch.compile compiles (`COMPILES`); `float8`: torchao's float8 training of
+    the blocks' Linears (`FLOAT8`); `offload_activations`: saved activations go to host memory
+    as they are saved (torchtune's OffloadActivations).
 
     The dataclass defaults are the bare fp32 CPU set-up the reference model is measured in;
     `training_defaults` gives the set-up a family is usually trained with.
@@ -147,13 +157,17 @@ class TrainingSetup:
     optimizer_in_backward: bool = False
     allocator: str = "default"
     megatron_te: bool = True
+    compile: str = "none"
+    float8: str = "none"
+    offload_activations: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
                               ("loss", LOSSES), ("allocator", ALLOCATORS),
-                              ("pp_schedule", PP_SCHEDULES)):
+                              ("pp_schedule", PP_SCHEDULES), ("compile", COMPILES),
+                              ("float8", FLOAT8)):
             one_of(name, getattr(self, name), choices)
         for name in ("dp", "tp", "pp", "ep", "cp", "pp_virtual"):
             positive_int(name, getattr(self, name))
@@ -181,6 +195,7 @@ class TrainingSetup:
         boolean("keep_logits", self.keep_logits)
         boolean("optimizer_in_backward", self.optimizer_in_backward)
         boolean("megatron_te", self.megatron_te)
+        boolean("offload_activations", self.offload_activations)
         if self.optimizer_in_backward and self.zero >= 2:
             raise ConfigError("optimizer_in_backward", "each parameter steps in its gradient "
                                                        "hook on its whole gradient: not with "
@@ -239,8 +254,8 @@ class TrainingSetup:
         alloc = ("expandable segments" if self.allocator == "expandable" else
                  "default segments")
         return (f"{prec}, {optimizer}, {self.describe_impl()}, recompute "
-                f"{self.recompute}{tune}, {self.describe_loss()}, caching allocator {alloc}, "
-                f"{layout}")
+                f"{self.recompute}{tune}{self.describe_stack()}, {self.describe_loss()}, "
+                f"caching allocator {alloc}, {layout}")
 
     def describe_impl(self) -> str:
         """The attention kernel, the device and whose saved tensors are counted, in words."""
@@ -250,6 +265,19 @@ class TrainingSetup:
             return f"megatron-core implementation {modules}, {self.device.upper()} kernels"
         return (f"attention {self.attn_impl}, {self.device.upper()} kernels, {self.impl} "
                 f"implementation")
+
+    def describe_stack(self) -> str:
+        """torch.compile, float8 and activation offloading in words (empty when all are off)."""
+        parts = []
+        if self.compile != "none":
+            parts.append({"blocks": "compiled blocks (min-cut partitioner)",
+                          "model": "compiled blocks and loss (min-cut partitioner)"}[
+                self.compile])
+        if self.float8 != "none":
+            parts.append(f"float8 {self.float8} Linears (torchao)")
+        if self.offload_activations:
+            parts.append("activations offloaded to the host (torchtune)")
+        return "".join(", " + p for p in parts)
 
     def describe_loss(self) -> str:
         """The loss and what the training loop does with the logits, in words."""

@@ -279,6 +279,10 @@ def make_batch(cfg: GPTConfig, workload: Workload, device: str = "cpu", seed: in
 def build_for(cfg: GPTConfig, setup: TrainingSetup, device: str = "cpu") -> GPT:
     model = build_model(cfg, setup.attn_impl, device=device, dtype=model_dtype(setup))
     model.train()
+    if setup.float8 != "none":  # torchao's float8 training of every Linear but the head
+        from .float8 import convert_float8
+
+        convert_float8(model, setup.float8)
     if setup.loss == "chunked":  # torchtune's chunked output and loss (model.py)
         model.num_output_chunks = setup.loss_chunks
     elif setup.loss != "standard":

@@ -442,6 +442,9 @@ class GPT(nn.Module):
         self.attn_impl = attn_impl
         # torchtune's chunked output (TransformerDecoder.set_num_output_chunks): 0 = one tensor
         self.num_output_chunks = 0
+        # the loss over the logits, and over one chunk of them: compiled ones where the loss is
+        # compiled (reference_model.compiled)
+        self.loss_fn, self.chunk_loss_fn = cross_entropy, chunk_cross_entropy
         modules = dict(wte=nn.Embedding(cfg.vocab_size, cfg.embd_dim))
         if cfg.embd_dim != cfg.n_embd:  # OPT's word_embed_proj_dim
             modules["proj_in"] = nn.Linear(cfg.embd_dim, cfg.n_embd, bias=False)
@@ -495,11 +498,12 @@ class GPT(nn.Module):
         if self.num_output_chunks:  # torchtune: the head per chunk of tokens, a list out
             chunks = [self.lm_head(c) for c in x.tensor_split(self.num_output_chunks, dim=1)]
             del x  # torchtune's loss runs after the model has returned: its hidden state is gone
-            return chunks, None if targets is None else chunked_cross_entropy(chunks, targets)
+            return chunks, None if targets is None else chunked_cross_entropy(
+                chunks, targets, chunk_loss=self.chunk_loss_fn)
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            loss = self.loss_fn(logits, targets)
         return logits, loss
 
     def new_kv_cache(self) -> KVCache:
@@ -563,19 +567,32 @@ _KEY_PATTERNS = [
 ]
 
 
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean cross entropy of logits (B, S, V) against targets (B, S)."""
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def chunk_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                        ignore_index: int = -100) -> torch.Tensor:
+    """One chunk's summed cross entropy, upcast to fp32: torchtune's
+    CEWithChunkedOutputLoss.compute_cross_entropy (which its recipes compile)."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels,
+                           ignore_index=ignore_index, reduction="sum")
+
+
 def chunked_cross_entropy(chunks: list[torch.Tensor], targets: torch.Tensor,
-                          ignore_index: int = -100) -> torch.Tensor:
+                          ignore_index: int = -100, chunk_loss=None) -> torch.Tensor:
     """The mean cross entropy over logits given in chunks of tokens, as torchtune's
     CEWithChunkedOutputLoss computes it in eager mode (torchtune/modules/loss/
     ce_chunked_output_loss.py): the targets split as the logits were (`tensor_split` along the
     sequence), each chunk upcast to fp32 (`.float()`) and summed with reduction "sum", the sum
-    divided by the count of targets that are not `ignore_index`."""
+    divided by the count of targets that are not `ignore_index`. `chunk_loss(logits, labels,
+    ignore_index)`: one chunk's loss (default `chunk_cross_entropy`; a compiled one)."""
     count = (targets != ignore_index).sum()
     labels = [t.reshape(-1) for t in targets.tensor_split(len(chunks), dim=1)]
     total = 0.0
     for logits, y in zip(chunks, labels):
-        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y,
-                                 ignore_index=ignore_index, reduction="sum")
+        total += (chunk_loss or chunk_cross_entropy)(logits, y, ignore_index)
     return total / count
 
 

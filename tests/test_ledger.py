@@ -93,7 +93,7 @@ def test_memory_json_keys_are_the_documented_ones():
                                    - only_with_recipe)
     text = DOCS.read_text().split("## `gptcalc memory --json`", 1)[1].split("\n## ", 1)[0]
     training_row = next(line for line in text.splitlines() if line.startswith("| `training`"))
-    assert set(out["training"]) <= set(re.findall(r"`([a-z_]+)`", training_row))
+    assert set(out["training"]) <= set(re.findall(r"`([a-z0-9_]+)`", training_row))
     breakdown_row = next(line for line in text.splitlines() if line.startswith("| `breakdown`"))
     assert set(out["breakdown"]) <= set(re.findall(r"`([a-z_]+)`", breakdown_row))
     assert "resident" in out and sum(out["breakdown"]["resident"].values()) == out["resident"]

@@ -151,7 +151,7 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
     if rep.host:
-        print_table("host: what the host holds per rank (DeepSpeed offload)",
+        print_table("host: what the host holds per rank (offloaded)",
                     ["line", "bytes", "binary"], _rows(rep.host),
                     total_row=[f"per node ({node} ranks)", f"{rep.host_total * node:,}",
                                binary_bytes(rep.host_total * node)])

@@ -18,6 +18,8 @@ from ..schedules import Stage, holds_embedding, holds_head, stage_hold
 from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
+from .compiled import compiled_lines
+from .float8 import float8_lines
 from .losses import logits_alive, loss_saved_lines
 from .profile_megatron import check_megatron_core, megatron_saved, unmodelled
 from .profile_reference import reference_saved
@@ -123,6 +125,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
         setup = replace(setup, mode="mixed")
     out = loss_saved_lines(cfg, workload, setup, PROFILES[setup.impl](cfg, workload, setup))
+    out = float8_lines(cfg, workload, setup, compiled_lines(cfg, workload, setup, out))
     if setup.impl in ("paper", "megatron-core"):  # no LoRA, no autocast weight copies
         return out
     if setup.lora_rank:  # a frozen base: only what the adapters' gradients need
@@ -149,10 +152,13 @@ _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
                # Megatron's per-layer rotary cos/sin (S x rd) and checkpointed mask type
                "layer/attn/rotary_tables", "layer/attn/rotary_freqs",
                "layer/attn/checkpoint_mask_type",
+               # a compiled loss's per-token statistics: every vocabulary shard's rank has all
+               "cross_entropy/row_max", "cross_entropy/logsumexp",
                # op-level checkpointing keeps a row-parallel (or replicated) Linear's mm
                # output, the full-width partial sum before its all-reduce / reduce-scatter
                "layer/op/c_proj", "layer/op/mlp_proj", "layer/op/q_a_proj",
                "layer/op/kv_a_proj",
+               "layer/rng_state",  # one generator state per block, whatever the layout
                "weight_copy/")  # weight copies arrive tensor-parallel sharded already
 
 

@@ -115,6 +115,9 @@ SAVED_TO_ATTENTION_CORE = Term("saved activations (to the last block's attention
 ATTENTION_CORE_TRANSIENTS = Term("attention core transients (SDPA math path, 16-bit)")
 RING_FORWARD_BUFFERS = Term("ring attention: gathered k and v, merged outputs")
 RING_BACKWARD_BUFFERS = Term("ring attention: gathered k and v, q/k/v gradients in flight")
+# activation offloading (gptcalc.memory.offload)
+OFFLOAD_STASH = Term("offloaded activations still on the device (forward stash)")
+OFFLOADED_BACK = Term("offloaded activations brought back (one block)")
 
 
 class Ledger:
@@ -193,6 +196,6 @@ class Ledger:
 
 __all__ = ["ATTENTION_CORE_TRANSIENTS", "BLOCK_GRADIENTS", "EMBEDDING_INPUTS", "GRADIENTS",
            "GRADIENTS_ACCUMULATING", "LOGITS", "LOSS_GRADIENT", "LOSS_LOGITS_COPY", "Ledger",
-           "LedgerError", "OPTIMIZER_STATES", "OPTIMIZER_TEMPORARIES", "OVERHEAD", "Phase",
+           "LedgerError", "OFFLOADED_BACK", "OFFLOAD_STASH", "OPTIMIZER_STATES", "OPTIMIZER_TEMPORARIES", "OVERHEAD", "Phase",
            "RECOMPUTED_BLOCK", "SAVED", "SAVED_TO_ATTENTION_CORE", "STEADY_PHASES",
            "TARGETS", "TIED_EMBEDDING_GRADIENT", "Term", "WEIGHTS"]

@@ -39,13 +39,16 @@ from ..workload import Workload
 from .activations import device_activations, saved_in, transformers_loss
 from .context_parallel import (local_workload, ring_backward_bytes, ring_forward_bytes,
                                sharding_setup)
+from .compiled import compiled_loss_transients, loss_saves_logits
 from .engines import Step, adjust, engine_for, state_bytes
 from .losses import chunked_loss_transients, fused_loss_transients, logits_alive
 from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
                      GRADIENTS_ACCUMULATING, LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY,
-                     OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK,
-                     RING_BACKWARD_BUFFERS, RING_FORWARD_BUFFERS, SAVED, SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger,
-                     Phase)
+                     OFFLOAD_STASH, OFFLOADED_BACK, OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES,
+                     OVERHEAD, RECOMPUTED_BLOCK, RING_BACKWARD_BUFFERS, RING_FORWARD_BUFFERS,
+                     SAVED, SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS,
+                     Ledger, Phase)
+from .offload import brought_back_bytes, check_offload, forward_stash_bytes, offload_split
 from .states import BNB_MIN_8BIT_SIZE, StateBytes, largest_tensor
 
 
@@ -74,8 +77,11 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     megatron/core/tensor_parallel/cross_entropy.py): the fp32 copy of the logits becomes the
     saved softmax in place, nothing beside it at the forward's end; backward turns that softmax
     into the gradient in place and the upcast's backward makes the logits' gradient in the
-    compute dtype, N V a. The chunked and fused losses: `losses`.
+    compute dtype, N V a. The chunked and fused losses: `losses`; a compiled loss:
+    `compiled.compiled_loss_transients`.
     """
+    if loss_saves_logits(setup):  # a compiled loss: Inductor's fused kernels
+        return compiled_loss_transients(cfg, workload, setup)
     if setup.loss == "chunked":
         return chunked_loss_transients(cfg, workload, setup)
     if setup.loss == "fused":
@@ -419,17 +425,25 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     st = state_bytes(cfg, setup, stage)
     acts = device_activations(cfg, workload, setup, stage)
     blocks = stage_hold(cfg, workload, setup, stage).held_layers
-    saved = sum(acts.values())
+    check_offload(setup)
+    # what the device keeps of them (all, unless they are offloaded to the host)
+    kept_acts, offloaded = offload_split(cfg, setup, acts, blocks)
+    saved = sum(kept_acts.values())
     holds_head = setup.pp == 1 or stage_holds_head(setup, stage)
     # the logits as the loss reads them, and as the training loop holds them through backward
     alive = logits_alive(cfg, workload, setup)
     logits = alive["forward"] if holds_head else 0
     kept = alive["backward"] if holds_head else 0
+    # a compiled loss saves the logits (a saved line) until its backward; the loop's own
+    # reference to them counts again only after it
+    kept_at_start = 0 if loss_saves_logits(setup) else kept
+    if loss_saves_logits(setup):
+        logits = 0
     loss = loss_transients(cfg, workload, setup) if holds_head else {"forward": 0,
                                                                      "backward": 0}
-    loss_saved = saved_in(acts, "cross_entropy")
+    loss_saved = saved_in(kept_acts, "cross_entropy")
     # the head's backward (final norm, lm_head) runs before any block's and frees its inputs
-    head_saved = saved_in(acts, "final")
+    head_saved = saved_in(kept_acts, "final")
     # with gradient accumulation the gradients of earlier micro-batches are alive throughout
     # (under pipelining --grad-accum counts the schedule's micro-batches: `pipeline_adjust`)
     grads_early = st.gradients if workload.grad_accum > 1 and setup.pp == 1 else 0
@@ -451,7 +465,7 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     ledger.open(Phase.FORWARD_END, {**base, SAVED: saved, LOGITS: logits,
                                     LOSS_LOGITS_COPY: loss["forward"],
                                     GRADIENTS_ACCUMULATING: grads_early})
-    ledger.open(Phase.BACKWARD_START, {**base, SAVED: saved, LOGITS: kept,
+    ledger.open(Phase.BACKWARD_START, {**base, SAVED: saved, LOGITS: kept_at_start,
                                        LOSS_GRADIENT: loss["backward"],
                                        GRADIENTS_ACCUMULATING: grads_early})
     ledger.open(Phase.BACKWARD_LAST_BLOCK, {
@@ -477,9 +491,15 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
             GRADIENTS_ACCUMULATING: grads_early})
     if setup.optimizer_in_backward:
         optimizer_in_backward(cfg, workload, setup, ledger)
+    if setup.offload_activations:
+        stash = forward_stash_bytes(cfg, setup, offloaded, blocks)
+        ledger.add(Phase.FORWARD_END, OFFLOAD_STASH, stash)
+        ledger.add(Phase.BACKWARD_START, OFFLOAD_STASH, stash)
+        ledger.add(Phase.BACKWARD_LAST_BLOCK, OFFLOADED_BACK,
+                   brought_back_bytes(cfg, setup, offloaded, blocks))
     # an engine's own moment (FSDP2's root all-gather at backward start) starts from the
     # forward's tensors without the loss's transients
-    forward = {**base, SAVED: saved, LOGITS: kept, GRADIENTS_ACCUMULATING: grads_early}
+    forward = {**base, SAVED: saved, LOGITS: kept_at_start, GRADIENTS_ACCUMULATING: grads_early}
     adjust(ledger, Step(cfg, workload, setup, stage, logits, st.gradients, forward))
     return ledger
 

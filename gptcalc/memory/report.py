@@ -20,6 +20,7 @@ from .finetune import ATTENTION_TARGETS, lora_on_transformers
 from .activations import (activations_paper, check_profile, checkpoints_on_host,
                           device_activations, logits_bytes)
 from .context_parallel import check_context_parallel, local_workload, sharding_setup
+from .offload import offload_split
 from .peak import StepPeak, step_peak
 from .engines import engine_for, host, resident, state_bytes
 from .engines.shards import stage_of
@@ -175,6 +176,8 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     workload, setup = local_workload(workload, setup), sharding_setup(setup)
     st = state_bytes(cfg, setup, peak.stage)
     acts = device_activations(cfg, workload, setup, peak.stage)
+    _, offloaded = offload_split(cfg, setup, acts,
+                                 stage_hold(cfg, workload, setup, peak.stage).held_layers)
     copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
     acts = {k: v for k, v in acts.items() if k not in copies}
     paper = activations_paper(cfg, workload, setup)
@@ -192,7 +195,8 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
         host={**host(cfg, setup, peak.stage),
-              **checkpoints_on_host(cfg, workload, setup, peak.stage)},
+              **checkpoints_on_host(cfg, workload, setup, peak.stage),
+              **{f"saved activations: {k}": v for k, v in offloaded.items()}},
         stages=pipeline_stages(cfg, workload, setup),
     )
 

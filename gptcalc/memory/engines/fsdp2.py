@@ -163,12 +163,14 @@ def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     gradients' dtype differs from reduce_dtype (MixedPrecisionPolicy), the copy-in
     (`torch._chunk_cat`) converts through an intermediate in reduce_dtype the size of the
     input; CUDA's kernel casts in place (measured with FSDPMemTracker on CPU/gloo,
-    torch 2.13)."""
+    torch 2.13). Saved activations: those the device keeps (`offload.offload_split`)."""
     from ..activations import device_activations, saved_in
+    from ..offload import offload_split
 
-    acts = device_activations(cfg, workload, setup, stage)
+    held = stage_hold(cfg, workload, setup, stage).held_layers
+    acts, _ = offload_split(cfg, setup, device_activations(cfg, workload, setup, stage), held)
     blocks = stage_layers(cfg, setup, stage)
-    layer = saved_in(acts, "layer") // max(1, stage_hold(cfg, workload, setup, stage).held_layers)
+    layer = saved_in(acts, "layer") // max(1, held)
     loss = saved_in(acts, "cross_entropy")
     el = fsdp2_unsharded_elements(cfg, setup, stage)
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)

@@ -1,0 +1,169 @@
+"""What torch.compile saves for backward (`TrainingSetup.compile`): the reference profile's lines
+as AOTAutograd's min-cut partitioner changes them.
+
+torch.compile traces a compiled region's forward and backward into one joint graph;
+`min_cut_rematerialization_partition` (torch/_functorch/partitioners.py, torch 2.13, the
+partitioner Inductor trains with) then saves the cheapest set of tensors from which the
+backward can run, recomputing in backward what its rules allow:
+
+- only ops of its allowlist are recomputed (pointwise ops, views, casts, cheap reductions:
+  `get_default_op_list`); matmuls, attention kernels and random ops (dropout) never are;
+- a tensor the backward reads as a matmul's operand (a Linear's input, for its weight
+  gradient) is "materialized in backward" and is saved, not recomputed
+  (`ban_recompute_materialized_backward`);
+- a reduction whose output is 4x smaller than its input (RMSNorm's rsqrt over the mean of
+  squares) is saved (`ban_recompute_reductions`).
+
+So inside a block the partitioner keeps every matmul's input and the outputs that a
+non-pointwise backward needs, and drops what an eager block keeps only for pointwise backward
+formulas: RMSNorm's `x * rsqrt` (recomputed from the saved input and rsqrt) and a gated MLP's
+activation output (silu(gate), recomputed from the saved gate). LayerNorm (native_layer_norm
+saves input, mean and rstd) and the ungated MLPs save the same as in eager. Under torchtitan's
+op-level checkpointing the recompute tags decide instead: the kept outputs that the backward
+reads stay (the block's last Linear's does not: only the residual sum reads it).
+
+`model` compiles the loss too (torchtitan's compile component `loss`): the cross entropy, a
+log_softmax and an nll_loss decomposed into pointwise ops and reductions, saves the logits it
+was given, each row's maximum and log-sum-exp (fp32, N x 4 each) and the targets, and
+recomputes the log-probabilities in backward; torchtune's chunked loss compiles
+`compute_cross_entropy`, once per chunk.
+
+Scope (measured against the reference model's blocks compiled with the min-cut partitioner,
+tests/test_compile.py): the reference implementation; dense pre-norm blocks without dropout,
+q/k norms, post-norms or a parallel residual; SDPA; modes fp32, mixed and bf16 (amp's autocast
+weight copies are not modelled under compile); recompute none, op or full.
+"""
+
+from __future__ import annotations
+
+from ..config import GATED_MLPS, GPTConfig
+from ..errors import ConfigError
+from ..recompute import block_linears
+from ..training_setup import TrainingSetup
+from ..workload import Workload
+
+
+def check_compile(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """ConfigError("compile") for a set-up whose compiled blocks are not modelled."""
+    if setup.compile == "none":
+        return
+    why = None
+    if setup.impl != "reference":
+        why = "--impl reference (the compiled blocks are the reference model's)"
+    elif setup.mode == "amp":
+        why = "--mode fp32, mixed or bf16 (autocast's weight copies are not modelled compiled)"
+    elif setup.recompute == "selective":
+        why = "--recompute none, op or full (torchtitan's compiled blocks)"
+    elif setup.attn_impl != "sdpa":
+        why = "--attn sdpa"
+    elif cfg.dropout or cfg.n_expert or cfg.mla or cfg.post_norm or cfg.parallel_residual \
+            or cfg.qk_norm != "none" or not cfg.pre_norm:
+        why = ("dense pre-norm blocks without dropout, q/k norms, post-norms or a parallel "
+               "residual")
+    elif setup.loss == "fused":
+        why = "--loss standard or chunked (Liger's fused loss is a Triton kernel)"
+    elif setup.lora_rank:
+        why = "full training (no --lora-rank)"
+    if why:
+        raise ConfigError("compile", f"--compile {setup.compile} is modelled for {why}")
+
+
+# the generator state a compiled checkpointed block saves: CPU, torch.get_rng_state() (the
+# mt19937 state, 5,056 bytes, measured); CUDA, torch.cuda.get_rng_state(), the Philox seed and
+# offset (8 + 8 bytes: CUDAGeneratorImpl::get_state, aten/src/ATen/cuda/CUDAGeneratorImpl.cpp)
+RNG_STATE_BYTES = {"cpu": 5056, "cuda": 16}
+
+# a compiled MLP's saved (tokens x d_ff) tensors by kind: the up projection's output (and the
+# gate's), the down projection's input; gated: gate, up, act(gate) * up (act(gate) recomputed)
+COMPILED_HIDDEN = {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 3, "geglu": 3}
+
+
+def compiled_block_lines(cfg: GPTConfig, setup: TrainingSetup, lines: dict[str, int]
+                         ) -> dict[str, int]:
+    """The layer lines of compiled blocks from the eager profile's (`lines`, all L layers).
+
+    recompute none: RMSNorm's `normalized` lines (x * rsqrt) are gone; a gated MLP keeps 3
+    (tokens x d_ff) tensors of the eager 4 (silu(gate) or gelu(gate) recomputed from gate).
+    op: the kept output of the block's last Linear is gone (only the residual sum reads it).
+    full: the block's input, as in eager, and the random generator's state, which the
+    compiled checkpoint saves per block (`RNG_STATE_BYTES`).
+    """
+    out = dict(lines)
+    if setup.recompute == "op":
+        last = block_linears(cfg)[-1].name
+        out.pop(f"layer/op/{last}", None)
+        return out
+    if setup.recompute == "full":
+        out["layer/rng_state"] = cfg.n_layer * RNG_STATE_BYTES[setup.device]
+        return out
+    if cfg.norm == "rmsnorm":
+        out.pop("layer/ln_1/normalized", None)
+        out.pop("layer/ln_2/normalized", None)
+    if cfg.mlp in GATED_MLPS and "layer/mlp/hidden" in out:
+        out["layer/mlp/hidden"] = out["layer/mlp/hidden"] * COMPILED_HIDDEN[cfg.mlp] // 4
+    return out
+
+
+def compiled_loss_lines(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                        lines: dict[str, int]) -> dict[str, int]:
+    """The cross entropy's lines when the loss is compiled (`model`): the logits it reads,
+    N V in the compute dtype (the standard loss's whole logits, or the chunked loss's chunks),
+    each row's maximum and log-sum-exp (N x 4 each) instead of the fp32 log-probabilities.
+    The loss's scalars stay: the standard loss's total weight, one per chunk of the chunked
+    loss (`reduction="sum"` keeps none: 0) and the count it divides by."""
+    N, V, a = workload.tokens, cfg.vocab_size, setup.act_bytes
+    out = {k: v for k, v in lines.items() if k != "cross_entropy/log_probs"}
+    out["cross_entropy/logits"] = N * V * a
+    out["cross_entropy/row_max"] = 4 * N
+    out["cross_entropy/logsumexp"] = 4 * N
+    if setup.loss == "chunked":  # reduction "sum": the compiled nll keeps no total weight
+        out["cross_entropy/total_weight"] = 0
+    return out
+
+
+def compiled_lines(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                   lines: dict[str, int]) -> dict[str, int]:
+    """The profile's saved lines (one micro-batch, unsharded) under `setup.compile`."""
+    if setup.compile == "none":
+        return lines
+    check_compile(cfg, setup)
+    out = compiled_block_lines(cfg, setup, lines)
+    if setup.compile == "model":
+        out = compiled_loss_lines(cfg, workload, setup, out)
+    return out
+
+
+def compiled_loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                             ) -> dict[str, int]:
+    """A compiled loss beside its saved tensors, per device (vocabulary shard V'), as Inductor
+    runs it: the forward's upcast, maximum, exponentials' sum and gather fuse into reductions
+    that write N numbers each, so no N x V' tensor is made (forward 0); the backward's fused
+    kernel writes the logits' gradient in their dtype from the saved logits and statistics,
+    N V' a (chunked: a chunk's rows_j V' a while the chunks done hold gradients where their
+    logits were freed, so the largest chunk; then the head's weight-gradient sum over the
+    chunks, as `losses.chunked_loss_transients` counts it, against the freed logits). The
+    buffers are those of Inductor's generated code for the loss (torch 2.13, CPU): forward,
+    two N x 1 fp32 and the scalars; backward, an N x 1 fp32 and the N x V' gradient
+    (tests/test_compile.py reads them); the chunked loss's moments are modelled, not measured."""
+    V, a = -(-cfg.vocab_size // setup.tp), setup.act_bytes
+    if setup.loss != "chunked":
+        return {"forward": 0, "backward": workload.tokens * V * a}
+    from .losses import chunk_rows
+
+    rows = chunk_rows(workload, setup.loss_chunks)
+    largest = max(rows) * V * a
+    if len(rows) > 1 and not setup.lora_rank:
+        head = 3 * V * cfg.embd_dim * a - (rows[-1] + rows[-2]) * V * a
+        largest = max(largest, head)
+    return {"forward": 0, "backward": largest}
+
+
+def loss_saves_logits(setup: TrainingSetup) -> bool:
+    """Whether the loss saves the logits for its backward (a compiled loss): then they are a
+    saved line, alive until the loss's backward whatever the training loop does."""
+    return setup.compile == "model" and setup.loss != "fused"
+
+
+__all__ = ["COMPILED_HIDDEN", "RNG_STATE_BYTES", "check_compile", "compiled_block_lines", "compiled_lines",
+           "compiled_loss_lines", "compiled_loss_transients",
+           "loss_saves_logits"]
