@@ -100,7 +100,8 @@ def test_step_moments_fp32(family, attn, dropout):
     cfg = _cfg(family, V=500, dropout=dropout)
     model = _model(cfg, attn)
     idx, labels = tw.make_batch(cfg.vocab_size, B, S)
-    moments = tw.measure_step_peak(model, idx, labels)
+    # the set-up's loop (TrainingSetup's default) holds the output through backward
+    moments = tw.measure_step_peak(model, idx, labels, keep_logits=True)
     params = list(model.parameters())
     weights = sum(p.nbytes for p in params)
     adamw = 2 * weights + 4 * len(params)  # exp_avg, exp_avg_sq, a 0-d fp32 step per tensor
@@ -214,7 +215,7 @@ def test_gemma_defaults_and_refusals():
     g3 = config_from_hf(_gemma_raw("gemma3_text", attn_logit_softcapping=50.0))
     assert transformers_family(g3) == "gemma3_text" and not g3.attn_softcap
     assert training_defaults(g3, hf=True) == {"mode": "amp", "attn": "sdpa", "device": "cuda",
-                                              "impl": "transformers"}
+                                              "impl": "transformers", "keep_logits": False}
 
 
 def _moe_raw(family: str, X: int, k: int, H: int = 4, kv: int = 2, dropout: float = 0.0,
