@@ -218,6 +218,13 @@ def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: 
     return StageHold(r, sum(split[c] for c in chunks), m, held, emb, head, done, per, bwd)
 
 
+# Each rank's order of forwards and backwards is replayed (`rank_actions`), for every rank:
+# the cost grows as ranks x micro-batches. Published runs use at most tens of stages and a few
+# thousand micro-batches; these bounds keep a command within seconds.
+MAX_CHUNKS = 512
+MAX_MICRO_BATCHES = 16_384
+
+
 def check_pipeline(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> None:
     """The set-ups the schedules run: the interleaved schedules need m a multiple of their
     rounds, max(1, m // pp); every chunk needs a block (`chunk_layers`). 1F1B with fewer
@@ -227,7 +234,13 @@ def check_pipeline(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
         if setup.pp_virtual > 1:
             raise ConfigError("pp_virtual", "virtual stages need pipeline stages: give --pp")
         return
+    if setup.pp * setup.pp_virtual > MAX_CHUNKS:
+        raise ConfigError("pp", f"at most {MAX_CHUNKS:,} pipeline stages (pp x virtual "
+                                f"stages) are modelled: the schedules are replayed per rank")
     m = micro_batches(workload, setup)
+    if m > MAX_MICRO_BATCHES:
+        raise ConfigError("grad_accum", f"at most {MAX_MICRO_BATCHES:,} micro-batches per "
+                                        f"pipeline step are modelled: each is replayed")
     rounds = max(1, m // setup.pp)
     if setup.pp_schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
         raise ConfigError("grad_accum", f"the interleaved schedules need the micro-batches "
@@ -235,6 +248,7 @@ def check_pipeline(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     chunk_layers(cfg.n_layer, setup.pp * setup.pp_virtual)
 
 
-__all__ = ["INPUT_WEIGHT", "OUTPUT_WEIGHT", "Stage", "StageHold", "check_pipeline",
+__all__ = ["INPUT_WEIGHT", "MAX_CHUNKS", "MAX_MICRO_BATCHES", "OUTPUT_WEIGHT", "Stage",
+           "StageHold", "check_pipeline",
            "chunk_layers", "holds_embedding", "holds_head", "micro_batches", "pp_rank",
            "rank_actions", "rank_chunks", "stage_hold", "stage_layers"]

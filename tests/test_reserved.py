@@ -251,3 +251,36 @@ def test_reserved_is_not_simulated_beyond_the_block_limit():
     at = ["memory", "--preset", "gpt2", "-L", str(MAX_SIMULATED_BLOCKS), "-B", "1",
           "--seq-len", "64", "--json"]
     assert json.loads(CliRunner().invoke(cli, at).output)["reserved"] > 0
+
+
+def test_every_pipeline_rank_has_its_reserved_bytes():
+    # uneven split (126 blocks over 8 ranks: 15, 16 x 6, 15): each rank's replay, the
+    # command's reserved the largest of them
+    import json
+
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    args = ["memory", "--preset", "llama3.1-405b", "--dp", "8", "--tp", "8", "--pp", "8",
+            "--recompute", "full", "--mode", "mixed", "--seq-len", "8192", "-B", "1", "--json"]
+    out = json.loads(CliRunner().invoke(cli, args).output)
+    per_rank = [s["reserved"] for s in out["stages"]]
+    assert len(per_rank) == 8 and all(r >= s["peak"] for r, s in zip(per_rank, out["stages"]))
+    assert out["reserved"] == max(per_rank)
+    cpu = json.loads(CliRunner().invoke(cli, [*args, "--device", "cpu"]).output)
+    assert all(s["reserved"] is None for s in cpu["stages"])
+
+
+def test_pipelines_beyond_the_replayed_sizes_are_one_line():
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+    from gptcalc.schedules import MAX_CHUNKS, MAX_MICRO_BATCHES
+
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "-L", str(2 * MAX_CHUNKS),
+                                 "--pp", str(2 * MAX_CHUNKS), "--seq-len", "64"])
+    assert r.exit_code == 2 and "--pp" in r.output and len(r.output.strip().splitlines()) == 1
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "--pp", "2", "--seq-len", "64",
+                                 "--grad-accum", str(MAX_MICRO_BATCHES + 2)])
+    assert r.exit_code == 2 and "--grad-accum" in r.output

@@ -13,7 +13,7 @@ from ..workload import Workload
 from ..memory import MemoryReport, memory_report
 from ..memory.engines import engine_for
 from ..memory.reserved import (MAX_SIMULATED_BLOCKS, RESERVED_LINE, nvidia_smi_lines,
-                               reserved_bytes)
+                               rank_reserved)
 from ..schedules import pp_rank as pipeline_rank
 from ..units import binary_bytes
 from ..schema import OPTIONS
@@ -56,8 +56,11 @@ def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_no
     fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
                                                   ds)
     # the CUDA caching allocator's reserved bytes and what nvidia-smi shows (CUDA only)
-    reserved = reserved_bytes(cfg, wl, setup) if setup.device == "cuda" else None
-    smi = None if reserved is None else nvidia_smi_lines(reserved, setup)
+    per_rank = rank_reserved(cfg, wl, setup) if setup.device == "cuda" else None
+    smi = None if per_rank is None else nvidia_smi_lines(max(per_rank), setup)
+    if per_rank and rep.stages:
+        rep = dataclasses.replace(rep, stages=[dataclasses.replace(s, reserved=r)
+                                               for s, r in zip(rep.stages, per_rank)])
     if as_json:
         emit_json(_json(cfg, wl, setup, rep, fit, node, smi))
         return
@@ -100,12 +103,14 @@ def _rows(lines: dict[str, int]) -> list[list[str]]:
 
 
 def _render_stages(setup: TrainingSetup, rep: MemoryReport) -> None:
+    reserved = rep.stages[0].reserved is not None
     rows = [[str(s.rank), str(s.layers), str(s.held_layers),
              binary_bytes(s.weights + s.gradients + s.optimizer), binary_bytes(s.activations),
-             binary_bytes(s.peak), s.peak_phase] for s in rep.stages]
+             binary_bytes(s.peak), s.peak_phase]
+            + ([binary_bytes(s.reserved)] if reserved else []) for s in rep.stages]
     print_table(f"Pipeline stages ({setup.pp_schedule}), per device",
                 ["rank", "blocks", "blocks x micro-batches alive", "states", "activations", "peak",
-                 "peak phase"], rows)
+                 "peak phase"] + (["reserved"] if reserved else []), rows)
 
 
 def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,

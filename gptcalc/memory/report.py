@@ -137,6 +137,9 @@ class StageFigures:
     activations: int  # saved for backward then (autocast's weight copies included)
     peak: int
     peak_phase: str
+    # torch.cuda.max_memory_reserved on the rank (`reserved.rank_reserved`; set by the command
+    # that simulates it, else None)
+    reserved: int | None = None
 
     def as_dict(self) -> dict[str, int | str]:
         return dict(vars(self))

@@ -61,7 +61,9 @@ from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACC
                      SAVED_TO_ATTENTION_CORE, ATTENTION_CORE_TRANSIENTS, STEADY_PHASES, TARGETS,
                      TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger, Phase)
 from .peak import stage_ledger
-from .states import STAGES, stage_tensors
+from .states import stage_tensors
+from .engines.shards import stage_of
+from ..schedules import stage_layers
 
 # the step's own terms; any other term of the ledger is the engine's
 OWN_TERMS = frozenset({WEIGHTS, OPTIMIZER_STATES, OVERHEAD, SAVED, LOGITS, LOSS_LOGITS_COPY,
@@ -112,7 +114,7 @@ def _tensors(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> _Tensors:
     head: list[int] = []
     emb: list[int] = []
     block: list[int] = []
-    blocks = max(1, cfg.n_layer // setup.pp)
+    blocks = max(1, stage_layers(cfg, setup, stage))
     for t in stage_tensors(cfg, setup, stage):
         # a kind's copies in one block (heads' modules, routed experts) as one tensor
         if t.place == "block":
@@ -361,14 +363,21 @@ def stage_reserved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
 MAX_SIMULATED_BLOCKS = 256
 
 
+def rank_reserved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                  ) -> list[int] | None:
+    """`stage_reserved` of every pipeline rank, rank 0 first (one entry without pipelining);
+    None when a rank holds more than `MAX_SIMULATED_BLOCKS` blocks."""
+    ranks = [stage_of(setup, r) for r in range(setup.pp)] if setup.pp > 1 else ["first"]
+    if max(stage_layers(cfg, setup, s) for s in ranks) > MAX_SIMULATED_BLOCKS:
+        return None
+    return [stage_reserved(cfg, workload, setup, s) for s in ranks]
+
+
 def reserved_bytes(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int | None:
     """What `torch.cuda.max_memory_reserved()` reads on the most loaded device: the largest
-    `stage_reserved` over the first and last pipeline stage; None when a stage holds more
-    than `MAX_SIMULATED_BLOCKS` blocks."""
-    if -(-cfg.n_layer // setup.pp) > MAX_SIMULATED_BLOCKS:
-        return None
-    stages = STAGES if setup.pp > 1 else ("first",)
-    return max(stage_reserved(cfg, workload, setup, s) for s in stages)
+    `rank_reserved`; None when a rank holds more than `MAX_SIMULATED_BLOCKS` blocks."""
+    per_rank = rank_reserved(cfg, workload, setup)
+    return None if per_rank is None else max(per_rank)
 
 
 def nccl_buffer_bytes(setup: TrainingSetup) -> int:
@@ -391,4 +400,4 @@ def nvidia_smi_lines(reserved: int, setup: TrainingSetup) -> dict[str, int]:
 
 __all__ = ["CUDA_CONTEXT_BYTES", "MAX_SIMULATED_BLOCKS", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
            "RESERVED_LINE", "STATE_TENSORS", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
-           "reserved_bytes", "stage_reserved", "step_events"]
+           "rank_reserved", "reserved_bytes", "stage_reserved", "step_events"]
