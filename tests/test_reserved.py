@@ -284,3 +284,23 @@ def test_pipelines_beyond_the_replayed_sizes_are_one_line():
     r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "--pp", "2", "--seq-len", "64",
                                  "--grad-accum", str(MAX_MICRO_BATCHES + 2)])
     assert r.exit_code == 2 and "--grad-accum" in r.output
+
+
+def test_context_parallel_reserved_replays_a_ranks_own_tokens():
+    # a cp rank's tensors are those of its T/cp tokens with states over dp x cp: where the
+    # ring's moments are not the peak, its replay is that of dp x cp ranks at T/cp tokens
+    import json
+
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    def run(*args):
+        out = CliRunner().invoke(cli, ["memory", "--preset", "llama3.1-8b", "-B", "1",
+                                       "--engine", "fsdp2", "--zero", "3", "--mode", "mixed",
+                                       "--recompute", "full", "--json", *args])
+        return json.loads(out.output)
+    cp = run("--seq-len", "131072", "--dp", "1", "--cp", "8")
+    dp = run("--seq-len", "16384", "--dp", "8")
+    assert cp["peak"] == dp["peak"] and cp["peak_phase"] == "backward start"
+    assert cp["reserved"] == dp["reserved"] >= cp["peak"]

@@ -60,6 +60,7 @@ from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACC
                      OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
                      SAVED_TO_ATTENTION_CORE, ATTENTION_CORE_TRANSIENTS, STEADY_PHASES, TARGETS,
                      TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger, Phase)
+from .context_parallel import local_workload, sharding_setup
 from .peak import stage_ledger
 from .states import stage_tensors
 from .engines.shards import stage_of
@@ -144,8 +145,11 @@ class _Replay:
     def __init__(self, cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str,
                  blocks: int | None) -> None:
         self.ledger = ledger = stage_ledger(cfg, workload, setup, stage)
-        self.acts = device_activations(cfg, workload, setup, stage)
-        self.ts = _tensors(cfg, setup, stage)
+        # a context-parallel rank saves the activations of its T/cp tokens and holds states
+        # sharded over dp x cp (the ledger applies the same inside)
+        rank_workload, rank_setup = local_workload(workload, setup), sharding_setup(setup)
+        self.acts = device_activations(cfg, rank_workload, rank_setup, stage)
+        self.ts = _tensors(cfg, rank_setup, stage)
         self.n = self.ts.blocks if blocks is None else blocks
         self.held, self.moments = _engine_terms(ledger)
         self.open: dict = {}  # the engine's terms alive, by term: their bytes
