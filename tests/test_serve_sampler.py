@@ -144,14 +144,18 @@ def test_custom_all_reduce_buffers_by_tp_and_release():
     assert custom_all_reduce_bytes(release("vllm", "0.4.1"), 2) == 24 * 2**20
     assert custom_all_reduce_bytes(old, 2) == 0
     assert custom_all_reduce_bytes(release("sglang"), 8) == 0
-    # through serve: added to the default non-torch at tp 4, not to a --non-torch given
+    # through serve: added to the default non-torch at tp 4, not to a --non-torch given; the
+    # default there is the logged 2.07 GiB of an H100 SXM node at tp >= 2, all-reduce included
     tp4 = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm", "--tp", "4")
     assert tp4["custom_all_reduce"] == 24 * 2**20
-    assert tp4["non_torch"] == int(0.2 * GiB) + 24 * 2**20
+    assert tp4["non_torch"] == int(2.07 * GiB)
     given = serve_json("--preset", "llama3-70b", "--gpu", "h100-sxm", "--tp", "4",
-                       "--non-torch", "0.2GiB")
-    assert given["custom_all_reduce"] == 0 and given["non_torch"] == int(0.2 * GiB)
-    assert tp4["kv_cache"] == given["kv_cache"] - 24 * 2**20
+                       "--non-torch", "2.07GiB")
+    assert given["custom_all_reduce"] == 0 and given["non_torch"] == int(2.07 * GiB)
+    assert tp4["kv_cache"] == given["kv_cache"]
+    # on PCIe cards (no NVSwitch) vLLM logs 0.2 GiB per worker at tp > 1
+    pcie = serve_json("--preset", "llama3-70b", "--gpu", "h100-pcie", "--tp", "4")
+    assert pcie["non_torch"] == int(0.2 * GiB) + 24 * 2**20
 
 
 # --- LoRA slots (gptcalc.inference.adapters) ---------------------------------------------------

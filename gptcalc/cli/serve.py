@@ -13,7 +13,8 @@ from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from ..inference.kv import KV_DTYPES
 from ..inference.fit import to_fit
-from ..inference.pool import DEFAULT_NON_TORCH, SERVERS, KVPool, gpu_memory, kv_pool
+from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSWITCH_NON_TORCH,
+                              KVPool, gpu_memory, kv_pool)
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
 from ..inference.servers import cuda_graphs_profiled
@@ -68,7 +69,9 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--non-torch", type=ByteSize(exact=False, zero_ok=True), default=None,
               metavar="SIZE",
               help=f"Memory outside PyTorch beyond the CUDA context (NCCL, cuBLAS) "
-                   f"(default {binary_bytes(DEFAULT_NON_TORCH)}, as vLLM logs it).")
+                   f"(default {binary_bytes(DEFAULT_NON_TORCH)} as vLLM logs it on one GPU, "
+                   f"{binary_bytes(TP_NVSWITCH_NON_TORCH)} at --tp 2 or more on "
+                   f"{', '.join(NVSWITCH_GPUS)}: NCCL's buffers there).")
 @click_option(OPTIONS["engine_version"])
 @click_option(OPTIONS["enable_lora"])
 @click_option(OPTIONS["max_loras"])
@@ -111,7 +114,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     args = dict(engine=engine, tp=tp, weights_dtype=weights, kv_dtype=kv_dtype,
                 utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs, block_size=kv_block_size,
-                non_torch=DEFAULT_NON_TORCH if nt is None else nt, gpu_name=g.name,
+                non_torch=nt, gpu_name=g.name,
                 engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
                 lora=lora)
     pool = kv_pool(cfg, total, **args)

@@ -59,6 +59,21 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's --block-size on CUDA (vllm/config/cache.py)
 # Llama-3.2-11B on one H100 (https://github.com/vllm-project/vllm/pull/12126) and 0.20 GiB per
 # worker at tp > 1 on 24 GiB GPUs (https://github.com/vllm-project/vllm/pull/14447).
 DEFAULT_NON_TORCH = GiB // 5
+# At tp >= 2 on NVSwitch machines NCCL's buffers take far more: vLLM 0.19.0 logs 2.07 to 2.13
+# GiB of non-torch memory per GPU at tp 2 and 4 on H100 SXM (llm-d-incubation/llm-d-planner,
+# accuracy/results/v0.19.0 logs), vLLM 0.9.2 2.21 GiB at tp 4 (vllm-project/vllm issue 21348)
+# and an SGLang rank 2.01 GB at tp 4 (sgl-project/sglang issue 11716). The smallest of them,
+# less vLLM's custom all-reduce buffers (`servers.custom_all_reduce_bytes`, counted apart).
+TP_NVSWITCH_NON_TORCH = int(2.07 * GiB) - 24 * 2**20
+# the catalogue's cards on NVSwitch baseboards (HGX): NCCL's NVLink SHARP and channel buffers
+NVSWITCH_GPUS = ("h100-sxm", "h200", "b200")
+
+
+def default_non_torch(gpu_name: str, tp: int) -> int:
+    """Non-torch memory per GPU beyond the CUDA context when none is given: the logged
+    `TP_NVSWITCH_NON_TORCH` at tp >= 2 on an NVSwitch card, else `DEFAULT_NON_TORCH` (vLLM's
+    logs on one GPU and at tp > 1 on PCIe cards)."""
+    return TP_NVSWITCH_NON_TORCH if tp >= 2 and gpu_name in NVSWITCH_GPUS else DEFAULT_NON_TORCH
 POSITION_BYTES = 8  # the int64 position of every token of the profile batch
 # E-wide tensors live at a block's peak, besides the branch's working set: transformers keeps
 # the embedding output, the block's input, the residual and the normed input (measured,
@@ -300,7 +315,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             weights_dtype: str = "bf16", kv_dtype: str = "bf16",
             utilization: float | None = None, max_num_batched_tokens: int | None = None,
             max_num_seqs: int | None = None, block_size: int | None = None,
-            non_torch: int = DEFAULT_NON_TORCH, gpu_name: str = "",
+            non_torch: int | None = None, gpu_name: str = "",
             engine_version: str | None = None, max_model_len: int | None = None,
             comm_buffers: bool = True, lora: tuple[int, int] | None = None) -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
@@ -309,9 +324,11 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     `comm_buffers`: add the release's custom all-reduce buffers at tp (`servers.
     custom_all_reduce_bytes`) to `non_torch`, the figure logged beyond them. `lora`:
     (max_loras, max_lora_rank) of vLLM's --enable-lora, whose slots it reserves
-    (`adapters.lora_slot_bytes`); None: no LoRA."""
+    (`adapters.lora_slot_bytes`); None: no LoRA. `non_torch` None: `default_non_torch`."""
     one_of("engine", engine, SERVERS)
     positive_int("tp", tp)
+    if non_torch is None:
+        non_torch = default_non_torch(gpu_name, tp)
     if cfg.n_head % tp:
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     if not isinstance(non_torch, int) or non_torch < 0:
