@@ -9,8 +9,8 @@ smallest that lets the engine start (its pool holds one request of max_model_len
 - max_model_len: the longest request the pool holds, only when the weights, the activation
   peak and non-torch memory fit the budget (a shorter request cannot shrink the weights).
 
-Scope: the given non-torch memory is kept at every tp (vLLM's custom all-reduce buffers follow
-the tp tried), although NCCL's buffers grow with it.
+Scope: a --non-torch given is kept at every tp; the default follows the tp and GPU tried
+(`pool.default_non_torch`, vLLM's custom all-reduce buffers).
 """
 
 from __future__ import annotations
