@@ -283,6 +283,8 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
     for name, good, bad in rng.sample(pool, k=min(len(pool), rng.randint(0, 4))):
         if name in args:  # an option given twice: the last wins, and may hide a bad value
             continue
+        if name == "--recipe" and refuse:  # a recipe's own model sizes replace a broken file's
+            continue
         if bad and rng.random() < 0.2:
             args += [name, rng.choice(bad)]
             refuse = True
