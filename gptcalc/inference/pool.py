@@ -61,8 +61,9 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's --block-size on CUDA (vllm/config/cache.py)
 DEFAULT_NON_TORCH = GiB // 5
 # At tp >= 2 on NVSwitch machines NCCL's buffers take far more: vLLM 0.19.0 logs 2.07 to 2.13
 # GiB of non-torch memory per GPU at tp 2 and 4 on H100 SXM (llm-d-incubation/llm-d-planner,
-# accuracy/results/v0.19.0 logs), vLLM 0.9.2 2.21 GiB at tp 4 (vllm-project/vllm issue 21348)
-# and an SGLang rank 2.01 GB at tp 4 (sgl-project/sglang issue 11716). The smallest of them,
+# accuracy/results/v0.19.0 logs), vLLM 0.9.2 2.21 GiB at tp 4
+# (https://github.com/vllm-project/vllm/issues/21348) and an SGLang rank 2.01 GB at tp 4
+# (https://github.com/sgl-project/sglang/issues/11716). The smallest of them,
 # less vLLM's custom all-reduce buffers (`servers.custom_all_reduce_bytes`, counted apart).
 TP_NVSWITCH_NON_TORCH = int(2.07 * GiB) - 24 * 2**20
 # the catalogue's cards on NVSwitch baseboards (HGX): NCCL's NVLink SHARP and channel buffers
