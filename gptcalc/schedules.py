@@ -177,7 +177,6 @@ class StageHold:
     backwards: tuple[int, ...] = ()  # backwards (B or I) run by then, per local chunk
 
 
-@lru_cache(maxsize=4096)  # every term of a stage's peak asks; the replay is O(m v) actions
 def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
                ) -> StageHold:
     """Replay `rank_actions` and keep the moment after a forward with the most blocks alive
@@ -186,36 +185,49 @@ def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: 
     `stage_backward_input` computes the input gradients with retain_graph=True, so the graph
     and what it saved stay until `stage_backward_weight` (torch/distributed/pipelining/
     _backward.py, torch 2.13). Without pipelining: one micro-batch of every block."""
-    r = pp_rank(setup, stage)
     if setup.pp == 1:
         return StageHold(0, cfg.n_layer, 1, cfg.n_layer, 1, 1, workload.grad_accum > 1, (1,),
                          (0,))
+    return _replayed_hold(cfg, workload, setup, stage)
+
+
+@lru_cache(maxsize=4096)  # every term of a stage's peak asks; the replay is O(m v) actions
+def _replayed_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
+                   ) -> StageHold:
+    """`stage_hold` under pipelining: the blocks alive kept as a running sum over the
+    replayed actions."""
+    r = pp_rank(setup, stage)
     m = micro_batches(workload, setup)
     chunks = rank_chunks(setup, r)
     split = chunk_layers(cfg.n_layer, setup.pp * setup.pp_virtual)
     last = setup.pp * setup.pp_virtual - 1
     alive: set[tuple[int, int]] = set()
+    per = [0] * len(chunks)  # micro-batches alive, per local chunk
     backwards = [0] * len(chunks)
-    done, best, best_key = False, None, None
+    held, done, best, best_key = 0, False, None, None
     for kind, c, mb in rank_actions(setup, m, r):
         if kind == "F":
-            alive.add((c, mb))
-            held = sum(split[chunks[k]] for k, _ in alive)
+            if (c, mb) not in alive:
+                alive.add((c, mb))
+                held += split[chunks[c]]
+                per[c] += 1
             key = (held, done)
             if best_key is None or key >= best_key:
-                per = tuple(sum(1 for k, _ in alive if k == i) for i in range(len(chunks)))
                 emb = per[0] if chunks[0] == 0 else 0
                 head = per[-1] if chunks[-1] == last else 0
-                best, best_key = (held, emb, head, done, per, tuple(backwards)), key
+                best, best_key = (held, emb, head, done, tuple(per), tuple(backwards)), key
         else:
             if kind in ("B", "I"):
                 backwards[c] += 1
-            if kind in ("B", "W"):
+            if kind in ("B", "W") and (c, mb) in alive:
                 alive.discard((c, mb))
+                held -= split[chunks[c]]
+                per[c] -= 1
             done = True
     assert best is not None
-    held, emb, head, done, per, bwd = best
-    return StageHold(r, sum(split[c] for c in chunks), m, held, emb, head, done, per, bwd)
+    held, emb, head, done, per_chunk, bwd = best
+    return StageHold(r, sum(split[c] for c in chunks), m, held, emb, head, done, per_chunk,
+                     bwd)
 
 
 # Each rank's order of forwards and backwards is replayed (`rank_actions`), for every rank:
