@@ -8,8 +8,10 @@
 - `ledger`: the moments of a training step (`Phase`) and their named terms;
 - `engines`: each training engine's states per rank and terms at each moment, by registry;
 - `peak`: the step peak: the ledger of one device, its largest moment;
-- `report`: everything `gptcalc memory` prints, and the largest batch / sequence / inference
-  context that fit. The KV cache is `gptcalc.inference.kv`'s, re-exported here.
+- `rules`: what a set-up must obey before its memory is counted;
+- `summary`: everything `gptcalc memory` prints, and the largest batch / sequence that fit;
+- `serving`: a trained model's inference memory and the longest context that fits. The KV cache
+  is `gptcalc.inference.kv`'s, re-exported here.
 
 This package never imports torch.
 """
@@ -21,8 +23,9 @@ from .activations import (activations_paper, device_activations, logits_bytes,
 from ..inference.kv import kv_cache_bytes
 from .ledger import Phase
 from .peak import StepPeak, stage_ledger, step_peak
-from .report import (MemoryReport, inference_bytes, max_batch, max_context, max_seq_len,
-                     memory_report, serving_dtype_bytes, validate_setup)
+from .rules import validate_setup
+from .serving import inference_bytes, max_context, serving_dtype_bytes
+from .summary import MemoryReport, max_batch, max_seq_len, memory_report
 from .states import (OPTIMIZER_BYTES, STEP_COUNTER_BYTES, StateBytes,
                      autocast_weight_copies, stage_params, zero_bytes_per_param)
 from .engines import resident, state_bytes
