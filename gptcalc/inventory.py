@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .config import GATED_MLPS, GPTConfig
 from .layers import dense_mlp_layers, moe_layers
@@ -224,7 +225,14 @@ def head_tensors(cfg: GPTConfig) -> list[ParamTensor]:
 
 def inventory(cfg: GPTConfig) -> list[ParamTensor]:
     """Every parameter tensor kind of `cfg`, a tied weight once (under the embedding)."""
-    return embedding_tensors(cfg) + block_tensors(cfg) + head_tensors(cfg)
+    return list(_inventory(cfg))
+
+
+# every count of a command asks for the same configuration's list (a configuration is frozen,
+# so its list is made once); the callers get their own list to filter or extend
+@lru_cache(maxsize=256)
+def _inventory(cfg: GPTConfig) -> tuple[ParamTensor, ...]:
+    return tuple(embedding_tensors(cfg) + block_tensors(cfg) + head_tensors(cfg))
 
 
 def tied_head_weight(cfg: GPTConfig) -> ParamTensor | None:

@@ -125,9 +125,21 @@ class Ledger:
 
     def __init__(self) -> None:
         self._phases: dict[Phase, dict[Term, int]] = {}
+        self._frozen = False
+
+    def freeze(self) -> Ledger:
+        """No more changes: a built step's ledger is read by every figure of the step, so an
+        `open`, `add` or `replace` after this raises."""
+        self._frozen = True
+        return self
+
+    def _change(self) -> None:
+        if self._frozen:
+            raise LedgerError("the step's ledger is built: it is read, not changed")
 
     def open(self, phase: Phase, terms: Mapping[Term, int]) -> None:
         """A new moment with its first terms; opening one twice raises."""
+        self._change()
         if phase in self._phases:
             raise LedgerError(f"phase {phase.label!r} is already open")
         self._phases[phase] = {}
@@ -136,6 +148,7 @@ class Ledger:
 
     def add(self, phase: Phase, term: Term, nbytes: int) -> None:
         """A term the moment does not hold yet."""
+        self._change()
         terms = self._terms(phase)
         if term in terms:
             raise LedgerError(f"{term!r} is already in {phase.label!r}: replace it")
@@ -143,6 +156,7 @@ class Ledger:
 
     def replace(self, phase: Phase, term: Term, nbytes: int) -> None:
         """A new value for a term the moment holds."""
+        self._change()
         terms = self._terms(phase)
         if term not in terms:
             raise LedgerError(f"{term!r} is not in {phase.label!r}: add it")

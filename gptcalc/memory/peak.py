@@ -29,10 +29,11 @@ allocator rounding; the measured error against PyTorch's trackers is stated by t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 
 from ..config import GATED_MLPS, GPTConfig
 from ..errors import ConfigError
-from ..schedules import Stage, holds_embedding, stage_hold
+from ..schedules import Stage, StageHold, holds_embedding, stage_hold
 from ..schedules import holds_head as stage_holds_head
 from ..training_setup import TrainingSetup
 from ..workload import Workload
@@ -40,7 +41,7 @@ from .activations import device_activations, saved_in, transformers_loss
 from .context_parallel import (local_workload, ring_backward_bytes, ring_forward_bytes,
                                sharding_setup)
 from .compiled import compiled_loss_transients, loss_saves_logits
-from .engines import Step, adjust, engine_for, state_bytes
+from .engines import Step, adjust, engine_for, generation, host, resident, state_bytes
 from .losses import chunked_loss_transients, fused_loss_transients, logits_alive
 from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS,
                      GRADIENTS_ACCUMULATING, LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY,
@@ -369,24 +370,88 @@ def optimizer_in_backward(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     ledger.replace(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES, temps)
 
 
+@dataclass(frozen=True, eq=False)
+class StepAccount:
+    """One device of one pipeline stage through one training step, built once per (config,
+    workload, set-up, stage) by `step_account` and read by every figure of that step: the
+    peak (`step_peak`), `memory`'s report and pipeline ranks (`summary`), the allocator replay
+    (`reserved`). Under context parallel `workload` and `setup` are the rank's own (its T/cp
+    tokens, states sharded over dp x cp: `context_parallel.local_workload`, `sharding_setup`)
+    and the ledger holds the ring attention's moments too."""
+
+    cfg: GPTConfig
+    workload: Workload  # the rank's micro-batch
+    setup: TrainingSetup  # the rank's sharding
+    stage: Stage
+    states: StateBytes
+    activations: dict[str, int]  # every saved line (`activations.device_activations`)
+    offloaded: dict[str, int]  # of those, what activation offloading moves to the host
+    hold: StageHold  # the blocks and micro-batches alive at the stage's heaviest moment
+    holds_head: bool  # the device computes the logits and the loss
+    ledger: Ledger  # each moment's terms, engine's included; frozen
+
+    @cached_property
+    def totals(self) -> dict[Phase, int]:
+        return {p: self.ledger.total(p) for p in self.ledger.phases}
+
+    @cached_property
+    def peak_phase(self) -> Phase:
+        """The moment with the most bytes (the first of equal ones)."""
+        return max(self.totals, key=self.totals.get)
+
+    @cached_property
+    def resident(self) -> dict[str, int]:
+        """What the device keeps between optimizer steps (`engines.resident`)."""
+        return resident(self.cfg, self.setup, self.stage)
+
+    @cached_property
+    def host(self) -> dict[str, int]:
+        """What the host holds for the device (`engines.host`)."""
+        return host(self.cfg, self.setup, self.stage)
+
+
+def step_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
+                 ) -> StepAccount:
+    """The `StepAccount` of one device of pipeline stage `stage` ("first", "last" or a pipeline
+    rank), made by `build_account` once per configuration, workload, set-up and stage (all
+    frozen) and state of the engine registry."""
+    return _account(cfg, workload, setup, stage, generation())
+
+
+# a command asks for the same step many times (its peak, its report, each pipeline rank, the
+# allocator replay; plan and fit advice per candidate micro-batch)
+@lru_cache(maxsize=4096)
+def _account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage,
+             _generation: int) -> StepAccount:
+    return build_account(cfg, workload, setup, stage)
+
+
+def build_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
+                  ) -> StepAccount:
+    """Each moment's terms on one device of pipeline stage `stage`: the step's own, then the
+    engine's and the pipeline schedule's (`engines.adjust`), with the states, saved lines and
+    offload split they were made from. Under pipelining the moments are those of the
+    micro-batch at which the stage holds the most (`schedules.stage_hold`); the gradients of
+    earlier micro-batches are the schedule's terms. Under context parallel, the step of one
+    rank's T/cp tokens over states sharded on dp x cp ranks (`context_parallel.local_workload`,
+    `sharding_setup`), then the ring attention's own moments (`ring_attention_phases`).
+    Use `step_account`, which builds each step once."""
+    account = rank_account(cfg, local_workload(workload, setup), sharding_setup(setup), stage)
+    if setup.cp > 1:
+        ring_attention_phases(cfg, workload, setup, stage, account.ledger,
+                              account.activations)
+    account.ledger.freeze()
+    return account
+
+
 def stage_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
                  ) -> Ledger:
-    """Each moment's terms on one device of pipeline stage `stage` ("first", "last" or a
-    pipeline rank): the step's own, then the engine's and the pipeline schedule's
-    (`engines.adjust`). Under pipelining the moments are those of the micro-batch at which the
-    stage holds the most (`schedules.stage_hold`); the gradients of earlier micro-batches are
-    the schedule's terms. Under context parallel, the step of one rank's T/cp tokens over
-    states sharded on dp x cp ranks (`context_parallel.local_workload`, `sharding_setup`),
-    then the ring attention's own moments (`ring_attention_phases`)."""
-    if setup.cp == 1:
-        return rank_ledger(cfg, workload, setup, stage)
-    ledger = rank_ledger(cfg, local_workload(workload, setup), sharding_setup(setup), stage)
-    ring_attention_phases(cfg, workload, setup, stage, ledger)
-    return ledger
+    """The (frozen) ledger of `step_account`: each moment's terms on one device of `stage`."""
+    return step_account(cfg, workload, setup, stage).ledger
 
 
 def ring_attention_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str,
-                          ledger: Ledger) -> None:
+                          ledger: Ledger, acts: dict[str, int]) -> None:
     """The last block's ring attention under context parallel, as two moments of the rank's
     ledger (made on its T/cp tokens, the engine's terms in it).
 
@@ -397,9 +462,8 @@ def ring_attention_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     ring's backward buffers (`ring_backward_bytes`), the attention output's gradient
     (N Dq a / tp) and the residual stream's gradient and its copy (2 N E, the stream's dtype);
     with full or selective recomputation the ring's forward runs again inside the backward,
-    so the larger of the two rings is counted."""
+    so the larger of the two rings is counted. `acts`: the rank's saved lines."""
     local, sharded = local_workload(workload, setup), sharding_setup(setup)
-    acts = device_activations(cfg, local, sharded, stage)
     forward = ledger.terms(Phase.FORWARD_END)
     for term in (SAVED, LOGITS, LOSS_LOGITS_COPY):
         forward.pop(term)
@@ -418,13 +482,14 @@ def ring_attention_phases(cfg: GPTConfig, workload: Workload, setup: TrainingSet
         + 2 * n * cfg.n_embd * setup.stream_bytes})
 
 
-def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str
-                ) -> Ledger:
-    """`stage_ledger` of a set-up without context parallel (or of one context-parallel rank's
-    own tokens and sharding)."""
+def rank_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
+                 ) -> StepAccount:
+    """`build_account` of a set-up without context parallel (or of one context-parallel
+    rank's own tokens and sharding), its ledger not yet frozen."""
     st = state_bytes(cfg, setup, stage)
     acts = device_activations(cfg, workload, setup, stage)
-    blocks = stage_hold(cfg, workload, setup, stage).held_layers
+    hold = stage_hold(cfg, workload, setup, stage)
+    blocks = hold.held_layers
     check_offload(setup)
     # what the device keeps of them (all, unless they are offloaded to the host)
     kept_acts, offloaded = offload_split(cfg, setup, acts, blocks)
@@ -501,7 +566,9 @@ def rank_ledger(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     # forward's tensors without the loss's transients
     forward = {**base, SAVED: saved, LOGITS: kept_at_start, GRADIENTS_ACCUMULATING: grads_early}
     adjust(ledger, Step(cfg, workload, setup, stage, logits, st.gradients, forward))
-    return ledger
+    return StepAccount(cfg=cfg, workload=workload, setup=setup, stage=stage, states=st,
+                       activations=acts, offloaded=offloaded, hold=hold, holds_head=holds_head,
+                       ledger=ledger)
 
 
 def pipeline_ranks(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
@@ -545,15 +612,14 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     best: StepPeak | None = None
     stages = (stage,) if stage is not None else pipeline_ranks(cfg, workload, setup)
     for stage in stages:
-        ledger = stage_ledger(cfg, workload, setup, stage)
-        totals = {p: ledger.total(p) for p in ledger.phases}
-        phase = max(totals, key=totals.get)
+        account = step_account(cfg, workload, setup, stage)
+        totals, phase = account.totals, account.peak_phase
         if best is None or totals[phase] > best.bytes:
             why = phase.why
             if setup.pp > 1:
                 why += "; " + stage_why(cfg, workload, setup, stage)
             best = StepPeak(bytes=totals[phase], phase=phase.label, stage=stage, why=why,
                             phases={p.label: v for p, v in totals.items()},
-                            lines=ledger.labelled()[phase.label])
+                            lines=account.ledger.labelled()[phase.label])
     assert best is not None
     return best

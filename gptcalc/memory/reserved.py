@@ -2,8 +2,8 @@
 sequence of allocations and frees, replayed on the caching-allocator simulator
 (`gptcalc.memory.allocator`), and what nvidia-smi shows beside it.
 
-The sequence is built from the step's ledger (`peak.stage_ledger`, engine terms included) and
-its saved-tensor lines (`activations.device_activations`), in the order a step makes them:
+The sequence is built from the step's account (`peak.step_account`: its ledger, engine terms
+included, and its saved-tensor lines), in the order a step makes them:
 
 - before the first step: each parameter tensor's weights (an engine's kept gradient buffers
   too);
@@ -53,15 +53,13 @@ from dataclasses import dataclass
 from ..config import GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .activations import device_activations
 from .allocator import simulate
 from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACCUMULATING,
                      LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY, OPTIMIZER_STATES,
                      OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
                      SAVED_TO_ATTENTION_CORE, ATTENTION_CORE_TRANSIENTS, STEADY_PHASES, TARGETS,
                      TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger, Phase)
-from .context_parallel import local_workload, sharding_setup
-from .peak import stage_ledger
+from .peak import step_account
 from .states import stage_tensors
 from .engines.shards import stage_of
 from ..schedules import stage_layers
@@ -144,12 +142,12 @@ class _Replay:
 
     def __init__(self, cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: str,
                  blocks: int | None) -> None:
-        self.ledger = ledger = stage_ledger(cfg, workload, setup, stage)
-        # a context-parallel rank saves the activations of its T/cp tokens and holds states
-        # sharded over dp x cp (the ledger applies the same inside)
-        rank_workload, rank_setup = local_workload(workload, setup), sharding_setup(setup)
-        self.acts = device_activations(cfg, rank_workload, rank_setup, stage)
-        self.ts = _tensors(cfg, rank_setup, stage)
+        # the step's account: a context-parallel rank saves the activations of its T/cp tokens
+        # and holds states sharded over dp x cp
+        account = step_account(cfg, workload, setup, stage)
+        self.ledger = ledger = account.ledger
+        self.acts = account.activations
+        self.ts = _tensors(cfg, account.setup, stage)
         self.n = self.ts.blocks if blocks is None else blocks
         self.held, self.moments = _engine_terms(ledger)
         self.open: dict = {}  # the engine's terms alive, by term: their bytes

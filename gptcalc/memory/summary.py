@@ -9,15 +9,10 @@ from dataclasses import dataclass, field
 from ..config import GPTConfig
 from ..errors import positive_int
 from ..inference.kv import kv_cache_bytes
-from ..schedules import stage_hold
-from ..schedules import holds_head as stage_holds_head
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .activations import activations_paper, checkpoints_on_host, device_activations, logits_bytes
-from .context_parallel import local_workload, sharding_setup
-from .offload import offload_split
-from .peak import StepPeak, step_peak
-from .engines import host, resident, state_bytes
+from .activations import activations_paper, checkpoints_on_host, logits_bytes
+from .peak import StepPeak, step_account, step_peak
 from .engines.shards import stage_of
 from .rules import validate_setup
 from .serving import largest_fitting, serving_dtype_bytes
@@ -87,16 +82,13 @@ def pipeline_stages(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         return []
     out = []
     for r in range(setup.pp):
-        stage = stage_of(setup, r)
-        hold = stage_hold(cfg, workload, setup, stage)
-        st = state_bytes(cfg, setup, stage)
-        acts = device_activations(cfg, workload, setup, stage)
-        peak = step_peak(cfg, workload, setup, stage=stage)
+        a = step_account(cfg, workload, setup, stage_of(setup, r))
+        st = a.states
         out.append(StageFigures(
-            rank=r, layers=hold.layers, held_layers=hold.held_layers,
+            rank=r, layers=a.hold.layers, held_layers=a.hold.held_layers,
             weights=st.weights, gradients=st.gradients, optimizer=st.optimizer,
-            activations=sum(v for k, v in acts.items() if not k.startswith("input/")),
-            peak=peak.bytes, peak_phase=peak.phase))
+            activations=sum(v for k, v in a.activations.items() if not k.startswith("input/")),
+            peak=a.totals[a.peak_phase], peak_phase=a.peak_phase.label))
     return out
 
 
@@ -111,17 +103,16 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     positive_int("context", ctx)
     peak = step_peak(cfg, workload, setup)
     global_batch = workload.global_batch(setup.dp)
-    workload, setup = local_workload(workload, setup), sharding_setup(setup)
-    st = state_bytes(cfg, setup, peak.stage)
-    acts = device_activations(cfg, workload, setup, peak.stage)
-    _, offloaded = offload_split(cfg, setup, acts,
-                                 stage_hold(cfg, workload, setup, peak.stage).held_layers)
+    stages = pipeline_stages(cfg, workload, setup)
+    # the peak device's account, on its rank's tokens and sharding (context parallel)
+    account = step_account(cfg, workload, setup, peak.stage)
+    workload, setup, st = account.workload, account.setup, account.states
+    acts, offloaded = account.activations, account.offloaded
     copies = {k: v for k, v in acts.items() if k.startswith("weight_copy/")}
     acts = {k: v for k, v in acts.items() if k not in copies}
     paper = activations_paper(cfg, workload, setup)
-    holds_head = setup.pp == 1 or stage_holds_head(setup, peak.stage)
-    logits = logits_bytes(cfg, workload, setup) if holds_head else 0
-    kept = resident(cfg, setup, peak.stage)
+    logits = logits_bytes(cfg, workload, setup) if account.holds_head else 0
+    kept = account.resident
     kv = kv_cache_bytes(cfg, workload.batch_size, ctx, serving_dtype_bytes(setup), setup.tp,
                         setup.pp)
     return MemoryReport(
@@ -132,10 +123,10 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         global_batch=global_batch,
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
                    "activations_paper": paper, "peak": peak.lines, "resident": kept},
-        host={**host(cfg, setup, peak.stage),
+        host={**account.host,
               **checkpoints_on_host(cfg, workload, setup, peak.stage),
               **{f"saved activations: {k}": v for k, v in offloaded.items()}},
-        stages=pipeline_stages(cfg, workload, setup),
+        stages=stages,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import replace
+from functools import lru_cache
 
 from ...config import GPTConfig
 from ...schedules import Stage, micro_batches, stage_layers
@@ -26,8 +27,8 @@ from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import Ledger
 from ..states import SHAPED_OPTIMIZERS, StateBytes, stage_tensors
-from .base import (Engine, Step, default_engine, describe, engine_for, engine_named, names,
-                   register, unregister)
+from .base import (Engine, Step, default_engine, describe, engine_for, engine_named,
+                   generation, names, register, unregister)
 from .pipeline import pipeline_adjust
 from .shards import RankStates, chunk_rows, coords
 
@@ -58,7 +59,14 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") ->
     optimizer states by its shape (`states.tensor_optimizer_bytes`). AdamW adds a 4-byte step
     counter per parameter tensor (torch keeps `state["step"]` as a float32 scalar tensor),
     Adafactor its 4-byte RMS, not sharded. LoRA: a frozen base and trainable adapters
-    (`finetune.finetune_state_bytes`)."""
+    (`finetune.finetune_state_bytes`). Made once per configuration, set-up, stage and state of
+    the engine registry (a step's account, plan's micro-batches and pipeline ranks all ask)."""
+    return _state_bytes(cfg, setup, stage, generation())
+
+
+@lru_cache(maxsize=4096)
+def _state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage, _generation: int
+                 ) -> StateBytes:
     if setup.lora_rank:
         from ..finetune import finetune_state_bytes
 
@@ -147,5 +155,5 @@ def rank_training_flops(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
 
 
 __all__ = ["Engine", "RankStates", "Step", "adjust", "chunk_rows", "default_engine", "describe",
-           "engine_for", "engine_named", "host", "names", "peak_rank", "rank_states",
+           "engine_for", "engine_named", "generation", "host", "names", "peak_rank", "rank_states",
            "rank_training_flops", "register", "resident", "state_bytes", "unregister"]

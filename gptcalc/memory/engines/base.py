@@ -24,6 +24,7 @@ Every function here is pure and never imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar, Mapping
 
 from ...config import GPTConfig
@@ -151,6 +152,13 @@ class Engine:
 
 
 _REGISTRY: dict[str, Engine] = {}
+# bumped whenever the registry changes: a key of the caches that hold an engine's answers
+_GENERATION = [0]
+
+
+def generation() -> int:
+    """How many times the registry has changed (caches of engine answers key on it)."""
+    return _GENERATION[0]
 
 
 def register(engine: Engine) -> Engine:
@@ -163,12 +171,14 @@ def register(engine: Engine) -> Engine:
             raise ValueError(f"{engine.name} and {other.name} are both the default for ZeRO "
                              f"stage {min(both)}")
     _REGISTRY[engine.name] = engine
+    _GENERATION[0] += 1
     return engine
 
 
 def unregister(name: str) -> None:
     """Forget the engine `name` (tests that register one of their own)."""
     _REGISTRY.pop(name, None)
+    _GENERATION[0] += 1
 
 
 def names() -> tuple[str, ...]:
@@ -192,7 +202,13 @@ def default_engine(zero: int) -> Engine:
 
 def engine_for(setup: TrainingSetup) -> Engine:
     """The engine of a set-up: `setup.engine` when given, else the default of its ZeRO stage;
-    checked against the set-up (`Engine.check`)."""
+    checked against the set-up (`Engine.check`). A set-up is frozen: its engine is looked up
+    and checked once per registry state (a refused one raises each time)."""
+    return _engine_for(setup, generation())
+
+
+@lru_cache(maxsize=4096)
+def _engine_for(setup: TrainingSetup, _generation: int) -> Engine:
     engine = engine_named(setup.engine) if setup.engine else default_engine(setup.zero)
     engine.check(setup)
     return engine
@@ -205,5 +221,5 @@ def describe(setup: TrainingSetup) -> str:
             f"{engine.assumptions(setup)}")
 
 
-__all__ = ["Engine", "Step", "default_engine", "describe", "engine_for", "engine_named", "names",
+__all__ = ["Engine", "Step", "default_engine", "describe", "engine_for", "engine_named", "generation", "names",
            "register", "unregister"]
