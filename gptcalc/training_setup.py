@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int
+from .optimizers import DEFAULT as DEFAULT_OPTIMIZER
+from .optimizers import names as optimizer_names
 
 MODES = ("fp32", "amp", "mixed", "bf16")
-# adamw8bit / paged_adamw8bit: bitsandbytes' AdamW8bit / PagedAdamW8bit; adafactor:
-# transformers' Adafactor (no first moment); lion: lion-pytorch's Lion; muon: torch.optim.Muon
-# on the blocks' 2-D matrices, AdamW on everything else
-OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adamw8bit", "paged_adamw8bit", "adafactor",
-              "lion", "muon")
+# the optimizers registered in `gptcalc.optimizers` (one module each), the default first; a set-up
+# is checked against the registry as it is when the set-up is made
+OPTIMIZERS = optimizer_names()
 AUTOCAST_DTYPES = ("bf16", "fp16")
 # recompute: none; selective, the attention core (Korthikanti et al. 2022, sec. 5); op,
 # torchtitan's op-level selective checkpointing (matmul and attention-kernel outputs kept but
@@ -127,7 +127,7 @@ class TrainingSetup:
     """
 
     mode: str = "fp32"
-    optimizer: str = "adamw"
+    optimizer: str = DEFAULT_OPTIMIZER
     autocast_dtype: str = "bf16"
     recompute: str = "none"
     attn_impl: str = "manual"
@@ -162,7 +162,7 @@ class TrainingSetup:
     offload_activations: bool = False
 
     def __post_init__(self) -> None:
-        for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
+        for name, choices in (("mode", MODES), ("optimizer", optimizer_names()),
                               ("autocast_dtype", AUTOCAST_DTYPES), ("recompute", RECOMPUTE),
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
                               ("loss", LOSSES), ("allocator", ALLOCATORS),

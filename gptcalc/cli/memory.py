@@ -140,6 +140,7 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
         reserved = smi[RESERVED_LINE]
         rows.append([f"reserved by the caching allocator ({setup.allocator} segments; "
                      "torch.cuda.max_memory_reserved)", f"{reserved:,}", binary_bytes(reserved)])
+    rows += _rows(rep.unified)  # CUDA unified memory: outside the peak and the reserved bytes
     if rep.host:
         rows.append(["host memory per rank (offloaded; not on the device)",
                      f"{rep.host_total:,}", binary_bytes(rep.host_total)])

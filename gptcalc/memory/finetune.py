@@ -92,7 +92,7 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
     weights across dp; stage 3 also the base.
     """
     from ..params import count_params
-    from .states import (SHAPED_OPTIMIZERS, flat_optimizer_bytes, optimizer_fixed_bytes,
+    from .states import (optimizer_of, flat_optimizer_bytes, optimizer_fixed_bytes,
                          step_counter_bytes, tensor_optimizer_bytes)
 
     n_lora = sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
@@ -108,7 +108,7 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
     else:
         base = (2 if setup.mode == "amp" else w) * n_total  # amp: a 16-bit frozen base
     steps = step_counter_bytes(setup) * adapter_tensors(cfg, setup)
-    if setup.optimizer in SHAPED_OPTIMIZERS and z == 0:  # each adapter matrix whole
+    if optimizer_of(setup).shaped and z == 0:  # each adapter matrix whole
         opt = sum(a.count * (tensor_optimizer_bytes(setup, (r, a.in_features))
                              + tensor_optimizer_bytes(setup, (a.out_features, r)))
                   for a in selected(cfg, setup.lora_targets)

@@ -50,7 +50,14 @@ from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUT
                      SAVED, SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS,
                      Ledger, Phase)
 from .offload import brought_back_bytes, check_offload, forward_stash_bytes, offload_split
-from .states import BNB_MIN_8BIT_SIZE, StateBytes, largest_tensor
+from ..optimizers import StepView
+from ..optimizers import generation as optimizer_generation
+# each optimizer's update of one tensor, read where the step's temporaries are summed
+from ..optimizers.adafactor import adafactor_update_temporaries
+from ..optimizers.bnb import bnb_8bit_update_temporaries
+from ..optimizers.lion import lion_update_temporaries
+from ..optimizers.muon import muon_update_temporaries
+from .states import StateBytes, largest_tensor, optimizer_of, stage_tensors
 
 
 @dataclass(frozen=True)
@@ -232,104 +239,26 @@ def recomputed_block(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -
     return max(0, layer(replace(setup, recompute="none")) - layer(setup))
 
 
-def bnb_8bit_update_temporaries(n: int, device: str, param_bytes: int) -> int:
-    """Bytes bitsandbytes' 8-bit AdamW allocates while it updates one tensor of `n` elements.
-
-    CUDA: its fused kernels (`optimizer_update_8bit_blockwise`, `optimizer_update_32bit` in
-    bitsandbytes/backends/cuda/ops.py) update the parameter and the states in place: none.
-    CPU (bitsandbytes/backends/cpu/ops.py, 0.50): `_optimizer_update_8bit_blockwise_cpu`
-    dequantizes both states to fp32 (2 x 4 n), upcasts the gradient (`g.float() *
-    gnorm_scale`, 4 n) and, while `denom = (state2.sqrt() / correction2)` is made, holds the
-    square root and the quotient (2 x 4 n): 20 n, plus the fp32 copy of a 16-bit parameter
-    (`p.data.float()`, 4 n). A tensor under min_8bit_size takes `_optimizer_update_32bit_cpu`:
-    the fp32 gradient, the square root and `sqrt + eps` (12 n), plus the 16-bit parameter's
-    copy."""
-    if device == "cuda":
-        return 0
-    copy = 4 * n if param_bytes != 4 else 0
-    return (20 if n >= BNB_MIN_8BIT_SIZE else 12) * n + copy
-
-
-def adafactor_update_temporaries(n: int, param_bytes: int) -> int:
-    """Bytes transformers' Adafactor allocates while it updates one tensor of `n` elements
-    (transformers/optimization.py, `Adafactor.step`, on CPU and CUDA alike): two fp32 tensors
-    of the tensor's size at once (`grad**2` and `grad**2 + eps`; the old and the new `update`
-    of `_approx_sq_grad` or `exp_avg_sq.rsqrt()`; `update` and `-update`), 8 n, plus the fp32
-    copies of a 16-bit gradient and parameter (`grad.float()`, `p.float()`, 4 n each). Not
-    counted: a factored update's row and column vectors beside them (`_approx_sq_grad`'s
-    factors, 4 (R + C + 1) bytes for an R x C tensor)."""
-    return 8 * n + (8 * n if param_bytes != 4 else 0)
-
-
-def lion_update_temporaries(n: int, param_bytes: int) -> int:
-    """Bytes lion-pytorch's Lion allocates while it updates one tensor of `n` elements
-    (lion_pytorch/lion_pytorch.py, `update_fn`): `exp_avg.clone()` and its `.add(grad)`, two
-    tensors in the parameter's dtype, 2 n x param_bytes (the sign is taken in place)."""
-    return 2 * n * param_bytes
-
-
-def muon_update_temporaries(shape: tuple[int, int], param_bytes: int) -> int:
-    """Bytes torch.optim.Muon allocates while it updates one m x k matrix (torch 2.13,
-    torch/optim/_muon.py, `_single_tensor_muon` and `_zeropower_via_newtonschulz`): the Nesterov
-    update `grad.lerp(buf, momentum)`, n x param_bytes, held through the orthogonalisation;
-    inside it, from the second Newton-Schulz step on, the bf16 iterate X (2 n), the s x s Gram
-    matrices X X^T and its update (2 s^2 each, s = min(m, k)) and the next iterate made by
-    addmm (2 n): n x param_bytes + 4 n + 4 s^2. (At the next X X^T, 2 n + 6 s^2 are alive
-    beside the update, never more, as s^2 <= n.)"""
-    n, s = shape[0] * shape[1], min(shape)
-    return n * param_bytes + 4 * n + 4 * s * s
-
-
-def muon_step_temporaries(cfg: GPTConfig, setup: TrainingSetup, param_bytes: int) -> int:
-    """The optimizer step's temporaries under Muon with AdamW beside it: Muon updates one
-    matrix at a time (`muon_update_temporaries` of the costliest), then AdamW steps the rest
-    (on CUDA its foreach path, one fp32 tensor per parameter it steps; on CPU two tensors the
-    size of its largest), one after the other."""
-    from .states import muon_matrix, stage_tensors
-
-    tensors = stage_tensors(cfg, setup, "first")
-    muon = max((muon_update_temporaries(t.shape, param_bytes) for t in tensors
-                if muon_matrix(t)), default=0)
-    rest = [t for t in tensors if not muon_matrix(t)]
-    if setup.device == "cuda":
-        adamw = param_bytes * sum(t.numel * t.count for t in rest)
-    else:
-        adamw = param_bytes * 2 * max((t.numel for t in rest), default=0)
-    return max(muon, adamw)
-
-
 def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) -> int:
-    """Bytes the optimizer's update allocates beside the states.
-
-    AdamW on CUDA takes torch's foreach path: `_foreach_sqrt` of every exp_avg_sq at once, one
-    fp32 tensor per parameter of the device's (ZeRO-sharded) optimizer partition. On CPU the
-    single-tensor path: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)` makes two
-    tensors the size of the largest parameter. SGD updates in place. The others update one
-    tensor at a time, so their temporaries are those of the largest tensor the optimizer
-    steps (`Engine.largest_optimizer_tensor`: a DeepSpeed flat partition is one):
-    `bnb_8bit_update_temporaries`, `adafactor_update_temporaries`, `lion_update_temporaries`,
-    in the dtype of the weights the optimizer steps (fp32 master weights in mode mixed).
-    mixed: the fp32 master weights' gradients, as the engine keeps them
+    """Bytes the optimizer's update allocates beside the states: its own step's temporaries
+    (`Optimizer.step_temporaries` over the device's tensors: AdamW's foreach path on CUDA over
+    its ZeRO partition, one tensor at a time elsewhere, the largest it steps, as the engine
+    gives it: `Engine.largest_optimizer_tensor`, a DeepSpeed flat partition is one), in the
+    dtype of the weights the optimizer steps (fp32 master weights in mode mixed), and in mode
+    mixed the fp32 master weights' gradients, as the engine keeps them
     (`Engine.master_gradient_bytes`).
     """
     engine = engine_for(setup)
     shard = -(-st.params // setup.dp)
     masters = engine.master_gradient_bytes(setup, st.params)
     wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
-    if setup.optimizer == "muon":
-        return masters + muon_step_temporaries(cfg, setup, wb)
-    if setup.optimizer in ("adamw8bit", "paged_adamw8bit", "adafactor", "lion"):
-        n = engine.largest_optimizer_tensor(cfg, setup, st.params)
-        if setup.optimizer == "adafactor":
-            return masters + adafactor_update_temporaries(n, wb)
-        if setup.optimizer == "lion":
-            return masters + lion_update_temporaries(n, wb)
-        return masters + bnb_8bit_update_temporaries(n, setup.device, wb)
-    if setup.optimizer != "adamw":
-        return masters
-    if setup.device == "cuda":
-        return masters + wb * (shard if engine.optimizer_sharded(setup) else st.params)
-    return masters + wb * 2 * largest_tensor(cfg, setup)
+    view = StepView(
+        device=setup.device, param_bytes=wb,
+        stepped=shard if engine.optimizer_sharded(setup) else st.params,
+        largest_stepped=lambda: engine.largest_optimizer_tensor(cfg, setup, st.params),
+        largest_param=lambda: largest_tensor(cfg, setup),
+        tensors=lambda: stage_tensors(cfg, setup, "first"))
+    return masters + optimizer_of(setup).step_temporaries(view)
 
 
 def optimizer_in_backward(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
@@ -354,14 +283,7 @@ def optimizer_in_backward(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     one = setup.weight_bytes * n
     wb = 4 if setup.mode in ("fp32", "amp", "mixed") else 2
     temps = 4 * n if setup.mode == "mixed" else 0
-    if setup.optimizer == "adamw":
-        temps += wb * n * (1 if setup.device == "cuda" else 2)
-    elif setup.optimizer == "adafactor":
-        temps += adafactor_update_temporaries(n, wb)
-    elif setup.optimizer == "lion":
-        temps += lion_update_temporaries(n, wb)
-    elif setup.optimizer in ("adamw8bit", "paged_adamw8bit"):
-        temps += bnb_8bit_update_temporaries(n, setup.device, wb)
+    temps += optimizer_of(setup).update_temporaries(n, setup.device, wb)
     ledger.replace(Phase.BACKWARD_END, GRADIENTS, one)
     # the hooks step inside backward: a block's parameter updates beside its saved activations
     ledger.add(Phase.BACKWARD_LAST_BLOCK, OPTIMIZER_TEMPORARIES, temps)
@@ -414,15 +336,15 @@ def step_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                  ) -> StepAccount:
     """The `StepAccount` of one device of pipeline stage `stage` ("first", "last" or a pipeline
     rank), made by `build_account` once per configuration, workload, set-up and stage (all
-    frozen) and state of the engine registry."""
-    return _account(cfg, workload, setup, stage, generation())
+    frozen) and state of the engine and optimizer registries."""
+    return _account(cfg, workload, setup, stage, (generation(), optimizer_generation()))
 
 
 # a command asks for the same step many times (its peak, its report, each pipeline rank, the
 # allocator replay; plan and fit advice per candidate micro-batch)
 @lru_cache(maxsize=4096)
 def _account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage,
-             _generation: int) -> StepAccount:
+             _generation: tuple[int, int]) -> StepAccount:
     return build_account(cfg, workload, setup, stage)
 
 
@@ -623,3 +545,12 @@ def step_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                             lines=account.ledger.labelled()[phase.label])
     assert best is not None
     return best
+
+
+__all__ = ["StepAccount", "StepPeak", "adafactor_update_temporaries", "attention_backward_freed",
+           "block_backward_transients", "bnb_8bit_update_temporaries", "build_account",
+           "lion_update_temporaries", "loss_transients", "muon_update_temporaries",
+           "optimizer_in_backward", "optimizer_temporaries", "pipeline_ranks", "rank_account",
+           "recomputed_block", "ring_attention_phases", "saved_before_attention_core",
+           "sdpa_math_output_transients", "sdpa_math_path_16bit", "sdpa_math_transients",
+           "stage_ledger", "stage_why", "step_account", "step_peak"]

@@ -60,7 +60,7 @@ from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACC
                      SAVED_TO_ATTENTION_CORE, ATTENTION_CORE_TRANSIENTS, STEADY_PHASES, TARGETS,
                      TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger, Phase)
 from .peak import step_account
-from .states import stage_tensors
+from .states import optimizer_of, stage_tensors
 from .engines.shards import stage_of
 from ..schedules import stage_layers
 
@@ -70,11 +70,6 @@ OWN_TERMS = frozenset({WEIGHTS, OPTIMIZER_STATES, OVERHEAD, SAVED, LOGITS, LOSS_
                        BLOCK_GRADIENTS, TIED_EMBEDDING_GRADIENT, EMBEDDING_INPUTS,
                        OPTIMIZER_TEMPORARIES, TARGETS, SAVED_TO_ATTENTION_CORE,
                        ATTENTION_CORE_TRANSIENTS})
-# the optimizer's state tensors per parameter tensor (torch.optim.AdamW: exp_avg, exp_avg_sq;
-# bitsandbytes' 8-bit AdamW: state1, state2; SGD with momentum: momentum_buffer; Lion:
-# exp_avg; transformers' Adafactor: its second moment's factors, counted as one)
-STATE_TENSORS = {"adamw": 2, "adamw8bit": 2, "paged_adamw8bit": 2, "sgd-momentum": 1,
-                 "lion": 1, "adafactor": 1, "sgd": 0}
 # steps replayed: the first creates the optimizer states amid the gradients, the second reuses
 # the cache (tests/test_reserved.py: further steps reserve nothing more)
 STEPS = 2
@@ -152,7 +147,8 @@ class _Replay:
         self.held, self.moments = _engine_terms(ledger)
         self.open: dict = {}  # the engine's terms alive, by term: their bytes
         opt = ledger.get(Phase.OPTIMIZER_STEP, OPTIMIZER_STATES)
-        self.k = STATE_TENSORS.get(setup.optimizer, 1) if opt else 0
+        # the optimizer's state tensors per parameter tensor (`Optimizer.state_tensors`)
+        self.k = optimizer_of(setup).state_tensors if opt else 0
         self.sizes = {"weights": ledger.get(Phase.OPTIMIZER_STEP, WEIGHTS),
                       "gradients": ledger.get(Phase.OPTIMIZER_STEP, GRADIENTS),
                       "temporaries": ledger.get(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES)}
@@ -401,5 +397,5 @@ def nvidia_smi_lines(reserved: int, setup: TrainingSetup) -> dict[str, int]:
 
 
 __all__ = ["CUDA_CONTEXT_BYTES", "MAX_SIMULATED_BLOCKS", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
-           "RESERVED_LINE", "STATE_TENSORS", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
+           "RESERVED_LINE", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
            "rank_reserved", "reserved_bytes", "stage_reserved", "step_events"]

@@ -14,6 +14,7 @@ from .finetune import ATTENTION_TARGETS, lora_on_transformers
 from .activations import check_profile
 from .context_parallel import check_context_parallel
 from .engines import engine_for
+from .states import optimizer_of
 
 
 # switches beyond the classic blocks whose LoRA memory is measured: sliding windows (PEFT on
@@ -65,11 +66,11 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
                                               "attention projection among the targets (the "
                                               "first block's experts ahead of the first adapter "
                                               "are not measured)")
-    if setup.optimizer == "muon" and (setup.zero or setup.tp > 1 or setup.pp > 1 or setup.ep > 1
-                                      or setup.lora_rank or setup.optimizer_in_backward
-                                      or not engine_for(setup).replicated(setup)):
-        raise ConfigError("optimizer", "muon is modelled on one device or DDP (each rank "
-                                       "orthogonalises whole matrices): not with ZeRO, a "
+    if not optimizer_of(setup).shardable and (
+            setup.zero or setup.tp > 1 or setup.pp > 1 or setup.ep > 1 or setup.lora_rank
+            or setup.optimizer_in_backward or not engine_for(setup).replicated(setup)):
+        raise ConfigError("optimizer", f"{setup.optimizer} is modelled on one device or DDP "
+                                       "(each rank steps whole matrices): not with ZeRO, a "
                                        "sharding engine, tp, pp, ep, LoRA or the optimizer in "
                                        "backward")
     if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):

@@ -13,134 +13,82 @@ from typing import Iterable
 from ..config import GPTConfig
 from ..training_setup import TrainingSetup
 from ..inventory import ParamTensor, inventory, tied_head_weight
+from ..optimizers import Optimizer, optimizer_named
+# the optimizers' constants and per-tensor formulas, read here beside the states they make
+from ..optimizers.adafactor import adafactor_state_bytes
+from ..optimizers.adamw import STEP_COUNTER_BYTES
+from ..optimizers.bnb import (BNB_BLOCKSIZE, BNB_MIN_8BIT_SIZE, BNB_QMAP_BYTES,
+                              bnb_8bit_state_bytes)
 from ..schedules import Stage, holds_embedding, holds_head, stage_layers
 
-# Optimizer state bytes per parameter of the optimizers whose states are elementwise. fp32 and
-# amp: exp_avg + exp_avg_sq in fp32 (AdamW), momentum_buffer (SGD with momentum), exp_avg (Lion,
-# `zeros_like(p)`), nothing (SGD). mixed: the ZeRO paper's K (Rajbhandari et al. 2020, sec.
-# 3.1): the fp32 master copy of the weights (4) belongs to the optimizer, with Adam's fp32
-# momentum and variance (4 + 4) = 12. bf16: every state in bf16.
-OPTIMIZER_BYTES = {
-    "fp32": {"adamw": 8, "sgd-momentum": 4, "sgd": 0, "lion": 4},
-    "amp": {"adamw": 8, "sgd-momentum": 4, "sgd": 0, "lion": 4},
-    "mixed": {"adamw": 12, "sgd-momentum": 8, "sgd": 4, "lion": 8},
-    "bf16": {"adamw": 4, "sgd-momentum": 2, "sgd": 0, "lion": 2},
-}
-# the optimizers whose states depend on each tensor's size or shape (`tensor_optimizer_bytes`)
-SHAPED_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit", "adafactor")
-BNB_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
-# bitsandbytes/optim/optimizer.py (0.50), Optimizer2State: `min_8bit_size=4096` (smaller tensors
-# keep 32-bit states), `blocksize = 256` in init_state (one fp32 absmax per block of each
-# state), and the two quantization maps `name2qmap["dynamic"]` / `["udynamic"]`
-# (`F.create_dynamic_map`, 256 fp32 each), made once per optimizer and shared by every tensor
-BNB_MIN_8BIT_SIZE = 4096
-BNB_BLOCKSIZE = 256
-BNB_QMAP_BYTES = 2 * 256 * 4
-# torch.optim.AdamW keeps state["step"] as a 0-d float32 tensor per parameter tensor;
-# transformers' Adafactor keeps state["RMS"], the parameter's RMS as a 0-d fp32 tensor (its
-# step is a Python int, as bitsandbytes' is); SGD and Lion keep no scalar
-STEP_COUNTER_BYTES = 4
-SCALAR_OPTIMIZERS = ("adamw", "adafactor")
 STAGES = ("first", "last")
 
 
-# Muon (Jordan et al. 2024, github.com/KellerJordan/Muon, muon.py; torch.optim.Muon, torch 2.13
-# torch/optim/_muon.py): `state["momentum_buffer"] = zeros_like(p.grad)` per 2-D hidden matrix,
-# no step counter, so one state in the gradient's dtype (mode mixed: beside the fp32 master
-# copy). Every other parameter (embeddings, the output head, norms, biases) goes to AdamW, as
-# both tell: "Muon should only be used for hidden weight layers".
-MUON_BYTES = {"fp32": 4, "amp": 4, "mixed": 8, "bf16": 2}
+def optimizer_of(setup: TrainingSetup) -> Optimizer:
+    """The set-up's optimizer (`gptcalc.optimizers`)."""
+    return optimizer_named(setup.optimizer)
 
 
-def muon_matrix(t: ParamTensor) -> bool:
-    """Whether Muon updates `t`: a 2-D weight matrix of a block; AdamW takes the rest."""
-    return t.place == "block" and t.role == "matrix" and len(t.shape) == 2
+def partnered_optimizer_bytes(setup: TrainingSetup, tensors: list[ParamTensor], tp: int = 1
+                              ) -> dict[str, int]:
+    """Optimizer bytes over `tensors` (tp-sharded) of an optimizer that steps only some of
+    them (`Optimizer.applies_to`: Muon's block matrices) beside its partner, which steps the
+    rest (Muon's AdamW): "states", each one's states per element, and "step", the 0-d tensors
+    each keeps per tensor it updates."""
+    own = optimizer_of(setup)
+    partner = optimizer_named(own.partner) if own.partner else own
+    states = steps = 0
+    for t in tensors:
+        opt = own if own.applies_to(t) else partner
+        states += opt.per_param_bytes(setup.mode) * t.shard(tp) * t.count
+        steps += opt.step_counter_bytes * t.count
+    return {"states": states, "step": steps}
 
 
-def muon_optimizer_bytes(setup: TrainingSetup, tensors: list[ParamTensor], tp: int = 1
-                         ) -> dict[str, int]:
-    """Optimizer bytes of Muon with AdamW beside it over `tensors` (tp-sharded): "states",
-    Muon's momentum (`MUON_BYTES`) and AdamW's two moments (`OPTIMIZER_BYTES`), and "step",
-    AdamW's float32 step per tensor it updates."""
-    adamw = replace(setup, optimizer="adamw")
-    muon = sum(MUON_BYTES[setup.mode] * t.shard(tp) * t.count for t in tensors if muon_matrix(t))
-    rest = [t for t in tensors if not muon_matrix(t)]
-    return {"states": muon + sum(OPTIMIZER_BYTES[setup.mode]["adamw"] * t.shard(tp) * t.count
-                                 for t in rest),
-            "step": step_counter_bytes(adamw) * sum(t.count for t in rest)}
-
-
-def optimizer_bytes_per_param(setup: TrainingSetup) -> int:
+def optimizer_bytes_per_param(setup: TrainingSetup, mode: str | None = None) -> int:
     """Optimizer state per parameter (the ZeRO paper's K in mixed mode) of an optimizer whose
-    states are elementwise; the shaped ones have none (`tensor_optimizer_bytes`)."""
-    if setup.optimizer in SHAPED_OPTIMIZERS:
-        raise ValueError(f"{setup.optimizer}'s states depend on each tensor's shape")
-    return OPTIMIZER_BYTES[setup.mode][setup.optimizer]
-
-
-def bnb_8bit_state_bytes(n: int) -> int:
-    """Bytes of bitsandbytes' AdamW8bit states for one tensor of `n` elements.
-
-    bitsandbytes/optim/optimizer.py (0.50), `Optimizer2State.init_state`: a tensor with fewer
-    than min_8bit_size (4096) elements keeps fp32 state1 and state2, 8 n, whatever its dtype;
-    a larger one keeps uint8 state1 and state2 (2 n) and an fp32 `absmax1` and `absmax2` of
-    ceil(n / 256) blocks each. The quantization maps are the optimizer's, not the tensor's
-    (`optimizer_fixed_bytes`); `step` is a Python int. PagedAdamW8bit holds the same bytes:
-    on CUDA its states of 10^5 elements or more are unified memory (`F.get_paged`), outside
-    PyTorch's caching allocator, paged to the host only under memory pressure.
-    """
-    if n < BNB_MIN_8BIT_SIZE:
-        return 8 * n
-    return 2 * n + 2 * 4 * _ceil(n, BNB_BLOCKSIZE)
-
-
-def adafactor_state_bytes(shape: tuple[int, ...]) -> int:
-    """Bytes of transformers' Adafactor states for one tensor of `shape` (its defaults:
-    beta1=None, so no `exp_avg`).
-
-    transformers/optimization.py, `Adafactor.step`: a tensor of 2 or more dims keeps a factored
-    second moment, `exp_avg_sq_row` of shape[:-1] and `exp_avg_sq_col` of shape[:-2] +
-    shape[-1:]; a 1-D one the full `exp_avg_sq`. The states are fp32 (made `.to(grad)` after
-    16-bit gradients are upcast). Its scalars: `STEP_COUNTER_BYTES` (RMS).
-    """
-    if len(shape) >= 2:
-        rows = math.prod(shape[:-1])
-        cols = math.prod(shape[:-2]) * shape[-1]
-        return 4 * (rows + cols)
-    return 4 * math.prod(shape)
+    states are elementwise, in `mode` (the set-up's unless given); the shaped ones have none
+    (`tensor_optimizer_bytes`)."""
+    return optimizer_of(setup).per_param_bytes(mode or setup.mode)
 
 
 def tensor_optimizer_bytes(setup: TrainingSetup, shape: tuple[int, ...],
                            mode: str | None = None) -> int:
     """Optimizer bytes of one parameter tensor of `shape`, as the optimizer sees it, in
-    `mode` (the set-up's unless given): the elementwise optimizers' `OPTIMIZER_BYTES` x
-    elements (mode mixed's fp32 master copy included); bitsandbytes' 8-bit AdamW
-    (`bnb_8bit_state_bytes`) and Adafactor (`adafactor_state_bytes`) beside mode mixed's 4-byte
-    master copy per element. Per-tensor scalars (`step_counter_bytes`) and the optimizer's own
-    tensors (`optimizer_fixed_bytes`) are apart."""
-    mode = mode or setup.mode
-    n = math.prod(shape)
-    if setup.optimizer not in SHAPED_OPTIMIZERS:
-        return OPTIMIZER_BYTES[mode][setup.optimizer] * n
-    master = 4 * n if mode == "mixed" else 0
-    if setup.optimizer in BNB_OPTIMIZERS:
-        return master + bnb_8bit_state_bytes(n)
-    return master + adafactor_state_bytes(shape)
+    `mode` (the set-up's unless given): `Optimizer.tensor_state_bytes` (an elementwise
+    optimizer's bytes per element x elements, mode mixed's fp32 master copy included;
+    bitsandbytes' 8-bit AdamW and Adafactor by the tensor's size and shape). Per-tensor
+    scalars (`step_counter_bytes`) and the optimizer's own tensors (`optimizer_fixed_bytes`)
+    are apart."""
+    return optimizer_of(setup).tensor_state_bytes(shape, mode or setup.mode)
 
 
 def step_counter_bytes(setup: TrainingSetup) -> int:
     """Bytes of the 0-d tensors the optimizer keeps per parameter tensor it updates: AdamW's
     float32 `step`, Adafactor's fp32 `RMS`; none for the others."""
-    return STEP_COUNTER_BYTES if setup.optimizer in SCALAR_OPTIMIZERS else 0
+    return optimizer_of(setup).step_counter_bytes
 
 
 def optimizer_fixed_bytes(setup: TrainingSetup, sizes: Iterable[int]) -> int:
     """Bytes an optimizer of tensors of `sizes` elements keeps once, whatever their number:
     bitsandbytes' two quantization maps (`BNB_QMAP_BYTES`), made when a first tensor of at
     least min_8bit_size elements gets 8-bit states."""
-    if setup.optimizer in BNB_OPTIMIZERS and any(n >= BNB_MIN_8BIT_SIZE for n in sizes):
-        return BNB_QMAP_BYTES
-    return 0
+    return optimizer_of(setup).fixed_bytes(list(sizes))
+
+
+def unified_optimizer_bytes(setup: TrainingSetup, tensors: Iterable[tuple[tuple[int, ...], int]]
+                            ) -> int:
+    """Of the optimizer bytes of `tensors` ((shape as the optimizer sees it, count) pairs),
+    those in CUDA unified memory: a paged optimizer's state buffers
+    (`Optimizer.buffer_bytes`) of tensors of at least `Optimizer.paged_min_elements`
+    elements, on CUDA (on CPU paged optimizers fall back to ordinary tensors). torch's
+    allocator statistics do not count them: they are not in the device's peak or reserved
+    bytes."""
+    opt = optimizer_of(setup)
+    if opt.paged_min_elements is None or setup.device != "cuda":
+        return 0
+    return sum(count * opt.buffer_bytes(shape, setup.mode) for shape, count in tensors
+               if math.prod(shape) >= opt.paged_min_elements)
 
 
 def flat_optimizer_bytes(setup: TrainingSetup, partitions: Iterable[int],
@@ -225,6 +173,9 @@ class StateBytes:
     gradients: int
     optimizer: int
     breakdown: dict[str, int] = field(default_factory=dict)
+    # a paged optimizer's states in CUDA unified memory, outside `optimizer` and the device's
+    # peak (`unified_optimizer_bytes`)
+    unified: int = 0
 
     @property
     def total(self) -> int:
@@ -269,3 +220,11 @@ def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, in
         key = f"weight_copy/{t.component}"
         out[key] = out.get(key, 0) + 2 * t.shard(setup.tp) * t.count
     return out
+
+
+__all__ = ["BNB_BLOCKSIZE", "BNB_MIN_8BIT_SIZE", "BNB_QMAP_BYTES", "STAGES", "STEP_COUNTER_BYTES",
+           "StateBytes", "adafactor_state_bytes", "autocast_weight_copies",
+           "bnb_8bit_state_bytes", "flat_optimizer_bytes", "largest_tensor",
+           "optimizer_bytes_per_param", "optimizer_fixed_bytes", "optimizer_of",
+           "partnered_optimizer_bytes", "stage_params", "stage_tensors", "step_counter_bytes",
+           "tensor_optimizer_bytes", "unified_optimizer_bytes", "zero_bytes_per_param"]

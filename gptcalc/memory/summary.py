@@ -19,6 +19,10 @@ from .serving import largest_fitting, serving_dtype_bytes
 from .states import STAGES
 
 
+# the line of `MemoryReport.unified` that is a paged optimizer's states
+UNIFIED_OPTIMIZER = "unified memory (paged optimizer states)"
+
+
 @dataclass(frozen=True)
 class MemoryReport:
     """Everything `gptcalc memory` prints; bytes per device of the most loaded pipeline stage
@@ -40,6 +44,10 @@ class MemoryReport:
     host: dict[str, int] = field(default_factory=dict)
     # every pipeline rank's figures (`pipeline_stages`); [] without pipelining
     stages: list[StageFigures] = field(default_factory=list)
+    # what the device's process holds in CUDA unified memory, by line, outside the caching
+    # allocator and so outside the peak and the reserved bytes (a paged optimizer's states,
+    # `states.unified_optimizer_bytes`); {} without
+    unified: dict[str, int] = field(default_factory=dict)
 
     @property
     def host_total(self) -> int:
@@ -113,6 +121,7 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     paper = activations_paper(cfg, workload, setup)
     logits = logits_bytes(cfg, workload, setup) if account.holds_head else 0
     kept = account.resident
+    unified = {UNIFIED_OPTIMIZER: st.unified} if st.unified else {}
     kv = kv_cache_bytes(cfg, workload.batch_size, ctx, serving_dtype_bytes(setup), setup.tp,
                         setup.pp)
     return MemoryReport(
@@ -122,11 +131,12 @@ def memory_report(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         logits=logits, kv_cache=kv, resident=sum(kept.values()), peak=peak,
         global_batch=global_batch,
         breakdown={"state": st.breakdown, "activations": acts, "weight_copies": copies,
-                   "activations_paper": paper, "peak": peak.lines, "resident": kept},
+                   "activations_paper": paper, "peak": peak.lines, "resident": kept,
+                   "unified": unified},
         host={**account.host,
               **checkpoints_on_host(cfg, workload, setup, peak.stage),
               **{f"saved activations: {k}": v for k, v in offloaded.items()}},
-        stages=stages,
+        stages=stages, unified=unified,
     )
 
 
@@ -154,5 +164,5 @@ def max_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget
     return t * (largest_fitting(lambda k: fits(k * t), 1) if fits(t) else 0)
 
 
-__all__ = ["MemoryReport", "STAGES", "StageFigures", "pipeline_stages", "max_batch", "max_seq_len",
+__all__ = ["MemoryReport", "STAGES", "UNIFIED_OPTIMIZER", "StageFigures", "pipeline_stages", "max_batch", "max_seq_len",
            "memory_report", "validate_setup"]

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import replace
 from functools import lru_cache
 
 from ...config import GPTConfig
+from ...optimizers import generation as optimizer_generation
 from ...schedules import Stage, micro_batches, stage_layers
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import Ledger
-from ..states import SHAPED_OPTIMIZERS, StateBytes, stage_tensors
+from ..states import StateBytes, optimizer_of, stage_tensors
 from .base import (Engine, Step, default_engine, describe, engine_for, engine_named,
                    generation, names, register, unregister)
 from .pipeline import pipeline_adjust
@@ -60,13 +60,14 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") ->
     counter per parameter tensor (torch keeps `state["step"]` as a float32 scalar tensor),
     Adafactor its 4-byte RMS, not sharded. LoRA: a frozen base and trainable adapters
     (`finetune.finetune_state_bytes`). Made once per configuration, set-up, stage and state of
-    the engine registry (a step's account, plan's micro-batches and pipeline ranks all ask)."""
-    return _state_bytes(cfg, setup, stage, generation())
+    the engine and optimizer registries (a step's account, plan's micro-batches and pipeline
+    ranks all ask)."""
+    return _state_bytes(cfg, setup, stage, (generation(), optimizer_generation()))
 
 
 @lru_cache(maxsize=4096)
-def _state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage, _generation: int
-                 ) -> StateBytes:
+def _state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage,
+                 _generation: tuple[int, int]) -> StateBytes:
     if setup.lora_rank:
         from ..finetune import finetune_state_bytes
 
@@ -75,30 +76,36 @@ def _state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage, _generation
         weights = lines["base/weights"] + lines["adapter/weights"]
         return StateBytes(stage=stage, params=lines["adapter/weights"] // setup.weight_bytes,
                           weights=weights, gradients=grads, optimizer=opt, breakdown=lines)
-    from ..states import muon_optimizer_bytes, zero_bytes_per_param
+    from ..states import (partnered_optimizer_bytes, unified_optimizer_bytes,
+                          zero_bytes_per_param)
     from .shards import optimizer_over, step_counters, tp_local_shape
 
     engine = engine_for(setup)
     tensors = stage_tensors(cfg, setup, stage)
     n = sum(t.shard(setup.tp) * t.count for t in tensors)
-    if engine.replicated(setup) and setup.optimizer == "muon":  # by each tensor's role
-        z = zero_bytes_per_param(replace(setup, optimizer="sgd"), n)
-        muon = muon_optimizer_bytes(setup, tensors, setup.tp)
-        weights, grads, opt, steps = z["weights"], z["gradients"], muon["states"], muon["step"]
+    optimizer, unified = optimizer_of(setup), 0
+    if engine.replicated(setup) and optimizer.partner:  # by each tensor's role
+        z = zero_bytes_per_param(setup, n)
+        split = partnered_optimizer_bytes(setup, tensors, setup.tp)
+        weights, grads, opt, steps = z["weights"], z["gradients"], split["states"], split["step"]
     elif engine.replicated(setup):
         z = zero_bytes_per_param(setup, n)
         steps = step_counters(setup, sum(t.count for t in tensors))
         weights, grads, opt = z["weights"], z["gradients"], z["optimizer"]
-        if setup.zero == 0 and setup.optimizer in SHAPED_OPTIMIZERS:  # each tensor's shape
-            opt = optimizer_over(setup, [(tp_local_shape(t, setup.tp, 0), t.count)
-                                         for t in tensors])
+        if setup.zero == 0:  # each tensor whole to the optimizer
+            shapes = [(tp_local_shape(t, setup.tp, 0), t.count) for t in tensors]
+            if optimizer.shaped:  # by each tensor's shape
+                opt = optimizer_over(setup, shapes)
+            # a paged optimizer's states in unified memory, not the device's
+            unified = unified_optimizer_bytes(setup, shapes)
+            opt -= unified
     else:
         r = engine.rank_states(cfg, setup, engine.peak_rank(cfg, setup, stage))
         weights, grads, opt, steps = r.weights, r.gradients, r.optimizer - r.steps, r.steps
     breakdown = {"weights": weights, "gradients": grads, "optimizer/states": opt,
                  "optimizer/step": steps}
     return StateBytes(stage=stage, params=n, weights=weights, gradients=grads,
-                      optimizer=opt + steps, breakdown=breakdown)
+                      optimizer=opt + steps, breakdown=breakdown, unified=unified)
 
 
 def adjust(ledger: Ledger, step: Step) -> None:

@@ -24,7 +24,7 @@ from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ...inventory import ParamTensor
 from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
-from ..states import OPTIMIZER_BYTES, stage_tensors
+from ..states import optimizer_bytes_per_param, stage_tensors
 from .base import Engine, Step, register
 from .shards import (RankStates, chunk_rows, coords, first_rank, optimizer_over, padded_rows,
                      rows_times_rest, stage_list, step_counters, tp_local_shape)
@@ -58,7 +58,7 @@ def optimizer_mode(setup: TrainingSetup) -> str:
 def optimizer_bytes(setup: TrainingSetup) -> int:
     """Optimizer state per element of the rank's own rows, for the elementwise optimizers
     (`optimizer_mode`)."""
-    return OPTIMIZER_BYTES[optimizer_mode(setup)][setup.optimizer]
+    return optimizer_bytes_per_param(setup, optimizer_mode(setup))
 
 
 def fsdp2_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:

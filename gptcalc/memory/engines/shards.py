@@ -15,8 +15,9 @@ from ...training_setup import TrainingSetup
 from ...inventory import ParamTensor
 from ...schedules import Stage
 from ...schedules import pp_rank as schedule_rank
-from ..states import (muon_optimizer_bytes, optimizer_fixed_bytes, stage_tensors,
-                      step_counter_bytes, tensor_optimizer_bytes)
+from ..states import (optimizer_fixed_bytes, optimizer_of, partnered_optimizer_bytes,
+                      stage_tensors, step_counter_bytes, tensor_optimizer_bytes,
+                      unified_optimizer_bytes)
 
 
 def chunk_rows(rows: int, world: int, rank: int) -> int:
@@ -118,10 +119,11 @@ def tp_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankS
         own += t.count * math.prod(shapes[-1][0])
         tensors += t.count
     steps = step_counters(setup, tensors)
-    opt = optimizer_over(setup, shapes) if setup.optimizer != "muon" else 0
-    if setup.optimizer == "muon":  # by each tensor's role (tp 1: whole tensors)
-        muon = muon_optimizer_bytes(setup, stage_list(cfg, setup, pp_rank), setup.tp)
-        opt, steps = muon["states"], muon["step"]
+    if optimizer_of(setup).partner:  # by each tensor's role (tp 1: whole tensors)
+        split = partnered_optimizer_bytes(setup, stage_list(cfg, setup, pp_rank), setup.tp)
+        opt, steps = split["states"], split["step"]
+    else:  # a paged optimizer's states in unified memory are not the device's
+        opt = optimizer_over(setup, shapes) - unified_optimizer_bytes(setup, shapes)
     return RankStates(wb * padded, wb * own, opt + steps, steps,
                       "DTensor: scattered shards keep ceil(n/tp) storage; gradients and "
                       "optimizer over own rows")

@@ -15,7 +15,7 @@ import heapq
 from ...config import GPTConfig
 from ...schedules import Stage
 from ...training_setup import TrainingSetup
-from ..states import SHAPED_OPTIMIZERS, optimizer_bytes_per_param, stage_tensors
+from ..states import optimizer_bytes_per_param, optimizer_of, stage_tensors
 from .base import Engine, register
 from .shards import (RankStates, coords, first_rank, optimizer_over, stage_of, step_counters,
                      tensor_sizes, tp_local_shape)
@@ -76,7 +76,7 @@ def zero1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> Ra
     mine = zero1_owned(sizes, setup.dp).get(dp_rank, ())
     n, wb = sum(sizes), setup.weight_bytes
     steps = step_counters(setup, len(mine))
-    if setup.optimizer in SHAPED_OPTIMIZERS:
+    if optimizer_of(setup).shaped:
         shapes = _zero1_shapes(cfg, setup, stage)
         opt = optimizer_over(setup, [(shapes[i], 1) for i in mine]) + steps
     else:
