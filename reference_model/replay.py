@@ -20,6 +20,7 @@ from gptcalc.config import GPTConfig
 from gptcalc.training_setup import TrainingSetup
 from gptcalc.workload import Workload
 from gptcalc.memory import autocast_weight_copies, saved_activations, state_bytes
+from gptcalc.memory.ledger import BACKWARD_PASS, Phase
 from gptcalc.memory.profile_reference import _norm_lines
 from gptcalc.memory.peak import (saved_before_attention_core, sdpa_math_output_transients,
                                  sdpa_math_path_16bit, sdpa_math_transients)
@@ -107,9 +108,10 @@ class _Walk:
     def __init__(self, lines: dict[str, int]) -> None:
         self.lines = dict(lines)
         self.total = sum(lines.values())
-        self.peak, self.at, self.peak_lines = self.total, "backward start", dict(lines)
-        self.log: list[tuple[str, int]] = [("backward start", self.total)]  # after each alloc
-        self.moments: list[tuple[str, dict[str, int]]] = [("backward start", dict(lines))]
+        start = Phase.BACKWARD_START.label
+        self.peak, self.at, self.peak_lines = self.total, start, dict(lines)
+        self.log: list[tuple[str, int]] = [(start, self.total)]  # after each alloc
+        self.moments: list[tuple[str, dict[str, int]]] = [(start, dict(lines))]
 
     def alloc(self, where: str, **nbytes: int) -> None:
         for k, v in nbytes.items():
@@ -525,7 +527,9 @@ class StepPeak:
     """The peak of one steady-state training step (after the first, whose states exist)."""
 
     bytes: int
-    phase: str  # "backward", "optimizer", "forward" or "forward attention core"
+    # a moment's label (`gptcalc.memory.ledger`): the forward's end, the attention core, the
+    # optimizer step, or the backward pass walked op by op (`BACKWARD_PASS`)
+    phase: str
     why: str
     phases: dict[str, int]
     lines: dict[str, int] = field(default_factory=dict)  # what is alive at the peak
@@ -622,21 +626,21 @@ def replay_peak(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> Ste
     optimizer = sum(opt_lines.values())
     fwd, fwd_lines = forward_end(cfg, workload, setup, walk)
     core, core_lines = forward_attention_core(cfg, workload, setup)
-    phases = {"backward": backward, "optimizer": optimizer, "forward": fwd,
-              "forward attention core": core}
+    forward, attention = Phase.FORWARD_END.label, Phase.ATTENTION_CORE.label
+    step = Phase.OPTIMIZER_STEP.label
+    phases = {BACKWARD_PASS: backward, step: optimizer, forward: fwd, attention: core}
     phase = max(phases, key=phases.get)
-    why = (f"backward at the {at}: saved activations, logits and gradients in flight "
-           "outweigh the gradients and update temporaries"
-           if phase == "backward" else
-           "gradients plus the optimizer's temporaries outweigh the activations (small batch)")
-    if phase == "forward":
-        why = ("the forward's end: its fp32 copy of the logits and autocast's cached casts "
-               "outweigh the backward's gradients in flight (small vocabulary)")
-    if phase == "forward attention core":
-        why = ("the last block's attention core in the forward: SDPA's CPU math path holds "
-               "fp32 copies of 16-bit q, k, v, its score stacks and its output")
-    lines = {"backward": walk_lines, "optimizer": opt_lines, "forward": fwd_lines,
-             "forward attention core": core_lines}[phase]
-    return StepPeak(bytes=phases[phase], phase=phase, why=why, phases=phases, lines=lines)
+    why = {BACKWARD_PASS: f"backward at the {at}: saved activations, logits and gradients in "
+                          "flight outweigh the gradients and update temporaries",
+           step: "gradients plus the optimizer's temporaries outweigh the activations (small "
+                 "batch)",
+           forward: "the forward's end: its fp32 copy of the logits and autocast's cached "
+                    "casts outweigh the backward's gradients in flight (small vocabulary)",
+           attention: "the last block's attention core in the forward: SDPA's CPU math path "
+                      "holds fp32 copies of 16-bit q, k, v, its score stacks and its output"}
+    lines = {BACKWARD_PASS: walk_lines, step: opt_lines, forward: fwd_lines,
+             attention: core_lines}[phase]
+    return StepPeak(bytes=phases[phase], phase=phase, why=why[phase], phases=phases,
+                    lines=lines)
 
 

@@ -86,7 +86,7 @@ def test_step_peak_sdpa_math_path_16bit_wide_heads(mode):
     # MemTracker, torch 2.13 CPU, when written
     assert measured == {"bf16": 37408, "amp": 48640, "mixed": 48800}[mode]
     replayed = step_peak(cfg, wl, setup)
-    assert replayed.phase == "forward attention core"
+    assert replayed.phase == "forward, attention core"
     assert sum(replayed.lines.values()) == replayed.bytes
     assert abs(replayed.bytes - measured) <= max(REPLAY_TOLERANCE_FLOOR_BYTES,
                                                  REPLAY_TOLERANCE * measured)

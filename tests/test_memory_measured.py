@@ -91,7 +91,7 @@ def test_state_bytes_exact(mode, optimizer):
 # estimate) the errors were up to -5.0% (tutorial fp32 SDPA B=8: measured 2,665,040 vs
 # 2,532,684 predicted).
 @pytest.mark.parametrize("B, arch, mode, attn, dropout, phase, measured_when_written", [
-    (2, "gpt2", "fp32", "manual", 0.0, "optimizer", 1883504),
+    (2, "gpt2", "fp32", "manual", 0.0, "optimizer step", 1883504),
     (8, "gpt2", "fp32", "manual", 0.1, "backward", 2909688),
     (8, "llama", "bf16", "sdpa", 0.0, "backward", 1977432),
     (8, "tutorial", "fp32", "sdpa", 0.0, "backward", 2665040),
@@ -111,7 +111,7 @@ def test_step_peak_cpu(B, arch, mode, attn, dropout, phase, measured_when_writte
 # (-95,546 and -24,834 against the tracker as it is now).
 @pytest.mark.parametrize("B, mode, phase, measured_when_written", [
     (2, "amp", "backward", 536184), (8, "amp", "backward", 923064),
-    (2, "mixed", "optimizer", 616432), (8, "mixed", "backward", 881336)])
+    (2, "mixed", "optimizer step", 616432), (8, "mixed", "backward", 881336)])
 def test_step_peak_cpu_autocast(B, mode, phase, measured_when_written):
     cfg = from_name("debug", arch="gpt2", n_layer=2, n_embd=32, n_head=2, block_size=16)
     _check_step_peak(cfg, B, mode, "manual", phase, measured_when_written)
@@ -153,8 +153,8 @@ def _check_step_peak(cfg, B, mode, attn, phase, measured_when_written, recompute
 # for att @ v for the last two); before these were walked the prediction was 867,135, 844,992,
 # 844,992 and 499,572 bytes (-1,728, -1,728, -24,620, -27,148).
 @pytest.mark.parametrize("mode, recompute, attn, phase, measured_when_written", [
-    ("amp", "none", "manual", "forward", 868863),
-    ("amp", "selective", "manual", "forward", 846720),
+    ("amp", "none", "manual", "forward end", 868863),
+    ("amp", "selective", "manual", "forward end", 846720),
     ("amp", "selective", "sdpa", "backward", 869612),
     ("bf16", "selective", "sdpa", "backward", 526720)])
 def test_step_peak_forward_end_and_sdpa_math_recompute(mode, recompute, attn, phase,

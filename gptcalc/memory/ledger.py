@@ -80,6 +80,10 @@ _WHY = {
 }
 
 
+# The reference model's op-by-op replay (reference_model/replay.py) walks the whole backward
+# pass op by op: its peak there is anywhere in the pass, one span rather than a moment above
+BACKWARD_PASS = "backward"
+
 # the moments every step passes through, in order
 STEADY_PHASES = (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD_LAST_BLOCK,
                  Phase.BACKWARD_END, Phase.OPTIMIZER_STEP)
@@ -208,7 +212,7 @@ class Ledger:
         return self._phases[phase]
 
 
-__all__ = ["ATTENTION_CORE_TRANSIENTS", "BLOCK_GRADIENTS", "EMBEDDING_INPUTS", "GRADIENTS",
+__all__ = ["ATTENTION_CORE_TRANSIENTS", "BACKWARD_PASS", "BLOCK_GRADIENTS", "EMBEDDING_INPUTS", "GRADIENTS",
            "GRADIENTS_ACCUMULATING", "LOGITS", "LOSS_GRADIENT", "LOSS_LOGITS_COPY", "Ledger",
            "LedgerError", "OFFLOADED_BACK", "OFFLOAD_STASH", "OPTIMIZER_STATES", "OPTIMIZER_TEMPORARIES", "OVERHEAD", "Phase",
            "RECOMPUTED_BLOCK", "SAVED", "SAVED_TO_ATTENTION_CORE", "STEADY_PHASES",
