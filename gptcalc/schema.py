@@ -16,6 +16,7 @@ from .config import GPTConfig
 from .errors import ConfigError, integer
 from .families import ARCHS
 from .lora import TARGETS_HELP
+from .optimizers import describe as describe_optimizers
 from .presets import DEFAULT_PRESET
 from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, COMPILES,
                              DEFAULT_LOSS_CHUNKS, DEVICES, FLOAT8, IMPLS, LOSSES, MODES,
@@ -114,12 +115,7 @@ _TRAINING = (
            "own precision it is (see --engine); else amp, or fp32 for the tutorial and notes "
            "families.", "training",
            MODES),
-    Option("optimizer", "--optimizer", "choice", "adamw (default; torch.optim.AdamW), sgd, "
-           "sgd-momentum, adamw8bit and paged_adamw8bit (bitsandbytes' 8-bit block-wise "
-           "states), adafactor (transformers' Adafactor: factored second moment, no first "
-           "moment), lion (one moment), muon (torch.optim.Muon's momentum on the blocks' "
-           "2-D matrices, AdamW on embeddings, head, norms and biases; one device or DDP).",
-           "training", OPTIMIZERS),
+    Option("optimizer", "--optimizer", "choice", describe_optimizers(), "training", OPTIMIZERS),
     Option("autocast_dtype", "--autocast-dtype", "choice", "16-bit dtype of amp and mixed "
            "(default bf16).", "training", AUTOCAST_DTYPES),
     Option("recompute", "--recompute", "choice", "Activation recomputation (default none).",

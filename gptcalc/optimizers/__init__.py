@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import (DEFAULT, Optimizer, StepView, generation, names, optimizer_named, register,
-                   unregister)
+from .base import (DEFAULT, Optimizer, StepView, describe, generation, names, optimizer_named,
+                   register, unregister)
 
 # every module of this package that defines an optimizer registers it when imported
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["DEFAULT", "Optimizer", "StepView", "generation", "names", "optimizer_named",
+__all__ = ["DEFAULT", "Optimizer", "StepView", "describe", "generation", "names", "optimizer_named",
            "register", "unregister"]

@@ -16,7 +16,7 @@ STEP_COUNTER_BYTES = 4
 
 class AdamW(Optimizer):
     name = "adamw"
-    help = "torch.optim.AdamW (default)"
+    help = "default; torch.optim.AdamW"
     state_tensors: ClassVar[int] = 2
     step_counter_bytes: ClassVar[int] = STEP_COUNTER_BYTES
 

@@ -126,10 +126,15 @@ def names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY, key=lambda n: n != DEFAULT))
 
 
+def describe() -> str:
+    """Every optimizer with its `help`, for `--optimizer --help`."""
+    return ", ".join(f"{n} ({_REGISTRY[n].help})" for n in names()) + "."
+
+
 def optimizer_named(name: str) -> Optimizer:
     """The optimizer `name`; an unknown name is ConfigError("optimizer")."""
     return _REGISTRY[one_of("optimizer", name, names())]
 
 
-__all__ = ["DEFAULT", "Optimizer", "StepView", "Tensor", "generation",
+__all__ = ["DEFAULT", "Optimizer", "StepView", "Tensor", "describe", "generation",
            "names", "optimizer_named", "register", "unregister"]

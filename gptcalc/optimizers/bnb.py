@@ -84,7 +84,7 @@ class AdamW8bit(Optimizer):
 
 class PagedAdamW8bit(AdamW8bit):
     name = "paged_adamw8bit"
-    help = "bitsandbytes' PagedAdamW8bit: AdamW8bit's states in unified memory"
+    help = "bitsandbytes' PagedAdamW8bit: AdamW8bit's states in CUDA unified memory"
     paged_min_elements: ClassVar[int | None] = PAGED_MIN_ELEMENTS
 
 
@@ -95,7 +95,7 @@ ADAMW_32BIT_BYTES = {"fp32": 8, "amp": 8, "mixed": 12, "bf16": 8}
 
 class PagedAdamW(Optimizer):
     name = "paged_adamw"
-    help = "bitsandbytes' PagedAdamW (32-bit states in unified memory)"
+    help = "bitsandbytes' PagedAdamW: 32-bit states in CUDA unified memory"
     state_tensors: ClassVar[int] = 2
     paged_min_elements: ClassVar[int | None] = PAGED_MIN_ELEMENTS
 

@@ -30,7 +30,8 @@ def muon_update_temporaries(shape: tuple[int, int], param_bytes: int) -> int:
 
 class Muon(Optimizer):
     name = "muon"
-    help = "torch.optim.Muon's momentum on the blocks' matrices, AdamW on the rest"
+    help = ("torch.optim.Muon's momentum on the blocks' 2-D matrices, AdamW on embeddings, "
+            "head, norms and biases; one device or DDP")
     # each rank orthogonalises whole matrices: one device or DDP
     shardable: ClassVar[bool] = False
     partner: ClassVar[str | None] = "adamw"
