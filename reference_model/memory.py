@@ -366,17 +366,17 @@ class MuonWithAdamW:
 
 def _torch_optimizer(params, setup: TrainingSetup) -> torch.optim.Optimizer:
     """The optimizer `setup.optimizer` names: torch's AdamW and SGD, bitsandbytes'
-    AdamW8bit and PagedAdamW8bit, transformers' Adafactor (a fixed learning rate, as the
-    Trainer's `adafactor` runs it), lion-pytorch's Lion."""
+    AdamW8bit, PagedAdamW8bit and PagedAdamW, transformers' Adafactor (a fixed learning rate,
+    as the Trainer's `adafactor` runs it), lion-pytorch's Lion."""
     if setup.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
-    if setup.optimizer in ("adamw8bit", "paged_adamw8bit"):
+    if setup.optimizer in ("adamw8bit", "paged_adamw8bit", "paged_adamw"):
         import warnings
 
         import bitsandbytes as bnb
 
-        make = bnb.optim.AdamW8bit if setup.optimizer == "adamw8bit" else (
-            bnb.optim.PagedAdamW8bit)
+        make = {"adamw8bit": bnb.optim.AdamW8bit, "paged_adamw8bit": bnb.optim.PagedAdamW8bit,
+                "paged_adamw": bnb.optim.PagedAdamW}[setup.optimizer]
         with warnings.catch_warnings():  # the paged one falls back to unpaged on CPU
             warnings.simplefilter("ignore")
             return make(params, lr=1e-4, weight_decay=0.1)
