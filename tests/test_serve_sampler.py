@@ -102,9 +102,9 @@ def test_v0_defaults_chunk_only_long_contexts():
 
 def test_the_release_is_on_the_first_line_and_bad_ones_name_the_option():
     r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b"])
-    assert r.stdout.startswith("Assuming vllm 0.33.0 (V1 engine) (default) on ")
+    assert r.stdout.splitlines()[1].startswith("Assuming vllm 0.33.0 (V1 engine) (default) on ")
     r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine-version", "0.7.3"])
-    assert r.stdout.startswith("Assuming vllm 0.7.3 (V0 engine) on ")
+    assert r.stdout.splitlines()[1].startswith("Assuming vllm 0.7.3 (V0 engine) on ")
     for bad in ("latest", "1", "0.8.x", ""):
         r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine-version", bad])
         assert r.exit_code == 2 and r.stdout == "" and "--engine-version" in r.stderr, r.output
@@ -126,7 +126,7 @@ def test_a_multimodal_checkpoint_says_its_encoder_is_left_out(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path), "--gpu", "h100-sxm"])
     assert r.exit_code == 0, r.output
-    assert "the language model only: the checkpoint's vision_config" in r.stdout.splitlines()[0]
+    assert "the language model only: the checkpoint's vision_config" in r.stdout.splitlines()[1]
     del raw["vision_config"]
     (tmp_path / "config.json").write_text(json.dumps(raw))
     r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path), "--gpu", "h100-sxm"])
@@ -214,7 +214,7 @@ def test_enable_lora_through_serve():
     assert lora["weights"] + lora["lora_slots"] + lora["activation_peak"] + \
         lora["non_torch"] + lora["kv_cache"] == budget
     first = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--enable-lora"]
-                               ).stdout.splitlines()[0]
+                               ).stdout.splitlines()[1]
     assert "LoRA slots: max_loras 1 (default) of rank 16 (default)" in first
 
 
