@@ -278,3 +278,45 @@ def test_the_verdict_comes_first_on_one_screen(args):
 def test_the_verdict_says_when_it_does_not_fit():
     r = run("serve", "--preset", "llama3-70b", "--gpu", "h100-sxm")
     assert r.stdout.startswith("Does NOT fit: the engine refuses to start on h100-sxm")
+
+
+# --- the sampler's backend --------------------------------------------------------------------
+
+def test_flashinfer_holds_a_plus_12_bytes_a_logit_and_no_sm_buffer():
+    # top_k_top_p_sampling_from_logits, filter order top_k_first: the float32 logits, the
+    # top-k-masked logits and their softmax beside the head's bf16 output
+    from gptcalc.inference.sampler import flashinfer_sampler_bytes, sort_free_sampler_bytes
+
+    n, v = 1024, 128256
+    fi = flashinfer_sampler_bytes(n, v)
+    assert sum(fi.values()) == (2 + 12) * n * v + 36 * n
+    triton = sort_free_sampler_bytes(n, v, 2, 132)
+    assert sum(triton.values()) - sum(fi.values()) == 132 * v * 4  # the Triton kernel's rows
+    assert sum(flashinfer_sampler_bytes(n, v, 4).values()) == 12 * n * v + 36 * n
+
+
+@pytest.mark.parametrize("version, default", [("0.16.0", "sort"), ("0.17.0", "triton"),
+                                              ("0.7.3", "sort")])
+def test_the_default_sampler_by_release_on_both_sides_of_0_17(version, default):
+    out = serve_json("--preset", "llama3-8b", "--engine-version", version)
+    assert out["sampler"] == default
+    assert ("sampler/sort temporaries" in out["activation"]) is (default == "sort")
+    assert ("sampler/top-k top-p buffer" in out["activation"]) is (default == "triton")
+    assert "(default)" in out["assumptions"].split("; sampler ")[1]
+
+
+@pytest.mark.parametrize("version", ["0.16.0", "0.33.0"])
+def test_flashinfer_is_taken_when_asked_for(version):
+    fi = serve_json("--preset", "llama3-8b", "--engine-version", version, "--sampler",
+                    "flashinfer")
+    default = serve_json("--preset", "llama3-8b", "--engine-version", version)
+    assert fi["sampler"] == "flashinfer" and "sampler/masked logits" in fi["activation"]
+    assert fi["activation_peak"] < default["activation_peak"]
+    assert fi["kv_cache"] > default["kv_cache"]
+
+
+def test_the_triton_sampler_before_0_17_names_the_option():
+    r = run("serve", "--preset", "llama3-8b", "--engine-version", "0.16.0", "--sampler", "triton")
+    assert r.exit_code == 2 and r.stdout == "" and "--sampler" in r.stderr, r.output
+    r = run("serve", "--preset", "llama3-8b", "--engine-version", "0.17.0", "--sampler", "triton")
+    assert r.exit_code == 0, r.output

@@ -17,6 +17,7 @@ from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSW
                               KVPool, cpu_offload_bytes, gpu_memory, kv_pool)
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
+from ..inference.sampler import SAMPLERS
 from ..inference.servers import cuda_graphs_profiled
 from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
@@ -89,6 +90,10 @@ from .render import emit_json, envelope, print_line, print_table
 @click_option(OPTIONS["enable_lora"])
 @click_option(OPTIONS["max_loras"])
 @click_option(OPTIONS["max_lora_rank"])
+@click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
+              help="vLLM's sampler backend in the profile run: sort (PyTorch), triton "
+                   "(sort-free, 0.17.0 on) or flashinfer (when installed and not disabled by "
+                   "VLLM_USE_FLASHINFER_SAMPLER=0); default the release's PyTorch path.")
 @click.option("--detail", is_flag=True,
               help="Every line: the activation peak by tensor, each pipeline stage, the "
                    "throughput table.")
@@ -102,7 +107,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
-            max_lora_rank: int | None, detail: bool, as_json: bool) -> None:
+            max_lora_rank: int | None, sampler: str | None, detail: bool,
+            as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
@@ -134,7 +140,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                 non_torch=nt, gpu_name=g.name,
                 engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
                 lora=lora, pp=pp, dp=dp, expert_parallel=expert_parallel,
-                cpu_offload=cpu_offload_bytes(cpu_offload_gb))
+                cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -149,9 +155,12 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
              "block_size": kv_block_size, "context": context, "non_torch": nt,
              "engine_version": engine_version, "max_loras": max_loras,
              "max_lora_rank": max_lora_rank}
-    line = _assumptions(pool, g.name, total, tp, (weights, source), kv_dtype, mml, ctx, gen_len,
-                        gpu_memory is None, {k for k, v in given.items() if v is None})
+    line = _assumptions(pool, g.name, total, tp * pp * dp, (weights, source), kv_dtype, mml,
+                        ctx, gen_len, gpu_memory is None,
+                        {k for k, v in given.items() if v is None})
     line += _layout_words(cfg, pool)
+    if pool.sampler:
+        line += f"; sampler {SAMPLER_WORDS[pool.sampler]}{'' if sampler else ' (default)'}"
     if pool.device_context:
         line += (f"; this release counts everything in use on the device as non-torch memory: "
                  f"its CUDA context {binary_bytes(pool.device_context)} (estimated) counted, "
@@ -163,15 +172,18 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         line += ("; CUDA graphs not counted: this release captures them after sizing the pool, "
                  "in the memory gpu_memory_utilization leaves")
     if cfg.moe and pool.activation:
-        line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path, no "
-                 "expert parallelism)")
+        line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
+                 + ("; with expert parallelism each GPU's whole experts over its own tokens, "
+                    "the all-to-all's buffers not counted)" if expert_parallel else
+                    ", no expert parallelism)"))
     setup = current_setup()
     if setup is not None and setup.encoders:
         line += (f"; the language model only: the checkpoint's {' and '.join(setup.encoders)} "
                  "(its encoder's weights and the engine's encoder profile run) not counted")
     if as_json:
         out = _json(cfg, wl, pool, conc, mml, ctx, s, line, advice)
-        out.update(pp=pp, dp=dp, expert_parallel=expert_parallel, cpu_offload=pool.cpu_offload,
+        out.update(sampler=pool.sampler, pp=pp, dp=dp, expert_parallel=expert_parallel,
+                   cpu_offload=pool.cpu_offload,
                    host_memory=pool.cpu_offload * tp * pp * dp,
                    device_context=pool.device_context, stages=list(pool.stages),
                    verdict=_verdict(cfg, pool, conc, mml, g.name))
@@ -179,6 +191,11 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         emit_json(out)
         return
     _render(cfg, pool, conc, mml, ctx, s, line, advice, g.name, detail)
+
+
+SAMPLER_WORDS = {"sort": "PyTorch's (sorts the logits)",
+                 "triton": "the sort-free Triton top-k/top-p kernel",
+                 "flashinfer": "FlashInfer's rejection sampling"}
 
 
 def lora_setting(enable: bool | None, max_loras: int | None, max_lora_rank: int | None

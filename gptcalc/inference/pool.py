@@ -49,7 +49,8 @@ from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
 from .kv import kv_bytes_per_token_layer
-from .sampler import SMS, TRITON_SAMPLER_SINCE, sampler_bytes, sort_free_sampler_bytes
+from .sampler import (SAMPLERS, SMS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes,
+                      sampler_bytes, sort_free_sampler_bytes)
 from .servers import (Release, custom_all_reduce_bytes, parse_version, release,
                       scheduler_defaults)
 from .weights import (device_weight_bytes, pp_partition, stage_weight_parts,
@@ -181,6 +182,22 @@ def sort_free_sampler(r: Release) -> bool:
     return r.server == "vllm" and parse_version(r.version) >= TRITON_SAMPLER_SINCE
 
 
+def sampler_backend(r: Release, sampler: str | None = None) -> str:
+    """The sampler backend of vLLM's profile run (`sampler.SAMPLERS`): `sampler` as given, else
+    the release's PyTorch-native path, which sorts before 0.17.0 and runs the Triton kernel from
+    0.17.0 (`sort_free_sampler`). FlashInfer's is taken only when asked for: whether it runs
+    depends on the install (FlashInfer present, more than 16 SMs, a supported compute
+    capability) and on VLLM_USE_FLASHINFER_SAMPLER (vllm/v1/sample/ops/topk_topp_sampler.py,
+    `flashinfer_sampler_supported`), which no option of the calculator can see."""
+    if sampler is None:
+        return "triton" if sort_free_sampler(r) else "sort"
+    one_of("sampler", sampler, SAMPLERS)
+    if sampler == "triton" and not sort_free_sampler(r):
+        raise ConfigError("sampler", f"the Triton top-k/top-p kernel first shipped in vLLM "
+                                     f"0.17.0; {r.label} sorts (--sampler sort or flashinfer)")
+    return sampler
+
+
 def persistent_moe_workspace(r: Release) -> bool:
     """vLLM keeps the fused MoE's workspace after the forward (`fused_moe_workspace_bytes`,
     `modular`) in the releases measured holding it: 0.19.0 and later (the activation peaks
@@ -195,7 +212,8 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
                              engine: str = "V1", cuda: bool = True, sampler: bool = True,
                              sort_free: bool = False, sms: int = 0,
                              moe_kept: bool = False, last_stage: bool = True,
-                             moe_tp: int | None = None, streamed: int = 0) -> dict[str, int]:
+                             moe_tp: int | None = None, streamed: int = 0,
+                             flashinfer: bool = False) -> dict[str, int]:
     """The activation peak of one inference forward of `tokens` tokens in `seqs` sequences,
     logits for the last token of each only, no KV cache, nothing kept for a backward: the
     moment with the most live bytes, by line (the lines sum to the peak).
@@ -253,8 +271,12 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     if not last_stage:
         return block
     copies = 2 if engine == "V1" else 1
-    sampled = (sort_free_sampler_bytes(S, V, a, sms) if sort_free and cuda
-               else sampler_bytes(S, V, a, cuda))
+    if flashinfer and cuda:
+        sampled = flashinfer_sampler_bytes(S, V, a)
+    elif sort_free and cuda:
+        sampled = sort_free_sampler_bytes(S, V, a, sms)
+    else:
+        sampled = sampler_bytes(S, V, a, cuda)
     after = ({"hidden": T * E * a, "last hidden": S * E * a * copies, **sampled} if sampler
              else {"hidden": T * E * a, "logits": S * V * a})
     if moe_kept and moe_layers(cfg):
@@ -286,6 +308,7 @@ class KVPool:
     layout: dict[str, int] = field(default_factory=dict)  # tp, pp, dp, expert_parallel
     cpu_offload: int = 0  # weight bytes of this GPU held in host memory (--cpu-offload-gb)
     device_context: int = 0  # the CUDA context, counted by early V1 (`early_v1_accounting`)
+    sampler: str | None = None  # the profile run's sampler backend (vLLM)
 
     @property
     def activation_peak(self) -> int:
@@ -353,7 +376,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             non_torch: int | None = None, gpu_name: str = "",
             engine_version: str | None = None, max_model_len: int | None = None,
             comm_buffers: bool = True, lora: tuple[int, int] | None = None, pp: int = 1,
-            dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0) -> KVPool:
+            dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0,
+            sampler: str | None = None) -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
     sglang_mem_fraction_static; the newest release; max_model_len the model's context).
@@ -370,7 +394,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     `unify_kv_cache_configs`; V0's executor the minimum of its workers' blocks), so the
     returned pool is the stage with the fewest blocks, `stages` holding each. Only the last
     stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
-    memory (`cpu_offload_bytes`)."""
+    memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`)."""
     one_of("engine", engine, SERVERS)
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         positive_int(name, value)
@@ -420,6 +444,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     slots = {} if lora is None else lora_slot_bytes(
         cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
     context = CUDA_CONTEXT if early_v1_accounting(rel) else 0
+    backend = sampler_backend(rel, sampler) if engine == "vllm" else None
     stages = []
     for start in itertools.accumulate((0,) + partition[:-1]):
         end = start + partition[len(stages)]
@@ -435,9 +460,10 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
                     if offloaded and rel.engine == "V0" else 0)
         act = {} if engine == "sglang" else profile_activation_bytes(
             cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype),
-            engine=rel.engine, sort_free=sort_free_sampler(rel), sms=SMS.get(gpu_name, 0),
+            engine=rel.engine, sort_free=backend == "triton", sms=SMS.get(gpu_name, 0),
             moe_kept=persistent_moe_workspace(rel), last_stage=end == cfg.n_layer,
-            moe_tp=1 if expert_parallel else tp * dp, streamed=streamed)
+            moe_tp=1 if expert_parallel else tp * dp, streamed=streamed,
+            flashinfer=backend == "flashinfer")
         stages.append(KVPool(
             engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
             weights=weights - offloaded, activation=act, non_torch=non_torch + comm,
@@ -446,7 +472,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             layer_block_bytes=layer_block, lora=slots, lora_setting=lora,
             layers=(0, 0) if pp == 1 else layers,
             layout={"tp": tp, "pp": pp, "dp": dp, "expert_parallel": int(expert_parallel)},
-            cpu_offload=offloaded, device_context=context))
+            cpu_offload=offloaded, device_context=context, sampler=backend))
     binding = min(stages, key=lambda p: (p.kv_blocks, p.kv_cache))
     if pp == 1:
         return binding
