@@ -320,3 +320,14 @@ def test_the_triton_sampler_before_0_17_names_the_option():
     assert r.exit_code == 2 and r.stdout == "" and "--sampler" in r.stderr, r.output
     r = run("serve", "--preset", "llama3-8b", "--engine-version", "0.17.0", "--sampler", "triton")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("version, seqs", [("0.8.0", 1024), ("0.8.3", 1024), ("0.8.4", 256),
+                                           ("0.7.3", 256)])
+def test_early_v1_profiles_1024_sequences_on_every_gpu(version, seqs):
+    # vllm-project/vllm pull 16158 (after 0.8.3) reverted V1's max_num_seqs to V0's 256 on
+    # cards below H100 class; on an H100 it stays 1,024 either side
+    assert serve_json("--preset", "llama3-8b", "--gpu", "l40s", "--engine-version",
+                      version)["max_num_seqs"] == seqs
+    assert serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm", "--engine-version",
+                      version)["max_num_seqs"] == (256 if version == "0.7.3" else 1024)

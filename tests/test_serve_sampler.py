@@ -94,10 +94,13 @@ def test_v0_defaults_chunk_only_long_contexts():
     assert scheduler_defaults(v0, h100, "h100-sxm", 32769, sliding=True) == (32769, 256)
     assert scheduler_defaults(v0, h100, "h100-sxm", 32769, mla=True) == (32769, 256)
     # V1: by the GPU (70 GiB and not an A100), not by max_model_len
-    v1 = release("vllm", "0.8.0")
+    v1 = release("vllm", "0.8.4")
     assert scheduler_defaults(v1, h100, "h100-sxm", 32769) == (8192, 1024)
     assert scheduler_defaults(v1, h100, "a100-sxm-80gb", 1024) == (2048, 256)
     assert scheduler_defaults(v1, 70 * GiB - 1, "l40s", 1024) == (2048, 256)
+    # before 0.8.4 V1 profiled 1,024 sequences on every GPU (vllm-project/vllm pull 16158)
+    early = release("vllm", "0.8.3")
+    assert scheduler_defaults(early, 70 * GiB - 1, "l40s", 1024) == (2048, 1024)
 
 
 def test_the_release_is_on_the_first_line_and_bad_ones_name_the_option():
