@@ -331,3 +331,16 @@ def test_early_v1_profiles_1024_sequences_on_every_gpu(version, seqs):
                       version)["max_num_seqs"] == seqs
     assert serve_json("--preset", "llama3-8b", "--gpu", "h100-sxm", "--engine-version",
                       version)["max_num_seqs"] == (256 if version == "0.7.3" else 1024)
+
+
+@pytest.mark.parametrize("version, kept", [("0.18.0", False), ("0.19.0", True)])
+def test_the_moe_workspace_is_kept_from_0_19(version, kept):
+    # from 0.19.0 the modular fused MoE's workspace stays allocated beside the sampler pass
+    out = serve_json("--preset", "qwen3-30b-a3b", "--engine-version", version)
+    assert ("moe workspace" in out["activation"]) is kept
+
+
+@pytest.mark.parametrize("version, engine", [("0.7.3", "V0"), ("0.8.0", "V1")])
+def test_the_v1_engine_from_0_8(version, engine):
+    assert serve_json("--preset", "llama3-8b", "--engine-version",
+                      version)["engine_generation"] == engine
