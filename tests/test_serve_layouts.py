@@ -344,3 +344,13 @@ def test_the_moe_workspace_is_kept_from_0_19(version, kept):
 def test_the_v1_engine_from_0_8(version, engine):
     assert serve_json("--preset", "llama3-8b", "--engine-version",
                       version)["engine_generation"] == engine
+
+
+def test_host_memory_sums_every_stage_and_replica():
+    # 8 GiB asked of each GPU; gpt2's 12 layers over 2 stages hold far less, so each stage
+    # offloads its own layers whole, on each of its tp x dp GPUs
+    cfg = from_name("gpt2")
+    out = serve_json("--preset", "gpt2", "--pp", "2", "--dp", "3", "--cpu-offload-gb", "8")
+    per_stage = [stage_weight_parts(cfg, "bf16", 1, (a, a + 6), 2)["blocks"] for a in (0, 6)]
+    assert [s["cpu_offload"] for s in out["stages"]] == per_stage
+    assert out["host_memory"] == 3 * sum(per_stage)

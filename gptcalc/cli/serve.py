@@ -159,6 +159,9 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                         ctx, gen_len, gpu_memory is None,
                         {k for k, v in given.items() if v is None})
     line += _layout_words(cfg, pool)
+    if s is not None and (pp > 1 or dp > 1 or expert_parallel or pool.cpu_offload):
+        line += ("; throughput as infer's roofline of one replica at tp alone (pipeline "
+                 "stages, expert placement and weights read from host memory not in it)")
     if pool.sampler:
         line += f"; sampler {SAMPLER_WORDS[pool.sampler]}{'' if sampler else ' (default)'}"
     if pool.device_context:
@@ -184,7 +187,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         out = _json(cfg, wl, pool, conc, mml, ctx, s, line, advice)
         out.update(sampler=pool.sampler, pp=pp, dp=dp, expert_parallel=expert_parallel,
                    cpu_offload=pool.cpu_offload,
-                   host_memory=pool.cpu_offload * tp * pp * dp,
+                   host_memory=pool.host_memory,
                    device_context=pool.device_context, stages=list(pool.stages),
                    verdict=_verdict(cfg, pool, conc, mml, g.name))
         out.update(weights_dtype=weights_label(weights), weights_source=source)
@@ -351,7 +354,7 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
     if p.cpu_offload:
         n = p.layout["tp"] * p.layout["pp"] * p.layout["dp"]
         print_line(f"Host memory: {binary_bytes(p.cpu_offload)} of weights per GPU, "
-                   f"{binary_bytes(p.cpu_offload * n)} pinned for the {n} GPUs.")
+                   f"{binary_bytes(p.host_memory)} pinned for the {n} GPUs.")
     if detail and p.stages:
         print_table("Pipeline stages (per GPU)", ["layers", "weights", "activation peak",
                                                   "KV cache pool", "blocks"],

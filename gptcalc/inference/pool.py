@@ -311,6 +311,15 @@ class KVPool:
     sampler: str | None = None  # the profile run's sampler backend (vLLM)
 
     @property
+    def host_memory(self) -> int:
+        """Pinned host memory of every GPU's offloaded weights (--cpu-offload-gb): each
+        stage's offload on its tp x dp GPUs."""
+        lay = self.layout or {"tp": 1, "dp": 1}
+        per_replica = (sum(s["cpu_offload"] for s in self.stages) if self.stages
+                       else self.cpu_offload)
+        return per_replica * lay["tp"] * lay["dp"]
+
+    @property
     def activation_peak(self) -> int:
         return sum(self.activation.values())
 
@@ -478,7 +487,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         return binding
     summary = tuple({"first_layer": p.layers[0], "layers": p.layers[1] - p.layers[0],
                      "weights": p.weights, "activation_peak": p.activation_peak,
-                     "kv_cache": p.kv_cache, "kv_blocks": p.kv_blocks} for p in stages)
+                     "kv_cache": p.kv_cache, "kv_blocks": p.kv_blocks,
+                     "cpu_offload": p.cpu_offload} for p in stages)
     return dataclasses.replace(binding, stages=summary)
 
 
