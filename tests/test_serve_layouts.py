@@ -83,14 +83,19 @@ def _numel(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-@settings(max_examples=12, deadline=None)
-@given(family=st.sampled_from(["llama", "qwen2"]), layers=st.integers(2, 9),
+FAMILIES = {"llama": LLAMA, "qwen2": QWEN2_TIED,
+            # MoE every second block and block 0 dense: the stages' blocks differ in kind
+            "qwen3_moe": {**QWEN3_MOE, "decoder_sparse_step": 2, "mlp_only_layers": [1]}}
+
+
+@settings(max_examples=15, deadline=None)
+@given(family=st.sampled_from(sorted(FAMILIES)), layers=st.integers(2, 9),
        pp=st.integers(2, 4))
 def test_stage_weights_are_the_modules_of_the_stage(family, layers, pp):
     # each stage holds its decoder layers; the first the embedding; the last the final norm and
     # the lm_head, and with tied embeddings its own embedding to tie it to (vLLM's llama.py);
     # bf16, tp 1: 2 bytes a parameter
-    hf = {**(LLAMA if family == "llama" else QWEN2_TIED), "num_hidden_layers": layers}
+    hf = {**FAMILIES[family], "num_hidden_layers": layers}
     if pp > layers:
         return
     model, cfg = _meta_model(hf), config_from_hf(hf)
@@ -354,3 +359,22 @@ def test_host_memory_sums_every_stage_and_replica():
     per_stage = [stage_weight_parts(cfg, "bf16", 1, (a, a + 6), 2)["blocks"] for a in (0, 6)]
     assert [s["cpu_offload"] for s in out["stages"]] == per_stage
     assert out["host_memory"] == 3 * sum(per_stage)
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(["llama3-8b", "qwen3-30b-a3b", "gpt2", "mixtral-8x7b"]),
+       tp=st.sampled_from([1, 2, 4]), pp=st.integers(1, 4), dp=st.integers(1, 4),
+       ep=st.booleans(), offload_gib=st.sampled_from([0, 0.5, 3]),
+       version=st.sampled_from(["0.7.3", "0.8.2", "0.9.1", "0.33.0"]))
+def test_every_layout_spends_the_budget_line_by_line(name, tp, pp, dp, ep, offload_gib, version):
+    cfg = from_name(name)
+    if cfg.n_head % tp or cfg.kv_heads % tp or (ep and not cfg.moe):
+        return
+    p = kv_pool(cfg, 2 * H100, tp=tp, pp=pp, dp=dp, expert_parallel=ep, gpu_name="h200",
+                cpu_offload=cpu_offload_bytes(offload_gib), engine_version=version)
+    held = p.weights + p.activation_peak + p.non_torch + p.device_context
+    assert p.budget + p.shortfall == held + p.kv_cache
+    assert p.kv_blocks == p.kv_cache // p.bytes_per_block
+    if pp > 1:
+        assert sum(s["layers"] for s in p.stages) == cfg.n_layer
+        assert p.kv_blocks == min(s["kv_blocks"] for s in p.stages)
