@@ -216,6 +216,7 @@ def test_cpu_offload_prints_the_host_memory():
     (["--pp", "0"], "--pp"),
     (["--enable-expert-parallel"], "--enable-expert-parallel"),
     (["--engine", "sglang", "--pp", "2"], "--engine"),
+    (["--engine", "sglang", "--cpu-offload-gb", "1"], "--engine"),
 ])
 def test_bad_layout_options_are_one_line_naming_the_option(args, option):
     r = run("serve", "--preset", "llama3-8b", *args)
@@ -378,3 +379,16 @@ def test_every_layout_spends_the_budget_line_by_line(name, tp, pp, dp, ep, offlo
     if pp > 1:
         assert sum(s["layers"] for s in p.stages) == cfg.n_layer
         assert p.kv_blocks == min(s["kv_blocks"] for s in p.stages)
+
+
+def test_sglang_expert_parallel_puts_whole_experts_over_the_tp_gpus():
+    # --enable-ep-moe: ep_size = tp_size (sglang/srt/server_args.py); 10 experts over 4 GPUs:
+    # 3 on the heaviest, as vLLM's rule at dp 1
+    hf = {**QWEN3_MOE, "num_hidden_layers": 3}
+    model, cfg = _meta_model(hf), config_from_hf(hf)
+    experts = sum(_numel(layer.mlp.experts) for layer in model.model.layers)
+    ep = kv_pool(cfg, H100, engine="sglang", tp=4, expert_parallel=True)
+    cut = kv_pool(cfg, H100, engine="sglang", tp=4)
+    assert ep.weights - cut.weights == 2 * (experts * 3 // 10 - experts // 4)  # 3 of 10, 1/4
+    one = kv_pool(cfg, H100, engine="sglang", tp=1, expert_parallel=True)
+    assert one.weights == 2 * _numel(model)

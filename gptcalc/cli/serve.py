@@ -50,8 +50,8 @@ from .render import emit_json, envelope, print_line, print_table
               help="Data-parallel replicas of tp x pp GPUs (vLLM): attention and dense layers "
                    "whole in each; an MoE's experts cut across all tp x dp GPUs.")
 @click.option("--enable-expert-parallel", "expert_parallel", is_flag=True,
-              help="vLLM's expert parallelism: whole experts spread over the tp x dp GPUs "
-                   "instead of each expert cut across them.")
+              help="Expert parallelism: whole experts spread over the tp x dp GPUs instead "
+                   "of each expert cut across them (vLLM; SGLang's --ep-size equal to --tp).")
 @click.option("--cpu-offload-gb", type=float, default=0.0, show_default=True, metavar="GIB",
               help="GiB of each GPU's weights vLLM holds in host memory (pinned) and streams "
                    "in, layer by layer from the first.")

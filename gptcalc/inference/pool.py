@@ -407,9 +407,12 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     one_of("engine", engine, SERVERS)
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         positive_int(name, value)
-    if engine == "sglang" and (pp > 1 or dp > 1 or expert_parallel or cpu_offload):
-        raise ConfigError("engine", "SGLang's pipeline, data and expert parallel layouts and "
-                                    "CPU offload are not modelled (vLLM's are: --engine vllm)")
+    # SGLang's expert parallelism: --ep-size equal to --tp-size (sglang/srt/server_args.py,
+    # `ServerArgs.__post_init__`: "if self.enable_ep_moe: self.ep_size = self.tp_size"), whole
+    # experts over the tp GPUs, as vLLM's rule at dp 1
+    if engine == "sglang" and (pp > 1 or dp > 1 or cpu_offload):
+        raise ConfigError("engine", "SGLang's pipeline and data parallel layouts and CPU "
+                                    "offload are not modelled (vLLM's are: --engine vllm)")
     if expert_parallel and not cfg.moe:
         raise ConfigError("enable_expert_parallel", "the model has no experts")
     if not isinstance(cpu_offload, int) or cpu_offload < 0:
