@@ -91,8 +91,8 @@ KEPT_STREAMS = 4
 # fused_moe.py)
 FUSED_MOE_CHUNK = 32768
 MOE_WORKSPACE_KEPT_SINCE = (0, 19, 0)  # see `persistent_moe_workspace`
-# V1 measures non-torch memory from start-up, as V0 does, from vllm-project/vllm pull 19312
-# ("[V1] Reuse V0's memory_profiling util for gpu worker memory profiling", June 2025)
+# V1 measures non-torch memory from start-up, as V0 does, from vllm-project/vllm pulls 18974
+# and 19312 ("[V1] Reuse V0's memory_profiling util for gpu worker memory profiling", June 2025)
 MEMORY_PROFILING_V1_SINCE = (0, 9, 2)
 # The CUDA context of one process, which early V1 counts as non-torch memory: an estimate (a
 # PyTorch process with CUDA initialised holds about 0.5 GiB outside its allocator on Ampere
@@ -502,8 +502,11 @@ def early_v1_accounting(r: Release) -> bool:
     mem_get_info()[1] - mem_get_info()[0]`, `non_torch_allocations = total_allocated_bytes -
     torch_allocated_bytes`): the CUDA context too, and any other process on the GPU (the pull
     request's words: "V1's memory profiling incorrectly counts memory used by other processes
-    as non_torch_allocations"). From 0.9.2 it measures from the free memory at start-up
-    (vllm/utils.py, `memory_profiling`), as V0 did since 0.6.5 (pull 10511)."""
+    as non_torch_allocations"; vllm-project/vllm pull 18974, "[V1] Fix memory profiling bug",
+    traces it to V1's first worker, pull 10528). Pull 18974 measured from the free memory at
+    start-up and pull 19312 then moved V1 onto `memory_profiling` (vllm/utils.py), as V0 has
+    used since pull 10511; both merged in June 2025, and 0.9.2 is the first release holding
+    both (0.9.1 may already hold the first)."""
     return (r.server == "vllm" and r.engine == "V1"
             and parse_version(r.version) < MEMORY_PROFILING_V1_SINCE)
 
