@@ -267,9 +267,13 @@ def _screen_lines(text: str) -> int:
     return sum(max(1, math.ceil(len(line) / COLUMNS)) for line in text.splitlines())
 
 
-@pytest.mark.parametrize("args", [["--preset", "llama3-8b"],
-                                  ["--preset", "llama3-8b", "--gpu", "l4"],
-                                  ["--preset", "qwen3-30b-a3b", "--gpu", "a100-sxm-80gb"]])
+@pytest.mark.parametrize("args", [
+    ["--preset", "llama3-8b"], ["--preset", "llama3-8b", "--gpu", "l4"],
+    ["--preset", "qwen3-30b-a3b", "--gpu", "a100-sxm-80gb"],
+    ["--preset", "llama3-70b", "--tp", "4", "--gpu", "h100-sxm"],
+    ["--preset", "deepseek-v2-lite", "--gpu", "h100-sxm"],
+    ["--hf-config", "tests/quantized/qwen3-235b-a22b-fp8.json", "--gpu", "l40s", "--tp", "4",
+     "--dp", "2", "--enable-expert-parallel"]])
 def test_the_verdict_comes_first_on_one_screen(args):
     r = CliRunner().invoke(cli, ["serve", *args], env={"COLUMNS": str(COLUMNS)})
     assert r.exit_code == 0, r.output
@@ -279,11 +283,15 @@ def test_the_verdict_comes_first_on_one_screen(args):
     detail = CliRunner().invoke(cli, ["serve", *args, "--detail"], env={"COLUMNS": "80"})
     assert "activation peak: logits" in detail.stdout and "roofline" in detail.stdout
     assert "activation peak: logits" not in r.stdout
+    assert _screen_lines(detail.stdout) > _screen_lines(r.stdout)
 
 
 def test_the_verdict_says_when_it_does_not_fit():
-    r = run("serve", "--preset", "llama3-70b", "--gpu", "h100-sxm")
+    r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-70b", "--gpu", "h100-sxm"],
+                           env={"COLUMNS": str(COLUMNS)})
     assert r.stdout.startswith("Does NOT fit: the engine refuses to start on h100-sxm")
+    assert "It fits with any one of: --tp 2" in r.stdout
+    assert _screen_lines(r.stdout) <= SCREEN
 
 
 # --- the sampler's backend --------------------------------------------------------------------

@@ -160,8 +160,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                         {k for k, v in given.items() if v is None})
     line += _layout_words(cfg, pool)
     if s is not None and (pp > 1 or dp > 1 or expert_parallel or pool.cpu_offload):
-        line += ("; throughput as infer's roofline of one replica at tp alone (pipeline "
-                 "stages, expert placement and weights read from host memory not in it)")
+        line += "; throughput: one replica's roofline at tp (layout and offload not in it)"
     if pool.sampler:
         line += f"; sampler {SAMPLER_WORDS[pool.sampler]}{'' if sampler else ' (default)'}"
     if pool.device_context:
@@ -176,9 +175,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                  "in the memory gpu_memory_utilization leaves")
     if cfg.moe and pool.activation:
         line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
-                 + ("; with expert parallelism each GPU's whole experts over its own tokens, "
-                    "the all-to-all's buffers not counted)" if expert_parallel else
-                    ", no expert parallelism)"))
+                 + ("; each GPU's own experts, all-to-all buffers not counted)"
+                    if expert_parallel else ", no expert parallelism)"))
     setup = current_setup()
     if setup is not None and setup.encoders:
         line += (f"; the language model only: the checkpoint's {' and '.join(setup.encoders)} "
@@ -196,6 +194,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     _render(cfg, pool, conc, mml, ctx, s, line, advice, g.name, detail)
 
 
+COMPACT_LABEL, COMPACT_VALUE = 50, 11  # the compact memory lines: label and value widths
 SAMPLER_WORDS = {"sort": "PyTorch's (sorts the logits)",
                  "triton": "the sort-free Triton top-k/top-p kernel",
                  "flashinfer": "FlashInfer's rejection sampling"}
@@ -306,13 +305,13 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
                      f"layers {p.layers[0]}-{p.layers[1] - 1}, the stage with the fewest "
                      "blocks, which every stage takes)")
     if lay.get("dp", 1) > 1:
-        words.append(f"{lay['dp']} data-parallel replicas")
+        words.append(f"{lay['dp']} data-parallel replicas (attention tensor-parallel within "
+                     "each)")
     if cfg.moe and (lay.get("dp", 1) > 1 or lay.get("expert_parallel")):
         n = lay["tp"] * lay["dp"]
-        how = (f"whole, at most {-(-cfg.n_expert // n)} of {cfg.n_expert} a GPU,"
-               if lay.get("expert_parallel") else "each cut")
-        words.append(f"experts {how} across {n} GPUs (attention tensor-parallel within each "
-                     "replica)")
+        words.append(f"whole experts over {n} GPUs, at most {-(-cfg.n_expert // n)} of "
+                     f"{cfg.n_expert} a GPU" if lay.get("expert_parallel")
+                     else f"every expert cut over {n} GPUs")
     if p.cpu_offload:
         words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory "
                      + ("(V0: one layer's copied in for its forward)" if p.release.engine == "V0"
@@ -347,10 +346,16 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
         rows += [["non-torch: custom all-reduce buffers", binary_bytes(p.custom_all_reduce)]]
     if p.device_context:
         rows += [["CUDA context (counted by this release)", binary_bytes(p.device_context)]]
-    print_table("", ["memory per GPU", "bytes"], rows,
-                total_row=["KV cache pool", binary_bytes(p.kv_cache)],
-                caption=f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} "
-                        f"tokens ({binary_bytes(p.bytes_per_block)} per block)")
+    caption = (f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} tokens "
+               f"({binary_bytes(p.bytes_per_block)} per block)")
+    if detail:
+        print_table("", ["memory per GPU", "bytes"], rows,
+                    total_row=["KV cache pool", binary_bytes(p.kv_cache)], caption=caption)
+    else:  # one line a term, the screen's worth of it
+        rows[0][0] = "per GPU, " + rows[0][0]
+        for label, value in rows + [["KV cache pool", binary_bytes(p.kv_cache)]]:
+            print_line(f"  {label:<{COMPACT_LABEL}} {value:>{COMPACT_VALUE}}")
+        print_line(f"  = {caption}")
     if p.cpu_offload:
         n = p.layout["tp"] * p.layout["pp"] * p.layout["dp"]
         print_line(f"Host memory: {binary_bytes(p.cpu_offload)} of weights per GPU, "
@@ -366,6 +371,8 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
         print_line(f"Maximum concurrency: {conc_words}.")
     if not p.fits(cfg, mml):
         print_line(_does_not_fit(p, mml, advice))
+        if not detail:
+            return
     if s is None:
         if conc[str(ctx)] >= 1:
             print_line("no throughput: the GPU has no peak figure for these weights (a T4 "
