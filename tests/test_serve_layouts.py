@@ -200,8 +200,14 @@ def test_v0_copies_an_offloaded_layer_in_for_its_forward(version, streamed):
     out = serve_json("--preset", "llama3-8b", "--cpu-offload-gb", "4", "--engine-version",
                      version, "--max-num-batched-tokens", "32768", "--max-num-seqs", "1")
     assert ("offloaded layer's weights" in out["activation"]) is streamed
-    if streamed:  # 4 GiB over 32 layers, all offloaded from the first: 1/32 of it a layer
-        assert out["activation"]["offloaded layer's weights"] == 4 * 2**30 // 32
+    if streamed:  # 4 GiB offloaded from the first layer on: the first layers whole, and the
+        # forward of each copies that layer's weights in (Llama's 32 layers are alike)
+        layer = math.ceil(stage_weight_parts(from_name("llama3-8b"), "bf16", 1)["blocks"] / 32)
+        assert out["activation"]["offloaded layer's weights"] == layer
+        small = serve_json("--preset", "llama3-8b", "--cpu-offload-gb", "0.25",
+                           "--engine-version", version, "--max-num-batched-tokens", "32768",
+                           "--max-num-seqs", "1")
+        assert small["activation"]["offloaded layer's weights"] == 2**28  # less than a layer
 
 
 def test_cpu_offload_prints_the_host_memory():

@@ -468,7 +468,9 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             parts = stage_weight_parts(cfg, weights_dtype, tp, layers, pp, dp, expert_parallel)
             weights, blocks = sum(parts.values()), parts["blocks"]
         offloaded = min(cpu_offload, blocks)
-        streamed = (math.ceil(offloaded / (end - start))
+        # V0 copies one offloaded layer back for its forward: a whole layer, the stage's mean,
+        # or all that is offloaded when that is less
+        streamed = (min(offloaded, math.ceil(blocks / (end - start)))
                     if offloaded and rel.engine == "V0" else 0)
         act = {} if engine == "sglang" else profile_activation_bytes(
             cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype),
