@@ -94,10 +94,11 @@ MOE_WORKSPACE_KEPT_SINCE = (0, 19, 0)  # see `persistent_moe_workspace`
 # V1 measures non-torch memory from start-up, as V0 does, from vllm-project/vllm pulls 18974
 # and 19312 ("[V1] Reuse V0's memory_profiling util for gpu worker memory profiling", June 2025)
 MEMORY_PROFILING_V1_SINCE = (0, 9, 2)
-# The CUDA context of one process, which early V1 counts as non-torch memory: an estimate (a
-# PyTorch process with CUDA initialised holds about 0.5 GiB outside its allocator on Ampere
-# and Hopper cards with lazy module loading); it moves the pool by that much, not its blocks'
-# rounding
+# The CUDA context of one process, which early V1 counts as non-torch memory: an estimate, not
+# measured here, the figure the training model uses (gptcalc.memory.reserved, which this package
+# may not import): with CUDA's lazy module loading PyTorch's maintainers put the bare context at
+# about 300 MB, and the worker then loads its cuBLAS, attention and NCCL kernels. It moves the
+# pool by its own size.
 CUDA_CONTEXT = 500 * 2**20
 
 
