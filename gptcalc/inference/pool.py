@@ -30,8 +30,8 @@ Scope: an MoE block's working set is vLLM's fused-MoE caches (shared experts and
 router's outputs left out); no CUDA graphs (vLLM captures them after sizing the pool,
 in the headroom left by gpu_memory_utilization, and from 0.21.0 subtracts an estimate of them
 from the pool, which `serve`'s line of assumptions names as not counted:
-`servers.cuda_graphs_profiled`); no multimodal encoder memory (the line
-of `serve` says so for such a checkpoint). The scheduler defaults are the release's
+`servers.cuda_graphs_profiled`); no multimodal encoder memory (`serve`'s
+line of assumptions says so for such a checkpoint). The scheduler defaults are the release's
 (`servers.scheduler_defaults`).
 """
 
