@@ -375,10 +375,10 @@ def test_bad_input_is_one_line_naming_the_option(args, option):
     assert r.stdout == "" and r.stderr.count("\n") == 1 and option in r.stderr, r.stderr
 
 
-def test_first_line_states_the_assumptions():
+def test_the_line_after_the_verdict_states_the_assumptions():
     r = run("serve", "--preset", "llama3-8b", "--gpu", "l4", "--engine", "vllm")
     assert r.exit_code == 0, r.output
-    first = r.stdout.splitlines()[0]
+    first = r.stdout.splitlines()[1]
     for word in ("vllm", "bf16", "gpu_memory_utilization 0.9 (default)",
                  "max_model_len 8,192 (default)", "2,048 tokens (default)",
                  "max_num_seqs 256 (default)", "blocks of 16 tokens (default)",
@@ -738,8 +738,8 @@ def test_cuda_graphs_charged_to_the_pool_are_named_as_not_counted():
     # vLLM 0.21.0 and later subtract their CUDA graphs' estimate from the pool; the pool
     # model does not, and says so for those releases only
     words = "CUDA graphs' memory"
-    assert words in run("serve", "--preset", "llama3-8b").stdout.splitlines()[0]
+    assert words in run("serve", "--preset", "llama3-8b").stdout.splitlines()[1]
     assert words in run("serve", "--preset", "llama3-8b", "--engine-version", "0.21.0"
-                        ).stdout.splitlines()[0]
+                        ).stdout.splitlines()[1]
     assert words not in run("serve", "--preset", "llama3-8b", "--engine-version", "0.20.2"
-                            ).stdout.splitlines()[0]
+                            ).stdout.splitlines()[1]

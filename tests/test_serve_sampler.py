@@ -94,17 +94,20 @@ def test_v0_defaults_chunk_only_long_contexts():
     assert scheduler_defaults(v0, h100, "h100-sxm", 32769, sliding=True) == (32769, 256)
     assert scheduler_defaults(v0, h100, "h100-sxm", 32769, mla=True) == (32769, 256)
     # V1: by the GPU (70 GiB and not an A100), not by max_model_len
-    v1 = release("vllm", "0.8.0")
+    v1 = release("vllm", "0.8.4")
     assert scheduler_defaults(v1, h100, "h100-sxm", 32769) == (8192, 1024)
     assert scheduler_defaults(v1, h100, "a100-sxm-80gb", 1024) == (2048, 256)
     assert scheduler_defaults(v1, 70 * GiB - 1, "l40s", 1024) == (2048, 256)
+    # before 0.8.4 V1 profiled 1,024 sequences on every GPU (vllm-project/vllm pull 16158)
+    early = release("vllm", "0.8.3")
+    assert scheduler_defaults(early, 70 * GiB - 1, "l40s", 1024) == (2048, 1024)
 
 
 def test_the_release_is_on_the_first_line_and_bad_ones_name_the_option():
     r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b"])
-    assert r.stdout.startswith("Assuming vllm 0.33.0 (V1 engine) (default) on ")
+    assert r.stdout.splitlines()[1].startswith("Assuming vllm 0.33.0 (V1 engine) (default) on ")
     r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine-version", "0.7.3"])
-    assert r.stdout.startswith("Assuming vllm 0.7.3 (V0 engine) on ")
+    assert r.stdout.splitlines()[1].startswith("Assuming vllm 0.7.3 (V0 engine) on ")
     for bad in ("latest", "1", "0.8.x", ""):
         r = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--engine-version", bad])
         assert r.exit_code == 2 and r.stdout == "" and "--engine-version" in r.stderr, r.output
@@ -126,7 +129,7 @@ def test_a_multimodal_checkpoint_says_its_encoder_is_left_out(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path), "--gpu", "h100-sxm"])
     assert r.exit_code == 0, r.output
-    assert "the language model only: the checkpoint's vision_config" in r.stdout.splitlines()[0]
+    assert "the language model only: the checkpoint's vision_config" in r.stdout.splitlines()[1]
     del raw["vision_config"]
     (tmp_path / "config.json").write_text(json.dumps(raw))
     r = CliRunner().invoke(cli, ["serve", "--hf-config", str(tmp_path), "--gpu", "h100-sxm"])
@@ -214,7 +217,7 @@ def test_enable_lora_through_serve():
     assert lora["weights"] + lora["lora_slots"] + lora["activation_peak"] + \
         lora["non_torch"] + lora["kv_cache"] == budget
     first = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--enable-lora"]
-                               ).stdout.splitlines()[0]
+                               ).stdout.splitlines()[1]
     assert "LoRA slots: max_loras 1 (default) of rank 16 (default)" in first
 
 

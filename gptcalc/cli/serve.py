@@ -14,9 +14,10 @@ from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from ..inference.kv import KV_DTYPES
 from ..inference.fit import to_fit
 from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSWITCH_NON_TORCH,
-                              KVPool, gpu_memory, kv_pool)
+                              KVPool, cpu_offload_bytes, gpu_memory, kv_pool)
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
+from ..inference.sampler import SAMPLERS
 from ..inference.servers import cuda_graphs_profiled
 from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
@@ -41,6 +42,19 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--tp", type=int, default=1, show_default=True,
               help="GPUs in tensor parallel: weights and KV heads split (fewer KV heads than "
                    "GPUs: one replicated per GPU).")
+@click.option("--pp", "--pipeline-parallel-size", "pp", type=int, default=1, show_default=True,
+              help="Pipeline stages (vLLM's split of the layers: even, the remainder on the "
+                   "stages before the last); each stage's tp GPUs hold its layers' weights and "
+                   "KV cache.")
+@click.option("--dp", "--data-parallel-size", "dp", type=int, default=1, show_default=True,
+              help="Data-parallel replicas of tp x pp GPUs (vLLM): attention and dense layers "
+                   "whole in each; an MoE's experts cut across all tp x dp GPUs.")
+@click.option("--enable-expert-parallel", "expert_parallel", is_flag=True,
+              help="Expert parallelism: whole experts spread over the tp x dp GPUs instead "
+                   "of each expert cut across them (vLLM; SGLang's --ep-size equal to --tp).")
+@click.option("--cpu-offload-gb", type=float, default=0.0, show_default=True, metavar="GIB",
+              help="GiB of each GPU's weights vLLM holds in host memory (pinned) and streams "
+                   "in, layer by layer from the first.")
 @click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
               help="Weights (default: as the --hf-config's quantization_config stores them, "
                    "else bf16).")
@@ -76,16 +90,25 @@ from .render import emit_json, envelope, print_line, print_table
 @click_option(OPTIONS["enable_lora"])
 @click_option(OPTIONS["max_loras"])
 @click_option(OPTIONS["max_lora_rank"])
+@click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
+              help="vLLM's sampler backend in the profile run: sort (PyTorch), triton "
+                   "(sort-free, 0.17.0 on) or flashinfer (when installed and not disabled by "
+                   "VLLM_USE_FLASHINFER_SAMPLER=0); default the release's PyTorch path.")
+@click.option("--detail", is_flag=True,
+              help="Every line: the activation peak by tensor, each pipeline stage, the "
+                   "throughput table.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
-            gpu_memory: int | None, tp: int, weights_dtype: str | None, kv_dtype: str,
+            gpu_memory: int | None, tp: int, pp: int, dp: int, expert_parallel: bool,
+            cpu_offload_gb: float, weights_dtype: str | None, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
             allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
             max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
-            max_lora_rank: int | None, as_json: bool) -> None:
+            max_lora_rank: int | None, sampler: str | None, detail: bool,
+            as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
@@ -116,7 +139,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                 max_num_seqs=max_num_seqs, block_size=kv_block_size,
                 non_torch=nt, gpu_name=g.name,
                 engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
-                lora=lora)
+                lora=lora, pp=pp, dp=dp, expert_parallel=expert_parallel,
+                cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -131,24 +155,49 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
              "block_size": kv_block_size, "context": context, "non_torch": nt,
              "engine_version": engine_version, "max_loras": max_loras,
              "max_lora_rank": max_lora_rank}
-    line = _assumptions(pool, g.name, total, tp, (weights, source), kv_dtype, mml, ctx, gen_len,
-                        gpu_memory is None, {k for k, v in given.items() if v is None})
+    line = _assumptions(pool, g.name, total, tp * pp * dp, (weights, source), kv_dtype, mml,
+                        ctx, gen_len, gpu_memory is None,
+                        {k for k, v in given.items() if v is None})
+    line += _layout_words(cfg, pool)
+    if s is not None and (pp > 1 or dp > 1 or expert_parallel or pool.cpu_offload):
+        line += "; throughput: one replica's roofline at tp (layout and offload not in it)"
+    if pool.sampler:
+        line += f"; sampler {SAMPLER_WORDS[pool.sampler]}{'' if sampler else ' (default)'}"
+    if pool.device_context:
+        line += (f"; this release counts everything in use on the device as non-torch memory: "
+                 f"its CUDA context {binary_bytes(pool.device_context)} (estimated) counted, "
+                 "other processes on the GPU not")
     if cuda_graphs_profiled(pool.release):
         line += ("; its CUDA graphs' memory, which this release subtracts from the pool as "
                  "estimated, not counted (pass --gpu-memory-utilization lower by it)")
+    elif pool.engine == "vllm":
+        line += ("; CUDA graphs not counted: this release captures them after sizing the pool, "
+                 "in the memory gpu_memory_utilization leaves")
     if cfg.moe and pool.activation:
-        line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path, no "
-                 "expert parallelism)")
+        line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
+                 + ("; each GPU's own experts, all-to-all buffers not counted)"
+                    if expert_parallel else ", no expert parallelism)"))
     setup = current_setup()
     if setup is not None and setup.encoders:
         line += (f"; the language model only: the checkpoint's {' and '.join(setup.encoders)} "
                  "(its encoder's weights and the engine's encoder profile run) not counted")
     if as_json:
         out = _json(cfg, wl, pool, conc, mml, ctx, s, line, advice)
+        out.update(sampler=pool.sampler, pp=pp, dp=dp, expert_parallel=expert_parallel,
+                   cpu_offload=pool.cpu_offload,
+                   host_memory=pool.host_memory,
+                   device_context=pool.device_context, stages=list(pool.stages),
+                   verdict=_verdict(cfg, pool, conc, mml, g.name))
         out.update(weights_dtype=weights_label(weights), weights_source=source)
         emit_json(out)
         return
-    _render(cfg, pool, conc, mml, ctx, s, line, advice)
+    _render(cfg, pool, conc, mml, ctx, s, line, advice, g.name, detail)
+
+
+COMPACT_LABEL, COMPACT_VALUE = 50, 11  # the compact memory lines: label and value widths
+SAMPLER_WORDS = {"sort": "PyTorch's (sorts the logits)",
+                 "triton": "the sort-free Triton top-k/top-p kernel",
+                 "flashinfer": "FlashInfer's rejection sampling"}
 
 
 def lora_setting(enable: bool | None, max_loras: int | None, max_lora_rank: int | None
@@ -246,30 +295,95 @@ def _does_not_fit(p: KVPool, mml: int, advice: dict[str, Any]) -> str:
                "No single change of --tp, --weights-dtype, --gpu or --max-model-len fits it"))
 
 
-def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice) -> None:
+def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
+    """The pipeline, data and expert parallel layout and the CPU offload, when any."""
+    lay = p.layout
+    words = []
+    if lay.get("pp", 1) > 1:
+        words.append(f"{lay['pp']} pipeline stages of "
+                     f"{'/'.join(str(s['layers']) for s in p.stages)} layers (this GPU: "
+                     f"layers {p.layers[0]}-{p.layers[1] - 1}, the stage with the fewest "
+                     "blocks, which every stage takes)")
+    if lay.get("dp", 1) > 1:
+        words.append(f"{lay['dp']} data-parallel replicas (attention tensor-parallel within "
+                     "each)")
+    if cfg.moe and (lay.get("dp", 1) > 1 or lay.get("expert_parallel")):
+        n = lay["tp"] * lay["dp"]
+        words.append(f"whole experts over {n} GPUs, at most {-(-cfg.n_expert // n)} of "
+                     f"{cfg.n_expert} a GPU" if lay.get("expert_parallel")
+                     else f"every expert cut over {n} GPUs")
+    if p.cpu_offload:
+        words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory "
+                     + ("(V0: one layer's copied in for its forward)" if p.release.engine == "V0"
+                        else "(V1: read in place over PCIe)"))
+    return "".join(f"; {w}" for w in words)
+
+
+def _verdict(cfg: GPTConfig, p: KVPool, conc: dict[str, float], mml: int, gpu: str) -> str:
+    """The answer in one line: does the engine start, and what its pool holds."""
+    if not p.fits(cfg, mml):
+        return (f"Does NOT fit: the engine refuses to start on {gpu} (no request of {mml:,} "
+                "tokens fits; what would follows).")
+    return (f"Fits: {p.kv_tokens:,} tokens of KV cache a GPU, {conc[str(mml)]:,.2f} requests "
+            f"of {mml:,} tokens at once.")
+
+
+def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: bool) -> None:
+    print_line(_verdict(cfg, p, conc, mml, gpu))
     print_line(line)
     print_line(describe(cfg))
     rows = [[f"budget: {binary_bytes(p.gpu_memory_bytes)} x {p.utilization:g}",
              binary_bytes(p.budget)],
             ["weights", binary_bytes(p.weights)]]
-    rows += [[f"activation peak: {k}", binary_bytes(v)] for k, v in p.activation.items()]
+    if detail:
+        rows += [[f"activation peak: {k}", binary_bytes(v)] for k, v in p.activation.items()]
+    elif p.activation:
+        rows += [["activation peak (profile run)", binary_bytes(p.activation_peak)]]
     rows += [[f"LoRA slots: {k[len('lora/'):]}", binary_bytes(v)] for k, v in p.lora.items()]
     rows += [["non-torch (NCCL, cuBLAS; beyond the CUDA context)",
               binary_bytes(p.non_torch - p.custom_all_reduce)]]
     if p.custom_all_reduce:
         rows += [["non-torch: custom all-reduce buffers", binary_bytes(p.custom_all_reduce)]]
-    print_table("Memory per GPU", ["part", "bytes"], rows,
-                total_row=["KV cache pool", binary_bytes(p.kv_cache)],
-                caption=f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} "
-                        f"tokens ({binary_bytes(p.bytes_per_block)} per block)")
-    c_rows = [[f"{int(k):,}", f"{v:,.2f}x"] for k, v in conc.items()]
-    print_table("Maximum concurrency", ["tokens per request", "requests at once"], c_rows)
+    if p.device_context:
+        rows += [["CUDA context (counted by this release)", binary_bytes(p.device_context)]]
+    caption = (f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} tokens "
+               f"({binary_bytes(p.bytes_per_block)} per block)")
+    if detail:
+        print_table("", ["memory per GPU", "bytes"], rows,
+                    total_row=["KV cache pool", binary_bytes(p.kv_cache)], caption=caption)
+    else:  # one line a term, the screen's worth of it
+        rows[0][0] = "per GPU, " + rows[0][0]
+        for label, value in rows + [["KV cache pool", binary_bytes(p.kv_cache)]]:
+            print_line(f"  {label:<{COMPACT_LABEL}} {value:>{COMPACT_VALUE}}")
+        print_line(f"  = {caption}")
+    if p.cpu_offload:
+        n = p.layout["tp"] * p.layout["pp"] * p.layout["dp"]
+        print_line(f"Host memory: {binary_bytes(p.cpu_offload)} of weights per GPU, "
+                   f"{binary_bytes(p.host_memory)} pinned for the {n} GPUs.")
+    if detail and p.stages:
+        print_table("Pipeline stages (per GPU)", ["layers", "weights", "activation peak",
+                                                  "KV cache pool", "blocks"],
+                    [[f"{st['first_layer']}-{st['first_layer'] + st['layers'] - 1}",
+                      binary_bytes(st["weights"]), binary_bytes(st["activation_peak"]),
+                      binary_bytes(st["kv_cache"]), f"{st['kv_blocks']:,}"] for st in p.stages])
+    if ctx != mml or detail:
+        conc_words = ", ".join(f"{v:,.2f}x at {int(k):,} tokens" for k, v in conc.items())
+        print_line(f"Maximum concurrency: {conc_words}.")
     if not p.fits(cfg, mml):
         print_line(_does_not_fit(p, mml, advice))
+        if not detail:
+            return
     if s is None:
         if conc[str(ctx)] >= 1:
             print_line("no throughput: the GPU has no peak figure for these weights (a T4 "
                        "runs fp16)")
+        return
+    if not detail:
+        print_line(f"Expected at {s.batch_size:,} requests of {ctx:,} tokens: prefill "
+                   f"{_ms(s.expected_prefill_seconds)}, decode step "
+                   f"{_ms(s.expected_decode_seconds_per_token)}, "
+                   f"{s.batch_size / s.expected_decode_seconds_per_token:,.1f} tokens/s "
+                   "(--detail: every line)")
         return
     rate = [["prefill of the batch", _ms(s.prefill.seconds), _ms(s.expected_prefill_seconds)],
             ["decode step", _ms(s.decode_seconds_per_token),

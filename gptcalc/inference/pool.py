@@ -29,14 +29,16 @@ the non-torch term includes the CUDA context. Its activations live in the remain
 Scope: an MoE block's working set is vLLM's fused-MoE caches (shared experts and the
 router's outputs left out); no CUDA graphs (vLLM captures them after sizing the pool,
 in the headroom left by gpu_memory_utilization, and from 0.21.0 subtracts an estimate of them
-from the pool, which `serve`'s first line names as not counted:
-`servers.cuda_graphs_profiled`); no multimodal encoder memory (the first line
-of `serve` says so for such a checkpoint). The scheduler defaults are the release's
+from the pool, which `serve`'s line of assumptions names as not counted:
+`servers.cuda_graphs_profiled`); no multimodal encoder memory (`serve`'s
+line of assumptions says so for such a checkpoint). The scheduler defaults are the release's
 (`servers.scheduler_defaults`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -47,10 +49,12 @@ from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
 from .kv import kv_bytes_per_token_layer
-from .sampler import SMS, TRITON_SAMPLER_SINCE, sampler_bytes, sort_free_sampler_bytes
+from .sampler import (SAMPLERS, SMS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes,
+                      sampler_bytes, sort_free_sampler_bytes)
 from .servers import (Release, custom_all_reduce_bytes, parse_version, release,
                       scheduler_defaults)
-from .weights import device_weight_bytes, unquantised_bytes
+from .weights import (device_weight_bytes, pp_partition, stage_weight_parts,
+                      unquantised_bytes)
 
 SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
 GiB = 2**30
@@ -87,6 +91,15 @@ KEPT_STREAMS = 4
 # fused_moe.py)
 FUSED_MOE_CHUNK = 32768
 MOE_WORKSPACE_KEPT_SINCE = (0, 19, 0)  # see `persistent_moe_workspace`
+# V1 measures non-torch memory from start-up, as V0 does, from vllm-project/vllm pulls 18974
+# and 19312 ("[V1] Reuse V0's memory_profiling util for gpu worker memory profiling", June 2025)
+MEMORY_PROFILING_V1_SINCE = (0, 9, 2)
+# The CUDA context of one process, which early V1 counts as non-torch memory: an estimate, not
+# measured here, the figure the training model uses (gptcalc.memory.reserved, which this package
+# may not import): with CUDA's lazy module loading PyTorch's maintainers put the bare context at
+# about 300 MB, and the worker then loads its cuBLAS, attention and NCCL kernels. It moves the
+# pool by its own size.
+CUDA_CONTEXT = 500 * 2**20
 
 
 def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
@@ -170,6 +183,22 @@ def sort_free_sampler(r: Release) -> bool:
     return r.server == "vllm" and parse_version(r.version) >= TRITON_SAMPLER_SINCE
 
 
+def sampler_backend(r: Release, sampler: str | None = None) -> str:
+    """The sampler backend of vLLM's profile run (`sampler.SAMPLERS`): `sampler` as given, else
+    the release's PyTorch-native path, which sorts before 0.17.0 and runs the Triton kernel from
+    0.17.0 (`sort_free_sampler`). FlashInfer's is taken only when asked for: whether it runs
+    depends on the install (FlashInfer present, more than 16 SMs, a supported compute
+    capability) and on VLLM_USE_FLASHINFER_SAMPLER (vllm/v1/sample/ops/topk_topp_sampler.py,
+    `flashinfer_sampler_supported`), which no option of the calculator can see."""
+    if sampler is None:
+        return "triton" if sort_free_sampler(r) else "sort"
+    one_of("sampler", sampler, SAMPLERS)
+    if sampler == "triton" and not sort_free_sampler(r):
+        raise ConfigError("sampler", f"the Triton top-k/top-p kernel first shipped in vLLM "
+                                     f"0.17.0; {r.label} sorts (--sampler sort or flashinfer)")
+    return sampler
+
+
 def persistent_moe_workspace(r: Release) -> bool:
     """vLLM keeps the fused MoE's workspace after the forward (`fused_moe_workspace_bytes`,
     `modular`) in the releases measured holding it: 0.19.0 and later (the activation peaks
@@ -183,7 +212,9 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
                              act_bytes: int = 2, kept: int = KEPT_STREAMS,
                              engine: str = "V1", cuda: bool = True, sampler: bool = True,
                              sort_free: bool = False, sms: int = 0,
-                             moe_kept: bool = False) -> dict[str, int]:
+                             moe_kept: bool = False, last_stage: bool = True,
+                             moe_tp: int | None = None, streamed: int = 0,
+                             flashinfer: bool = False) -> dict[str, int]:
     """The activation peak of one inference forward of `tokens` tokens in `seqs` sequences,
     logits for the last token of each only, no KV cache, nothing kept for a backward: the
     moment with the most live bytes, by line (the lines sum to the peak).
@@ -208,7 +239,12 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     (`sampler` False: the forward alone, its hidden states and logits. `sort_free`: vLLM
     0.17.0 and later, `sampler.sort_free_sampler_bytes` with `sms` streaming multiprocessors.
     `moe_kept`: the MoE blocks' workspace is vLLM's modular kernel's, kept after the forward:
-    the sampler's moment holds it too, as "moe workspace".)
+    the sampler's moment holds it too, as "moe workspace". `last_stage` False: a pipeline stage
+    before the last, which has no head and no sampler: its block moment alone. `moe_tp`: the
+    GPUs one expert is cut across (default tp; tp x dp without expert parallelism, 1 with it:
+    `weights.stage_weight_bytes`). `streamed`: weights held in host memory that the forward
+    copies onto the device for one layer at a time (vLLM's V0 --cpu-offload-gb), alive in the
+    block.)
 
     a the activation bytes (the kernels' 16-bit dtype), T tokens, widths per GPU at tp (the
     residual stream E is replicated). Measured against transformers' forward on CPU
@@ -226,13 +262,22 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     if dense_mlp_layers(cfg):
         branches["branch/mlp"] = T * (3 * F // tp if gated else 2 * F // tp + E) * a
     if moe_layers(cfg):
-        branches["branch/moe"] = fused_moe_workspace_bytes(cfg, T, tp, a, moe_kept)
+        branches["branch/moe"] = fused_moe_workspace_bytes(cfg, T, tp if moe_tp is None
+                                                           else moe_tp, a, moe_kept)
     widest = max(branches, key=branches.__getitem__)
     block = {"stream": kept * T * E * a, "positions": POSITION_BYTES * T,
              widest: branches[widest]}
+    if streamed:
+        block["offloaded layer's weights"] = streamed
+    if not last_stage:
+        return block
     copies = 2 if engine == "V1" else 1
-    sampled = (sort_free_sampler_bytes(S, V, a, sms) if sort_free and cuda
-               else sampler_bytes(S, V, a, cuda))
+    if flashinfer and cuda:
+        sampled = flashinfer_sampler_bytes(S, V, a)
+    elif sort_free and cuda:
+        sampled = sort_free_sampler_bytes(S, V, a, sms)
+    else:
+        sampled = sampler_bytes(S, V, a, cuda)
     after = ({"hidden": T * E * a, "last hidden": S * E * a * copies, **sampled} if sampler
              else {"hidden": T * E * a, "logits": S * V * a})
     if moe_kept and moe_layers(cfg):
@@ -259,6 +304,21 @@ class KVPool:
     layer_block_bytes: int  # block_size tokens of one layer
     lora: dict[str, int] = field(default_factory=dict)  # LoRA slots by target (vLLM)
     lora_setting: tuple[int, int] | None = None  # (max_loras, max_lora_rank)
+    layers: tuple[int, int] = (0, 0)  # the blocks this GPU's stage holds; (0, 0): all
+    stages: tuple[dict[str, int], ...] = ()  # every pipeline stage's figures (pp > 1)
+    layout: dict[str, int] = field(default_factory=dict)  # tp, pp, dp, expert_parallel
+    cpu_offload: int = 0  # weight bytes of this GPU held in host memory (--cpu-offload-gb)
+    device_context: int = 0  # the CUDA context, counted by early V1 (`early_v1_accounting`)
+    sampler: str | None = None  # the profile run's sampler backend (vLLM)
+
+    @property
+    def host_memory(self) -> int:
+        """Pinned host memory of every GPU's offloaded weights (--cpu-offload-gb): each
+        stage's offload on its tp x dp GPUs."""
+        lay = self.layout or {"tp": 1, "dp": 1}
+        per_replica = (sum(s["cpu_offload"] for s in self.stages) if self.stages
+                       else self.cpu_offload)
+        return per_replica * lay["tp"] * lay["dp"]
 
     @property
     def activation_peak(self) -> int:
@@ -273,7 +333,8 @@ class KVPool:
     def held(self) -> int:
         """What the engine holds before its KV cache: weights, LoRA slots, activation peak and
         non-torch memory."""
-        return self.weights + self.lora_slots + self.activation_peak + self.non_torch
+        return (self.weights + self.lora_slots + self.activation_peak + self.non_torch
+                + self.device_context)
 
     @property
     def budget(self) -> int:
@@ -305,7 +366,13 @@ class KVPool:
         per-layer pages over the per-layer pages of one request."""
         layer_pages = self.kv_cache // self.layer_block_bytes
         chunk = None if self.engine == "sglang" else self.max_num_batched_tokens
-        return layer_pages / layer_blocks_per_request(cfg, context, self.block_size, chunk)
+        start, end = self.layers if self.layers != (0, 0) else (0, cfg.n_layer)
+        pages = layer_blocks_per_request(cfg.replace(n_layer=end), context, self.block_size,
+                                         chunk)
+        if start:
+            pages -= layer_blocks_per_request(cfg.replace(n_layer=start), context,
+                                              self.block_size, chunk)
+        return layer_pages / pages
 
     def fits(self, cfg: GPTConfig, max_model_len: int) -> bool:
         """The engine starts: its pool holds one request of max_model_len tokens."""
@@ -318,18 +385,42 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             max_num_seqs: int | None = None, block_size: int | None = None,
             non_torch: int | None = None, gpu_name: str = "",
             engine_version: str | None = None, max_model_len: int | None = None,
-            comm_buffers: bool = True, lora: tuple[int, int] | None = None) -> KVPool:
+            comm_buffers: bool = True, lora: tuple[int, int] | None = None, pp: int = 1,
+            dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0,
+            sampler: str | None = None) -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
     sglang_mem_fraction_static; the newest release; max_model_len the model's context).
     `comm_buffers`: add the release's custom all-reduce buffers at tp (`servers.
     custom_all_reduce_bytes`) to `non_torch`, the figure logged beyond them. `lora`:
     (max_loras, max_lora_rank) of vLLM's --enable-lora, whose slots it reserves
-    (`adapters.lora_slot_bytes`); None: no LoRA. `non_torch` None: `default_non_torch`."""
+    (`adapters.lora_slot_bytes`); None: no LoRA. `non_torch` None: `default_non_torch` at
+    the world size tp x pp x dp.
+
+    pp, dp, expert_parallel (vLLM's --pipeline-parallel-size, --data-parallel-size,
+    --enable-expert-parallel): each stage's GPUs hold its blocks (`weights.pp_partition`) and
+    their KV cache, and the experts as `weights.stage_weight_bytes` places them; every worker
+    takes the smallest worker's block count (vllm/v1/core/kv_cache_utils.py,
+    `unify_kv_cache_configs`; V0's executor the minimum of its workers' blocks), so the
+    returned pool is the stage with the fewest blocks, `stages` holding each. Only the last
+    stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
+    memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`)."""
     one_of("engine", engine, SERVERS)
-    positive_int("tp", tp)
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+        positive_int(name, value)
+    # SGLang's expert parallelism: --ep-size equal to --tp-size (sglang/srt/server_args.py,
+    # `ServerArgs.__post_init__`: "if self.enable_ep_moe: self.ep_size = self.tp_size"), whole
+    # experts over the tp GPUs, as vLLM's rule at dp 1
+    if engine == "sglang" and (pp > 1 or dp > 1 or cpu_offload):
+        raise ConfigError("engine", "SGLang's pipeline and data parallel layouts and CPU "
+                                    "offload are not modelled (vLLM's are: --engine vllm)")
+    if expert_parallel and not cfg.moe:
+        raise ConfigError("enable_expert_parallel", "the model has no experts")
+    if not isinstance(cpu_offload, int) or cpu_offload < 0:
+        raise ConfigError("cpu_offload_gb", f"must be at least 0, got {cpu_offload!r}")
+    partition = pp_partition(cfg.n_layer, pp)
     if non_torch is None:
-        non_torch = default_non_torch(gpu_name, tp)
+        non_torch = default_non_torch(gpu_name, tp * pp * dp)
     if cfg.n_head % tp:
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     if not isinstance(non_torch, int) or non_torch < 0:
@@ -358,10 +449,6 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     frac = check_fraction(frac, name)
     positive_int("kv_block_size", bs)
-    act = {} if engine == "sglang" else profile_activation_bytes(
-        cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), engine=rel.engine,
-        sort_free=sort_free_sampler(rel), sms=SMS.get(gpu_name, 0),
-        moe_kept=persistent_moe_workspace(rel))
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
     comm = custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
     if lora is not None and engine == "sglang":
@@ -369,12 +456,78 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
                                          "slots are: --engine vllm)")
     slots = {} if lora is None else lora_slot_bytes(
         cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
-    return KVPool(engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes,
-                  utilization=frac, weights=device_weight_bytes(cfg, weights_dtype, tp),
-                  activation=act, non_torch=non_torch + comm, custom_all_reduce=comm,
-                  block_size=bs, max_num_batched_tokens=tokens, max_num_seqs=seqs,
-                  bytes_per_block=cfg.n_layer * layer_block, layer_block_bytes=layer_block,
-                  lora=slots, lora_setting=lora)
+    context = CUDA_CONTEXT if early_v1_accounting(rel) else 0
+    backend = sampler_backend(rel, sampler) if engine == "vllm" else None
+    stages = []
+    for start in itertools.accumulate((0,) + partition[:-1]):
+        end = start + partition[len(stages)]
+        layers = (start, end)
+        if pp == 1 and dp == 1 and not expert_parallel:  # the figure pinned by the logs
+            weights = device_weight_bytes(cfg, weights_dtype, tp)
+            blocks = weights - stage_weight_parts(cfg, weights_dtype, tp)["outer"]
+        else:
+            parts = stage_weight_parts(cfg, weights_dtype, tp, layers, pp, dp, expert_parallel)
+            weights, blocks = sum(parts.values()), parts["blocks"]
+        offloaded = min(cpu_offload, blocks)
+        # V0 copies one offloaded layer back for its forward: a whole layer, the stage's mean,
+        # or all that is offloaded when that is less
+        streamed = (min(offloaded, math.ceil(blocks / (end - start)))
+                    if offloaded and rel.engine == "V0" else 0)
+        act = {} if engine == "sglang" else profile_activation_bytes(
+            cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype),
+            engine=rel.engine, sort_free=backend == "triton", sms=SMS.get(gpu_name, 0),
+            moe_kept=persistent_moe_workspace(rel), last_stage=end == cfg.n_layer,
+            moe_tp=1 if expert_parallel else tp * dp, streamed=streamed,
+            flashinfer=backend == "flashinfer")
+        stages.append(KVPool(
+            engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
+            weights=weights - offloaded, activation=act, non_torch=non_torch + comm,
+            custom_all_reduce=comm, block_size=bs, max_num_batched_tokens=tokens,
+            max_num_seqs=seqs, bytes_per_block=(end - start) * layer_block,
+            layer_block_bytes=layer_block, lora=slots, lora_setting=lora,
+            layers=(0, 0) if pp == 1 else layers,
+            layout={"tp": tp, "pp": pp, "dp": dp, "expert_parallel": int(expert_parallel)},
+            cpu_offload=offloaded, device_context=context, sampler=backend))
+    binding = min(stages, key=lambda p: (p.kv_blocks, p.kv_cache))
+    if pp == 1:
+        return binding
+    summary = tuple({"first_layer": p.layers[0], "layers": p.layers[1] - p.layers[0],
+                     "weights": p.weights, "activation_peak": p.activation_peak,
+                     "kv_cache": p.kv_cache, "kv_blocks": p.kv_blocks,
+                     "cpu_offload": p.cpu_offload} for p in stages)
+    return dataclasses.replace(binding, stages=summary)
+
+
+def early_v1_accounting(r: Release) -> bool:
+    """vLLM's V1 worker before vllm-project/vllm pull 19312 (first in 0.9.2) counted as
+    non-torch memory everything in use on the device less torch's allocations
+    (vllm/v1/worker/gpu_worker.py, `determine_available_memory`: `total_allocated_bytes =
+    mem_get_info()[1] - mem_get_info()[0]`, `non_torch_allocations = total_allocated_bytes -
+    torch_allocated_bytes`): the CUDA context too, and any other process on the GPU (the pull
+    request's words: "V1's memory profiling incorrectly counts memory used by other processes
+    as non_torch_allocations"; vllm-project/vllm pull 18974, "[V1] Fix memory profiling bug",
+    traces it to V1's first worker, pull 10528). Pull 18974 measured from the free memory at
+    start-up and pull 19312 then moved V1 onto `memory_profiling` (vllm/utils.py), as V0 has
+    used since pull 10511; both merged in June 2025, and 0.9.2 is the first release holding
+    both (0.9.1 may already hold the first)."""
+    return (r.server == "vllm" and r.engine == "V1"
+            and parse_version(r.version) < MEMORY_PROFILING_V1_SINCE)
+
+
+def cpu_offload_bytes(gib: float) -> int:
+    """vLLM's --cpu-offload-gb as bytes per GPU: int(gib x 1024^3)
+    (vllm/worker/model_runner.py and vllm/v1/worker/gpu_model_runner.py,
+    `set_cpu_offload_max_bytes(int(cpu_offload_gb * 1024**3))`): the decoder layers' parameters
+    are moved to pinned host memory one after another from the stage's first layer until that
+    many bytes are held (vllm/model_executor/models/utils.py, `maybe_offload_to_cpu`, called by
+    `make_layers` for each layer); the embedding and the head stay on the GPU. The last
+    parameter moved may overshoot the figure by less than its own size (not counted). V0
+    copies an offloaded layer's weights onto the GPU for its forward (`functional_call` on
+    `v.to(device)`), which the profile run's peak then holds; V1 reads them in place through
+    unified virtual addressing ("V1 CPU offloading requires uva")."""
+    if gib < 0 or not math.isfinite(gib):
+        raise ConfigError("cpu_offload_gb", f"must be at least 0, got {gib!r}")
+    return int(gib * 1024**3)
 
 
 def gpu_memory(g: GPU) -> int:

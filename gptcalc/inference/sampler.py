@@ -115,5 +115,34 @@ def sort_temporaries(rows: int, columns: int) -> int:
     return SEGMENTED_TEMPORARIES if rows >= SEGMENTED_FROM else FULL_SORT_TEMPORARIES
 
 
-__all__ = ["SMS", "TRITON_SAMPLER_SINCE", "sampler_bytes", "sort_free_sampler_bytes",
-           "sort_temporaries"]
+# The sampler backends of vLLM's V1 `TopKTopPSampler` (vllm/v1/sample/ops/topk_topp_sampler.py):
+# sort: `apply_top_k_top_p_pytorch` (every release before 0.17.0, and any without Triton);
+# triton: `apply_top_k_top_p_triton` (0.17.0 and later); flashinfer: `forward_cuda` ->
+# `flashinfer_sample` (FlashInfer installed and VLLM_USE_FLASHINFER_SAMPLER not 0)
+SAMPLERS = ("sort", "triton", "flashinfer")
+MASKED = 4  # FlashInfer's top-k-masked float32 logits
+
+
+def flashinfer_sampler_bytes(seqs: int, vocab_size: int, act_bytes: int = 2) -> dict[str, int]:
+    """The sampler's live bytes over `seqs` x `vocab_size` logits of `act_bytes` when vLLM
+    samples with FlashInfer (vllm/v1/sample/ops/topk_topp_sampler.py, `flashinfer_sample`, top-k
+    and top-p both set as in the profile run: `flashinfer.sampling.
+    top_k_top_p_sampling_from_logits`, whose default filter order "top_k_first" runs
+    `masked_logits = top_k_mask_logits(logits, top_k)`, `probs = torch.softmax(masked_logits)`,
+    then `top_p_sampling_from_probs`, a rejection-sampling kernel that sorts nothing):
+
+        logits      a       the head's output
+        float32     4       the sampler's float32 logits (none when already float32)
+        masked      4       the top-k-masked logits
+        probs       4       their softmax
+
+    a + 12 bytes per logit and no buffer by SM count; the kernels' per-row scratch (a few
+    words a row) not counted."""
+    NV, a = seqs * vocab_size, act_bytes
+    return {"logits": NV * a, "sampler/float32": 0 if a == FLOAT32 else NV * FLOAT32,
+            "sampler/masked logits": NV * MASKED, "sampler/probs": NV * PROBS,
+            "sampler/requests": seqs * PER_REQUEST}
+
+
+__all__ = ["SAMPLERS", "SMS", "TRITON_SAMPLER_SINCE", "flashinfer_sampler_bytes",
+           "sampler_bytes", "sort_free_sampler_bytes", "sort_temporaries"]

@@ -25,6 +25,7 @@ DEFAULT_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
 V1_DEFAULT_SINCE = (0, 8, 0)  # vLLM's first release with the V1 engine as the default
 V0_CHUNKED_ABOVE = 32768  # V0 chunks prefills by default above this max_model_len
 V0_MAX_NUM_SEQS = 256  # V0's default max_num_seqs
+V1_SEQS_REVERTED_SINCE = (0, 8, 4)  # V1's max_num_seqs back to 256 below H100-class cards
 MIN_BATCHED_TOKENS = 2048  # V0's max_num_batched_tokens floor, and its chunk when chunking
 GiB = 2**30
 MiB = 2**20
@@ -77,6 +78,9 @@ def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_mod
     that is not an A100, else 2,048 and 256 (vllm/engine/arg_utils.py,
     `EngineArgs.get_batch_defaults`, earlier `_set_default_args_v1`, usage context
     OPENAI_API_SERVER), as the current release sets them for every V1 release.
+    V1 before 0.8.4: 1,024 sequences on every GPU (V1 raised V0's 256 to 1,024; vllm-project/
+    vllm pull 16158, "Revert the default `max_num_seqs` to V0 values for most hardware", April
+    2025, after 0.8.3, brought 256 back below H100-class cards).
     V0: 256 sequences; max(max_model_len, 2,048) tokens, or 2,048 when it chunks prefills,
     which it does by default above a max_model_len of 32,768 unless the model has a sliding
     window or MLA (`_set_default_args_v0`, `SchedulerConfig.__post_init__`)."""
@@ -86,6 +90,8 @@ def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_mod
         return tokens, V0_MAX_NUM_SEQS
     if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
         return 8192, 1024
+    if parse_version(r.version) < V1_SEQS_REVERTED_SINCE:
+        return 2048, 1024
     return 2048, 256
 
 
