@@ -24,7 +24,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .base import Reading, Recipe
+from .base import Reading, Recipe, shown
 
 # flags that change nothing a step holds on the device
 IGNORED = (
@@ -67,7 +67,7 @@ def parse_args(text: str, r: Reading) -> dict[str, Any]:
     while i < len(tokens):
         tok = tokens[i]
         if not tok.startswith("--"):
-            raise r.fail(f"expected a --flag, got {tok!r}")
+            raise r.fail(f"expected a --flag, got {shown(tok)}")
         name, eq, value = tok[2:].partition("=")
         if eq:
             out[name] = value
@@ -87,7 +87,7 @@ def _int(r: Reading, args: dict[str, Any], flag: str, default: int | None = None
     try:
         return r.count(f"--{flag}", int(args[flag]))
     except (TypeError, ValueError):
-        raise r.fail(f"--{flag} must be a whole number, got {args[flag]!r}") from None
+        raise r.fail(f"--{flag} must be a whole number, got {shown(args[flag])}") from None
 
 
 def read_megatron(text: str, path: Path, given: dict[str, Any]) -> Recipe:
@@ -99,9 +99,9 @@ def read_megatron(text: str, path: Path, given: dict[str, Any]) -> Recipe:
         if flag in IGNORED and flag not in READ:
             r.ignore(f"--{flag}", "data, logging, checkpoints, a hyperparameter or a kernel")
         elif flag not in READ:
-            raise r.unknown(f"--{flag}")
+            r.unread.append(f"--{flag}")
         elif flag in FLAGS and value is not True:
-            raise r.fail(f"--{flag} takes no value, got {value!r}")
+            raise r.fail(f"--{flag} takes no value, got {shown(value)}")
     if "num-experts" in args:
         r.refuse("--num-experts", args["num-experts"])
     _model(r, args, given)
