@@ -31,12 +31,49 @@ KINDS = ("torchtitan", "torchtune", "axolotl", "LLaMA-Factory", "TRL / alignment
 LLAMAFACTORY = ("stage", "finetuning_type", "template", "cutoff_len", "lora_target")
 
 
+SCAN_DEPTH = 100  # nesting a YAML text may show before it is parsed (PyYAML is quadratic in it)
+
+
+def yaml_depth(text: str) -> int:
+    """How deeply a YAML text nests, read in one pass without parsing it: flow brackets outside
+    quotes and comments, and block indentation levels. An estimate (a block scalar's
+    indentation counts too), to refuse a hostile file before PyYAML spends minutes on it."""
+    deepest = 0
+    indents: list[int] = []
+    for line in text.splitlines():
+        stripped = line.lstrip(" ")
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(stripped)
+        while indents and indents[-1] >= indent:
+            indents.pop()
+        indents.append(indent)
+        depth, quote, prev = len(indents), "", " "
+        for ch in stripped:
+            if quote:
+                quote = "" if ch == quote else quote
+            elif ch in "'\"" and prev in " [{,:":
+                quote = ch
+            elif ch == "#" and prev in " \t":
+                break
+            elif ch in "[{":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif ch in "]}":
+                depth -= 1
+            prev = ch
+        deepest = max(deepest, len(indents))
+    return deepest
+
+
 def _yaml(text: str, path: Path) -> Any:
     try:
         import yaml
     except ImportError:  # pragma: no cover - transformers installs it
         raise ConfigError("recipe", f"{path}: reading YAML needs PyYAML (pip install pyyaml)") \
             from None
+    if yaml_depth(text) > SCAN_DEPTH:
+        raise ConfigError("recipe", f"{path} nests deeper than {MAX_DEPTH} levels")
     try:
         # an alias repeats a node by reference: a few lines of them expand to more keys than
         # memory holds ("billion laughs"); no recipe of these projects uses them
@@ -48,8 +85,9 @@ def _yaml(text: str, path: Path) -> Any:
         why = " ".join(str(e).split())
         raise ConfigError("recipe", f"{path} is not valid YAML: "
                                     f"{why if len(why) <= 200 else why[:197] + '...'}") from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise ConfigError("recipe", f"{path}: {' '.join(str(e).split())[:200]}") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise ConfigError("recipe", f"{path} holds a number too long to read (over 4,300 "
+                                    f"digits)") from None
     except RecursionError:
         raise ConfigError("recipe", f"{path} nests deeper than {MAX_DEPTH} levels") from None
     if nesting_depth(doc) > MAX_DEPTH:

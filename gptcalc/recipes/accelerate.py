@@ -82,6 +82,9 @@ def read_accelerate(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
     """An accelerate config (parsed YAML) as options."""
     r = Reading(path, "accelerate")
     r.launcher = True
+    for section in ("deepspeed_config", "fsdp_config"):
+        if doc.get(section) is not None and not isinstance(doc[section], dict):
+            raise r.fail(f"{section} must be a mapping, got {shown(doc[section])}")
     keys = flatten(doc)
     r.walk(keys, KEYS)
     kind = doc.get("distributed_type", "NO")

@@ -164,6 +164,7 @@ class Reading:
         the table refuses an error, keys not in it listed as unread; READ keys are left to the
         reader."""
         for key, value in keys.items():
+            key = str(key)  # YAML allows numbers as keys
             e = entry(table, key)
             if e is None:
                 self.unread.append(key)

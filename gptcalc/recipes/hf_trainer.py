@@ -212,7 +212,7 @@ def attention(r: Reading, doc: dict[str, Any], key: str = "attn_implementation")
     value = doc.get(key)
     if value is None:
         return
-    if value not in ATTN:
+    if not isinstance(value, str) or value not in ATTN:
         r.refuse(key, value, "this attention implementation is not modelled", option="attn")
         return
     r.set(key, "attn", ATTN[value])

@@ -116,7 +116,7 @@ def read_llamafactory(doc: dict[str, Any], path: Path, given: dict[str, Any]) ->
     else:
         raise r.fail(f"finetuning_type = {shown(kind)}: only lora and full are modelled")
     flash = doc.get("flash_attn", "auto")
-    if flash not in FLASH:
+    if not isinstance(flash, str) or flash not in FLASH:
         r.refuse("flash_attn", flash, "this attention implementation is not modelled",
                  option="attn")
     else:

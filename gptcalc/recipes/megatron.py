@@ -154,7 +154,7 @@ def _model(r: Reading, args: dict[str, Any], given: dict[str, Any]) -> None:
                  "one dropout probability for every site is modelled", option="dropout")
     r.set("--hidden-dropout", "dropout", hidden)
     tp = _int(r, args, "tensor-model-parallel-size", 1)
-    vocab = _int(r, args, "vocab-size", TOKENIZER_VOCAB.get(args.get("tokenizer-type")))
+    vocab = _int(r, args, "vocab-size", TOKENIZER_VOCAB.get(str(args.get("tokenizer-type"))))
     if vocab is None:
         r.refuse("--tokenizer-type", args.get("tokenizer-type"), "its vocabulary size is not "
                  "in the file", option="vocab_size")

@@ -106,7 +106,7 @@ def read_torchtune(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Re
         r.set("dtype", "mode", "bf16" if dtype == "bf16" else "fp32")
     _optimizer(r, keys)
     loss = keys.get("loss._component_", "torchtune.modules.loss.CEWithChunkedOutputLoss")
-    if loss in LOSSES:
+    if isinstance(loss, str) and loss in LOSSES:
         r.set("loss._component_", "loss", LOSSES[loss])
         if LOSSES[loss] == "chunked" and "loss.num_output_chunks" in keys:
             r.set("loss.num_output_chunks", "loss_chunks",
@@ -153,8 +153,10 @@ def _model(r: Reading, keys: dict[str, Any]) -> None:
     if not m.group(2):
         return
     names = keys.get("model.lora_attn_modules", []) or []
+    if not isinstance(names, list):
+        raise r.fail(f"model.lora_attn_modules must be a list, got {shown(names)}")
     for name in names:
-        if name not in ATTN_TARGETS:
+        if not isinstance(name, str) or name not in ATTN_TARGETS:
             raise r.fail(f"model.lora_attn_modules: {shown(name)} is not one of "
                          f"{', '.join(ATTN_TARGETS)}")
     targets = [t for n, t in ATTN_TARGETS.items() if n in names]  # the model's order
@@ -172,7 +174,7 @@ def _model(r: Reading, keys: dict[str, Any]) -> None:
 
 def _optimizer(r: Reading, keys: dict[str, Any]) -> None:
     name = keys.get("optimizer._component_", "torch.optim.AdamW")
-    if name not in OPTIMIZERS:
+    if not isinstance(name, str) or name not in OPTIMIZERS:
         r.refuse("optimizer._component_", name, option="optimizer")
         return
     choice = OPTIMIZERS[name]
