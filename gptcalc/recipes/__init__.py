@@ -22,6 +22,7 @@ from .base import Recipe
 from .hf_trainer import MODEL_KEYS, TRAINER_KEYS, read_hf_trainer
 from .llamafactory import read_llamafactory
 from .megatron import read_megatron
+from .models import hub_hint
 from .torchtitan import read_torchtitan
 from .torchtune import read_torchtune
 
@@ -85,6 +86,8 @@ def _yaml(text: str, path: Path) -> Any:
         why = " ".join(str(e).split())
         raise ConfigError("recipe", f"{path} is not valid YAML: "
                                     f"{why if len(why) <= 200 else why[:197] + '...'}") from None
+    except ConfigError:
+        raise
     except ValueError:  # an integer of more digits than Python converts
         raise ConfigError("recipe", f"{path} holds a number too long to read (over 4,300 "
                                     f"digits)") from None
@@ -225,9 +228,11 @@ def recipe_error(recipe: Recipe, given: dict[str, Any], error: ConfigError) -> C
         (o for o in OPTIONS.values() if error.field in (o.keyword, o.cli)), None)
     if option is None or option.name not in recipe.values or _typed(given, option.name):
         return error
-    keys = [key for key, setting in recipe.read if setting.split(" ", 1)[0] == option.cli]
-    key = keys[-1] if keys else "(the recipe)"
-    return ConfigError("recipe", f"{recipe.path}: {key} -> {option.cli}: {error.message}")
+    reads = [(key, setting) for key, setting in recipe.read
+             if setting.split(" ", 1)[0] == option.cli]
+    key, setting = reads[-1] if reads else ("(the recipe)", "")
+    hint = hub_hint(setting.split(" ", 1)[-1]) if option.name == "hf_config" else ""
+    return ConfigError("recipe", f"{recipe.path}: {key} -> {option.cli}: {error.message}{hint}")
 
 
 def recipe_line(recipe: Recipe, given: dict[str, Any]) -> str:

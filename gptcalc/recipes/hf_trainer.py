@@ -11,7 +11,9 @@ huggingface/trl f2cd5771) and the example scripts' model and data arguments
 What each setting does there:
 
 - `model_name_or_path`: a Hub id whose published config is a preset answers as that preset
-  (`gptcalc.recipes.models`); any other id or a folder is --hf-config;
+  (`gptcalc.recipes.models`), counted as transformers' modules save it (--impl transformers)
+  where that profile measures the family, as --hf-config would; any other id or a folder is
+  --hf-config;
 - `bf16`/`fp16` autocast the forward over the weights the model was loaded in: fp32 unless
   `torch_dtype` says otherwise (--mode amp; bf16 weights: --mode bf16); PEFT keeps LoRA adapters
   fp32 over a 16-bit base (--mode amp); under a DeepSpeed config its "auto" bf16 section takes
@@ -40,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from .base import READ, Reading, Recipe, ignored, off, refused, shown
-from .models import hub_preset
+from ..presets import PRESETS
+from .models import TRANSFORMERS_MODELLED, hub_preset
 
 # OptimizerNames -> gptcalc's optimizer
 OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw",
@@ -228,6 +231,8 @@ def model(r: Reading, key: str, value: Any, given: dict[str, Any]) -> None:
     preset = hub_preset(text)
     if preset is not None and not (r.path.parent / text).exists():
         r.set(key, "preset", preset)
+        if PRESETS[preset].hub in TRANSFORMERS_MODELLED:  # the Trainer runs transformers' model
+            r.set(key, "impl", "transformers")
     else:
         r.set(key, "hf_config", model_path(r, key, text))
 

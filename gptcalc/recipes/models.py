@@ -67,9 +67,26 @@ TORCHTUNE: dict[str, str] = {
 }
 
 
+# the released checkpoints' model_types whose modules the transformers profile measures
+# (gptcalc.memory.profile_transformers.transformers_family; a test keeps the two equal): a
+# recipe run by the Hugging Face Trainer counts their activations as transformers saves them
+TRANSFORMERS_MODELLED = frozenset({"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3",
+                                   "qwen3_moe", "phi3", "gemma2", "gemma3_text",
+                                   "deepseek_v3"})
+
+
 def hub_preset(repo_id: str) -> str | None:
     """The preset whose sizes are a Hub model's published config.json, else None."""
     return HUB.get(repo_id.strip().lower())
+
+
+def hub_hint(repo_id: str) -> str:
+    """"; --preset X is <the nearest Hub id this table knows>" for an id it does not know."""
+    import difflib
+
+    text = str(repo_id).strip().lower()[:200]
+    close = difflib.get_close_matches(text, list(HUB), n=1, cutoff=0.75)
+    return f"; --preset {HUB[close[0]]} has the sizes of {close[0]}" if close else ""
 
 
 def torchtune_preset(builder: str) -> str | None:
@@ -78,4 +95,4 @@ def torchtune_preset(builder: str) -> str | None:
     return TORCHTUNE.get(name)
 
 
-__all__ = ["HUB", "TORCHTUNE", "hub_preset", "torchtune_preset"]
+__all__ = ["HUB", "TORCHTUNE", "TRANSFORMERS_MODELLED", "hub_hint", "hub_preset", "torchtune_preset"]
