@@ -95,4 +95,5 @@ def torchtune_preset(builder: str) -> str | None:
     return TORCHTUNE.get(name)
 
 
-__all__ = ["HUB", "TORCHTUNE", "TRANSFORMERS_MODELLED", "hub_hint", "hub_preset", "torchtune_preset"]
+__all__ = ["HUB", "TORCHTUNE", "TRANSFORMERS_MODELLED", "hub_hint", "hub_preset",
+           "torchtune_preset"]
