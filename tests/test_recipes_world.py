@@ -123,3 +123,14 @@ def test_a_mistyped_preset_gets_one_suggestion():
     err = one_line(run("--preset", "qwen2.5-7"), "--preset")
     assert "did you mean qwen2.5-7b?" in err and "llama2-7b," not in err
     assert "did you mean" not in one_line(run("--preset", "zzzz"), "--preset")
+
+
+def test_a_trainer_recipe_under_deepspeed_asks_for_the_world_size():
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parent / "recipes" / "shipped"
+    recipe = str(shipped / "LLaMA-Factory/examples/train_full/qwen3_full_sft.yaml")
+    err = one_line(run("--recipe", recipe), "--recipe")
+    assert "deepspeed = '(all ranks)' is the world's ranks" in err and "give --gpus N" in err
+    assert memory("--recipe", recipe, "--gpus", "4")["setup"]["dp"] == 4
+    assert memory("--recipe", recipe, "--dp", "2")["setup"]["dp"] == 2

@@ -24,7 +24,8 @@ What each setting does there:
   (ZeRO-3), shard_grad_op False (ZeRO-2); its MixedPrecisionPolicy under bf16 is --mode mixed;
 - `deepspeed` names a ds_config: found beside the recipe or in a folder above it (LLaMA-Factory
   and alignment-handbook write paths from the repository's root), else asked for with
-  --deepspeed-config;
+  --deepspeed-config; under DeepSpeed or FSDP the world size is the launcher's, not the
+  file's: --gpus (or --dp, or a launcher config beside the recipe), asked for without them;
 - `optim` names the optimizer (OptimizerNames); `torch_compile` compiles the model, whose
   forward computes the loss from the labels (--compile model); the Trainer frees the logits
   before backward (--no-keep-logits);
@@ -307,6 +308,9 @@ def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bo
         mode, fsdp_ckpt = _fsdp(r, fsdp, doc.get("fsdp_config") or {}, bf16 or fp16)
     elif doc.get("fsdp_config"):
         r.ignore("fsdp_config", "read only with fsdp")
+    if (ds or fsdp) and not given.get("dp"):  # launched on every rank the launcher has
+        key = "deepspeed" if ds else "fsdp"
+        r.set(key, "dp", r.world(key, "(all ranks)", given))
     if mode:
         r.set("bf16/fp16", "mode", mode)
     ckpt = doc.get("activation_checkpointing", doc.get("gradient_checkpointing", False))
