@@ -186,6 +186,18 @@ def test_megatron_pads_the_vocabulary_and_builds_gpt3():
     assert _megatron_vocab(one) == "50304"  # 50257 up to a multiple of 128
 
 
+def test_megatron_launch_script_reads_as_its_argument_file(tmp_path):
+    # the shipped script (tests/recipes/shipped/Megatron-LM) names no tokenizer type: refused
+    # on it; with the one the .args transcription adds, its arrays answer as that file does
+    script = (ROOT / "tests/recipes/shipped/Megatron-LM/examples/gpt3/"
+              "train_gpt3_175b_distributed.sh")
+    assert "--tokenizer-type = None" in fails("memory", "--recipe", str(script))
+    text = script.read_text().replace("DATA_ARGS=(\n", "DATA_ARGS=(\n    --tokenizer-type "
+                                      "GPT2BPETokenizer\n")
+    path = _write(tmp_path, "train.sh", text)
+    assert memory("--recipe", path) == memory("--recipe", MEGATRON)
+
+
 def _megatron_vocab(text: str) -> str:
     from gptcalc.recipes.megatron import read_megatron
 
