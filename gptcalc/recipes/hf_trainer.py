@@ -44,6 +44,7 @@ from typing import Any
 
 from .base import READ, Reading, Recipe, ignored, off, refused, shown
 from ..presets import PRESETS
+from ..training_setup import OPTIMIZERS
 from .models import TRANSFORMERS_MODELLED, hub_preset
 
 # OptimizerNames -> gptcalc's optimizer
@@ -51,6 +52,9 @@ OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adam
          "adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit",
          "paged_adamw_8bit": "paged_adamw8bit", "adafactor": "adafactor", "sgd": "sgd",
          "lion_32bit": "lion"}
+# bitsandbytes' PagedAdamW (32-bit states), where gptcalc's optimizers include it
+if "paged_adamw" in OPTIMIZERS:
+    OPTIM.update(paged_adamw_32bit="paged_adamw", paged_adamw="paged_adamw")
 ATTN = {"flash_attention_2": "sdpa", "flash_attention_3": "sdpa", "sdpa": "sdpa",
         "kernels-community/flash-attn": "sdpa", "eager": "manual"}
 _LOGGING = ignored("logging, saving, evaluation or the hub")

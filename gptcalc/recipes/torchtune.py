@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..presets import did_you_mean
+from ..training_setup import OPTIMIZERS as GPTCALC_OPTIMIZERS
 from .base import READ, Reading, Recipe, flatten, ignored, off, shown
 from .models import TORCHTUNE, torchtune_preset
 
@@ -42,6 +43,9 @@ OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw",
               "bitsandbytes.optim.AdamW8bit": "adamw8bit",
               "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw8bit",
               "torch.optim.SGD": "sgd"}
+if "paged_adamw" in GPTCALC_OPTIMIZERS:  # bitsandbytes' PagedAdamW, 32-bit states
+    OPTIMIZERS.update({"bitsandbytes.optim.PagedAdamW": "paged_adamw",
+                       "bitsandbytes.optim.PagedAdamW32bit": "paged_adamw"})
 # the chunked losses: torchtune's CEWithChunkedOutputLoss and LinearCrossEntropyLoss (the head's
 # output made and upcast one chunk at a time inside the loss) save what --loss chunked counts
 LOSSES = {"torchtune.modules.loss.CEWithChunkedOutputLoss": "chunked",
