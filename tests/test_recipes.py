@@ -451,3 +451,24 @@ def test_save_config_keeps_what_the_recipe_set(recipe, tmp_path):
     saved = str(tmp_path / "effective.toml")
     assert memory("--recipe", recipe, "--save-config", saved)["peak"] == memory(
         "--config", saved)["peak"]
+
+
+def test_a_trl_yaml_takes_sftconfigs_own_defaults(tmp_path):
+    # trl/trainer/sft_config.py and base_config.py (huggingface/trl at f2cd5771): max_length
+    # 1024, gradient_checkpointing True, bf16 True unless fp16; ModelConfig's dtype float32 and
+    # lora_r 16, lora_dropout 0.05 under use_peft
+    path = _write(tmp_path, "sft.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\n")
+    typed = ["--preset", "qwen2.5-0.5b", "--impl", "transformers", "-B", "8", "--mode", "amp",
+             "--recompute", "full", "--seq-len", "1024", "--no-keep-logits"]
+    assert memory("--recipe", path) == memory(*typed)
+    fp16 = _write(tmp_path, "fp16.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nfp16: true\n"
+                                         "gradient_checkpointing: false\nmax_length: 512\n")
+    assert memory("--recipe", fp16) == memory(*typed[:-7], "--autocast-dtype", "fp16",
+                                              "--recompute", "none", "--seq-len", "512",
+                                              "--no-keep-logits")
+    peft = _write(tmp_path, "peft.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\n")
+    assert "use_peft without lora_dropout: TRL's default of 0.05" in fails(
+        "memory", "--recipe", peft)
+    peft0 = _write(tmp_path, "peft0.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\n"
+                                           "use_peft: true\nlora_dropout: 0\n")
+    assert memory("--recipe", peft0) == memory(*typed, "--lora-rank", "16")

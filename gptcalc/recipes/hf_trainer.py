@@ -34,7 +34,10 @@ What each setting does there:
   --weights-dtype nf4, nf4-dq nested); `max_length` (`max_seq_length` before TRL 0.20) is the
   row length (--seq-len);
 - `attn_implementation`: flash_attention_2, sdpa and their kernels save what --attn sdpa
-  counts; eager saves the attention probabilities (--attn manual).
+  counts; eager saves the attention probabilities (--attn manual);
+- a TRL or alignment-handbook YAML takes SFTConfig's own defaults where the file is silent:
+  `max_length` 1024, `gradient_checkpointing` true, `bf16` true unless `fp16`; ModelConfig's
+  `lora_dropout` of 0.05 under `use_peft` is not modelled.
 """
 
 from __future__ import annotations
@@ -158,6 +161,10 @@ MODEL_KEYS: dict[str, tuple] = {
                     _PREFERENCE),
 }
 KEYS = {**TRAINER_KEYS, **MODEL_KEYS}
+# TRL's SFTConfig defaults that differ from TrainingArguments' (trl/trainer/sft_config.py and
+# base_config.py at f2cd5771): rows of at most 1024 tokens, every layer checkpointed, bf16
+# autocast unless fp16 (set below)
+TRL_DEFAULTS = {"max_length": 1024, "gradient_checkpointing": True}
 
 
 def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Recipe:
@@ -167,6 +174,11 @@ def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
         "TRL / alignment-handbook"
     r = Reading(path, kind)
     r.walk(doc, KEYS)
+    if kind != "Hugging Face TrainingArguments":
+        defaults = {**TRL_DEFAULTS, "bf16": not doc.get("fp16", False)}
+        if "max_seq_length" in doc or "block_size" in doc:  # older spellings of max_length
+            del defaults["max_length"]
+        doc = {**defaults, **doc}
     if "model_name_or_path" in doc:
         model(r, "model_name_or_path", doc["model_name_or_path"], given)
     for key in ("block_size", "max_seq_length", "max_length"):
@@ -180,6 +192,9 @@ def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
     weights = "bf16" if dtype in ("bfloat16", "bf16") else (
         "fp32" if dtype in (None, "auto", "float32", "fp32") else dtype)
     peft = r.flag("use_peft", doc.get("use_peft", False))
+    if peft and kind != "Hugging Face TrainingArguments" and "lora_dropout" not in doc:
+        raise r.fail("use_peft without lora_dropout: TRL's default of 0.05 (the dropped input "
+                     "each adapter saves) is not modelled; lora_dropout: 0 counts without it")
     if peft:
         _peft(r, doc)
     elif doc.get("load_in_4bit"):
