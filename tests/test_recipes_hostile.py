@@ -52,7 +52,7 @@ def fails(*args: str) -> str:
     ("section.yaml", ACC + "deepspeed_config: [1]\n", "deepspeed_config must be a mapping"),
     ("fsdp.yaml", TRL + "fsdp: 3\n", "fsdp must be a string or a list of strings"),
     ("comp.yaml", "model:\n  _component_: [1]\n", "model._component_ must be a non-empty"),
-    ("targets.yaml", TRL + "use_peft: true\nlora_target_modules: 5\n",
+    ("targets.yaml", TRL + "use_peft: true\nlora_dropout: 0\nlora_target_modules: 5\n",
      "lora_target_modules must be a list of module names"),
     ("world.yaml", TUNE + "fsdp_reshard_after_forward: true\n", "give --gpus N"),
     ("lf.yaml", LF + "finetuning_type: freeze\n", "finetuning_type = 'freeze'"),
