@@ -154,6 +154,80 @@ PRESETS: dict[str, Preset] = {
     "phi-3-mini": Preset("phi3", dict(n_layer=32, n_head=32, n_embd=3072, d_ff=8192,
                                        block_size=4096, vocab_size=32064, sliding_window=2047),
                          hub="phi3"),
+    # Llama 3.2 1B and 3B (meta-llama/Llama-3.2-1B and -3B config.json; torchtune's
+    # llama3_2_1b/llama3_2_3b builders): tied embeddings, 131072 positions. 1B: 16 layers, 2048
+    # wide, 32 heads, 8 KV heads, intermediate_size 8192; 3B: 28 layers, 3072 wide, 24 heads.
+    "llama3.2-1b": Preset("llama", dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
+                                         d_ff=8192, block_size=131072, vocab_size=128256,
+                                         tie_embeddings=True), hub="llama"),
+    "llama3.2-3b": Preset("llama", dict(n_layer=28, n_head=24, n_kv_head=8, n_embd=3072,
+                                         d_ff=8192, block_size=131072, vocab_size=128256,
+                                         tie_embeddings=True), hub="llama"),
+    # Llama 3.3 70B (meta-llama/Llama-3.3-70B-Instruct config.json): Llama 3.1 70B's sizes.
+    "llama3.3-70b": Preset("llama", dict(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192,
+                                          d_ff=28672, block_size=131072, vocab_size=128256),
+                           hub="llama"),
+    # Qwen2.5 (Qwen/Qwen2.5-*B config.json; torchtune's qwen2_5_* builders): Llama's layout
+    # with biased q/k/v projections (o_proj unbiased). 0.5B-3B tie the embeddings.
+    "qwen2.5-0.5b": Preset("llama", dict(n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
+                                          d_ff=4864, block_size=32768, vocab_size=151936,
+                                          qkv_bias=True, tie_embeddings=True), hub="qwen2"),
+    "qwen2.5-1.5b": Preset("llama", dict(n_layer=28, n_head=12, n_kv_head=2, n_embd=1536,
+                                          d_ff=8960, block_size=131072, vocab_size=151936,
+                                          qkv_bias=True, tie_embeddings=True), hub="qwen2"),
+    "qwen2.5-3b": Preset("llama", dict(n_layer=36, n_head=16, n_kv_head=2, n_embd=2048,
+                                        d_ff=11008, block_size=32768, vocab_size=151936,
+                                        qkv_bias=True, tie_embeddings=True), hub="qwen2"),
+    "qwen2.5-7b": Preset("llama", dict(n_layer=28, n_head=28, n_kv_head=4, n_embd=3584,
+                                        d_ff=18944, block_size=131072, vocab_size=152064,
+                                        qkv_bias=True), hub="qwen2"),
+    "qwen2.5-14b": Preset("llama", dict(n_layer=48, n_head=40, n_kv_head=8, n_embd=5120,
+                                         d_ff=13824, block_size=131072, vocab_size=152064,
+                                         qkv_bias=True), hub="qwen2"),
+    "qwen2.5-32b": Preset("llama", dict(n_layer=64, n_head=40, n_kv_head=8, n_embd=5120,
+                                         d_ff=27648, block_size=131072, vocab_size=152064,
+                                         qkv_bias=True), hub="qwen2"),
+    "qwen2.5-72b": Preset("llama", dict(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192,
+                                         d_ff=29568, block_size=131072, vocab_size=152064,
+                                         qkv_bias=True), hub="qwen2"),
+    # Qwen3 dense (Qwen/Qwen3-*B config.json; the same sizes in torchtitan's qwen3_args at
+    # e347b1e5): head_dim 128, q/k RMSNorm, 40960 positions; 0.6B-4B tie the embeddings.
+    "qwen3-0.6b": Preset("qwen3", dict(n_layer=28, n_head=16, n_kv_head=8, n_embd=1024,
+                                        head_dim=128, d_ff=3072, block_size=40960,
+                                        vocab_size=151936, tie_embeddings=True), hub="qwen3"),
+    "qwen3-1.7b": Preset("qwen3", dict(n_layer=28, n_head=16, n_kv_head=8, n_embd=2048,
+                                        head_dim=128, d_ff=6144, block_size=40960,
+                                        vocab_size=151936, tie_embeddings=True), hub="qwen3"),
+    "qwen3-4b": Preset("qwen3", dict(n_layer=36, n_head=32, n_kv_head=8, n_embd=2560,
+                                      head_dim=128, d_ff=9728, block_size=40960,
+                                      vocab_size=151936, tie_embeddings=True), hub="qwen3"),
+    "qwen3-14b": Preset("qwen3", dict(n_layer=40, n_head=40, n_kv_head=8, n_embd=5120,
+                                       head_dim=128, d_ff=17408, block_size=40960,
+                                       vocab_size=151936), hub="qwen3"),
+    "qwen3-32b": Preset("qwen3", dict(n_layer=64, n_head=64, n_kv_head=8, n_embd=5120,
+                                       head_dim=128, d_ff=25600, block_size=40960,
+                                       vocab_size=151936), hub="qwen3"),
+    # Phi-4 (microsoft/phi-4 config.json; torchtune's phi4_14b builder): Phi-3's fused layout,
+    # 40 layers, 5120 wide, 40 heads, 10 KV heads, intermediate_size 17920, vocabulary 100352,
+    # 16384 positions, no sliding window.
+    "phi-4": Preset("phi3", dict(n_layer=40, n_head=40, n_kv_head=10, n_embd=5120, d_ff=17920,
+                                  block_size=16384, vocab_size=100352), hub="phi3"),
+    # Gemma 2 2B (google/gemma-2-2b config.json; torchtune's gemma2_2b builder): head_dim 256,
+    # window 4096 on every other layer.
+    "gemma-2-2b": Preset("gemma2", dict(
+        n_layer=26, n_head=8, n_kv_head=4, n_embd=2304, head_dim=256, d_ff=9216,
+        block_size=8192, vocab_size=256000, sliding_window=4096, attn_pattern="LG"), hub="gemma2"),
+    # Gemma 3 1B (google/gemma-3-1b-it config.json): one KV head of 256, 5 local layers of window
+    # 512 per global one, 32768 positions, vocabulary 262144.
+    "gemma-3-1b": Preset("gemma3", dict(
+        n_layer=26, n_head=4, n_kv_head=1, n_embd=1152, head_dim=256, d_ff=6912,
+        block_size=32768, vocab_size=262144, sliding_window=512, attn_pattern="LLLLLG"),
+                         hub="gemma3_text"),
+    # SmolLM2 1.7B (HuggingFaceTB/SmolLM2-1.7B config.json): Llama's layout, 24 layers, 2048
+    # wide, 32 heads (no grouping), intermediate_size 8192, vocabulary 49152, tied, 8192 positions.
+    "smollm2-1.7b": Preset("llama", dict(n_layer=24, n_head=32, n_embd=2048, d_ff=8192,
+                                          block_size=8192, vocab_size=49152,
+                                          tie_embeddings=True), hub="llama"),
     # A tiny DeepSeek-shaped model for tests and `gptcalc verify` (not from a paper): latent
     # attention, a dense first layer, then 4 routed experts (top 2) and a shared expert, and
     # alternating sliding-window / global layers.
@@ -175,8 +249,18 @@ def arch_switches(arch: str) -> dict[str, Any]:
 
 def preset(name: str) -> Preset:
     if name not in PRESETS:
-        raise ConfigError("preset", f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+        raise ConfigError("preset", f"unknown preset {name!r}{did_you_mean(name, PRESETS)}; "
+                                    f"`gptcalc presets` lists them")
     return PRESETS[name]
+
+
+def did_you_mean(name: str, known: Any) -> str:
+    """"; did you mean X?" for the nearest of `known` to a mistyped `name`, else ""."""
+    import difflib
+
+    text = str(name)[:100].lower()
+    close = difflib.get_close_matches(text, [str(k).lower() for k in known], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def preset_fields(p: Preset, arch: str | None = None) -> dict[str, Any]:

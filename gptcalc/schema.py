@@ -100,9 +100,11 @@ _MODEL = (
     Option("config", "--config", "text", "A gptcalc config file (TOML or .json): [model], "
            "[workload], [training], [parallel].", metavar="FILE", source=True),
     Option("recipe", "--recipe", "text", "Your own training recipe, read as the options it "
-           "stands for: a torchtitan job config (.toml), a torchtune or axolotl config "
-           "(.yaml), Hugging Face TrainingArguments (.json) or a Megatron-LM argument file; "
-           "options given beside it win.", metavar="FILE", source=True),
+           "stands for: a torchtitan job config (.toml), a torchtune, axolotl, LLaMA-Factory, "
+           "TRL or alignment-handbook config (.yaml), Hugging Face TrainingArguments (.json) or "
+           "a Megatron-LM argument file; give it twice for a recipe and its accelerate config "
+           "(the launcher's engine and world size win); options given beside it win.",
+           metavar="FILE", source=True, multiple=True),
     Option("save_config", "--save-config", "text", "Write the effective configuration to FILE "
            "(.toml or .json) for --config.", metavar="FILE", source=True),
 )

@@ -116,7 +116,7 @@ def test_the_recipe_line_and_the_ignored_keys():
     out = json.loads(invoke("memory", "--recipe", TITAN, "--dp", "8", "--json").stdout)
     ignored = {d["key"] for d in out["recipe"]["ignored"]}
     assert {"checkpoint.interval", "metrics.log_freq", "optimizer.lr",
-            "quantize.linear.float8.filter_fqns", "compile.enable"} <= ignored
+            "quantize.linear.float8.filter_fqns"} <= ignored
 
 
 def test_the_recipe_json_is_documented():
@@ -134,11 +134,15 @@ def test_options_typed_beside_the_recipe_win():
     assert "training.local_batch_size -> --batch-size 1 (overridden by --batch-size)" in r.stdout
 
 
-def test_a_shard_degree_of_minus_one_is_the_ranks_dp_gives():
-    # without --dp torchtitan runs on one rank: no FSDP, bf16 autocast
-    one = memory("--recipe", TITAN)
+def test_a_shard_degree_of_minus_one_is_the_ranks_gpus_or_dp_give():
+    # -1 is every rank the other degrees leave: asked for, never taken as one rank
+    err = fails("memory", "--recipe", TITAN)
+    assert "parallelism.data_parallel_shard_degree = -1" in err and "give --gpus N" in err
+    one = memory("--recipe", TITAN, "--gpus", "1")  # one rank: no FSDP, bf16 autocast
     assert one["setup"]["engine"] == "ddp" and one["setup"]["mode"] == "amp"
-    assert memory("--recipe", TITAN, "--dp", "4")["setup"]["engine"] == "fsdp2"
+    four = memory("--recipe", TITAN, "--gpus", "4")
+    assert (four["setup"]["engine"], four["setup"]["dp"]) == ("fsdp2", 4)
+    assert four == memory("--recipe", TITAN, "--dp", "4")
 
 
 # torchtitan's flavors (torchtitan/models/llama3/__init__.py at e347b1e5):
@@ -159,12 +163,14 @@ def test_torchtitan_flavors_as_torchtitan_sizes_them(flavor, tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(f'[model]\nname = "llama3"\nflavor = "{flavor}"\n'
                     '[activation_checkpoint]\nmode = "full"\n')
-    cfg = json.loads(invoke("params", "--recipe", str(path), "--json").stdout)["config"]
+    out = invoke("params", "--recipe", str(path), "--json")
+    assert out.exit_code == 0, out.output
+    cfg = json.loads(out.stdout)["config"]
     assert (cfg["n_embd"], cfg["n_layer"], cfg["n_head"], cfg["vocab_size"]) == (
         dim, layers, heads, vocab)
     assert (cfg["n_kv_head"] or cfg["n_head"]) == (kv or heads)
     assert (cfg["d_ff"] or cfg["ffn_mult"] * cfg["n_embd"]) == hidden
-    assert set(torchtitan.FLAVORS) == {("llama3", f) for f in TITAN_ARGS}
+    assert {f for n, f in torchtitan.FLAVORS if n == "llama3"} == set(TITAN_ARGS)
 
 
 def test_megatron_pads_the_vocabulary_and_builds_gpt3():
@@ -178,6 +184,18 @@ def test_megatron_pads_the_vocabulary_and_builds_gpt3():
     text = (RECIPES / "megatron_gpt3_175b.args").read_text()
     one = text.replace("--tensor-model-parallel-size 8", "--tensor-model-parallel-size 1")
     assert _megatron_vocab(one) == "50304"  # 50257 up to a multiple of 128
+
+
+def test_megatron_launch_script_reads_as_its_argument_file(tmp_path):
+    # the shipped script (tests/recipes/shipped/Megatron-LM) names no tokenizer type: refused
+    # on it; with the one the .args transcription adds, its arrays answer as that file does
+    script = (ROOT / "tests/recipes/shipped/Megatron-LM/examples/gpt3/"
+              "train_gpt3_175b_distributed.sh")
+    assert "--tokenizer-type = None" in fails("memory", "--recipe", str(script))
+    text = script.read_text().replace("DATA_ARGS=(\n", "DATA_ARGS=(\n    --tokenizer-type "
+                                      "GPT2BPETokenizer\n")
+    path = _write(tmp_path, "train.sh", text)
+    assert memory("--recipe", path) == memory("--recipe", MEGATRON)
 
 
 def _megatron_vocab(text: str) -> str:
@@ -201,30 +219,40 @@ MEGA_MIN = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-lengt
             "--vocab-size 1000\n")
 
 
+TITAN_ONE = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 1\n"
+TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSDP2, bf16 policy
+
+
 @pytest.mark.parametrize("name, text, needle", [
-    ("job.toml", TITAN_MIN + "[training]\nlocal_batchsize = 2\n",
-     "unknown key 'training.local_batchsize' of a torchtitan recipe"),
-    ("job.toml", TITAN_MIN + "[compile]\nenable = true\n", "compile.enable = True: not modelled"),
-    ("job.toml", TITAN_MIN.replace('flavor = "debugmodel"', 'flavor = "debugmodel"\n'
-                                   'converters = ["float8"]'),
-     "model.converters = ['float8']: not modelled"),
-    ("job.toml", TITAN_MIN + "[parallelism]\ncontext_parallel_degree = 2\n",
-     "parallelism.context_parallel_degree = 2: not modelled"),
-    ("job.toml", TITAN_MIN.replace("debugmodel", "13B"), "flavor 13B has no gptcalc preset"),
-    ("tune.yaml", TUNE_MIN + "enable_activation_offloading: true\n",
-     "enable_activation_offloading = True: not modelled"),
-    ("tune.yaml", TUNE_MIN + "batchsize: 2\n", "unknown key 'batchsize' of a torchtune recipe"),
-    ("tune.yaml", TUNE_MIN + "compile: true\n", "compile = True: not modelled"),
+    ("job.toml", TITAN_ONE + "[compile]\nenable = true\ncomponents = [\"loss\"]\n",
+     "compile.components = ['loss']: a compiled loss beside an eager model is not modelled"),
+    ("job.toml", TITAN_ONE.replace('flavor = "debugmodel"', 'flavor = "debugmodel"\n'
+                                   'converters = ["mx"]'),
+     "model.converters = ['mx']: converters other than float8"),
+    ("job.toml", TITAN_ONE + "[training]\nenable_cpu_offload = true\n",
+     "training.enable_cpu_offload = True: FSDP's CPU offload is not modelled"),
+    ("job.toml", TITAN_ONE.replace("debugmodel", "13B"),
+     "model.flavor: llama3 '13B' has no gptcalc preset; llama3's known flavors: debugmodel"),
+    ("tune.yaml", TUNE_MIN + "fsdp_cpu_offload: true\n",
+     "fsdp_cpu_offload = True: FSDP's CPU offload is not modelled"),
+    ("tune.yaml", TUNE_MIN + "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1bb\n",
+     "model._component_: 'torchtune.models.llama3_2.llama3_2_1bb' has no gptcalc preset; "
+     "did you mean llama3_2_1b?"),
     ("tune.yaml", TUNE_MIN.replace("llama3_1_8b", "gemma_2b"), "has no gptcalc preset"),
-    ("axo.yml", AXO_MIN + "torch_compile: true\n", "torch_compile = True: not modelled"),
-    ("axo.yml", AXO_MIN + "lora_dropout: 0.05\n", "lora_dropout = 0.05: not modelled"),
-    ("axo.yml", AXO_MIN + "micro_batchsize: 2\n", "unknown key 'micro_batchsize'"),
-    ("args.json", HF_MIN + ', "torch_compile": true}}', "torch_compile = True: not modelled"),
-    ("args.json", HF_MIN + ', "per_device_batch": 2}}', "unknown key 'per_device_batch'"),
+    ("axo.yml", AXO_MIN + "torch_compile: true\n", "torch_compile = True: axolotl's"),
+    ("axo.yml", AXO_MIN + "lora_dropout: 0.05\n", "lora_dropout = 0.05: LoRA dropout"),
+    ("axo.yml", AXO_MIN + "load_in_8bit: true\n",
+     "load_in_8bit = True: LLM.int8 weights are not modelled"),
+    ("args.json", HF_MIN + ', "use_liger_kernel": true}}', "use_liger_kernel = True: Liger's"),
+    # the Trainer compiles the whole transformers model, which gptcalc does not model
+    ("args.json", HF_MIN + ', "torch_compile": true}}',
+     "torch_compile -> --compile: --compile model is modelled for --impl reference"),
+    ("job.toml", TITAN_ONE + "[compile]\nenable = true\n",
+     "compile.enable+components -> --compile: --compile model is modelled for --mode fp32, "
+     "mixed or bf16"),
     ("args.json", HF_MIN + ', "fsdp": "full_shard", "fsdp_config": {{"version": 1}}}}',
      "FSDP1's flat parameters are not modelled"),
     ("gpt.args", MEGA_MIN + "--num-experts 8\n", "--num-experts = '8': not modelled"),
-    ("gpt.args", MEGA_MIN + "--hiden-size 64\n", "unknown key '--hiden-size'"),
 ])
 def test_refusals_are_one_line_naming_the_key_and_the_file(tmp_path, llama31, name, text, needle):
     path = _write(tmp_path, name, text.format(model=llama31))
@@ -232,18 +260,73 @@ def test_refusals_are_one_line_naming_the_key_and_the_file(tmp_path, llama31, na
     assert needle in err and path in err
 
 
+@pytest.mark.parametrize("name, text, key", [
+    ("job.toml", TITAN_ONE + "[training]\nlocal_batchsize = 2\n", "training.local_batchsize"),
+    ("tune.yaml", TUNE_MIN + "batchsize: 2\n", "batchsize"),
+    ("axo.yml", AXO_MIN + "micro_batchsize: 2\n", "micro_batchsize"),
+    ("args.json", HF_MIN + ', "per_device_batch": 2}}', "per_device_batch"),
+    ("gpt.args", MEGA_MIN + "--hiden-size 64\n", "--hiden-size"),
+])
+def test_a_key_a_reader_does_not_know_is_listed_not_refused(tmp_path, llama31, name, text, key):
+    path = _write(tmp_path, name, text.format(model=llama31))
+    r = invoke("memory", "--recipe", path)
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.stdout.splitlines() if x.startswith("recipe:"))
+    assert line.endswith(f"; unread: {key}")
+
+
+@pytest.mark.parametrize("name, text, typed", [
+    # torchtitan: compile.enable compiles each block, and the loss when components lists it
+    ("job.toml", TITAN_TWO + "[compile]\nenable = true\n", ["--compile", "model"]),
+    ("job.toml", TITAN_TWO + '[compile]\nenable = true\ncomponents = ["model"]\n',
+     ["--compile", "blocks"]),
+    # float8 converter: tensorwise unless recipe_name says rowwise; the output head stays bf16
+    ("job.toml", TITAN_TWO.replace('flavor = "debugmodel"', 'flavor = "debugmodel"\n'
+                                   'converters = ["float8"]')
+     + '[quantize.linear.float8]\nfilter_fqns = ["output"]\n'
+       'enable_fsdp_float8_all_gather = true\n', ["--float8", "tensorwise"]),
+    ("job.toml", TITAN_TWO.replace('flavor = "debugmodel"', 'flavor = "debugmodel"\n'
+                                   'converters = ["float8"]')
+     + '[quantize.linear.float8]\nrecipe_name = "rowwise"\n', ["--float8", "rowwise"]),
+    ("job.toml", TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"
+                             "context_parallel_degree = 2\n", ["--cp", "2"]),
+    ("tune.yaml", TUNE_MIN + "enable_activation_offloading: true\n",
+     ["--offload-activations"]),
+    ("tune.yaml", TUNE_MIN + "compile: true\n", ["--compile", "model"]),
+    ("tune.yaml", TUNE_MIN + "loss:\n  _component_: torchtune.modules.loss."
+                             "LinearCrossEntropyLoss\n", ["--loss", "chunked"]),
+    ("args.json", HF_MIN + ', "optim": "paged_adamw_8bit"}}', ["--optimizer", "paged_adamw8bit"]),
+])
+def test_a_feature_the_recipe_turns_on_is_its_option(tmp_path, llama31, name, text, typed):
+    path = _write(tmp_path, name, text.format(model=llama31))
+    hub = ["--hf-config", llama31] if name == "args.json" else []
+    with_it = memory("--recipe", path, *hub)
+    assert with_it == memory("--recipe", path, *hub, *typed)
+    base = text.split("\n[compile]")[0] if "[compile]" in text else None
+    if base is not None:  # and the feature changes the answer
+        assert with_it != memory("--recipe", _write(tmp_path, "plain.toml", base))
+
+
 def test_a_refusal_an_option_can_settle(tmp_path):
     # debug_model.toml checkpoints every second block, which is not modelled: --recompute
     # counts another policy in its place, and the pipeline schedule is read only with pp > 1
-    err = fails("memory", "--recipe", TITAN_DEBUG)
+    err = fails("memory", "--recipe", TITAN_DEBUG, "--gpus", "1")
     assert "selective_ac_option = '2': every n-th block checkpointed is not modelled" in err
     assert "give --recompute" in err
-    assert memory("--recipe", TITAN_DEBUG, "--recompute", "full")["setup"]["recompute"] == "full"
+    assert memory("--recipe", TITAN_DEBUG, "--gpus", "1", "--recompute", "full")["setup"][
+        "recompute"] == "full"
     axolotl = RECIPES / "axolotl_llama3_qlora.yml"
     shipped = axolotl.read_text().replace("optimizer: paged_adamw_8bit",
                                           "optimizer: paged_adamw_32bit")
     path = _write(tmp_path, "qlora.yml", shipped)
-    assert "optimizer = 'paged_adamw_32bit': not modelled" in fails("memory", "--recipe", path)
+    from gptcalc.training_setup import OPTIMIZERS
+
+    if "paged_adamw" in OPTIMIZERS:  # bitsandbytes' PagedAdamW, 32-bit states
+        assert memory("--recipe", path) == memory("--recipe", AXOLOTL, "--optimizer",
+                                                  "paged_adamw")
+    else:  # not among gptcalc's optimizers
+        assert "optimizer = 'paged_adamw_32bit': this optimizer is not modelled" in fails(
+            "memory", "--recipe", path)
 
 
 def test_recipe_and_config_together_is_one_line(tmp_path):
@@ -254,18 +337,21 @@ def test_recipe_and_config_together_is_one_line(tmp_path):
 def test_a_hub_id_the_recipe_names_is_read_through_the_cache(tmp_path):
     from .test_hf_hub import LLAMA31_8B, gptcalc, hub_cache
 
-    home = hub_cache(tmp_path / "hf", "NousResearch/Meta-Llama-3-8B", LLAMA31_8B)
-    r = gptcalc("memory", "--recipe", AXOLOTL, "--json", home=home)
+    # a Hub id with no preset of its sizes (a known one answers as its preset, offline)
+    recipe = _write(tmp_path, "qlora.yml", Path(AXOLOTL).read_text().replace(
+        "NousResearch/Meta-Llama-3-8B", "my-org/llama-3-8b-finetune"))
+    home = hub_cache(tmp_path / "hf", "my-org/llama-3-8b-finetune", LLAMA31_8B)
+    r = gptcalc("memory", "--recipe", recipe, "--json", home=home)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["config"]["n_kv_head"] == 8 and out["setup"]["lora_rank"] == 32
     assert out["recipe"]["kind"] == "axolotl"
 
 
-def test_the_trainer_keys_are_transformers_own():
-    # every TrainingArguments key gptcalc reads or ignores is a field of transformers' own
-    # dataclass (training_args.py read as text: importing transformers takes seconds), or one
-    # of run_clm.py's model and data arguments, or a name older releases used
+def test_the_trainer_table_is_transformers_own_fields():
+    # every field of transformers' TrainingArguments is read or ignored with its reason
+    # (training_args.py read as text: importing transformers takes seconds), and every key of
+    # the table is one of them or a name older releases used
     spec = importlib.util.find_spec("transformers")
     if spec is None or spec.origin is None:
         pytest.skip("transformers is not installed")
@@ -274,16 +360,26 @@ def test_the_trainer_keys_are_transformers_own():
                and n.name == "TrainingArguments")
     fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
     older = {"evaluation_strategy", "overwrite_output_dir", "save_safetensors", "logging_dir",
-             "warmup_ratio", "group_by_length"}
-    script = set(hf_trainer.IGNORED_SCRIPT) | {"model_name_or_path", "torch_dtype", "dtype",
-                                               "block_size", "max_seq_length"}
-    named = set(hf_trainer.IGNORED_FIELDS) | set(hf_trainer.OFF) | set(hf_trainer.READ)
-    assert named - fields - script - older == set()
+             "hub_private", "warmup_ratio", "group_by_length"}
+    table = set(hf_trainer.TRAINER_KEYS)
+    assert fields - table == set()
+    assert table - fields - older == set()
+
+
+def test_the_torchtitan_table_is_its_job_config():
+    # JobConfig's fields at e347b1e5 (tests/recipes/torchtitan_job_config_fields.txt, listed
+    # from torchtitan/config/job_config.py's dataclasses): each has an entry in the table
+    from gptcalc.recipes.base import entry
+
+    lines = (RECIPES / "torchtitan_job_config_fields.txt").read_text().splitlines()
+    fields = [x for x in lines if x and not x.startswith("#")]
+    assert len(fields) > 100
+    assert [f for f in fields if entry(torchtitan.KEYS, f) is None] == []
 
 
 def test_reading_a_recipe_imports_yaml_only_for_yaml():
     code = ("import sys; from gptcalc.recipes import read_recipe; "
-            f"read_recipe({TITAN!r}); assert 'yaml' not in sys.modules, 'yaml'; "
+            f"read_recipe({TITAN!r}, {{'gpus': 8}}); assert 'yaml' not in sys.modules, 'yaml'; "
             f"read_recipe({TUNE!r}); assert 'yaml' in sys.modules; "
             "assert 'torch' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -303,7 +399,7 @@ def test_the_fixtures_read_every_kind():
     ("deep.yaml", "base_model: x\nk: " + "[" * 200 + "]" * 200 + "\n", "nests deeper"),
     ("bad.yaml", "base_model: [\n", "not valid YAML"),
     ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
-    ("odd.yaml", "name: x\n", "neither a torchtune config"),
+    ("odd.yaml", "name: x\n", "not a recipe gptcalc reads"),
     ("bad.toml", "[model\n", "not valid TOML"),
     ("bad.json", "{", "not valid JSON"),
     ("gpt.args", "--num-layers 'two\n", "not an argument list"),
@@ -355,3 +451,24 @@ def test_save_config_keeps_what_the_recipe_set(recipe, tmp_path):
     saved = str(tmp_path / "effective.toml")
     assert memory("--recipe", recipe, "--save-config", saved)["peak"] == memory(
         "--config", saved)["peak"]
+
+
+def test_a_trl_yaml_takes_sftconfigs_own_defaults(tmp_path):
+    # trl/trainer/sft_config.py and base_config.py (huggingface/trl at f2cd5771): max_length
+    # 1024, gradient_checkpointing True, bf16 True unless fp16; ModelConfig's dtype float32 and
+    # lora_r 16, lora_dropout 0.05 under use_peft
+    path = _write(tmp_path, "sft.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\n")
+    typed = ["--preset", "qwen2.5-0.5b", "--impl", "transformers", "-B", "8", "--mode", "amp",
+             "--recompute", "full", "--seq-len", "1024", "--no-keep-logits"]
+    assert memory("--recipe", path) == memory(*typed)
+    fp16 = _write(tmp_path, "fp16.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nfp16: true\n"
+                                         "gradient_checkpointing: false\nmax_length: 512\n")
+    assert memory("--recipe", fp16) == memory(*typed[:-7], "--autocast-dtype", "fp16",
+                                              "--recompute", "none", "--seq-len", "512",
+                                              "--no-keep-logits")
+    peft = _write(tmp_path, "peft.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\n")
+    assert "use_peft without lora_dropout: TRL's default of 0.05" in fails(
+        "memory", "--recipe", peft)
+    peft0 = _write(tmp_path, "peft0.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\n"
+                                           "use_peft: true\nlora_dropout: 0\n")
+    assert memory("--recipe", peft0) == memory(*typed, "--lora-rank", "16")

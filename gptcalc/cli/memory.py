@@ -20,7 +20,7 @@ from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit
 from .options import (assumptions, click_option, current_recipe, deepspeed_settings,
                       deepspeed_workload, describe, model_options, training_options,
-                      training_setup)
+                      training_setup, world_size_option)
 from .render import emit_json, envelope, print_line, print_table
 
 # ranks (GPUs) per node, for the host memory a node needs: an 8-GPU server (DGX/HGX)
@@ -28,6 +28,7 @@ DEFAULT_GPUS_PER_NODE = 8
 
 
 @click.command("memory")
+@world_size_option
 @model_options
 @training_options()
 @click_option(OPTIONS["gpu"])

@@ -78,16 +78,20 @@ def model_options(command: Callable) -> Callable:
     def wrapper(**kwargs: Any) -> Any:
         picked = {k: kwargs.pop(k) for k in MODEL_KEYS}
         recipe = picked.pop("recipe")
-        if recipe is not None:
+        if recipe:
             _with_recipe(recipe, picked, kwargs)
+        _with_world(kwargs)
         save_to = picked.pop("save_config")
         if save_to is not None and not str(save_to).lower().endswith(FORMATS):
             raise ConfigError("save_config", f"{save_to}: the file name must end in .toml or .json")
-        setup = resolve_setup(**picked)
-        ctx = click.get_current_context()
-        ctx.meta[_SECTIONS_KEY] = dict(setup.sections)
-        ctx.meta[_SETUP_KEY] = setup
-        result = command(model=(setup.config, setup.workload), **kwargs)
+        try:
+            setup = resolve_setup(**picked)
+            ctx = click.get_current_context()
+            ctx.meta[_SECTIONS_KEY] = dict(setup.sections)
+            ctx.meta[_SETUP_KEY] = setup
+            result = command(model=(setup.config, setup.workload), **kwargs)
+        except ConfigError as e:
+            raise _recipe_error(e) from None
         if save_to is not None:  # after the command, so it can record its own sections
             write_config_file(save_to, setup.config, setup.workload, ctx.meta[_SECTIONS_KEY])
         return result
@@ -97,21 +101,81 @@ def model_options(command: Callable) -> Callable:
     return wrapper
 
 
-def _with_recipe(path: str, picked: dict[str, Any], kwargs: dict[str, Any]) -> None:
-    """Fill the options not typed from --recipe's file (`gptcalc.recipes`), in place, and in
+def _with_recipe(paths: tuple[str, ...], picked: dict[str, Any],
+                 kwargs: dict[str, Any]) -> None:
+    """Fill the options not typed from --recipe's files (`gptcalc.recipes`), in place, and in
     the context's parameters as if typed; the command's own options only."""
-    from ..recipes import apply_recipe, read_recipe
+    from ..recipes import apply_recipe, read_recipes
 
     if picked.get("config") is not None:
         raise ConfigError("recipe", "give --recipe or --config, not both")
-    given = {**picked, **kwargs}
-    recipe = read_recipe(path, {k: v for k, v in given.items() if v not in (None, ())})
     ctx = click.get_current_context()
+    # a command without the parallel layout answers the same on any world: one rank stands in
+    world = typed_gpus() if _GPUS_KEY in ctx.meta or "dp" in kwargs else 1
+    given = {**picked, **kwargs, "gpus": world}
+    recipe = read_recipes(paths, {k: v for k, v in given.items() if v not in (None, ())})
     ctx.meta[_RECIPE_KEY] = (recipe, dict(given))
     for keyword, value in apply_recipe(recipe, given).items():
         target = picked if keyword in picked else kwargs if keyword in kwargs else None
         if target is not None:
             target[keyword] = ctx.params[keyword] = value
+
+
+_GPUS_KEY = "gptcalc.gpus"
+
+
+def world_size_option(command: Callable) -> Callable:
+    """Add --gpus N, the world size: a recipe's placeholders for it (-1, "auto", a launcher's
+    process count) resolve against it, and without a recipe that sets the data-parallel size
+    it is --dp = N over --tp x --pp x --cp. Outside model_options, so the recipe sees it."""
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        gpus = kwargs.pop("gpus")
+        if gpus is not None and not 1 <= gpus <= 2**20:
+            raise ConfigError("gpus", f"must be a whole number from 1 to {2**20:,}, got {gpus}")
+        click.get_current_context().meta[_GPUS_KEY] = gpus
+        return command(**kwargs)
+
+    return click.option("--gpus", "gpus", type=int, default=None, metavar="N",
+                        help="The world size (GPUs in all): a recipe's -1, auto or process "
+                             "count resolves against it; --dp is N / (tp x pp x cp) unless "
+                             "given.")(wrapper)
+
+
+def typed_gpus() -> int | None:
+    """--gpus of the running command, or None."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_GPUS_KEY) if ctx else None
+
+
+def _with_world(kwargs: dict[str, Any]) -> None:
+    """--gpus N as the data-parallel size when neither --dp nor a recipe gave one: N over the
+    other degrees; with --dp given, their product must be N."""
+    gpus = typed_gpus()
+    if gpus is None or "dp" not in kwargs:
+        return
+    ctx = click.get_current_context()
+    others = 1
+    for name in ("tp", "pp", "cp"):
+        value = kwargs.get(name)
+        others *= value if isinstance(value, int) and value > 0 else 1
+    if kwargs.get("dp") is None:
+        if gpus % others:
+            raise ConfigError("gpus", f"{gpus} is not a multiple of tp x pp x cp = {others}")
+        kwargs["dp"] = ctx.params["dp"] = gpus // others
+    elif kwargs["dp"] * others != gpus:
+        raise ConfigError("gpus", f"{gpus} is not dp x tp x pp x cp = {kwargs['dp'] * others}")
+
+
+def _recipe_error(error: ConfigError) -> ConfigError:
+    """An error about a value --recipe set, naming the recipe's file and key."""
+    current = current_recipe()
+    if current is None:
+        return error
+    from ..recipes import recipe_error
+
+    return recipe_error(current[0], current[1], error)
 
 
 def current_recipe() -> tuple[Any, dict[str, Any]] | None:

@@ -3,7 +3,11 @@
 Keys as axolotl's shipped examples spell them (examples/llama-3/*.yml,
 axolotl-ai-cloud/axolotl at ba1be71d), read as axolotl reads them:
 
-- `base_model` is a Hub id or a folder (--hf-config);
+- `base_model` is a Hub id or a folder: a Hub id with a preset of its published sizes is
+  --preset, any other --hf-config;
+- Liger's plugin with `liger_fused_linear_cross_entropy` is --loss fused (its RMSNorm, SwiGLU
+  and RoPE kernels are not modelled); `fp8` is torchao's float8 Linears (--float8
+  tensorwise); `attn_implementation` as the Trainer's;
 - `bf16` (true or "auto") loads the model in bf16 (utils/config's normalize_config:
   cfg.torch_dtype) and autocasts through the Trainer: a full fine-tune is pure bf16 (--mode
   bf16); under `adapter` lora/qlora PEFT keeps the adapters fp32 over the 16-bit base
@@ -21,53 +25,86 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import Reading, Recipe
-from .hf_trainer import model_path, trainer_settings
+from .base import READ, Reading, Recipe, ignored, off, shown
+from .hf_trainer import attention, model, trainer_settings
+from .hf_trainer import targets as lora_targets
 
-IGNORED = (
-    "model_type", "tokenizer_type", "tokenizer_config", "trust_remote_code", "strict",
-    "datasets", "test_datasets", "dataset_prepared_path", "val_set_size", "output_dir",
-    "lora_model_dir", "sample_packing", "eval_sample_packing", "pad_to_sequence_len",
-    "lora_alpha", "peft_use_rslora", "lora_fan_in_fan_out", "wandb_project", "wandb_entity",
-    "wandb_watch", "wandb_name", "wandb_run_id", "wandb_log_model", "num_epochs", "max_steps",
-    "lr_scheduler", "learning_rate", "cosine_min_lr_ratio", "tf32", "resume_from_checkpoint",
-    "auto_resume_from_checkpoints", "logging_steps", "warmup_steps", "warmup_ratio",
-    "evals_per_epoch", "saves_per_epoch", "eval_steps", "save_steps", "save_strategy",
-    "eval_strategy", "save_total_limit", "weight_decay", "special_tokens", "tokens",
-    "hub_model_id", "hub_strategy", "chat_template", "train_on_inputs", "group_by_length",
-    "seed", "max_grad_norm", "early_stopping_patience", "local_rank", "debug",
-    "flash_attention", "sdp_attention", "xformers_attention", "gradient_checkpointing_kwargs",
-    "dataset_processes", "eval_table_size", "eval_max_new_tokens", "logging_dir",
-    "load_best_model_at_end", "save_safetensors", "hf_use_auth_token", "is_llama_derived_model",
-    "fsdp_final_state_dict_type", "gptq", "bnb_config_kwargs",
-)
-OFF = {"load_in_8bit": False, "torch_compile": False, "peft_use_dora": False,
-       "lora_modules_to_save": None, "unsloth_lora_mlp": False, "unsloth_lora_qkv": False,
-       "unsloth_lora_o": False, "liger_rms_norm": False, "liger_glu_activation": False,
-       "liger_fused_linear_cross_entropy": False, "liger_rope": False, "plugins": None,
-       "lora_dropout": 0.0}
-READ = ("base_model", "base_model_config", "load_in_4bit", "adapter", "sequence_len", "lora_r",
+_SETTINGS = ignored("data, logging, saving, the tokenizer or a hyperparameter")
+_LIGER = off(False, "Liger's RMSNorm, LayerNorm, SwiGLU and RoPE kernels are not modelled")
+# the one table of an axolotl config's keys (axolotl's examples and its config schema,
+# src/axolotl/utils/schemas/config.py, at ba1be71d)
+KEYS: dict[str, tuple] = {
+    **dict.fromkeys((
+        "model_type", "tokenizer_type", "tokenizer_config", "trust_remote_code", "strict",
+        "datasets", "test_datasets", "dataset_prepared_path", "val_set_size", "output_dir",
+        "lora_model_dir", "sample_packing", "eval_sample_packing", "pad_to_sequence_len",
+        "lora_alpha", "peft_use_rslora", "lora_fan_in_fan_out", "wandb_project",
+        "wandb_entity", "wandb_watch", "wandb_name", "wandb_run_id", "wandb_log_model",
+        "num_epochs", "max_steps", "lr_scheduler", "learning_rate", "cosine_min_lr_ratio",
+        "cosine_constant_lr_ratio", "tf32", "resume_from_checkpoint",
+        "auto_resume_from_checkpoints", "logging_steps", "warmup_steps", "warmup_ratio",
+        "evals_per_epoch", "saves_per_epoch", "eval_steps", "save_steps", "save_strategy",
+        "eval_strategy", "save_total_limit", "save_only_model", "weight_decay",
+        "special_tokens", "tokens", "eot_tokens", "hub_model_id", "hub_strategy",
+        "chat_template", "train_on_inputs", "group_by_length", "seed", "max_grad_norm",
+        "early_stopping_patience", "local_rank", "debug", "gradient_checkpointing_kwargs",
+        "dataset_processes", "eval_table_size", "eval_max_new_tokens", "logging_dir",
+        "load_best_model_at_end", "save_safetensors", "hf_use_auth_token",
+        "is_llama_derived_model", "fsdp_final_state_dict_type", "gptq", "bnb_config_kwargs",
+        "loss_watchdog_threshold", "loss_watchdog_patience", "ddp_find_unused_parameters",
+        "flex_attn_compile_kwargs"), _SETTINGS),
+    # the attention kernels: flash and SDPA save what --attn sdpa counts
+    **dict.fromkeys(("flash_attention", "sdp_attention"), ignored("a flash/SDPA kernel, as "
+                                                                  "gptcalc counts")),
+    "xformers_attention": off(False, "xformers' attention is not modelled"),
+    "load_in_8bit": off(False, "LLM.int8 weights are not modelled"),
+    "torch_compile": off(False, "axolotl's torch.compile of the model is not modelled"),
+    "peft_use_dora": off(False, "DoRA's magnitude vectors and their activations are not "
+                                "modelled"),
+    "lora_modules_to_save": off(None, "fully trained modules beside the adapters are not "
+                                      "modelled"),
+    "unfrozen_parameters": off(None, "training some parameters and freezing the rest is not "
+                                     "modelled"),
+    **dict.fromkeys(("unsloth_lora_mlp", "unsloth_lora_qkv", "unsloth_lora_o"),
+                    off(False, "unsloth's LoRA kernels are not modelled")),
+    **dict.fromkeys(("liger_rms_norm", "liger_layer_norm", "liger_glu_activation",
+                     "liger_rope"), _LIGER),
+    "lora_dropout": off(0.0, "LoRA dropout (the dropped input each adapter saves) is not "
+                             "modelled"),
+    **dict.fromkeys((
+        "base_model", "base_model_config", "load_in_4bit", "adapter", "sequence_len", "lora_r",
         "lora_target_linear", "lora_target_modules", "micro_batch_size",
         "gradient_accumulation_steps", "optimizer", "bf16", "fp16", "gradient_checkpointing",
-        "deepspeed", "fsdp", "fsdp_config", "fsdp_version")
+        "deepspeed", "fsdp", "fsdp_config", "fsdp_version", "plugins",
+        "liger_fused_linear_cross_entropy", "attn_implementation", "fp8",
+        "fp8_enable_fsdp_float8_all_gather"), READ),
+}
+PLUGINS = ("axolotl.integrations.liger.LigerPlugin",
+           "axolotl.integrations.liger.plugin.LigerPlugin")
 
 
 def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Recipe:
     """An axolotl config (parsed YAML) as options."""
     r = Reading(path, "axolotl")
-    for key, value in doc.items():
-        if key in READ:
-            continue
-        if key in OFF:
-            if value not in (OFF[key], None, []) and not (key == "lora_dropout" and value == 0):
-                r.refuse(key, value)
-            r.ignore(key, "off")
-        elif key in IGNORED:
-            r.ignore(key, "data, logging, saving, the tokenizer or a hyperparameter")
-        else:
-            raise r.unknown(key)
-    model = doc.get("base_model_config") or doc.get("base_model")
-    r.set("base_model", "hf_config", model_path(r, "base_model", model))
+    r.walk(doc, KEYS)
+    key = "base_model_config" if doc.get("base_model_config") else "base_model"
+    model(r, key, doc.get(key), given)
+    plugins = doc.get("plugins") or []
+    if not isinstance(plugins, list) or any(p not in PLUGINS for p in plugins):
+        r.refuse("plugins", plugins, "plugins other than Liger's are not modelled")
+    if r.flag("liger_fused_linear_cross_entropy",
+              doc.get("liger_fused_linear_cross_entropy", False)):
+        if not plugins:
+            raise r.fail("liger_fused_linear_cross_entropy without the LigerPlugin in plugins")
+        r.set("liger_fused_linear_cross_entropy", "loss", "fused")
+    attention(r, doc)
+    if r.flag("fp8", doc.get("fp8", False)):  # torchao's Float8Linear, tensorwise scaling
+        sharded = doc.get("fsdp") or doc.get("fsdp_config")
+        if sharded and not r.flag("fp8_enable_fsdp_float8_all_gather",
+                                  doc.get("fp8_enable_fsdp_float8_all_gather", False)):
+            r.refuse("fp8_enable_fsdp_float8_all_gather", False,
+                     "float8 Linears with bf16 all-gathers are not modelled")
+        r.set("fp8", "float8", "tensorwise")
     if doc.get("sequence_len") is not None:
         r.set("sequence_len", "seq_len", r.count("sequence_len", doc["sequence_len"]))
     r.set("micro_batch_size", "batch_size",
@@ -81,12 +118,9 @@ def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Reci
         if doc.get("lora_target_linear"):
             targets = "all"
         else:
-            modules = doc.get("lora_target_modules") or []
-            if isinstance(modules, str):
-                modules = [modules]
-            targets = ",".join(r.text("lora_target_modules", m) for m in modules)
-            if not targets:
+            if not doc.get("lora_target_modules"):
                 raise r.fail("a LoRA adapter needs lora_target_modules or lora_target_linear")
+            targets = lora_targets(r, "lora_target_modules", doc["lora_target_modules"])
         r.set("lora_target_linear" if targets == "all" else "lora_target_modules",
               "lora_targets", targets)
         if four_bit or adapter == "qlora":
@@ -101,11 +135,14 @@ def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Reci
     if "gradient_checkpointing" in doc:
         settings["gradient_checkpointing"] = doc["gradient_checkpointing"]
     if doc.get("fsdp") or doc.get("fsdp_config"):
-        config = {k.removeprefix("fsdp_"): v for k, v in (doc.get("fsdp_config") or {}).items()}
+        raw = doc.get("fsdp_config") or {}
+        if not isinstance(raw, dict):
+            raise r.fail(f"fsdp_config must be a mapping, got {shown(raw)}")
+        config = {str(k).removeprefix("fsdp_"): v for k, v in raw.items()}
         config["version"] = doc.get("fsdp_version", config.get("version", 1))
         settings["fsdp"] = doc.get("fsdp") or True
         settings["fsdp_config"] = config
-    trainer_settings(r, settings, weights, adapters=adapter in ("lora", "qlora"))
+    trainer_settings(r, settings, weights, adapters=adapter in ("lora", "qlora"), given=given)
     return r.recipe()
 
 

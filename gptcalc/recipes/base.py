@@ -1,6 +1,9 @@
 """What every recipe reader shares: `Recipe` (the options a training recipe stands for, the
-keys it read, the keys it knowingly ignored, the values gptcalc does not model) and `Reading`,
-the builder a reader fills key by key.
+keys it read, the keys it knowingly ignored, the keys it does not know, the values gptcalc does
+not model), `Reading`, the builder a reader fills key by key, and the entries of a reader's one
+table of keys: `READ`, `ignored(why)`, `off(value)` (changes nothing at that value, refused at
+any other) and `refused(why)`. Only a refused value stops the command; a key missing from the
+table is listed as unread.
 
 A recipe's value becomes an option's value (`gptcalc.schema.OPTIONS`), as if it had been typed;
 an option typed beside `--recipe` wins over it. A value gptcalc does not model is refused with
@@ -18,6 +21,51 @@ from ..errors import MAX_SIZE, ConfigError
 from ..schema import OPTIONS
 
 NOT_MODELLED = "not modelled"
+SHOWN = 60  # characters of a value quoted in an error line; a recipe's values can be huge
+
+# the entries of a reader's table of keys; a key "section.*" stands for every key under it
+READ = ("read",)
+
+
+def ignored(why: str) -> tuple[str, str]:
+    """A key that changes neither the memory nor the time of a step, and why."""
+    return ("ignored", why)
+
+
+def off(value: Any, why: str = NOT_MODELLED) -> tuple[str, Any, str]:
+    """A key that changes nothing at `value` (or when empty), and is refused at any other."""
+    return ("off", value, why)
+
+
+def refused(why: str) -> tuple[str, str]:
+    """A key whose every value changes the step in a way gptcalc does not model."""
+    return ("refused", why)
+
+
+def shown(value: Any) -> str:
+    """A recipe's value as an error line quotes it: its repr, cut to SHOWN characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit for str()
+        text = "<a number of more than 4300 digits>"
+    text = " ".join(text.split())
+    return text if len(text) <= SHOWN else text[:SHOWN - 3] + "..."
+
+
+def entry(table: dict[str, tuple], key: str) -> tuple | None:
+    """`key`'s entry in a reader's table: its own, else its nearest section's ("a.*")."""
+    if key in table:
+        return table[key]
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        section = ".".join(parts[:n]) + ".*"
+        if section in table:
+            return table[section]
+    return None
+
+
+def empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, dict, str)) and not value)
 
 
 @dataclass(frozen=True)
@@ -35,6 +83,9 @@ class Recipe:
     read: tuple[tuple[str, str], ...] = ()
     ignored: tuple[tuple[str, str], ...] = ()
     refused: dict[str, tuple[str, str]] = field(default_factory=dict)
+    unread: tuple[str, ...] = ()
+    launcher: bool = False  # a launcher's config: its engine and precision win over a recipe's
+    parts: tuple[Recipe, ...] = ()  # a recipe with its launcher's config: the two files
 
 
 class Reading:
@@ -47,6 +98,8 @@ class Reading:
         self.read: list[tuple[str, str]] = []
         self.ignored: list[tuple[str, str]] = []
         self.refused: dict[str, tuple[str, str]] = {}
+        self.unread: list[str] = []
+        self.launcher = False
 
     def fail(self, message: str) -> ConfigError:
         """The one-line error of a bad recipe, naming the file."""
@@ -69,7 +122,7 @@ class Reading:
                option: str | None = None) -> None:
         """The recipe asks for what gptcalc does not model: an error now, or, when `option`
         can stand in for it, an error only if that option is not given."""
-        text = f"{key} = {value!r}: {why}"
+        text = f"{key} = {shown(value)}: {why}"
         if option is None:
             raise self.fail(text)
         self.refused[option] = (key, text + f" (give {OPTIONS[option].cli} to count another)")
@@ -77,26 +130,57 @@ class Reading:
     def count(self, key: str, value: Any, low: int = 1) -> int:
         """A whole number of the recipe, at least `low`."""
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_SIZE:
-            raise self.fail(f"{key} must be a whole number >= {low}, got {value!r}")
+            raise self.fail(f"{key} must be a whole number >= {low}, got {shown(value)}")
         return value
 
     def flag(self, key: str, value: Any) -> bool:
+        """true/false; YAML and argument files also spell them "true"/"false" (any case)."""
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
         if not isinstance(value, bool):
-            raise self.fail(f"{key} must be true or false, got {value!r}")
+            raise self.fail(f"{key} must be true or false, got {shown(value)}")
         return value
 
     def text(self, key: str, value: Any) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(f"{key} must be a non-empty string, got {value!r}")
+        if not isinstance(value, str) or not value.strip() or "\0" in value:
+            raise self.fail(f"{key} must be a non-empty string, got {shown(value)}")
         return value.strip()
 
-    def unknown(self, key: str, known: Any = None) -> ConfigError:
-        hint = f"; {self.kind} keys gptcalc reads or ignores: {', '.join(known)}" if known else ""
-        return self.fail(f"unknown key {key!r} of a {self.kind} recipe{hint}")
+    def world(self, key: str, value: Any, given: dict[str, Any], parts: int = 1) -> int:
+        """The data-parallel ranks a placeholder (`value`: -1, "auto", a launcher's process
+        count) stands for: --gpus over the `parts` ranks each replica spans; asked for when
+        --gpus is not given, never taken as 1."""
+        gpus = given.get("gpus")
+        if gpus is None:
+            raise self.fail(f"{key} = {shown(value)} is the world's ranks, which the file does "
+                            f"not give: give --gpus N (or --dp)")
+        if gpus % parts:
+            raise self.fail(f"{key} = {shown(value)}: --gpus {gpus} is not a multiple of the "
+                            f"{parts} ranks each data-parallel replica spans")
+        return gpus // parts
+
+    def walk(self, keys: dict[str, Any], table: dict[str, tuple]) -> None:
+        """Every key by its entry in `table`: ignored ones recorded with their reason, a value
+        the table refuses an error, keys not in it listed as unread; READ keys are left to the
+        reader."""
+        for key, value in keys.items():
+            key = str(key)  # YAML allows numbers as keys
+            e = entry(table, key)
+            if e is None:
+                self.unread.append(key)
+            elif e[0] == "ignored":
+                self.ignore(key, e[1])
+            elif e[0] == "off":
+                if not (empty(value) or value == e[1] or (value is False and e[1] == 0)):
+                    raise self.fail(f"{key} = {shown(value)}: {e[2]}")
+                self.ignore(key, "off")
+            elif e[0] == "refused":
+                raise self.fail(f"{key} = {shown(value)}: {e[1]}")
 
     def recipe(self) -> Recipe:
         return Recipe(self.path, self.kind, dict(self.values), tuple(self.read),
-                      tuple(self.ignored), dict(self.refused))
+                      tuple(self.ignored), dict(self.refused), tuple(self.unread),
+                      self.launcher)
 
 
 def flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -121,4 +205,5 @@ def section_of(key: str, sections: dict[str, str]) -> str | None:
     return None
 
 
-__all__ = ["NOT_MODELLED", "Reading", "Recipe", "flatten", "section_of"]
+__all__ = ["NOT_MODELLED", "READ", "Reading", "Recipe", "entry", "flatten", "ignored", "off",
+           "refused", "section_of", "shown"]

@@ -1,20 +1,43 @@
-"""Hugging Face TrainingArguments (a JSON file, as `HfArgumentParser.parse_json_file` reads it)
-as gptcalc's options, and the settings the Trainer shares with axolotl.
+"""Hugging Face TrainingArguments as gptcalc's options: a JSON file (as
+`HfArgumentParser.parse_json_file` reads it) or a TRL / alignment-handbook YAML recipe
+(`trl sft --config`, alignment-handbook's recipes/*/config_*.yaml: TrainingArguments plus TRL's
+model, script and SFT fields), and the settings the Trainer shares with axolotl and
+LLaMA-Factory.
 
-Keys as transformers' TrainingArguments spells them (transformers/training_args.py, 5.24), and
-the model and data arguments of the example scripts that read the same file
+Keys as transformers' TrainingArguments spells them (transformers/training_args.py, 5.24), TRL's
+ModelConfig, ScriptArguments and SFTConfig (trl/trainer/model_config.py, sft_config.py, at
+huggingface/trl f2cd5771) and the example scripts' model and data arguments
 (examples/pytorch/language-modeling/run_clm.py: model_name_or_path, torch_dtype, block_size).
 What each setting does there:
 
+- `model_name_or_path`: a Hub id whose published config is a preset answers as that preset
+  (`gptcalc.recipes.models`), counted as transformers' modules save it (--impl transformers)
+  where that profile measures the family, as --hf-config would; any other id or a folder is
+  --hf-config;
 - `bf16`/`fp16` autocast the forward over the weights the model was loaded in: fp32 unless
-  `torch_dtype` says otherwise (--mode amp; bf16 weights: --mode bf16); under a DeepSpeed
-  config its "auto" bf16 section takes `bf16` (--mode mixed);
+  `torch_dtype` says otherwise (--mode amp; bf16 weights: --mode bf16); PEFT keeps LoRA adapters
+  fp32 over a 16-bit base (--mode amp); under a DeepSpeed config its "auto" bf16 section takes
+  `bf16` (--mode mixed);
 - `gradient_checkpointing` (`activation_checkpointing` from 5.x) checkpoints every decoder
   layer (--recompute full);
 - `fsdp` is FSDP2 unless `fsdp_config.version` is 1: full_shard is reshard_after_forward True
   (ZeRO-3), shard_grad_op False (ZeRO-2); its MixedPrecisionPolicy under bf16 is --mode mixed;
-- `optim` names the optimizer (OptimizerNames); the Trainer frees the logits before backward
-  (--no-keep-logits).
+- `deepspeed` names a ds_config: found beside the recipe or in a folder above it (LLaMA-Factory
+  and alignment-handbook write paths from the repository's root), else asked for with
+  --deepspeed-config; under DeepSpeed or FSDP the world size is the launcher's, not the
+  file's: --gpus (or --dp, or a launcher config beside the recipe), asked for without them;
+- `optim` names the optimizer (OptimizerNames); `torch_compile` compiles the model, whose
+  forward computes the loss from the labels (--compile model); the Trainer frees the logits
+  before backward (--no-keep-logits);
+- TRL's `use_peft` with `lora_r` and `lora_target_modules` ("all-linear": --lora-targets all),
+  `load_in_4bit` with `bnb_4bit_quant_type: nf4` and `use_bnb_nested_quant` (QLoRA:
+  --weights-dtype nf4, nf4-dq nested); `max_length` (`max_seq_length` before TRL 0.20) is the
+  row length (--seq-len);
+- `attn_implementation`: flash_attention_2, sdpa and their kernels save what --attn sdpa
+  counts; eager saves the attention probabilities (--attn manual);
+- a TRL or alignment-handbook YAML takes SFTConfig's own defaults where the file is silent:
+  `max_length` 1024, `gradient_checkpointing` true, `bf16` true unless `fp16`; ModelConfig's
+  `lora_dropout` of 0.05 under `use_peft` is not modelled.
 """
 
 from __future__ import annotations
@@ -22,76 +45,143 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import Reading, Recipe
+from .base import READ, Reading, Recipe, ignored, off, refused, shown
+from ..presets import PRESETS
+from ..training_setup import OPTIMIZERS
+from .models import TRANSFORMERS_MODELLED, hub_preset
 
 # OptimizerNames -> gptcalc's optimizer
 OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw",
          "adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit",
-         "paged_adamw_8bit": "paged_adamw8bit", "adafactor": "adafactor", "sgd": "sgd"}
-# TrainingArguments fields that change nothing a step holds on the device
-IGNORED_FIELDS = (
-    "output_dir", "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type",
-    "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio", "optim_args", "weight_decay",
-    "adam_beta1", "adam_beta2", "adam_epsilon", "average_tokens_across_devices",
-    "max_grad_norm", "label_smoothing_factor", "bf16_full_eval", "fp16_full_eval", "tf32",
-    "gradient_checkpointing_kwargs", "activation_checkpointing_kwargs",
-    "torch_compile_backend", "torch_compile_mode", "neftune_noise_alpha",
-    "torch_empty_cache_steps", "logging_dir", "logging_strategy", "logging_steps",
-    "logging_first_step", "log_on_each_node", "logging_nan_inf_filter",
-    "include_num_input_tokens_seen", "log_level", "log_level_replica", "disable_tqdm",
-    "report_to", "run_name", "project", "eval_strategy", "evaluation_strategy", "eval_steps",
-    "eval_delay", "per_device_eval_batch_size", "prediction_loss_only", "eval_on_start",
-    "eval_do_concat_batches", "eval_use_gather_object", "eval_accumulation_steps",
-    "include_for_metrics", "batch_eval_metrics", "save_only_model", "save_strategy",
-    "save_steps", "save_on_each_node", "save_total_limit", "save_safetensors",
-    "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id",
-    "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end",
-    "metric_for_best_model", "greater_is_better", "ignore_data_skip",
-    "restore_callback_states_from_checkpoint", "full_determinism", "seed", "data_seed",
-    "accelerator_config", "dataloader_drop_last", "dataloader_num_workers",
-    "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
-    "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns",
-    "label_names", "train_sampling_strategy", "group_by_length", "length_column_name",
-    "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
-    "ddp_static_graph", "ddp_backend", "ddp_timeout", "debug", "skip_memory_metrics",
-    "do_train", "do_eval", "do_predict", "resume_from_checkpoint", "local_rank",
-    "overwrite_output_dir", "use_cache",
-)
-# run_clm.py's ModelArguments and DataTrainingArguments that change nothing a step holds
-IGNORED_SCRIPT = (
-    "config_name", "tokenizer_name", "cache_dir", "use_fast_tokenizer", "model_revision",
-    "token", "trust_remote_code", "low_cpu_mem_usage", "dataset_name", "dataset_config_name",
-    "train_file", "validation_file", "max_train_samples", "max_eval_samples", "streaming",
-    "validation_split_percentage", "overwrite_cache", "preprocessing_num_workers",
-    "keep_linebreaks", "model_type", "config_overrides",
-)
-OFF = {"torch_compile": False, "use_liger_kernel": False, "auto_find_batch_size": False,
-       "parallelism_config": None, "liger_kernel_config": None, "optim_target_modules": None,
-       "use_cpu": False}
-READ = ("model_name_or_path", "torch_dtype", "dtype", "block_size", "max_seq_length",
-        "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
-        "gradient_checkpointing", "activation_checkpointing", "optim", "deepspeed", "fsdp",
-        "fsdp_config")
+         "paged_adamw_8bit": "paged_adamw8bit", "adafactor": "adafactor", "sgd": "sgd",
+         "lion_32bit": "lion"}
+# bitsandbytes' PagedAdamW (32-bit states), where gptcalc's optimizers include it
+if "paged_adamw" in OPTIMIZERS:
+    OPTIM.update(paged_adamw_32bit="paged_adamw", paged_adamw="paged_adamw")
+ATTN = {"flash_attention_2": "sdpa", "flash_attention_3": "sdpa", "sdpa": "sdpa",
+        "kernels-community/flash-attn": "sdpa", "eager": "manual"}
+_LOGGING = ignored("logging, saving, evaluation or the hub")
+_HYPER = ignored("a hyperparameter or the schedule")
+_DATA = ignored("the data and its loading")
+_LOOP = ignored("the training loop's bookkeeping")
+_PREFERENCE = refused("a preference step (a policy and a reference model on chosen and "
+                      "rejected sequences) is not modelled")
+# the one table of TrainingArguments' fields (transformers 5.24), each read or ignored with
+# its reason; a test keeps it equal to TrainingArguments.__dataclass_fields__
+TRAINER_KEYS: dict[str, tuple] = {
+    **dict.fromkeys(("output_dir", "logging_strategy", "logging_steps", "logging_first_step",
+                     "log_on_each_node", "logging_nan_inf_filter",
+                     "include_num_input_tokens_seen", "log_level", "log_level_replica",
+                     "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id",
+                     "trackio_bucket_id", "trackio_static_space_id", "eval_strategy",
+                     "eval_steps", "eval_delay", "per_device_eval_batch_size",
+                     "prediction_loss_only", "eval_on_start", "eval_do_concat_batches",
+                     "eval_use_gather_object", "eval_accumulation_steps", "include_for_metrics",
+                     "batch_eval_metrics", "save_only_model", "save_strategy", "save_steps",
+                     "save_on_each_node", "save_total_limit", "enable_jit_checkpoint",
+                     "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id",
+                     "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end",
+                     "metric_for_best_model", "greater_is_better", "bf16_full_eval",
+                     "fp16_full_eval", "skip_memory_metrics", "do_train", "do_eval",
+                     "do_predict", "resume_from_checkpoint", "debug",
+                     "restore_callback_states_from_checkpoint", "ignore_data_skip",
+                     "evaluation_strategy", "logging_dir", "save_safetensors",
+                     "overwrite_output_dir", "hub_private"), _LOGGING),
+    **dict.fromkeys(("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type",
+                     "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio", "optim_args",
+                     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+                     "max_grad_norm", "label_smoothing_factor", "neftune_noise_alpha",
+                     "seed", "data_seed", "full_determinism",
+                     "average_tokens_across_devices"), _HYPER),
+    **dict.fromkeys(("dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory",
+                     "dataloader_persistent_workers", "dataloader_prefetch_factor",
+                     "dataloader_multiprocessing_context", "dataloader_in_order",
+                     "remove_unused_columns", "label_names", "train_sampling_strategy",
+                     "group_by_length", "length_column_name"), _DATA),
+    **dict.fromkeys(("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
+                     "ddp_static_graph", "ddp_backend", "ddp_timeout", "local_rank",
+                     "accelerator_config", "torch_empty_cache_steps", "use_cache"), _LOOP),
+    "tf32": ignored("TF32 matmuls: speed, not memory"),
+    "gradient_checkpointing_kwargs": ignored("use_reentrant: how the checkpoint reruns, not "
+                                             "what it saves"),
+    "activation_checkpointing_kwargs": ignored("how the checkpoint reruns, not what it saves"),
+    "torch_compile_backend": ignored("read only with torch_compile"),
+    "torch_compile_mode": ignored("read only with torch_compile"),
+    "use_liger_kernel": off(False, "Liger's kernels (RMSNorm, SwiGLU, RoPE and the fused "
+                                   "loss together) are not modelled"),
+    "liger_kernel_config": off(None, "Liger's kernels are not modelled"),
+    "auto_find_batch_size": off(False, "the batch the Trainer finds is not in the file"),
+    "parallelism_config": off(None, "accelerate's parallelism config is not modelled"),
+    "optim_target_modules": off(None, "GaLore-style optimizers are not modelled"),
+    "use_cpu": off(False, "training on the CPU"),
+    **dict.fromkeys(("per_device_train_batch_size", "gradient_accumulation_steps", "bf16",
+                     "fp16", "gradient_checkpointing", "activation_checkpointing", "optim",
+                     "deepspeed", "fsdp", "fsdp_config", "torch_compile"), READ),
+}
+# TRL's ModelConfig, ScriptArguments and SFTConfig, the example scripts' and the
+# alignment-handbook's own fields
+MODEL_KEYS: dict[str, tuple] = {
+    **dict.fromkeys(("model_name_or_path", "torch_dtype", "dtype", "attn_implementation",
+                     "use_peft", "lora_r", "lora_target_modules", "load_in_4bit",
+                     "bnb_4bit_quant_type", "use_bnb_nested_quant", "block_size",
+                     "max_seq_length", "max_length"), READ),
+    **dict.fromkeys(("model_revision", "trust_remote_code", "config_name", "tokenizer_name",
+                     "cache_dir", "use_fast_tokenizer", "token", "low_cpu_mem_usage",
+                     "model_type", "config_overrides", "tokenizer_name_or_path",
+                     "chat_template", "eos_token", "pad_token"),
+                    ignored("where the model, tokenizer or chat template come from")),
+    **dict.fromkeys(("dataset_name", "dataset_config", "dataset_config_name",
+                     "dataset_train_split", "dataset_test_split", "dataset_mixture",
+                     "dataset_num_proc", "dataset_text_field", "dataset_kwargs",
+                     "dataset_streaming", "train_file", "validation_file", "max_train_samples",
+                     "max_eval_samples", "streaming", "validation_split_percentage",
+                     "overwrite_cache", "preprocessing_num_workers", "keep_linebreaks",
+                     "gradient_checkpointing_use_reentrant", "ignore_bias_buffers"), _DATA),
+    # TRL's packing fills each row to max_length, which --seq-len counts; without it rows are
+    # at most max_length, which --seq-len counts as the step that peaks
+    **dict.fromkeys(("packing", "packing_strategy", "padding_free", "pad_to_multiple_of",
+                     "completion_only_loss", "assistant_only_loss", "shuffle_dataset",
+                     "eval_packing"), ignored("how rows are filled: --seq-len is the row")),
+    "lora_alpha": ignored("the adapters' scale, a number in the forward"),
+    "lora_task_type": ignored("the PEFT task's name"),
+    "use_rslora": ignored("the adapters' scale"),
+    "lora_dropout": off(0.0, "LoRA dropout (the dropped input each adapter saves) is not "
+                             "modelled"),
+    "use_dora": off(False, "DoRA's magnitude vectors and their activations are not modelled"),
+    "lora_modules_to_save": off(None, "fully trained modules beside the adapters are not "
+                                      "modelled"),
+    "load_in_8bit": off(False, "LLM.int8 weights are not modelled"),
+    "bnb_4bit_quant_storage": off("uint8", "4-bit weights stored in another dtype are not "
+                                           "modelled"),
+    "bnb_4bit_compute_dtype": ignored("the dtype the 4-bit weights are dequantised to for "
+                                      "the matmul, transient"),
+    **dict.fromkeys(("beta", "loss_type", "max_prompt_length", "max_completion_length",
+                     "ref_model_init_kwargs", "precompute_ref_log_probs", "rpo_alpha",
+                     "reference_free", "generate_during_eval", "num_generations"),
+                    _PREFERENCE),
+}
+KEYS = {**TRAINER_KEYS, **MODEL_KEYS}
+# TRL's SFTConfig defaults that differ from TrainingArguments' (trl/trainer/sft_config.py and
+# base_config.py at f2cd5771): rows of at most 1024 tokens, every layer checkpointed, bf16
+# autocast unless fp16 (set below)
+TRL_DEFAULTS = {"max_length": 1024, "gradient_checkpointing": True}
 
 
 def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Recipe:
-    """TrainingArguments (a parsed JSON object) as options."""
-    r = Reading(path, "Hugging Face TrainingArguments")
-    for key, value in doc.items():
-        if key in READ:
-            continue
-        if key in OFF:
-            if value not in (OFF[key], None):
-                r.refuse(key, value)
-            r.ignore(key, "off")
-        elif key in IGNORED_FIELDS or key in IGNORED_SCRIPT:
-            r.ignore(key, "logging, saving, evaluation, data or a hyperparameter")
-        else:
-            raise r.unknown(key)
+    """TrainingArguments, with TRL's and the example scripts' fields (a parsed JSON object or
+    YAML mapping), as options."""
+    kind = "Hugging Face TrainingArguments" if path.suffix.lower() == ".json" else \
+        "TRL / alignment-handbook"
+    r = Reading(path, kind)
+    r.walk(doc, KEYS)
+    if kind != "Hugging Face TrainingArguments":
+        defaults = {**TRL_DEFAULTS, "bf16": not doc.get("fp16", False)}
+        if "max_seq_length" in doc or "block_size" in doc:  # older spellings of max_length
+            del defaults["max_length"]
+        doc = {**defaults, **doc}
     if "model_name_or_path" in doc:
-        r.set("model_name_or_path", "hf_config", model_path(r, "model_name_or_path",
-                                                            doc["model_name_or_path"]))
-    for key in ("block_size", "max_seq_length"):
+        model(r, "model_name_or_path", doc["model_name_or_path"], given)
+    for key in ("block_size", "max_seq_length", "max_length"):
         if doc.get(key) is not None:
             r.set(key, "seq_len", r.count(key, doc[key]))
     r.set("per_device_train_batch_size", "batch_size",
@@ -101,8 +191,70 @@ def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
     dtype = doc.get("torch_dtype", doc.get("dtype"))
     weights = "bf16" if dtype in ("bfloat16", "bf16") else (
         "fp32" if dtype in (None, "auto", "float32", "fp32") else dtype)
-    trainer_settings(r, doc, weights, adapters=False)
+    peft = r.flag("use_peft", doc.get("use_peft", False))
+    if peft and kind != "Hugging Face TrainingArguments" and "lora_dropout" not in doc:
+        raise r.fail("use_peft without lora_dropout: TRL's default of 0.05 (the dropped input "
+                     "each adapter saves) is not modelled; lora_dropout: 0 counts without it")
+    if peft:
+        _peft(r, doc)
+    elif doc.get("load_in_4bit"):
+        raise r.fail("load_in_4bit without use_peft: a 4-bit base is frozen")
+    attention(r, doc)
+    trainer_settings(r, doc, weights, adapters=peft, given=given)
     return r.recipe()
+
+
+def _peft(r: Reading, doc: dict[str, Any]) -> None:
+    """TRL's ModelConfig: LoRA of rank lora_r (16 by default) on lora_target_modules (PEFT's
+    default for the family when absent), over a 4-bit base with load_in_4bit."""
+    r.set("lora_r", "lora_rank", r.count("lora_r", doc.get("lora_r", 16)))
+    modules = doc.get("lora_target_modules")
+    if modules is not None:
+        r.set("lora_target_modules", "lora_targets", targets(r, "lora_target_modules", modules))
+    if r.flag("load_in_4bit", doc.get("load_in_4bit", False)):
+        kind = doc.get("bnb_4bit_quant_type", "nf4")
+        if kind != "nf4":
+            r.refuse("bnb_4bit_quant_type", kind, "4-bit weights other than NF4 are not "
+                                                  "modelled", option="weights_dtype")
+        nested = r.flag("use_bnb_nested_quant", doc.get("use_bnb_nested_quant", False))
+        r.set("load_in_4bit", "weights_dtype", "nf4-dq" if nested else "nf4")
+
+
+def targets(r: Reading, key: str, modules: Any) -> str:
+    """LoRA target modules (a list, or one name; "all-linear"/"all" is PEFT's all-linear) as
+    --lora-targets."""
+    if isinstance(modules, str):
+        modules = [m for m in modules.replace(",", " ").split() if m]
+    if not isinstance(modules, list) or not modules:
+        raise r.fail(f"{key} must be a list of module names, got {shown(modules)}")
+    names = [r.text(key, m) for m in modules]
+    return "all" if names in (["all-linear"], ["all"]) else ",".join(names)
+
+
+def attention(r: Reading, doc: dict[str, Any], key: str = "attn_implementation") -> None:
+    value = doc.get(key)
+    if value is None:
+        return
+    if not isinstance(value, str) or value not in ATTN:
+        r.refuse(key, value, "this attention implementation is not modelled", option="attn")
+        return
+    r.set(key, "attn", ATTN[value])
+
+
+def model(r: Reading, key: str, value: Any, given: dict[str, Any]) -> None:
+    """The model a recipe names: a Hub id with a preset of its published sizes as --preset,
+    any other as --hf-config (a relative folder taken from the recipe's own)."""
+    if given.get("preset") or given.get("hf_config"):
+        r.ignore(key, "the model typed beside the recipe")
+        return
+    text = r.text(key, value)
+    preset = hub_preset(text)
+    if preset is not None and not (r.path.parent / text).exists():
+        r.set(key, "preset", preset)
+        if PRESETS[preset].hub in TRANSFORMERS_MODELLED:  # the Trainer runs transformers' model
+            r.set(key, "impl", "transformers")
+    else:
+        r.set(key, "hf_config", model_path(r, key, text))
 
 
 def model_path(r: Reading, key: str, value: Any) -> str:
@@ -113,10 +265,46 @@ def model_path(r: Reading, key: str, value: Any) -> str:
     return str(beside) if not Path(text).is_absolute() and beside.exists() else text
 
 
-def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bool) -> None:
-    """Precision, recomputation, optimizer, DeepSpeed and FSDP as the Trainer reads them;
-    `weights`: the dtype the model was loaded in (fp32, bf16); `adapters`: LoRA adapters,
-    which PEFT keeps in fp32 over a 16-bit base."""
+def file_beside(r: Reading, key: str, value: Any) -> Path | None:
+    """A file a recipe names by a relative path: beside it, or below one of the folders above
+    it (recipes name files from their repository's root); None when none holds it."""
+    text = r.text(key, value)
+    if len(text) > 4096:
+        raise r.fail(f"{key}: a path of {len(text):,} characters")
+    p = Path(text)
+    if p.is_absolute():
+        return p if p.is_file() else None
+    for folder in (r.path.parent, *r.path.parent.parents):
+        try:
+            if (folder / p).is_file():
+                return folder / p
+        except OSError:  # a name too long for the file system
+            raise r.fail(f"{key}: {shown(text)} is not a path this system can open") from None
+    return None
+
+
+def deepspeed_file(r: Reading, key: str, value: Any, given: dict[str, Any]) -> None:
+    """A ds_config named by path: --deepspeed-config when found, else asked for (unless it was
+    typed)."""
+    if given.get("deepspeed_config"):
+        r.ignore(key, "--deepspeed-config typed beside the recipe")
+        return
+    if not isinstance(value, str):
+        raise r.fail(f"{key} must name a ds_config file, got {shown(value)}; give the file "
+                     f"with --deepspeed-config")
+    found = file_beside(r, key, value)
+    if found is None:
+        raise r.fail(f"{key}: {shown(value)} is not beside the recipe nor in a folder above "
+                     f"it; give it with --deepspeed-config FILE")
+    r.set(key, "deepspeed_config", str(found))
+
+
+def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bool,
+                     given: dict[str, Any] | None = None) -> None:
+    """Precision, recomputation, compilation, optimizer, DeepSpeed and FSDP as the Trainer
+    reads them; `weights`: the dtype the model was loaded in (fp32, bf16); `adapters`: LoRA
+    adapters, which PEFT keeps in fp32 over a 16-bit base."""
+    given = given or {}
     bf16, fp16 = doc.get("bf16", False), doc.get("fp16", False)
     if bf16 == "auto":  # axolotl: bf16 where the GPU has it, as every current one does
         bf16 = True
@@ -125,9 +313,7 @@ def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bo
     if fp16:
         r.set("fp16", "autocast_dtype", "fp16")
     if ds:
-        if not isinstance(ds, str):
-            r.refuse("deepspeed", "(an inline object)", "give the ds_config as a file")
-        r.set("deepspeed", "deepspeed_config", model_path(r, "deepspeed", ds))
+        deepspeed_file(r, "deepspeed", ds, given)
         mode = "mixed" if bf16 or fp16 else "fp32"
     elif weights == "bf16" and not adapters:
         mode = "bf16"
@@ -139,6 +325,11 @@ def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bo
     fsdp, fsdp_ckpt = doc.get("fsdp"), False
     if fsdp:
         mode, fsdp_ckpt = _fsdp(r, fsdp, doc.get("fsdp_config") or {}, bf16 or fp16)
+    elif doc.get("fsdp_config"):
+        r.ignore("fsdp_config", "read only with fsdp")
+    if (ds or fsdp) and not given.get("dp"):  # launched on every rank the launcher has
+        key = "deepspeed" if ds else "fsdp"
+        r.set(key, "dp", r.world(key, "(all ranks)", given))
     if mode:
         r.set("bf16/fp16", "mode", mode)
     ckpt = doc.get("activation_checkpointing", doc.get("gradient_checkpointing", False))
@@ -147,12 +338,14 @@ def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bo
         r.refuse("gradient_checkpointing", ckpt, option="recompute")
     else:
         r.set("gradient_checkpointing", "recompute", "full" if ckpt else "none")
+    if r.flag("torch_compile", doc.get("torch_compile", False)):
+        r.set("torch_compile", "compile", "model")
     key = "optimizer" if "optimizer" in doc else "optim"  # axolotl's spelling, the Trainer's
     optim = doc.get(key, "adamw_torch")
-    if optim in OPTIM:
+    if isinstance(optim, str) and optim in OPTIM:
         r.set(key, "optimizer", OPTIM[optim])
     else:
-        r.refuse(key, optim, option="optimizer")
+        r.refuse(key, optim, "this optimizer is not modelled", option="optimizer")
     r.set("(training loop)", "keep_logits", False)
 
 
@@ -160,16 +353,27 @@ def _fsdp(r: Reading, fsdp: Any, config: Any, mixed: bool) -> tuple[str, bool]:
     """FSDP through accelerate (TrainingArguments._process_fsdp_args, transformers 5.24): the
     mode, and whether fsdp_config checkpoints every layer."""
     if not isinstance(config, dict):
-        raise r.fail(f"fsdp_config must be an object, got {config!r}")
-    items = fsdp.split() if isinstance(fsdp, str) else ([] if fsdp is True else list(fsdp))
-    if int(config.get("version", config.get("fsdp_version", 2))) != 2:
+        raise r.fail(f"fsdp_config must be an object, got {shown(config)}")
+    if isinstance(fsdp, str):
+        items = fsdp.split()
+    elif fsdp is True:
+        items = []
+    elif isinstance(fsdp, list) and all(isinstance(x, str) for x in fsdp):
+        items = list(fsdp)
+    else:
+        raise r.fail(f"fsdp must be a string or a list of strings, got {shown(fsdp)}")
+    version = config.get("version", config.get("fsdp_version", 2))
+    if str(version) not in ("1", "2"):
+        raise r.fail(f"fsdp_config.version is 1 or 2, got {shown(version)}")
+    if str(version) != "2":
         r.refuse("fsdp_config.version", 1, "FSDP1's flat parameters are not modelled")
     if "offload" in items or config.get("cpu_offload") or config.get("offload_params"):
         r.refuse("fsdp", fsdp, "FSDP's CPU offload is not modelled")
     reshard = "shard_grad_op" not in items
     reshard = config.get("reshard_after_forward", reshard)
     if str(reshard).lower() not in ("true", "false"):
-        raise r.fail(f"fsdp_config.reshard_after_forward must be true or false, got {reshard!r}")
+        raise r.fail(f"fsdp_config.reshard_after_forward must be true or false, got "
+                     f"{shown(reshard)}")
     r.set("fsdp", "engine", "fsdp2")
     r.set("fsdp_config.reshard_after_forward", "zero",
           3 if str(reshard).lower() == "true" else 2)
@@ -181,4 +385,6 @@ def _fsdp(r: Reading, fsdp: Any, config: Any, mixed: bool) -> tuple[str, bool]:
     return ("mixed" if mixed else "fp32"), ckpt
 
 
-__all__ = ["OPTIM", "model_path", "read_hf_trainer", "trainer_settings"]
+__all__ = ["KEYS", "MODEL_KEYS", "OPTIM", "TRAINER_KEYS", "attention", "deepspeed_file",
+           "file_beside", "model", "model_path", "read_hf_trainer", "targets",
+           "trainer_settings"]

@@ -1,5 +1,6 @@
 """A Megatron-LM argument file (the `--flag value` list that pretrain_gpt.py takes, as
-examples/gpt3/train_gpt3_175b_distributed.sh writes it) as gptcalc's options.
+examples/gpt3/train_gpt3_175b_distributed.sh writes it), or that launch script itself (its
+NAME=( ... ) arrays of arguments), as gptcalc's options.
 
 Flags as Megatron-LM spells them (megatron/training/arguments.py, NVIDIA/Megatron-LM core_r0.12):
 
@@ -20,11 +21,12 @@ Flags as Megatron-LM spells them (megatron/training/arguments.py, NVIDIA/Megatro
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
-from .base import Reading, Recipe
+from .base import Reading, Recipe, shown
 
 # flags that change nothing a step holds on the device
 IGNORED = (
@@ -40,7 +42,8 @@ IGNORED = (
     "attention-backend", "no-position-embedding",
     "data-cache-path", "mock-data", "wandb-project", "wandb-exp-name", "ckpt-format",
     "use-checkpoint-args", "exit-interval", "no-load-optim", "no-load-rng", "finetune",
-    "rampup-batch-size",  # the global batch's ramp: the micro-batch stays
+    "rampup-batch-size", "step-batch-size-schedule",  # the global batch's ramp: the
+    # micro-batch stays
 )
 FLAGS = ("sequence-parallel", "bf16", "fp16", "use-distributed-optimizer", "swiglu",
          "untie-embeddings-and-output-weights", "disable-bias-linear", "add-qkv-bias",
@@ -55,6 +58,21 @@ READ = ("num-layers", "hidden-size", "num-attention-heads", "ffn-hidden-size", "
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}  # GPT-2's BPE vocabulary
 
 
+ARRAY = re.compile(r"^[ \t]*([A-Za-z_][A-Za-z0-9_]*)=\((.*?)^[ \t]*\)", re.M | re.S)
+
+
+def script_args(text: str) -> str | None:
+    """The training arguments of a launch script written as Megatron-LM's examples write them
+    (examples/gpt3/train_gpt3_175b_distributed.sh: bash arrays GPT_MODEL_ARGS=( ... ),
+    TRAINING_ARGS=( ... ), ... handed to pretrain_gpt.py), joined; the launcher's own array
+    (DISTRIBUTED_ARGS: torchrun's --nproc_per_node, --nnodes) is left out. None when the text
+    holds no such array."""
+    arrays = [(name, body) for name, body in ARRAY.findall(text)]
+    if not arrays:
+        return None
+    return "\n".join(body for name, body in arrays if "DISTRIBUTED" not in name.upper())
+
+
 def parse_args(text: str, r: Reading) -> dict[str, Any]:
     """`--flag value ...` and `--flag` tokens (shell quoting, # comments and line
     continuations as a shell reads them) as {flag: value, a list of values, or True}."""
@@ -67,7 +85,7 @@ def parse_args(text: str, r: Reading) -> dict[str, Any]:
     while i < len(tokens):
         tok = tokens[i]
         if not tok.startswith("--"):
-            raise r.fail(f"expected a --flag, got {tok!r}")
+            raise r.fail(f"expected a --flag, got {shown(tok)}")
         name, eq, value = tok[2:].partition("=")
         if eq:
             out[name] = value
@@ -84,24 +102,33 @@ def parse_args(text: str, r: Reading) -> dict[str, Any]:
 def _int(r: Reading, args: dict[str, Any], flag: str, default: int | None = None) -> int | None:
     if flag not in args:
         return default
+    if isinstance(args[flag], str) and args[flag].startswith("$"):
+        raise r.fail(f"--{flag}: the shell variable {shown(args[flag])} is set when the script "
+                     f"runs; give its value in an argument file")
     try:
         return r.count(f"--{flag}", int(args[flag]))
     except (TypeError, ValueError):
-        raise r.fail(f"--{flag} must be a whole number, got {args[flag]!r}") from None
+        raise r.fail(f"--{flag} must be a whole number, got {shown(args[flag])}") from None
 
 
 def read_megatron(text: str, path: Path, given: dict[str, Any]) -> Recipe:
     """A Megatron-LM argument file as options; `given`: the options typed beside it (--dp
     gives the data-parallel size)."""
     r = Reading(path, "Megatron-LM")
+    arrays = script_args(text)
+    if arrays is not None:
+        text = arrays
+    elif text.lstrip().startswith("#!"):
+        raise r.fail("a shell script without the NAME=( --flag value ... ) arrays Megatron-LM's "
+                     "examples hand to pretrain_gpt.py; give its arguments as a file")
     args = parse_args(text, r)
     for flag, value in args.items():
         if flag in IGNORED and flag not in READ:
             r.ignore(f"--{flag}", "data, logging, checkpoints, a hyperparameter or a kernel")
         elif flag not in READ:
-            raise r.unknown(f"--{flag}")
+            r.unread.append(f"--{flag}")
         elif flag in FLAGS and value is not True:
-            raise r.fail(f"--{flag} takes no value, got {value!r}")
+            raise r.fail(f"--{flag} takes no value, got {shown(value)}")
     if "num-experts" in args:
         r.refuse("--num-experts", args["num-experts"])
     _model(r, args, given)
@@ -154,7 +181,7 @@ def _model(r: Reading, args: dict[str, Any], given: dict[str, Any]) -> None:
                  "one dropout probability for every site is modelled", option="dropout")
     r.set("--hidden-dropout", "dropout", hidden)
     tp = _int(r, args, "tensor-model-parallel-size", 1)
-    vocab = _int(r, args, "vocab-size", TOKENIZER_VOCAB.get(args.get("tokenizer-type")))
+    vocab = _int(r, args, "vocab-size", TOKENIZER_VOCAB.get(str(args.get("tokenizer-type"))))
     if vocab is None:
         r.refuse("--tokenizer-type", args.get("tokenizer-type"), "its vocabulary size is not "
                  "in the file", option="vocab_size")

@@ -15,8 +15,14 @@ read them: recipes/full_finetune_*.py, recipes/lora_finetune_*.py; pytorch/torch
 - `enable_activation_checkpointing` wraps every transformer layer (--recompute full);
 - `loss: CEWithChunkedOutputLoss` is --loss chunked (its num_output_chunks, 8 by default);
 - the recipes free the logits before backward (`del logits`): --no-keep-logits;
-- the distributed recipes shard with FSDP2 (`fsdp_reshard_after_forward`, True by default, is
-  ZeRO-3) over the world's ranks, which the file does not give: --dp.
+- the recipe script, not the config, decides whether a run is distributed (`tune run
+  --nproc_per_node N full_finetune_distributed --config FILE`): on --gpus N above 1 (or --dp),
+  or when the file sets `fsdp_*` keys, the distributed recipes shard with FSDP2
+  (`fsdp_reshard_after_forward`, True by default, is ZeRO-3) over every rank; the world size
+  is not in the file, and a file with `fsdp_*` keys asks for it; without either, one device;
+- `compile: True` compiles each layer and the loss (--compile model);
+  `enable_activation_offloading` is --offload-activations; `LinearCrossEntropyLoss` is chunked
+  like CEWithChunkedOutputLoss (--loss chunked).
 """
 
 from __future__ import annotations
@@ -25,68 +31,68 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .base import Reading, Recipe, flatten, section_of
+from ..presets import did_you_mean
+from ..training_setup import OPTIMIZERS as GPTCALC_OPTIMIZERS
+from .base import READ, Reading, Recipe, flatten, ignored, off, shown
+from .models import TORCHTUNE, torchtune_preset
 
 COMPONENT = re.compile(r"torchtune\.models\.(\w+)\.(lora_|qlora_)?(\w+)")
-# torchtune's model builders (torchtune/models/*/_model_builders.py) -> (preset, overrides):
-# Llama 3.1's tensors are Llama 3's (its longer context and rotary scaling change no tensor)
-MODELS: dict[str, tuple[str, dict[str, int]]] = {
-    "llama2_7b": ("llama2-7b", {}),
-    "llama3_8b": ("llama3-8b", {}),
-    "llama3_70b": ("llama3-70b", {}),
-    "llama3_1_8b": ("llama3-8b", {}),
-    "llama3_1_70b": ("llama3-70b", {}),
-    "llama3_1_405b": ("llama3.1-405b", {}),
-}
 # lora_attn_modules' names -> gptcalc's
 ATTN_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "output_proj": "o"}
 OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw",
               "bitsandbytes.optim.AdamW8bit": "adamw8bit",
               "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw8bit",
               "torch.optim.SGD": "sgd"}
+if "paged_adamw" in GPTCALC_OPTIMIZERS:  # bitsandbytes' PagedAdamW, 32-bit states
+    OPTIMIZERS.update({"bitsandbytes.optim.PagedAdamW": "paged_adamw",
+                       "bitsandbytes.optim.PagedAdamW32bit": "paged_adamw"})
+# the chunked losses: torchtune's CEWithChunkedOutputLoss and LinearCrossEntropyLoss (the head's
+# output made and upcast one chunk at a time inside the loss) save what --loss chunked counts
 LOSSES = {"torchtune.modules.loss.CEWithChunkedOutputLoss": "chunked",
+          "torchtune.modules.loss.LinearCrossEntropyLoss": "chunked",
           "torch.nn.CrossEntropyLoss": "standard"}
-SECTIONS = {
-    "checkpointer": "where the weights are read and written",
-    "dataset": "the data", "metric_logger": "logging", "profiler": "the profiler",
-    "lr_scheduler": "the learning-rate schedule", "output_dir": "an output folder",
-    "seed": "seeding", "shuffle": "the data order", "epochs": "how many steps",
-    "max_steps_per_epoch": "how many steps", "log_every_n_steps": "logging",
-    "log_peak_memory_stats": "logging", "log_level": "logging",
-    "resume_from_checkpoint": "checkpoints", "save_adapter_weights_only": "checkpoints",
-    "low_cpu_ram": "host memory while loading", "clip_grad_norm": "gradient clipping",
-    "custom_sharded_layers": "FSDP's wrapping of the embeddings and head",
-    "run_val_every_n_steps": "validation", "dataset_val": "validation",
-    "tokenizer": "the tokenizer",
-    "optimizer": "the optimizer's hyperparameters",
-    "model.lora_alpha": "the adapters' scale, a number in the forward",
-}
-OFF = {"compile": False, "enable_activation_offloading": False, "fsdp_cpu_offload": False,
-       "model.use_dora": False, "model.lora_dropout": 0.0}
-READ = ("model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp",
+# the one table of a torchtune config's keys
+KEYS: dict[str, tuple] = {
+    "checkpointer.*": ignored("where the weights are read and written"),
+    "dataset.*": ignored("the data"), "metric_logger.*": ignored("logging"),
+    "profiler.*": ignored("the profiler"),
+    "lr_scheduler.*": ignored("the learning-rate schedule"),
+    "output_dir": ignored("an output folder"), "seed": ignored("seeding"),
+    "shuffle": ignored("the data order"), "epochs": ignored("how many steps"),
+    "max_steps_per_epoch": ignored("how many steps"), "log_every_n_steps": ignored("logging"),
+    "log_peak_memory_stats": ignored("logging"), "log_level": ignored("logging"),
+    "resume_from_checkpoint": ignored("checkpoints"),
+    "save_adapter_weights_only": ignored("checkpoints"),
+    "low_cpu_ram": ignored("host memory while loading"),
+    "clip_grad_norm": ignored("gradient clipping"),
+    "custom_sharded_layers": ignored("FSDP's wrapping of the embeddings and head"),
+    "run_val_every_n_steps": ignored("validation"), "dataset_val.*": ignored("validation"),
+    "batch_size_val": ignored("validation's batch, run apart from the training step"),
+    "tokenizer.*": ignored("the tokenizer"),
+    "optimizer.*": ignored("the optimizer's hyperparameters"),
+    "model.lora_alpha": ignored("the adapters' scale, a number in the forward"),
+    "tensor_parallel_plan.*": ignored("read only with tensor_parallel_dim above 1"),
+    "tensor_parallel_dim": off(1, "torchtune's tensor-parallel plan is not modelled"),
+    "fsdp_cpu_offload": off(False, "FSDP's CPU offload is not modelled"),
+    "model.use_dora": off(False, "DoRA's magnitude vectors and their activations are not "
+                                 "modelled"),
+    "model.lora_dropout": off(0.0, "LoRA dropout (the dropped input each adapter saves) is "
+                                   "not modelled"),
+    **dict.fromkeys((
+        "model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp",
         "model.apply_lora_to_output", "model.lora_rank", "model.quantize_base",
-        "tokenizer.max_seq_len", "batch_size",
-        "gradient_accumulation_steps", "optimizer._component_", "optimizer.momentum",
-        "optimizer_in_bwd", "loss._component_", "loss.num_output_chunks", "device", "dtype",
-        "enable_activation_checkpointing", "fsdp_reshard_after_forward")
+        "tokenizer.max_seq_len", "batch_size", "gradient_accumulation_steps",
+        "optimizer._component_", "optimizer.momentum", "optimizer_in_bwd", "loss.*", "device",
+        "dtype", "enable_activation_checkpointing", "enable_activation_offloading", "compile",
+        "fsdp_reshard_after_forward"), READ),
+}
 
 
 def read_torchtune(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Recipe:
     """A torchtune config (parsed YAML) as options."""
     r = Reading(path, "torchtune")
     keys = flatten(doc)
-    for key, value in keys.items():
-        if key in READ:
-            continue
-        if key in OFF:
-            if value not in (OFF[key], None) and not (key == "model.lora_dropout" and value == 0):
-                r.refuse(key, value)
-            r.ignore(key, "off")
-            continue
-        why = section_of(key, SECTIONS)
-        if why is None:
-            raise r.unknown(key)
-        r.ignore(key, why)
+    r.walk(keys, KEYS)
     _model(r, keys)
     if "tokenizer.max_seq_len" in keys and keys["tokenizer.max_seq_len"] is not None:
         r.set("tokenizer.max_seq_len", "seq_len",
@@ -104,7 +110,7 @@ def read_torchtune(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Re
         r.set("dtype", "mode", "bf16" if dtype == "bf16" else "fp32")
     _optimizer(r, keys)
     loss = keys.get("loss._component_", "torchtune.modules.loss.CEWithChunkedOutputLoss")
-    if loss in LOSSES:
+    if isinstance(loss, str) and loss in LOSSES:
         r.set("loss._component_", "loss", LOSSES[loss])
         if LOSSES[loss] == "chunked" and "loss.num_output_chunks" in keys:
             r.set("loss.num_output_chunks", "loss_chunks",
@@ -114,17 +120,27 @@ def read_torchtune(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Re
     ckpt = r.flag("enable_activation_checkpointing",
                   keys.get("enable_activation_checkpointing", False))
     r.set("enable_activation_checkpointing", "recompute", "full" if ckpt else "none")
+    if r.flag("enable_activation_offloading", keys.get("enable_activation_offloading", False)):
+        r.set("enable_activation_offloading", "offload_activations", True)
+    compiled = keys.get("compile", False)
+    if isinstance(compiled, dict):
+        r.refuse("compile", compiled, "compiling parts apart is not modelled", option="compile")
+    elif r.flag("compile", compiled):  # training.compile_model (each layer) and compile_loss
+        r.set("compile", "compile", "model")
     device = keys.get("device", "cuda")
     if device not in ("cuda", "cpu"):
-        raise r.fail(f"device must be cuda or cpu, got {device!r}")
+        raise r.fail(f"device must be cuda or cpu, got {shown(device)}")
     r.set("device", "device", device)
-    if "fsdp_reshard_after_forward" in keys or "fsdp_cpu_offload" in keys:
-        r.set("fsdp_*", "engine", "fsdp2")
+    distributed = "fsdp_reshard_after_forward" in keys or "fsdp_cpu_offload" in keys
+    ranks = given.get("dp") or given.get("gpus")
+    if distributed or (ranks or 1) > 1:  # `tune run --nproc_per_node N <recipe>_distributed`
+        key = "fsdp_reshard_after_forward" if distributed else "(--gpus)"
+        r.set(key, "engine", "fsdp2")
         reshard = r.flag("fsdp_reshard_after_forward", keys.get("fsdp_reshard_after_forward",
                                                                 True))
-        r.set("fsdp_reshard_after_forward", "zero", 3 if reshard else 2)
-        if not given.get("dp"):
-            r.ignore("(world size)", "not in the file: --dp gives the data-parallel ranks")
+        r.set(key, "zero", 3 if reshard else 2)
+        if not given.get("dp"):  # the distributed recipes shard over every rank
+            r.set(key, "dp", r.world(key, "(all ranks)", given))
     r.set("(training loop)", "keep_logits", False)
     return r.recipe()
 
@@ -132,19 +148,20 @@ def read_torchtune(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Re
 def _model(r: Reading, keys: dict[str, Any]) -> None:
     component = r.text("model._component_", keys.get("model._component_"))
     m = COMPONENT.fullmatch(component)
-    if not m or m.group(3) not in MODELS:
-        known = ", ".join(f"torchtune.models.<family>.[lora_|qlora_]{n}" for n in MODELS)
-        raise r.fail(f"model._component_ {component} has no gptcalc preset; known: {known}")
-    preset, sizes = MODELS[m.group(3)]
+    preset = torchtune_preset(m.group(3)) if m else None
+    if preset is None:
+        name = m.group(3) if m else component
+        raise r.fail(f"model._component_: {shown(component)} has no gptcalc preset"
+                     f"{did_you_mean(name, TORCHTUNE)}")
     r.set("model._component_", "preset", preset)
-    for option, value in sizes.items():
-        r.set("model._component_", option, value)
     if not m.group(2):
         return
     names = keys.get("model.lora_attn_modules", []) or []
+    if not isinstance(names, list):
+        raise r.fail(f"model.lora_attn_modules must be a list, got {shown(names)}")
     for name in names:
-        if name not in ATTN_TARGETS:
-            raise r.fail(f"model.lora_attn_modules: {name!r} is not one of "
+        if not isinstance(name, str) or name not in ATTN_TARGETS:
+            raise r.fail(f"model.lora_attn_modules: {shown(name)} is not one of "
                          f"{', '.join(ATTN_TARGETS)}")
     targets = [t for n, t in ATTN_TARGETS.items() if n in names]  # the model's order
     if r.flag("model.apply_lora_to_mlp", keys.get("model.apply_lora_to_mlp", False)):
@@ -161,7 +178,7 @@ def _model(r: Reading, keys: dict[str, Any]) -> None:
 
 def _optimizer(r: Reading, keys: dict[str, Any]) -> None:
     name = keys.get("optimizer._component_", "torch.optim.AdamW")
-    if name not in OPTIMIZERS:
+    if not isinstance(name, str) or name not in OPTIMIZERS:
         r.refuse("optimizer._component_", name, option="optimizer")
         return
     choice = OPTIMIZERS[name]
@@ -172,4 +189,4 @@ def _optimizer(r: Reading, keys: dict[str, Any]) -> None:
         r.set("optimizer_in_bwd", "optimizer_in_backward", True)
 
 
-__all__ = ["MODELS", "read_torchtune"]
+__all__ = ["KEYS", "read_torchtune"]
