@@ -16,20 +16,11 @@ from typing import Any
 from ..documents import MAX_DEPTH, nesting_depth, parse_document, read_text_file
 from ..errors import ConfigError
 from ..schema import OPTIONS
+# each reader module registers its formats (`base.register_format`) when imported
+from . import axolotl, hf_trainer, llamafactory, megatron, torchtitan, torchtune  # noqa: F401
 from .accelerate import is_accelerate, read_accelerate, world_of
-from .axolotl import read_axolotl
-from .base import Recipe
-from .hf_trainer import MODEL_KEYS, TRAINER_KEYS, read_hf_trainer
-from .llamafactory import read_llamafactory
-from .megatron import read_megatron
+from .base import FORMATS, Recipe, formats_for
 from .models import hub_hint
-from .torchtitan import read_torchtitan
-from .torchtune import read_torchtune
-
-KINDS = ("torchtitan", "torchtune", "axolotl", "LLaMA-Factory", "TRL / alignment-handbook",
-         "accelerate", "Hugging Face TrainingArguments", "Megatron-LM")
-# keys only LLaMA-Factory's configs hold
-LLAMAFACTORY = ("stage", "finetuning_type", "template", "cutoff_len", "lora_target")
 
 
 SCAN_DEPTH = 100  # nesting a YAML text may show before it is parsed (PyYAML is quadratic in it)
@@ -116,43 +107,30 @@ def _document(p: Path) -> tuple[Any, str]:
 
 
 def read_recipe(path: str | Path, given: dict[str, Any] | None = None) -> Recipe:
-    """The recipe at `path` as options. The kind follows the file: .toml torchtitan; .json
-    TrainingArguments; .yaml/.yml torchtune when its model names a `_component_`, axolotl when
-    it names a `base_model`, accelerate when it names a `distributed_type`, LLaMA-Factory when
-    it names a `stage` or `finetuning_type`, TRL / alignment-handbook when it names a
-    `model_name_or_path` or TrainingArguments' fields; anything else a Megatron-LM argument
-    file. `given`: the options typed beside the recipe, for what the file leaves to the
-    launcher (the world size)."""
+    """The recipe at `path` as options. The kind follows the file: its suffix (.toml, .json
+    and .yaml/.yml are parsed, any other read as text), then the first registered format of
+    that suffix that claims the document (`base.FORMATS`: torchtitan TOML; a DeepSpeed config
+    or TrainingArguments JSON; a torchtune `model._component_`, an axolotl `base_model`, an
+    accelerate `distributed_type`, a LLaMA-Factory `stage`, a TRL `model_name_or_path`; a
+    Megatron-LM argument file as text). `given`: the options typed beside the recipe, for what
+    the file leaves to the launcher (the world size)."""
     p = Path(path)
     doc, suffix = _document(p)
     return _read(doc, suffix, p, given or {})
 
 
+def kinds() -> tuple[str, ...]:
+    """The recipe kinds gptcalc reads, as registered."""
+    return tuple(FORMATS)
+
+
 def _read(doc: Any, suffix: str, p: Path, given: dict[str, Any]) -> Recipe:
-    if suffix == ".toml":
-        return read_torchtitan(doc, p, given)
-    if suffix == ".json":
-        if "zero_optimization" in doc or "train_micro_batch_size_per_gpu" in doc:
-            raise ConfigError("recipe", f"{p} is a DeepSpeed config: give it with "
-                                        f"--deepspeed-config")
-        return read_hf_trainer(doc, p, given)
-    if suffix in (".yaml", ".yml"):
-        if isinstance(doc.get("model"), dict) and "_component_" in doc["model"]:
-            return read_torchtune(doc, p, given)
-        if "base_model" in doc:
-            return read_axolotl(doc, p, given)
-        if is_accelerate(doc):
-            return read_accelerate(doc, p, given)
-        if any(k in doc for k in LLAMAFACTORY):
-            return read_llamafactory(doc, p, given)
-        if "model_name_or_path" in doc or any(k in TRAINER_KEYS or k in MODEL_KEYS
-                                              for k in doc):
-            return read_hf_trainer(doc, p, given)
-        raise ConfigError("recipe", f"{p}: not a recipe gptcalc reads (a torchtune "
-                                    f"model._component_, an axolotl base_model, an accelerate "
-                                    f"distributed_type, a LLaMA-Factory stage, a TRL "
-                                    f"model_name_or_path)")
-    return read_megatron(doc, p, given)
+    candidates = formats_for(suffix)
+    for fmt in candidates:
+        if fmt.claims(doc):
+            return fmt.read(doc, p, given)
+    raise ConfigError("recipe", f"{p}: not a recipe gptcalc reads (tried "
+                                f"{', '.join(f.kind for f in candidates) or 'none'})")
 
 
 def read_recipes(paths: Any, given: dict[str, Any] | None = None) -> Recipe:
@@ -260,5 +238,5 @@ def _line(recipe: Recipe, given: dict[str, Any], launcher: Recipe | None) -> str
     return f"recipe: {recipe.path} ({recipe.kind}): " + "; ".join(parts) + unread
 
 
-__all__ = ["KINDS", "Recipe", "apply_recipe", "combine", "read_recipe", "read_recipes",
+__all__ = ["FORMATS", "Recipe", "apply_recipe", "combine", "kinds", "read_recipe", "read_recipes",
            "recipe_error", "recipe_line"]

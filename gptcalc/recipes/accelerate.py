@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import READ, Reading, Recipe, flatten, ignored, off, shown
+from .base import READ, Reading, Recipe, flatten, ignored, off, shown, RecipeFormat, register_format
 from .hf_trainer import deepspeed_file
 
 _LAUNCH = ignored("how the processes are started and reach each other")
@@ -166,3 +166,6 @@ def _fsdp(r: Reading, keys: dict[str, Any], precision: str) -> None:
 
 
 __all__ = ["KEYS", "is_accelerate", "read_accelerate", "world_of"]
+
+register_format(RecipeFormat("accelerate", (".yaml", ".yml"), is_accelerate, read_accelerate,
+                             order=30))

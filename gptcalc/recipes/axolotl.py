@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import READ, Reading, Recipe, ignored, off, shown
+from .base import READ, Reading, Recipe, ignored, off, shown, RecipeFormat, register_format
 from .hf_trainer import attention, model, trainer_settings
 from .hf_trainer import targets as lora_targets
 
@@ -147,3 +147,6 @@ def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Reci
 
 
 __all__ = ["read_axolotl"]
+
+register_format(RecipeFormat("axolotl", (".yaml", ".yml"), lambda doc: "base_model" in doc,
+                             read_axolotl, order=20))

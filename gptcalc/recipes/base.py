@@ -207,3 +207,38 @@ def section_of(key: str, sections: dict[str, str]) -> str | None:
 
 __all__ = ["NOT_MODELLED", "READ", "Reading", "Recipe", "entry", "flatten", "ignored", "off",
            "refused", "section_of", "shown"]
+
+
+@dataclass(frozen=True)
+class RecipeFormat:
+    """One kind of recipe file: the suffixes it is written with (`TEXT` for a file read as text,
+    not parsed), whether a parsed document is of this kind (`claims`), the reader, and `order`:
+    formats sharing a suffix are asked in increasing order, the first that claims it reads it.
+    A new format is a module that calls `register_format` and its test."""
+
+    kind: str
+    suffixes: tuple[str, ...]
+    claims: Any  # Callable[[document], bool]
+    read: Any  # Callable[[document, Path, given options], Recipe]
+    order: int = 50
+
+
+TEXT = ("",)  # a recipe read as text: any suffix the parsed formats do not take
+FORMATS: dict[str, RecipeFormat] = {}
+
+
+def register_format(fmt: RecipeFormat) -> RecipeFormat:
+    """Add a recipe format to the registry (by kind; a kind registered again is replaced)."""
+    FORMATS[fmt.kind] = fmt
+    return fmt
+
+
+def unregister_format(kind: str) -> None:
+    FORMATS.pop(kind, None)
+
+
+def formats_for(suffix: str) -> list[RecipeFormat]:
+    """The formats a file with `suffix` may be, in the order they are asked."""
+    parsed = {s for f in FORMATS.values() for s in f.suffixes if s}
+    key = suffix if suffix in parsed else ""
+    return sorted((f for f in FORMATS.values() if key in f.suffixes), key=lambda f: f.order)

@@ -45,7 +45,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import READ, Reading, Recipe, ignored, off, refused, shown
+from ..errors import ConfigError
+from .base import READ, Reading, Recipe, ignored, off, refused, shown, RecipeFormat, register_format
 from ..presets import PRESETS
 from ..training_setup import OPTIMIZERS
 from .models import TRANSFORMERS_MODELLED, hub_preset
@@ -388,3 +389,19 @@ def _fsdp(r: Reading, fsdp: Any, config: Any, mixed: bool) -> tuple[str, bool]:
 __all__ = ["KEYS", "MODEL_KEYS", "OPTIM", "TRAINER_KEYS", "attention", "deepspeed_file",
            "file_beside", "model", "model_path", "read_hf_trainer", "targets",
            "trainer_settings"]
+
+def _deepspeed_config(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Recipe:
+    raise ConfigError("recipe", f"{path} is a DeepSpeed config: give it with --deepspeed-config")
+
+
+register_format(RecipeFormat(
+    "DeepSpeed config", (".json",),
+    lambda doc: "zero_optimization" in doc or "train_micro_batch_size_per_gpu" in doc,
+    _deepspeed_config, order=10))
+register_format(RecipeFormat("Hugging Face TrainingArguments", (".json",), lambda doc: True,
+                             read_hf_trainer, order=50))
+register_format(RecipeFormat(
+    "TRL / alignment-handbook", (".yaml", ".yml"),
+    lambda doc: "model_name_or_path" in doc or any(k in TRAINER_KEYS or k in MODEL_KEYS
+                                                   for k in doc),
+    read_hf_trainer, order=50))

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import READ, Reading, Recipe, ignored, off, refused, shown
+from .base import READ, Reading, Recipe, ignored, off, refused, shown, RecipeFormat, register_format
 from .hf_trainer import TRAINER_KEYS, model, targets, trainer_settings
 
 STAGES = ("sft", "pt")
@@ -147,3 +147,9 @@ def _quantization(r: Reading, doc: dict[str, Any]) -> None:
 
 
 __all__ = ["KEYS", "read_llamafactory"]
+
+# keys only LLaMA-Factory's configs hold
+LLAMAFACTORY = ("stage", "finetuning_type", "template", "cutoff_len", "lora_target")
+register_format(RecipeFormat("LLaMA-Factory", (".yaml", ".yml"),
+                             lambda doc: any(k in doc for k in LLAMAFACTORY), read_llamafactory,
+                             order=40))

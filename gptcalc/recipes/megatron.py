@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .base import Reading, Recipe, shown
+from .base import Reading, Recipe, shown, TEXT, RecipeFormat, register_format
 
 # flags that change nothing a step holds on the device
 IGNORED = (
@@ -241,3 +241,5 @@ def _recompute(r: Reading, args: dict[str, Any]) -> None:
 
 
 __all__ = ["parse_args", "read_megatron"]
+
+register_format(RecipeFormat("Megatron-LM", TEXT, lambda text: True, read_megatron))

@@ -35,7 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import READ, Reading, Recipe, flatten, ignored, off, shown
+from .base import READ, Reading, Recipe, flatten, ignored, off, shown, RecipeFormat, register_format
 
 # torchtitan's model flavors (torchtitan/models/<name>/__init__.py at e347b1e5) -> (preset,
 # overrides, positions). Llama 3: every flavor's max_seq_len is 131072 (TransformerModelArgs) and
@@ -362,3 +362,5 @@ def _recompute(r: Reading, mode: Any, option: Any) -> None:
 
 
 __all__ = ["FLAVORS", "read_torchtitan"]
+
+register_format(RecipeFormat("torchtitan", (".toml",), lambda doc: True, read_torchtitan))

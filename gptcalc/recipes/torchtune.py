@@ -33,7 +33,7 @@ from typing import Any
 
 from ..presets import did_you_mean
 from ..training_setup import OPTIMIZERS as GPTCALC_OPTIMIZERS
-from .base import READ, Reading, Recipe, flatten, ignored, off, shown
+from .base import READ, Reading, Recipe, flatten, ignored, off, shown, RecipeFormat, register_format
 from .models import TORCHTUNE, torchtune_preset
 
 COMPONENT = re.compile(r"torchtune\.models\.(\w+)\.(lora_|qlora_)?(\w+)")
@@ -190,3 +190,8 @@ def _optimizer(r: Reading, keys: dict[str, Any]) -> None:
 
 
 __all__ = ["KEYS", "read_torchtune"]
+
+register_format(RecipeFormat(
+    "torchtune", (".yaml", ".yml"),
+    lambda doc: isinstance(doc.get("model"), dict) and "_component_" in doc["model"],
+    read_torchtune, order=10))
