@@ -55,6 +55,10 @@ class GPU:
     intra_node_busbw: float | None = None  # bytes/s: NCCL ring bus bandwidth within a node
     inter_node_busbw: float | None = None  # bytes/s per GPU across nodes: its NIC's share
     fabric_source: str = ""  # where the node size and bandwidths come from
+    # shares of the dense peak that large GEMMs and a flash-type attention kernel reach in
+    # training (gptcalc.time.compute); None: the time model's defaults
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s at `precision` (one of PRECISIONS), None when there is none."""
@@ -75,6 +79,13 @@ GB = 10**9  # GB/s of a link or bus bandwidth, SI
 # github.com/NVIDIA/nccl-tests/issues/212); NVLink SHARP all-reduce reaches ~480 (ibid.) and
 # 475 GB/s on 8 H200 (github.com/NVIDIA/nccl-tests/issues/272). DGX H100 datasheet: 8 single-port
 # ConnectX-7 at 400 Gb/s, one per GPU = 50 GB/s.
+# Efficiencies FITTED (benchmarks/fit_time.py) on the fit subset of MPT's published runs
+# (llm-foundry scripts/train/benchmarking/README.md, A100 80GB and H100 80GB BF16 tables, rows
+# at even positions); docs/time.md gives the error on the rest. MPT ran Triton flash attention
+# in 2023, below FlashAttention-2's 50-73% of the A100's peak (Dao 2023) and far below
+# FlashAttention-3's 75% of the H100's (Shah et al. 2024).
+_A100_FIT = dict(matmul_efficiency=0.66, attention_efficiency=0.32)
+_H100_FIT = dict(matmul_efficiency=0.50, attention_efficiency=0.18)
 _HGX_HOPPER = dict(gpus_per_node=8, nvswitch=True, intra_node_busbw=370 * GB,
                    inter_node_busbw=50 * GB,
                    fabric_source="NVLink ring busbw 370 GB/s (github.com/NVIDIA/nccl-tests/issues/"
@@ -108,7 +119,7 @@ def _a100(name: str, memory_gib: int, bandwidth: float, form: str) -> GPU:
     # 108 SMs (NVIDIA A100 Tensor Core GPU architecture whitepaper)
     fabric = _HGX_A100 if form == "SXM" else _PCIE_GEN4
     return GPU(name, memory_gib * GiB, 19.5 * T, 156 * T, 312 * T, 312 * T, None, bandwidth,
-               f"{_A100}: A100 {memory_gib}GB {form}", sms=108, **fabric)
+               f"{_A100}: A100 {memory_gib}GB {form}", sms=108, **fabric, **_A100_FIT)
 
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
@@ -122,7 +133,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # TFLOPS "with sparsity"; dense = half: 494.7, 989.4, 989.4, 1,978.9 (Hopper whitepaper).
     # 80GB HBM3, 3.35 TB/s.
     GPU("h100-sxm", 80 * GiB, 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 1978.9 * T, 3.35 * T,
-        f"{_H100}: H100 SXM", sms=132, nvlink_sharp=True, **_HGX_HOPPER),
+        f"{_H100}: H100 SXM", sms=132, nvlink_sharp=True, **_HGX_HOPPER, **_H100_FIT),
     # H100 datasheet, PCIe: FP32 51 TFLOPS; TF32 756 / BF16 1,513 / FP16 1,513 / FP8 3,026
     # "with sparsity", dense = half. 80GB HBM2e, 2 TB/s.
     GPU("h100-pcie", 80 * GiB, 51 * T, 378 * T, 756 * T, 756 * T, 1513 * T, 2.0 * T,
