@@ -93,6 +93,14 @@ def collective_seconds(kind: str, size: float, n: int, k: int, crosses: bool, g:
     return size * factor / bw + latency
 
 
+def ddp_buckets(gradient_bytes: float) -> int:
+    """All-reduces DDP issues for `gradient_bytes` of gradients: a first bucket of
+    DDP_FIRST_BUCKET_BYTES, then buckets of DDP_BUCKET_BYTES (the gradients taken as evenly
+    divisible; DDP never splits a tensor across buckets)."""
+    rest = max(0.0, gradient_bytes - DDP_FIRST_BUCKET_BYTES)
+    return 1 + math.ceil(rest / DDP_BUCKET_BYTES)
+
+
 def gradient_bytes(setup: TrainingSetup) -> int:
     """Bytes of one gradient element as reduced: fp32 under fp32 and amp (fp32 weights), 16
     bits under mixed and bf16."""
@@ -173,7 +181,7 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
         return [c("all-gather", block * w, m * blocks * gathers, "fsdp"),
                 c("reduce-scatter", block * g, m * blocks, "fsdp")]
     total = params * g
-    buckets = 1 + math.ceil(max(0.0, total - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
+    buckets = ddp_buckets(total)
     ddp = c("all-reduce", total / buckets, buckets)
     if setup.engine == "zero-redundancy":  # DDP's all-reduce, then each shard broadcast back
         return [ddp, c("all-gather", params * w, 1)]
@@ -182,5 +190,5 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     return [ddp]
 
 
-__all__ = ["DDP_BUCKET_BYTES", "KINDS", "Collective", "collective_seconds", "collectives",
-           "placement"]
+__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "KINDS", "Collective",
+           "collective_seconds", "collectives", "ddp_buckets", "placement"]
