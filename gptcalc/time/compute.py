@@ -99,6 +99,17 @@ def _linears(cfg: GPTConfig) -> tuple:
     return tuple(block_linears(cfg))
 
 
+@lru_cache(maxsize=256)
+def _params(cfg: GPTConfig):
+    return count_params(cfg)
+
+
+@lru_cache(maxsize=256)
+def _forward(cfg: GPTConfig, seq_len: int) -> dict[str, int]:
+    """forward_flops with causal attention (never mutated by its readers)."""
+    return forward_flops(cfg, seq_len, causal=True)
+
+
 def _block_matmuls(cfg: GPTConfig, setup: TrainingSetup, tokens: float, peak: float,
                    hbm: float, fp8_peak: float | None, eff: float) -> tuple[float, float]:
     """(seconds, float8 cast bytes) of one block's Linears forward on one rank, averaged over
@@ -170,7 +181,7 @@ def micro_batch_compute(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_le
     attn_eff = g.attention_efficiency or ATTENTION_EFFICIENCY
     mm_block, cast = _block_matmuls(cfg, setup, tokens, peak, hbm, fp8_peak, eff)
     mm = blocks * (mm_block + cast / hbm)
-    fwd = forward_flops(cfg, seq_len, causal=True)
+    fwd = _forward(cfg, seq_len)
     core = (fwd["attention/scores"] + fwd["attention/values"]) * batch / setup.cp / setup.tp
     attn = blocks / cfg.n_layer * core / (peak * attn_eff)
     if setup.attn_impl == "manual":  # the S x S scores written out: fp32 softmax traffic
@@ -201,7 +212,7 @@ def micro_batch_compute(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_le
 def rank_parameters(cfg: GPTConfig, setup: TrainingSetup) -> float:
     """Parameters one rank holds before data-parallel sharding: the model's over tp, its
     heaviest pipeline stage's share of the blocks (embeddings and head beside them)."""
-    p = count_params(cfg)
+    p = _params(cfg)
     outside = p.total - p.non_embedding
     blocks = p.non_embedding * stage_blocks(cfg, setup.pp) / cfg.n_layer
     experts = (p.components.get("moe/experts", 0) * stage_blocks(cfg, setup.pp) / cfg.n_layer)

@@ -30,6 +30,7 @@ backward's matmuls) fill the gaps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..config import GPTConfig
 from ..errors import positive_int
@@ -113,10 +114,15 @@ def step_time(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
     parts = {"compute": m * compute, "recompute": m * c.recompute, "comm/tp": by["tp"],
              "comm/cp": cp, "comm/ep": by["ep"], "comm/pp": by["pp"], "comm/fsdp": fsdp,
              "comm/dp": dp, "bubble": bubble, "optimizer": optimizer_seconds(cfg, setup, g)}
-    flops = count_flops(cfg, Workload(1, seq_len)).training_total
+    flops = _model_flops(cfg, seq_len)
     global_batch = batch * m * setup.dp
     return StepTime(sum(parts.values()), global_batch * seq_len, setup.gpus,
                     flops * global_batch, require_peak(g, "bf16"), parts, timed)
+
+
+@lru_cache(maxsize=256)
+def _model_flops(cfg: GPTConfig, seq_len: int) -> int:
+    return count_flops(cfg, Workload(1, seq_len)).training_total
 
 
 def _exposed_dp(setup: TrainingSetup, timed: list[TimedCollective], backward: float,
