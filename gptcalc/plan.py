@@ -418,6 +418,9 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
             raise _Capped
         if not ev.gate(layout, largest[layout.group]):
             return None
+        full = dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[-1])
+        if by == "gpus" and full != layout and not ev.micro_batch(full):
+            return None  # the least memory at this dp does not fit: rules out the others
         b = ev.micro_batch(layout)
         if not b:
             return None
