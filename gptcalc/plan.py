@@ -255,6 +255,7 @@ class _Evaluator:
         self.failed: dict[tuple, list[tuple[int, int]]] = {}  # group -> (dp, recompute index)
         self.gates: dict[tuple, bool] = {}
         self.closest: Closest | None = None
+        self.pruned: list[tuple[Layout, TrainingSetup]] = []  # by the states bound alone
 
     def setup(self, layout: Layout) -> TrainingSetup | None:
         """The layout's set-up, None when the model or the engine refuses it."""
@@ -309,6 +310,7 @@ class _Evaluator:
         if self.states_exceed(setup):
             self.failed.setdefault(layout.group, []).append(
                 (layout.dp, PLANNED_RECOMPUTE.index(layout.recompute)))
+            self.pruned.append((layout, setup))
             return 0
         n = self.batch // layout.dp
         if layout.pp > 1:  # the smallest that fits: more micro-batches can hold more
@@ -473,6 +475,9 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         fewest = next(iter(ranked("gpus", 1)), None)
     except _Capped:
         capped = True
+    if not plans and not capped:  # the nearest miss may be among those the bound skipped
+        for layout, setup in ev.pruned:
+            ev.fail(layout, setup)
     return PlanSearch(plans, None if plans else ev.closest, len(layouts), len(ev.peaks),
                       fewest, capped)
 

@@ -88,7 +88,7 @@ def step_time(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
     """The step time of `micro_batches` micro-batches of `batch` sequences of `seq_len` tokens
     on every data-parallel replica of `setup`'s layout on `g` (module docstring); `node` GPUs
     per node (default the card's), `intra`/`inter` bus bandwidths overriding the card's."""
-    positive_int("micro_batches", micro_batches)
+    positive_int("grad_accum", micro_batches)
     node = node or g.gpus_per_node
     m = micro_batches
     c = micro_batch_compute(cfg, setup, batch, seq_len, g, precision)
