@@ -93,12 +93,14 @@ def collective_seconds(kind: str, size: float, n: int, k: int, crosses: bool, g:
     return size * factor / bw + latency
 
 
-def ddp_buckets(gradient_bytes: float) -> int:
-    """All-reduces DDP issues for `gradient_bytes` of gradients: a first bucket of
-    DDP_FIRST_BUCKET_BYTES, then buckets of DDP_BUCKET_BYTES (the gradients taken as evenly
-    divisible; DDP never splits a tensor across buckets)."""
-    rest = max(0.0, gradient_bytes - DDP_FIRST_BUCKET_BYTES)
-    return 1 + math.ceil(rest / DDP_BUCKET_BYTES)
+def ddp_buckets(gradient_bytes: float, cap: int = DDP_BUCKET_BYTES) -> int:
+    """All-reduces DDP issues for `gradient_bytes` of gradients with buckets of `cap` bytes: at
+    the default cap a first bucket of DDP_FIRST_BUCKET_BYTES, then buckets of the cap (with
+    bucket_cap_mb given, torch 2.13's DDP makes the first bucket the cap too); the gradients
+    taken as whole tensors that fill buckets exactly (DDP never splits a tensor)."""
+    first = DDP_FIRST_BUCKET_BYTES if cap == DDP_BUCKET_BYTES else cap
+    rest = max(0.0, gradient_bytes - first)
+    return 1 + math.ceil(rest / cap)
 
 
 def gradient_bytes(setup: TrainingSetup) -> int:
