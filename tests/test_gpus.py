@@ -17,7 +17,7 @@ REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb"
 KEYS = {"name", "memory_bytes", "usable_memory_bytes", "usable_source", "fp32_flops",
         "tf32_flops", "bf16_flops", "fp16_flops", "fp8_flops", "hbm_bytes_per_second", "source",
         "sms", "gpus_per_node", "nvswitch", "nvlink_sharp", "intra_node_busbw",
-        "inter_node_busbw", "fabric_source"}
+        "inter_node_busbw", "fabric_source", "matmul_efficiency", "attention_efficiency"}
 
 
 def test_catalogue_has_the_required_lowercase_ids():
@@ -184,6 +184,15 @@ def test_serve_and_infer_size_against_the_usable_figure_and_say_so():
 ])
 def test_fabric_figures(name, field, value):
     assert getattr(GPUS[name], field) == pytest.approx(value, rel=1e-12)
+
+
+def test_fitted_efficiencies_are_shares_of_the_peak():
+    # fitted on MPT's published runs (docs/time.md); a share of the dense peak, or None
+    for g in GPUS.values():
+        for share in (g.matmul_efficiency, g.attention_efficiency):
+            assert share is None or 0 < share <= 1
+    assert GPUS["a100-sxm-80gb"].matmul_efficiency == 0.66
+    assert GPUS["h100-sxm"].attention_efficiency == 0.18
 
 
 def test_every_accelerator_has_its_fabric_and_a_source():
