@@ -9,6 +9,8 @@ Sources (each row names its table):
   none, flash attention, tokens/s/GPU column "Throughput (T/s/GPU)". Model sizes from the
   llm-foundry yamls (scripts/train/yamls/pretrain/mpt-*.yaml): vocab 50,368, expansion 4, no
   biases, LayerNorm, GELU.
+- torchtitan runs are FSDP2 with MixedPrecisionPolicy (bf16 parameters, fp32 reduction and
+  shards): gptcalc's mode mixed under fsdp2.
 - torchtitan A100: pytorch/torchtitan, docs/performance.md at commit
   041336434916bdc0f88c1f89fda176fd3c2092e4, "Llama 3 performance numbers" and "Llama 2
   performance numbers": FSDP2 on 64 A100 80GB, local batch 1-2, WPS per GPU.
@@ -187,44 +189,44 @@ _TT_A100 = "torchtitan docs/performance.md @0413364"
 TORCHTITAN_A100 = [
     # Llama 3 8B/70B at seq 8192 (Llama 3's), Llama 2 13B/70B at 4096, 64 A100 80GB, FSDP2
     Run("torchtitan A100", f"{_TT_A100}, Llama 3 table", "llama3-8b", 8192, 64, 1, 1, "op",
-        2973, gpu="a100-sxm-80gb", mode="bf16"),
+        2973, gpu="a100-sxm-80gb", mode="mixed"),
     Run("torchtitan A100", f"{_TT_A100}, Llama 3 table", "llama3-70b", 8192, 64, 1, 1, "full",
-        331, gpu="a100-sxm-80gb", mode="bf16"),
+        331, gpu="a100-sxm-80gb", mode="mixed"),
     Run("torchtitan A100", f"{_TT_A100}, Llama 2 table", "llama2-13b", 4096, 64, 2, 1, "none",
-        2162, gpu="a100-sxm-80gb", mode="bf16"),
+        2162, gpu="a100-sxm-80gb", mode="mixed"),
     Run("torchtitan A100", f"{_TT_A100}, Llama 2 table", "llama2-13b", 4096, 64, 2, 1, "op",
-        1904, gpu="a100-sxm-80gb", mode="bf16"),
+        1904, gpu="a100-sxm-80gb", mode="mixed"),
     Run("torchtitan A100", f"{_TT_A100}, Llama 2 table", "llama2-70b", 4096, 64, 1, 1, "op",
-        355, gpu="a100-sxm-80gb", mode="bf16"),
+        355, gpu="a100-sxm-80gb", mode="mixed"),
     Run("torchtitan A100", f"{_TT_A100}, Llama 2 table", "llama2-70b", 4096, 64, 2, 1, "full",
-        353, gpu="a100-sxm-80gb", mode="bf16"),
+        353, gpu="a100-sxm-80gb", mode="mixed"),
 ]
 _TT_H100 = "torchtitan docs/performance.md @eaea6f6"
 TORCHTITAN_H100 = [
     Run("torchtitan H100", f"{_TT_H100}, Table 1", "llama3.1-8b", 8192, 8, 2, 1, "op", 5762,
-        mode="bf16"),
+        mode="mixed"),
     Run("torchtitan H100", f"{_TT_H100}, Table 1", "llama3.1-8b", 8192, 8, 2, 1, "op", 6667,
-        mode="bf16", compile="model"),
+        mode="mixed", compile="model"),
     Run("torchtitan H100", f"{_TT_H100}, Table 1", "llama3.1-8b", 8192, 8, 2, 1, "op", 8532,
-        mode="bf16", compile="model", float8="tensorwise"),
+        mode="mixed", compile="model", float8="tensorwise"),
     Run("torchtitan H100", f"{_TT_H100}, Table 3", "llama3.1-8b", 8192, 128, 2, 1, "op", 5605,
-        mode="bf16"),
+        mode="mixed"),
     Run("torchtitan H100", f"{_TT_H100}, Table 3", "llama3.1-8b", 8192, 128, 2, 1, "op", 6514,
-        mode="bf16", compile="model"),
+        mode="mixed", compile="model"),
     Run("torchtitan H100", f"{_TT_H100}, Table 3", "llama3.1-8b", 8192, 128, 2, 1, "op", 8380,
-        mode="bf16", compile="model", float8="tensorwise"),
+        mode="mixed", compile="model", float8="tensorwise"),
     Run("torchtitan H100", f"{_TT_H100}, Table 2", "llama3.1-8b", 32768, 8, 1, 1, "full",
-        3890, mode="bf16", compile="model", float8="tensorwise"),
+        3890, mode="mixed", compile="model", float8="tensorwise"),
     Run("torchtitan H100", f"{_TT_H100}, Table 2", "llama3.1-8b", 65536, 8, 1, 1, "full",
-        2540, mode="bf16", compile="model", float8="tensorwise", cp=2),
+        2540, mode="mixed", compile="model", float8="tensorwise", cp=2),
     Run("torchtitan H100", f"{_TT_H100}, Table 2", "llama3.1-8b", 131072, 8, 1, 1, "full",
-        1071, mode="bf16", compile="model", float8="tensorwise", cp=4),
+        1071, mode="mixed", compile="model", float8="tensorwise", cp=4),
     Run("torchtitan H100", f"{_TT_H100}, Table 4", "llama3.1-70b", 8192, 256, 16, 1, "full",
-        829, mode="bf16", compile="model", float8="tensorwise", tp=8),
+        829, mode="mixed", compile="model", float8="tensorwise", tp=8),
     Run("torchtitan H100", f"{_TT_H100}, Table 5", "llama3.1-405b", 8192, 512, 1, 32, "full",
-        100, mode="bf16", compile="model", float8="tensorwise", tp=8, pp=8),
+        100, mode="mixed", compile="model", float8="tensorwise", tp=8, pp=8),
     Run("torchtitan H100", f"{_TT_H100}, Table 5", "llama3.1-405b", 8192, 512, 1, 32, "full",
-        128, mode="bf16", compile="model", float8="tensorwise", tp=8, pp=8,
+        128, mode="mixed", compile="model", float8="tensorwise", tp=8, pp=8,
         pp_schedule="interleaved-1f1b", pp_virtual=2),
 ]
 

@@ -172,6 +172,8 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     k, crosses = placement(n, setup.tp, node)
     params = rank_parameters(cfg, setup)
     g = gradient_bytes(setup)
+    if setup.engine == "fsdp2" and setup.mode != "bf16":
+        g = 4  # MixedPrecisionPolicy's fp32 reduction (torchtitan's default), fp32 shards
     w = setup.act_bytes if setup.mode != "fp32" else 4  # parameters gathered in 16 bits
 
     def c(kind, size, count, part="dp"):
