@@ -55,9 +55,16 @@ def test_collective_time_follows_nccls_bus_bandwidth():
     assert ar == pytest.approx(size * 2 * 7 / 8 / 370e9 + 8.4e-6 + 2 * 7 * 5.7e-6)
     ag = collective_seconds("all-gather", size, n, n, False, H100)
     assert ag == pytest.approx(size * 7 / 8 / 370e9 + 8.4e-6 + 7 * 5.7e-6)
-    # one rank per node over 4 nodes: the one NIC's 50 GB/s, tree latency across nodes
+    # one rank per node over 4 nodes: the one NIC's 50 GB/s; a 4-rank ring's 3 steps all over
+    # the network (NCCL tuning.cc: nInterSteps = nodes - 1)
     x = collective_seconds("reduce-scatter", size, 4, 1, True, H100)
-    assert x == pytest.approx(size * 3 / 4 / 50e9 + 8.4e-6 + 2 * 6.6e-6)
+    assert x == pytest.approx(size * 3 / 4 / 50e9 + 8.4e-6 + 3 * 6.6e-6)
+    # 16 ranks on 2 nodes: 14 steps within a node, 1 across
+    z = collective_seconds("all-gather", size, 16, 8, True, H100)
+    assert z == pytest.approx(size * 15 / 16 / 370e9 + 8.4e-6 + 14 * 5.7e-6 + 6.6e-6)
+    # all-reduce over 16 ranks on 2 nodes: ring within (7 steps), tree across (1), two passes
+    y = collective_seconds("all-reduce", size, 16, 8, True, H100)
+    assert y == pytest.approx(size * 2 * 15 / 16 / 370e9 + 8.4e-6 + 2 * (7 * 5.7e-6 + 6.6e-6))
     assert collective_seconds("all-reduce", size, 1, 1, False, H100) == 0
 
 

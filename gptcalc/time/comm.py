@@ -17,9 +17,10 @@ output, the scattered input) over n ranks, as NCCL defines bus bandwidth:
 busbw is the card's intra-node figure within a node; across nodes, the k NICs a node gives the
 group: min(intra, k x inter) (a ring leaves each node once per channel, over the node's NICs).
 Latency is NCCL's ring/Simple model (src/graph/tuning.cc: baseLat 8.4 us, hwLat 5.7 us per
-NVLink or PCI step, 6.6 us per network step): 8.4 + 5.7 per intra-node step + 6.6 per
-inter-node step, with (k-1) intra steps per pass and ceil(log2 nodes) network steps (NCCL's
-tree across nodes), two passes for an all-reduce.
+NVLink or PCI step, 6.6 us per network step): 8.4 us plus 5.7 us per intra-node step and
+6.6 us per inter-node step. An all-gather or reduce-scatter is a ring of n - 1 steps, nodes - 1
+of them over the network (NCCL runs them as rings only); an all-reduce runs NCCL's tree across
+nodes: two passes of (k - 1) intra-node and ceil(log2 nodes) network steps.
 """
 
 from __future__ import annotations
@@ -86,10 +87,14 @@ def collective_seconds(kind: str, size: float, n: int, k: int, crosses: bool, g:
     else:
         bw = min(intra, k * inter) if crosses else intra
     factor = 2 * (n - 1) / n if kind == "all-reduce" else (n - 1) / n
-    passes = 2 if kind == "all-reduce" else 1
     nodes = math.ceil(n / k)
-    latency = BASE_LATENCY + passes * ((k - 1) * INTRA_STEP_LATENCY
-                                       + math.ceil(math.log2(nodes)) * INTER_STEP_LATENCY)
+    if kind == "all-reduce":  # NCCL's tree across nodes, a ring within: two passes
+        latency = BASE_LATENCY + 2 * ((k - 1) * INTRA_STEP_LATENCY
+                                      + math.ceil(math.log2(nodes)) * INTER_STEP_LATENCY)
+    else:  # all-gather, reduce-scatter, all-to-all: a ring of n - 1 steps, nodes - 1 of them
+        # over the network (NCCL tuning.cc's nInterSteps)
+        latency = BASE_LATENCY + (n - nodes) * INTRA_STEP_LATENCY \
+            + (nodes - 1) * INTER_STEP_LATENCY
     return size * factor / bw + latency
 
 
