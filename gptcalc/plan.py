@@ -1,41 +1,43 @@
-"""Training layouts that fit a GPU's memory, ranked by their estimated step time.
+"""Training layouts that fit a GPU's memory, ranked by their step time.
 
 A layout is data parallelism dp, tensor parallelism tp (sequence parallel with it where tp
-divides the sequence), pipeline stages pp, a training engine at one of its ZeRO stages, and an
-activation recomputation; a plan is a layout with the micro-batch B and the accumulation
-(grad_accum = global batch / (dp x B)) that reach the global batch. Its peak is the step peak
-of `gptcalc.memory` on its most loaded device, exactly what `gptcalc memory` prints for it.
-
-    step seconds = hardware FLOPs of the step / (gpus x dense peak x utilisation)
-                   x (1 + (pp - 1) / grad_accum)
-
-The FLOPs are `gptcalc.flops`' exact count, recomputed forward work included (`time`'s model
-with the utilisation applied to the FLOPs a step executes, so recomputing costs time), times
-the 1F1B schedule's pipeline bubble, (pp - 1) idle micro-batch slots per pp - 1 + m
-(Narayanan et al. 2021, sec. 2.2). Communication, data loading and kernel efficiency at small
-micro-batches are not modelled; the utilisation absorbs them.
+divides the sequence), pipeline stages pp (1F1B, or interleaved 1F1B with two chunks per stage
+where they divide the blocks), context parallelism cp, a training engine at one of its ZeRO
+stages, and an activation recomputation; a plan is a layout with the micro-batch B and the
+accumulation (grad_accum = global batch / (dp x B)) that reach the global batch. Its peak is
+the step peak of `gptcalc.memory` on its most loaded device, exactly what `gptcalc memory`
+prints for it; its step time is `gptcalc.time.step_time`'s, exactly what `gptcalc time` prints
+for it (compute op by op, exposed communication, the bubble). With a given utilisation (`mfu`)
+the step time is instead the FLOPs a step executes over gpus x dense peak x utilisation,
+stretched by the 1F1B bubble (pp - 1) / grad_accum.
 
 The search space: tp in 1, 2, 4, 8 (one node of 8 GPUs) as the model's heads and widths allow;
-pp dividing the blocks; dp dividing the global batch; at most `max_gpus` = dp x tp x pp; every
-registered engine at each ZeRO stage it runs (ZeRO 1-3 only with dp > 1: with one replica there
-is nothing to shard); recomputation none, selective or full. Under LoRA only data parallelism
-(the memory model's scope). The micro-batch is the largest that fits (no pipeline: the time
-does not depend on it, and a larger one runs matmuls better), or 1 under a pipeline (the most
-micro-batches, the smallest bubble).
+pp dividing the blocks; cp in 1, 2, 4, 8 dividing the sequence into chunks of at least
+`MIN_CP_CHUNK` tokens (context parallelism is for long sequences); dp dividing the global batch;
+at most `max_gpus` = dp x tp x pp x cp (or exactly `gpus`); every registered engine at each
+ZeRO stage it runs (ZeRO 1-3 only with dp > 1: with one replica there is nothing to shard);
+recomputation none, selective or full. Under LoRA only data parallelism (the memory model's
+scope). The micro-batch is the largest that fits (no pipeline: a larger one runs matmuls
+better and gathers FSDP's shards fewer times), or the smallest that fits under a pipeline (the
+most micro-batches, the smallest bubble).
 
 Pruning rests on monotony the tests check by brute force: without a pipeline a step's peak
 grows with B at a given accumulation (under one, where the accumulation is the schedule's
 micro-batches, the last stage keeps every micro-batch's logits and input gradients: each B is
 tried), shrinks as dp grows past 1 (more sharding, a smaller micro-batch; one replica has no
 data-parallel buffers, so dp = 1 is compared with itself only) and as recomputation keeps less
-(none > selective > full). The search is best-first on a lower bound of each layout's time: a
-layout's memory is evaluated only when it could rank, and a group of layouts (tp, pp, engine,
-stage, one replica or several) that does not fit at its largest dp with full recomputation is
-never evaluated again.
+(none > selective > full). The search is best-first on a lower bound of each layout's step
+time (its executed FLOPs at the card's best efficiency, no memory traffic, communication or
+bubble): a layout's memory is evaluated only when it could rank, a group of layouts (tp, pp,
+cp, schedule, engine, stage, one replica or several) that does not fit at its largest dp with
+full recomputation is never evaluated again, and every step peak is computed once, for the
+ranking and the fewest-GPU answer alike. The search stops after `max_evaluations` step peaks
+and says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -43,15 +45,27 @@ from typing import Any, Callable, Mapping
 from .config import GPTConfig
 from .errors import ConfigError, fraction, positive_int
 from .flops import count_flops
+from .params import count_params
+from .gpus import GPU, require_peak
 from .memory import step_peak, validate_setup
 from .memory.engines import engine_named, names
 from .training import resolve_training
+from .time import step_time
 from .training_setup import TrainingSetup
 from .workload import Workload
 
 # recomputation modes the planner tries, the one that keeps most first
 PLANNED_RECOMPUTE = ("none", "selective", "full")
 TP_SIZES = (1, 2, 4, 8)  # tensor parallelism within one node of 8 GPUs (NVLink)
+CP_SIZES = (1, 2, 4, 8)
+# context parallel's smallest chunk per rank: below it the ring's messages are too small to hide
+# behind attention (torchtitan and Megatron-LM use cp for 32K-token and longer sequences)
+MIN_CP_CHUNK = 4096
+# a bound on the step peaks one search computes; past it the search says it stopped
+DEFAULT_MAX_EVALUATIONS = 20_000
+# the ranking's rule for equal step times, printed with every plan list
+TIE_RULE = ("equal step times: fewer GPUs, then fewer pipeline stages, narrower tensor "
+            "parallelism, less recomputation, lower peak")
 # Llama 2 trained with a global batch of 4M tokens (Touvron et al. 2023, sec. 2.2)
 DEFAULT_TOKENS_PER_STEP = 2**22
 DEFAULT_MAX_GPUS = 1024
@@ -68,17 +82,21 @@ class Layout:
     engine: str
     zero: int
     recompute: str
+    cp: int = 1
+    schedule: str = "1f1b"
+    virtual: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def group(self) -> tuple:
         """The layouts whose peaks the search compares: all but dp and recomputation, and
         whether there is more than one replica (data parallelism's buffers, such as DDP's
         gradient buckets, exist only then)."""
-        return (self.tp, self.pp, self.sp, self.engine, self.zero, self.dp > 1)
+        return (self.tp, self.pp, self.sp, self.cp, self.schedule, self.virtual, self.engine,
+                self.zero, self.dp > 1)
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,8 @@ class PlanSearch:
     closest: Closest | None  # set when no layout fits
     layouts: int  # candidate layouts in the search space
     evaluations: int  # step peaks computed
+    fewest: Plan | None = None  # the fastest plan on the fewest GPUs that fit
+    capped: bool = False  # stopped at max_evaluations step peaks
 
 
 def global_batch(seq_len: int, sequences: int | None = None,
@@ -154,21 +174,28 @@ def engine_stages(engines: tuple[str, ...] | None = None) -> list[tuple[str, int
 
 
 def candidate_layouts(cfg: GPTConfig, seq_len: int, batch: int, max_gpus: int,
-                      lora: bool = False, engines: tuple[str, ...] | None = None
-                      ) -> list[Layout]:
-    """Every layout of the search space (module docstring); validity against the model is
-    checked later, when a layout is evaluated."""
+                      lora: bool = False, engines: tuple[str, ...] | None = None,
+                      gpus: int | None = None) -> list[Layout]:
+    """Every layout of the search space (module docstring), exactly `gpus` GPUs when given;
+    validity against the model is checked later, when a layout is evaluated."""
     tps = (1,) if lora else tuple(t for t in TP_SIZES if cfg.n_head % t == 0)
     pps = (1,) if lora else divisors(cfg.n_layer)
+    cps = (1,) if lora else tuple(c for c in CP_SIZES if seq_len % (2 * c) == 0
+                                  and seq_len // c >= MIN_CP_CHUNK or c == 1)
+    limit = gpus or max_gpus
     out = []
-    for tp in tps:
-        for pp in (p for p in pps if tp * p <= max_gpus):
-            for dp in (d for d in divisors(batch) if d * tp * pp <= max_gpus):
-                for engine, zero in engine_stages(engines):
-                    if zero and dp == 1:
-                        continue
-                    out += [Layout(dp, tp, pp, tp > 1 and seq_len % tp == 0, engine, zero, r)
-                            for r in PLANNED_RECOMPUTE]
+    for tp, pp, cp in ((t, p, c) for t in tps for p in pps for c in cps if t * p * c <= limit):
+        schedules = [("1f1b", 1)] + ([("interleaved-1f1b", 2)] if pp > 1 and (
+            cfg.n_layer // pp) % 2 == 0 else [])
+        for dp in divisors(batch):
+            if dp * tp * pp * cp > limit or (gpus and dp * tp * pp * cp != gpus):
+                continue
+            for (engine, zero), (schedule, v) in ((e, s) for e in engine_stages(engines)
+                                                  for s in schedules):
+                if zero and dp * cp == 1:
+                    continue
+                out += [Layout(dp, tp, pp, tp > 1 and seq_len % tp == 0, engine, zero, r, cp,
+                               schedule, v) for r in PLANNED_RECOMPUTE]
     return out
 
 
@@ -191,8 +218,29 @@ def layout_setup(cfg: GPTConfig, layout: Layout, given: Mapping[str, Any] | None
     other training options, by option name) over a config file's `sections`."""
     options = {**(given or {}), "dp": layout.dp, "tp": layout.tp, "pp": layout.pp,
                "sp": layout.sp, "engine": layout.engine, "zero": layout.zero,
-               "recompute": layout.recompute}
+               "recompute": layout.recompute, "cp": layout.cp, "pp_schedule": layout.schedule,
+               "pp_virtual": layout.virtual}
     return resolve_training(cfg, sections, options, from_hf)[0]
+
+
+def states_lower_bound(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Bytes every step peak of `setup` holds at least on its most loaded rank, at the
+    optimizer step: its share of the model (tp x pp) as weights (over dp x cp under ZeRO-3)
+    and gradients (over dp x cp from ZeRO-2) in their stored dtype, and for AdamW its two
+    fp32 states and, under mode mixed, the fp32 master weights (over dp x cp when the
+    optimizer is sharded). 0 where the set-up can keep states off the GPU, in other dtypes
+    or free gradients early (LoRA, a quantised base, an engine's offload or other settings,
+    the optimizer in backward), which this bound does not follow."""
+    if (setup.lora_rank or setup.engine_settings or setup.base_dtype != "same"
+            or setup.optimizer_in_backward or setup.optimizer != "adamw"):
+        return 0
+    params = count_params(cfg).total / (setup.tp * setup.pp)
+    shard = setup.dp * setup.cp
+    weights = params * setup.weight_bytes / (shard if setup.zero == 3 else 1)
+    grads = params * setup.weight_bytes / (shard if setup.zero >= 2 else 1)
+    sharded = setup.zero >= 1 or (setup.engine == "megatron" and setup.distributed_optimizer)
+    states = (8 + (4 if setup.mode == "mixed" else 0)) * params / (shard if sharded else 1)
+    return int(weights + grads + states)
 
 
 class _Evaluator:
@@ -207,6 +255,7 @@ class _Evaluator:
         self.failed: dict[tuple, list[tuple[int, int]]] = {}  # group -> (dp, recompute index)
         self.gates: dict[tuple, bool] = {}
         self.closest: Closest | None = None
+        self.pruned: list[tuple[Layout, TrainingSetup]] = []  # by the states bound alone
 
     def setup(self, layout: Layout) -> TrainingSetup | None:
         """The layout's set-up, None when the model or the engine refuses it."""
@@ -228,6 +277,11 @@ class _Evaluator:
 
     def fits(self, setup: TrainingSetup, b: int) -> bool:
         return self.peak(setup, b) <= self.budget
+
+    def states_exceed(self, setup: TrainingSetup) -> bool:
+        """Whether the states alone overflow the budget (`states_lower_bound`): no micro-batch
+        fits, and no step peak needs computing."""
+        return states_lower_bound(self.cfg, setup) > self.budget
 
     def ruled_out(self, layout: Layout) -> bool:
         """Whether a failure already seen implies this one: the same group at a dp at least
@@ -253,6 +307,11 @@ class _Evaluator:
         setup = self.setup(layout)
         if setup is None or self.ruled_out(layout):
             return 0
+        if self.states_exceed(setup):
+            self.failed.setdefault(layout.group, []).append(
+                (layout.dp, PLANNED_RECOMPUTE.index(layout.recompute)))
+            self.pruned.append((layout, setup))
+            return 0
         n = self.batch // layout.dp
         if layout.pp > 1:  # the smallest that fits: more micro-batches can hold more
             order = tuple(divisors(n))
@@ -276,83 +335,178 @@ class _Evaluator:
         """Whether the layout's group fits at all: at its largest dp with full recomputation
         (the least memory the group has), evaluated once per group."""
         if layout.group not in self.gates:
-            best = Layout(largest_dp, layout.tp, layout.pp, layout.sp, layout.engine,
-                          layout.zero, PLANNED_RECOMPUTE[-1])
+            best = dataclasses.replace(layout, dp=largest_dp, recompute=PLANNED_RECOMPUTE[-1])
             self.gates[layout.group] = self.micro_batch(best) > 0
         return self.gates[layout.group]
 
 
-def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, peak_flops: float,
-           utilisation: float = 0.4, max_gpus: int = DEFAULT_MAX_GPUS, top: int | None = None,
-           setup_for: Callable[[Layout], TrainingSetup] | None = None, lora: bool = False,
-           order: str = "time", engines: tuple[str, ...] | None = None) -> PlanSearch:
+class _Capped(Exception):
+    """The search reached its bound on step peaks."""
+
+
+def _lower_bound(cfg: GPTConfig, seq_len: int, g: GPU, precision: str,
+                 setup_for: Callable[[Layout], TrainingSetup]) -> Callable[[Layout, int], float]:
+    """A lower bound of a layout's step seconds for `batch` sequences: the FLOPs its compute
+    model executes (causal attention, a flash-type backward, the recomputation) spread evenly
+    over its GPUs at the card's best peak and best efficiency; no memory traffic,
+    communication or bubble. 0.9 of it, against rounding of the per-rank shares."""
+    from .time.compute import ATTENTION_EFFICIENCY, MATMUL_EFFICIENCY
+
+    eff = max(g.matmul_efficiency or MATMUL_EFFICIENCY,
+              g.attention_efficiency or ATTENTION_EFFICIENCY)
+    peaks = {p for p in (precision, "fp8") if g.peak_flops(p) is not None}
+    fastest = max(require_peak(g, p) for p in peaks)
+    per_sequence = {}
+    for r in PLANNED_RECOMPUTE:
+        fc = count_flops(cfg, Workload(1, seq_len), causal=True, recompute=r,
+                         flash_backward=True)
+        per_sequence[r] = fc.hardware_total - 3 * fc.forward.get("embedding/proj", 0)
+
+    def bound(layout: Layout, batch: int) -> float:
+        return 0.9 * batch * per_sequence[layout.recompute] / (layout.gpus * fastest * eff)
+    return bound
+
+
+def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
+           precision: str = "bf16", mfu: float | None = None, max_gpus: int = DEFAULT_MAX_GPUS,
+           top: int | None = None, setup_for: Callable[[Layout], TrainingSetup] | None = None,
+           lora: bool = False, order: str = "time", engines: tuple[str, ...] | None = None,
+           gpus: int | None = None, max_step_seconds: float | None = None,
+           max_evaluations: int = DEFAULT_MAX_EVALUATIONS, node: int | None = None
+           ) -> PlanSearch:
     """The plans that fit `budget` bytes per GPU for `batch` sequences of `seq_len` tokens per
-    step, best first: by step time, then fewer GPUs (`order` "time"), or by GPUs, then time
-    (`order` "gpus"); the first `top` of them, or every one (None). `setup_for` gives a
-    layout's TrainingSetup (default: `layout_setup` with the family's usual set-up); `engines`
-    limits the engines tried (default every registered one)."""
+    step on `gpu`, best first: by step time, then the tie rule (`order` "time"), or by GPUs,
+    then time (`order` "gpus"); the first `top` of them, or every one (None); only those of
+    exactly `gpus` GPUs, or of at most `max_step_seconds` per step, when given. The answer
+    also names the fastest plan on the fewest GPUs, from the same step peaks. `setup_for`
+    gives a layout's TrainingSetup (default: `layout_setup` with the family's usual set-up);
+    `engines` limits the engines tried (default every registered one); `mfu` replaces the
+    step model by a utilisation of the executed FLOPs (module docstring)."""
     positive_int("seq_len", seq_len)
     positive_int("max_gpus", max_gpus)
-    utilisation = fraction("mfu", utilisation)
+    if gpus is not None:
+        positive_int("gpus", gpus)
+    positive_int("max_evaluations", max_evaluations)
+    if mfu is not None:
+        mfu = fraction("mfu", mfu)
     if top is not None:
         positive_int("top", top)
     setup_for = setup_for or (lambda layout: layout_setup(cfg, layout))
+    peak_flops = require_peak(gpu, precision)
     flops = {r: count_flops(cfg, Workload(1, seq_len), recompute=r) for r in PLANNED_RECOMPUTE}
     for name in engines or ():
         engine_named(name)  # an unknown name is ConfigError("engine")
-    layouts = candidate_layouts(cfg, seq_len, batch, max_gpus, lora, engines)
-    largest = {}
+    layouts = candidate_layouts(cfg, seq_len, batch, max_gpus, lora, engines, gpus)
+    largest: dict[tuple, int] = {}
     for layout in layouts:
         largest[layout.group] = max(largest.get(layout.group, 0), layout.dp)
     ev = _Evaluator(cfg, seq_len, batch, budget, setup_for)
+    bound = _lower_bound(cfg, seq_len, gpu, precision, setup_for)
 
-    def timed(layout: Layout, b: int, peak: int) -> tuple:
+    def seconds(layout: Layout, setup: TrainingSetup, b: int) -> float:
         m = batch // (layout.dp * b)
-        fc = flops[layout.recompute]
-        s = step_seconds(batch * fc.hardware_total, layout.gpus, peak_flops, utilisation,
-                         layout.pp, m)
-        ties = (layout.pp, layout.tp, PLANNED_RECOMPUTE.index(layout.recompute), peak,
-                layout.engine, layout.zero, layout.dp)
-        return (s, layout.gpus, *ties) if order == "time" else (layout.gpus, s, *ties)
+        if mfu is not None:
+            return step_seconds(batch * flops[layout.recompute].hardware_total, layout.gpus,
+                                peak_flops, mfu, layout.pp, m)
+        return step_time(cfg, setup, b, seq_len, m, gpu, precision, node).step_seconds
 
-    def evaluate(layout: Layout) -> tuple | None:
+    def key(layout: Layout, s: float, peak: int, by: str) -> tuple:
+        ties = (layout.pp, layout.tp, PLANNED_RECOMPUTE.index(layout.recompute), peak,
+                layout.cp, layout.schedule, layout.engine, layout.zero, layout.dp)
+        return (s, layout.gpus, *ties) if by == "time" else (layout.gpus, s, *ties)
+
+    def evaluate(layout: Layout, by: str) -> tuple | None:
+        if len(ev.peaks) >= max_evaluations:
+            raise _Capped
         if not ev.gate(layout, largest[layout.group]):
             return None
+        full = dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[-1])
+        if by == "gpus" and full != layout and not ev.micro_batch(full):
+            return None  # the least memory at this dp does not fit: rules out the others
         b = ev.micro_batch(layout)
         if not b:
             return None
         setup, m = ev.setup(layout), batch // (layout.dp * b)
         peak = ev.peak(setup, b)
-        key = timed(layout, b, peak)
-        s = key[0] if order == "time" else key[1]
+        s = seconds(layout, setup, b)
+        if max_step_seconds is not None and s > max_step_seconds:
+            return None
         fc = flops[layout.recompute]
         plan = Plan(layout, setup, b, m, peak, s, batch * seq_len / s,
                     batch * fc.training_total / (s * layout.gpus * peak_flops))
-        return key, plan
+        return key(layout, s, peak, by), plan
 
-    # the bound: the micro-batch of most micro-batches (B = 1), the smallest peak (0)
-    bounds = [(timed(layout, 1, 0), i, None, layout) for i, layout in enumerate(layouts)]
-    plans = _best_first(bounds, evaluate, top)
-    return PlanSearch(plans, None if plans else ev.closest, len(layouts), len(ev.peaks))
+    def bound_key(layout: Layout, by: str) -> tuple:
+        if mfu is not None:  # the utilisation model's own bound: B = 1 (most micro-batches)
+            return key(layout, step_seconds(batch * flops[layout.recompute].hardware_total,
+                                            layout.gpus, peak_flops, mfu, layout.pp,
+                                            batch // layout.dp), 0, by)
+        return key(layout, bound(layout, batch), 0, by)
+
+    def refine(layout: Layout, by: str) -> tuple | None:
+        """A tighter bound, no memory computed: the step time at the micro-batch that runs
+        fastest (no pipeline: the whole per-replica batch; step time does not grow with B
+        there), None when the model or engine refuses the layout or it cannot meet
+        `max_step_seconds`."""
+        if mfu is not None:
+            return bound_key(layout, by)
+        setup = ev.setup(layout)
+        if setup is None:
+            return None
+        n = batch // layout.dp
+        s = min(step_time(cfg, setup, b, seq_len, n // b, gpu, precision, node).step_seconds
+                for b in ((n,) if layout.pp == 1 else divisors(n)))
+        if max_step_seconds is not None and s > max_step_seconds:
+            return None
+        return key(layout, s, 0, by)
+
+    def ranked(by: str, first: int | None) -> list[Plan]:
+        return _best_first([(bound_key(x, by), i, 0, None, x) for i, x in enumerate(candidates)],
+                           lambda x: evaluate(x, by), lambda x: refine(x, by), first)
+
+    candidates = [layout for layout in layouts if max_step_seconds is None or (
+        mfu is not None or bound(layout, batch) <= max_step_seconds)]
+    capped = False
+    plans: list[Plan] = []
+    fewest = None
+    try:
+        plans = ranked(order, top)
+        # the fewest GPUs, then the fastest, from the same step peaks
+        fewest = next(iter(ranked("gpus", 1)), None)
+    except _Capped:
+        capped = True
+    if not plans and not capped:  # the nearest miss may be among those the bound skipped
+        for layout, setup in ev.pruned:
+            ev.fail(layout, setup)
+    return PlanSearch(plans, None if plans else ev.closest, len(layouts), len(ev.peaks),
+                      fewest, capped)
 
 
-def _best_first(bounds: list, evaluate: Callable, top: int | None) -> list[Plan]:
-    """Pop layouts by a lower bound of their key; an evaluated plan goes back in at its own
-    key, so a plan comes out only when nothing left could come before it."""
+def _best_first(bounds: list, evaluate: Callable, refine: Callable, top: int | None
+                ) -> list[Plan]:
+    """Pop layouts by a lower bound of their key: a cheap one first, then (`refine`) a tighter
+    one, then the layout's own key once its memory is evaluated; a plan comes out only when
+    nothing left could come before it."""
     heapq.heapify(bounds)
     out: list[Plan] = []
     while bounds and (top is None or len(out) < top):
-        key, i, plan, layout = heapq.heappop(bounds)
-        if plan is not None:
+        key, i, stage, plan, layout = heapq.heappop(bounds)
+        if stage == 2:
             out.append(plan)
             continue
-        found = evaluate(layout)
-        if found is not None:
-            heapq.heappush(bounds, (found[0], i, found[1], layout))
+        found = refine(layout) if stage == 0 else evaluate(layout)
+        if found is None:
+            continue
+        if stage == 0:
+            heapq.heappush(bounds, (found, i, 1, None, layout))
+        else:
+            heapq.heappush(bounds, (found[0], i, 2, found[1], layout))
     return out
 
 
-__all__ = ["DEFAULT_MAX_GPUS", "DEFAULT_TOKENS_PER_STEP", "PLANNED_RECOMPUTE", "TP_SIZES",
+__all__ = ["CP_SIZES", "DEFAULT_MAX_EVALUATIONS", "DEFAULT_MAX_GPUS", "DEFAULT_TOKENS_PER_STEP",
+           "MIN_CP_CHUNK", "PLANNED_RECOMPUTE", "TIE_RULE", "TP_SIZES",
            "Closest", "Layout", "Plan", "PlanSearch", "bubble_fraction", "candidate_layouts",
            "divisors", "engine_stages", "global_batch", "layout_setup", "search",
+           "states_lower_bound",
            "step_seconds"]

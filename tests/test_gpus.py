@@ -15,7 +15,9 @@ REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb"
             "h100-pcie", "h200", "b200", "l40s", "rtx-4090", "mi300x", "cpu",
             "rtx-3090", "a10g", "l4", "t4", "a6000", "h20")
 KEYS = {"name", "memory_bytes", "usable_memory_bytes", "usable_source", "fp32_flops",
-        "tf32_flops", "bf16_flops", "fp16_flops", "fp8_flops", "hbm_bytes_per_second", "source"}
+        "tf32_flops", "bf16_flops", "fp16_flops", "fp8_flops", "hbm_bytes_per_second", "source",
+        "sms", "gpus_per_node", "nvswitch", "nvlink_sharp", "intra_node_busbw",
+        "inter_node_busbw", "fabric_source", "matmul_efficiency", "attention_efficiency"}
 
 
 def test_catalogue_has_the_required_lowercase_ids():
@@ -166,3 +168,74 @@ def test_serve_and_infer_size_against_the_usable_figure_and_say_so():
     assert json.loads(r.stdout)["memory_bytes"] == GPUS["l4"].usable_memory_bytes
     text = CliRunner().invoke(cli, ["infer", "--preset", "llama3-8b", "--gpu", "l4"]).stdout
     assert "22.19 GiB usable" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize("name,field,value", [
+    # NVIDIA H100 whitepaper: 132 SMs (SXM5), 114 (PCIe); A100 whitepaper: 108; MI300X: 304 CUs
+    ("h100-sxm", "sms", 132), ("h100-pcie", "sms", 114), ("a100-sxm-80gb", "sms", 108),
+    ("mi300x", "sms", 304),
+    # NCCL's maintainer: ring busbw ~370 GB/s on 8 H100 (github.com/NVIDIA/nccl-tests/issues/212)
+    ("h100-sxm", "intra_node_busbw", 370e9),
+    # nccl-tests issue 149: ~200 GB/s all-reduce busbw on 8 A100 80GB SXM
+    ("a100-sxm-80gb", "intra_node_busbw", 200e9),
+    # DGX H100: 8 x 400 Gb/s ConnectX-7; DGX A100: 8 x 200 Gb/s ConnectX-6 (one NIC per GPU)
+    ("h100-sxm", "inter_node_busbw", 50e9), ("a100-sxm-80gb", "inter_node_busbw", 25e9),
+    ("h100-sxm", "gpus_per_node", 8),
+])
+def test_fabric_figures(name, field, value):
+    assert getattr(GPUS[name], field) == pytest.approx(value, rel=1e-12)
+
+
+def test_fitted_efficiencies_are_shares_of_the_peak():
+    # fitted on MPT's published runs (docs/time.md); a share of the dense peak, or None
+    for g in GPUS.values():
+        for share in (g.matmul_efficiency, g.attention_efficiency):
+            assert share is None or 0 < share <= 1
+    assert GPUS["a100-sxm-80gb"].matmul_efficiency == 0.66
+    assert GPUS["h100-sxm"].attention_efficiency == 0.18
+
+
+def test_every_accelerator_has_its_fabric_and_a_source():
+    for g in GPUS.values():
+        if g.name == "cpu":
+            continue
+        assert g.sms and g.gpus_per_node >= 1 and g.fabric_source
+        assert 0 < g.inter_node_busbw < g.intra_node_busbw < g.hbm_bytes_per_second
+
+
+def test_serving_reads_sms_and_nvlink_sharp_from_the_catalogue():
+    from gptcalc.inference.pool import NVSWITCH_GPUS, default_non_torch
+    from gptcalc.inference.sampler import SMS, sm_count
+    assert SMS == {g.name: g.sms for g in GPUS.values() if g.sms}
+    assert set(NVSWITCH_GPUS) == {"h100-sxm", "h200", "b200"}
+    assert sm_count("h100-sxm") == 132 and sm_count("cpu") == 0
+    assert default_non_torch("h100-sxm", 2) > default_non_torch("a100-sxm-80gb", 2)
+
+
+@pytest.mark.parametrize("alias,name", [("h100", "h100-sxm"), ("H100", "h100-sxm"),
+                                        ("a100", "a100-sxm-80gb"), ("4090", "rtx-4090")])
+def test_aliases(alias, name):
+    assert gpu(alias).name == name
+
+
+def test_a_typo_gets_one_line_naming_gpu_and_the_nearest_names():
+    r = CliRunner().invoke(cli, ["time", "--preset", "gpt2", "--gpu", "h100-sxn"])
+    assert r.exit_code == 2
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--gpu" in lines[0] and "did you mean h100-sxm" in lines[0]
+
+
+def test_a_toy_gpu_added_through_the_catalogue_alone(monkeypatch):
+    """One entry is all a card needs: `gpus` lists it, `time` and `serve` read its figures."""
+    import dataclasses
+    from gptcalc import gpus as catalogue
+    toy = dataclasses.replace(GPUS["h100-sxm"], name="toy-gpu", bf16_flops=100e12, sms=7,
+                              source="toy", nvlink_sharp=False)
+    monkeypatch.setitem(catalogue.GPUS, "toy-gpu", toy)
+    from gptcalc.inference.sampler import sm_count
+    assert sm_count("toy-gpu") == 7
+    r = CliRunner().invoke(cli, ["gpus", "--json"])
+    assert "toy-gpu" in [g["name"] for g in json.loads(r.output)["gpus"]]
+    r = CliRunner().invoke(cli, ["time", "--preset", "gpt2", "--gpu", "toy-gpu", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["peak_flops"] == 100e12

@@ -54,7 +54,7 @@ def assert_commands_reproduce(out: dict) -> None:
         assert (mem["setup"]["dp"], mem["setup"]["tp"], mem["setup"]["pp"],
                 mem["setup"]["zero"], mem["setup"]["engine"], mem["setup"]["recompute"]) == (
             plan["dp"], plan["tp"], plan["pp"], plan["zero"], plan["engine"], plan["recompute"])
-        assert plan["gpus"] == plan["dp"] * plan["tp"] * plan["pp"]
+        assert plan["gpus"] == plan["dp"] * plan["tp"] * plan["pp"] * plan["cp"]
 
 
 # --- the command: each plan's command re-run through `gptcalc memory` ---------------------------
@@ -73,7 +73,7 @@ def test_70b_plans_are_reproduced_by_memory():
     # 8 GPUs however sharded
     assert out["fewest_gpus"]["gpus"] > 8
     # the pruning evaluates few of the layouts
-    assert out["searched"]["step_peaks"] < out["searched"]["layouts"] / 10
+    assert out["searched"]["step_peaks"] < out["searched"]["layouts"] / 5
 
 
 def test_small_model_every_plan_reproduced():
@@ -196,7 +196,8 @@ MODELS = {
 def _setup(cfg, layout):
     """The layout's set-up, resolved here as `gptcalc memory` resolves its options."""
     given = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "sp": layout.sp,
-             "engine": layout.engine, "zero": layout.zero, "recompute": layout.recompute}
+             "engine": layout.engine, "zero": layout.zero, "recompute": layout.recompute,
+             "cp": layout.cp, "pp_schedule": layout.schedule, "pp_virtual": layout.virtual}
     return resolve_training(cfg, {}, given)[0]
 
 
@@ -227,7 +228,7 @@ def _budgets(peaks: dict) -> list[int]:
 
 
 def _search(cfg, budget, **kw):
-    return search(cfg, SEQ, BATCH, budget, H100.bf16_flops, max_gpus=MAX_GPUS, **kw)
+    return search(cfg, SEQ, BATCH, budget, H100, max_gpus=MAX_GPUS, **kw)
 
 
 def test_one_replica_can_need_less_than_two():
@@ -251,7 +252,7 @@ def test_memory_is_monotone_where_the_search_prunes(brute):
         if r + 1 < len(PLANNED_RECOMPUTE):
             less = peaks[dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[r + 1])]
             assert all(less[b] <= by_b[b] for b in by_b), layout
-        same = ("tp", "pp", "sp", "engine", "zero", "recompute")
+        same = ("tp", "pp", "sp", "cp", "schedule", "virtual", "engine", "zero", "recompute")
         bigger = [other for other in peaks if layout.dp > 1 and other.dp > layout.dp and all(
             getattr(other, k) == getattr(layout, k) for k in same)]
         for other in bigger:  # more replicas: the least peak of a layout does not grow
@@ -303,13 +304,89 @@ def test_no_plan_with_fewer_gpus_at_the_same_settings_is_missed(brute):
                 assert other in listed, other
 
 
-def test_step_time_is_hardware_flops_over_the_gpus_with_the_bubble():
+def test_step_time_is_the_time_models():
+    # plan and time use one model: each plan's step time is gptcalc.time.step_time's for its
+    # set-up, micro-batch and accumulation
+    from gptcalc.time import step_time
+
+    cfg = MODELS["gpt2"]
+    plans = _search(cfg, 10**12).plans
+    assert plans
+    for p in plans:
+        t = step_time(cfg, p.setup, p.micro_batch, SEQ, p.grad_accum, H100)
+        assert p.step_seconds == t.step_seconds
+        assert p.tokens_per_second == pytest.approx(BATCH * SEQ / t.step_seconds)
+
+
+def test_a_given_mfu_is_hardware_flops_over_the_gpus_with_the_bubble():
     from gptcalc.flops import count_flops
 
     cfg = MODELS["gpt2"]
-    for p in _search(cfg, 10**12).plans:
+    for p in _search(cfg, 10**12, mfu=0.4).plans:
         flops = BATCH * count_flops(cfg, Workload(1, SEQ), recompute=p.layout.recompute
                                     ).hardware_total
         bubble = (p.layout.pp - 1) / p.grad_accum
         assert p.step_seconds == pytest.approx(
             flops / (p.gpus * H100.bf16_flops * 0.4) * (1 + bubble))
+
+
+def test_the_states_bound_never_exceeds_a_peak(brute):
+    # the search skips a layout whose states alone overflow: the bound must be below every
+    # peak it stands for
+    from gptcalc.plan import states_lower_bound
+
+    cfg, peaks = brute
+    for layout, by_b in peaks.items():
+        assert states_lower_bound(cfg, _setup(cfg, layout)) <= min(by_b.values()), layout
+
+
+def test_the_fewest_gpus_come_from_the_same_search(brute):
+    cfg, peaks = brute
+    budget = _budgets(peaks)[1]
+    found = _search(cfg, budget, top=3)
+    by_gpus = _search(cfg, budget, top=1, order="gpus").plans
+    assert (found.fewest is None) == (not by_gpus)
+    if by_gpus:
+        assert found.fewest == by_gpus[0]
+
+
+def test_gpus_lists_the_layouts_of_that_count():
+    cfg = MODELS["gpt2"]
+    found = search(cfg, SEQ, BATCH, 10**12, H100, gpus=4)
+    assert found.plans and all(p.gpus == 4 for p in found.plans)
+    assert [p.step_seconds for p in found.plans] == sorted(p.step_seconds for p in found.plans)
+
+
+def test_a_deadline_keeps_the_plans_that_finish_in_time():
+    cfg = MODELS["gpt2"]
+    every = _search(cfg, 10**12).plans
+    limit = sorted(p.step_seconds for p in every)[len(every) // 2]
+    found = _search(cfg, 10**12, max_step_seconds=limit, order="gpus")
+    assert {p.layout for p in found.plans} == {p.layout for p in every
+                                               if p.step_seconds <= limit}
+    assert found.fewest.gpus == min(p.gpus for p in every if p.step_seconds <= limit)
+
+
+def test_a_capped_search_says_so():
+    cfg = MODELS["gpt2"]
+    found = _search(cfg, 10**12, max_evaluations=3)
+    assert found.capped
+    out = run("plan", "--preset", "gpt2", "-L", "4", "--seq-len", "128", "--global-batch",
+              "8", "--max-gpus", "16", "--max-evaluations", "3")
+    assert out.exit_code == 0 and "stopped after" in out.stdout
+
+
+def test_cli_gpus_and_deadline_and_the_tie_rule():
+    base = ("plan", "--preset", "gpt2", "-L", "4", "--seq-len", "128", "--global-batch", "8",
+            "--max-gpus", "16")
+    out = run_json(*base, "--gpus", "4")
+    assert out["plans"] and all(p["gpus"] == 4 for p in out["plans"])
+    assert "fewer GPUs" in out["tie_rule"]
+    text = run(*base).stdout
+    assert "equal step times: fewer GPUs" in text
+    slow = run_json(*base, "--tokens", "1e6", "--days", "1")
+    assert slow["plans"] and slow["fewest_gpus"]["gpus"] == slow["plans"][0]["gpus"]
+    fast = run_json(*base, "--tokens", "1e15", "--days", "1e-3")
+    assert fast["plans"] == []
+    r = run(*base, "--tokens", "1e6")
+    assert r.exit_code == 2 and "--days" in r.stderr

@@ -97,7 +97,8 @@ def test_token_spellings(text):
 
 def test_default_budget_is_chinchilla():
     out = run_json("time", "--preset", "gpt2")
-    assert out["tokens"] == 20 * 124_439_808 and out["gpu"] == "h100-sxm" and out["mfu"] == 0.4
+    assert out["tokens"] == 20 * 124_439_808 and out["gpu"] == "h100-sxm"
+    assert out["mfu_source"] == "predicted" and 0 < out["mfu"] < 1
 
 
 BAD = [

@@ -15,19 +15,24 @@ from .render import emit_json, envelope, print_table
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(as_json: bool) -> None:
     """Accelerators: memory (datasheet and usable), dense peak FLOP/s per precision (never
-    sparsity figures), memory bandwidth and the datasheet each comes from."""
+    sparsity figures), memory bandwidth, SMs, node size, intra- and inter-node bandwidth, and
+    the source of each."""
     if as_json:
         emit_json({**envelope(None), "gpus": [dataclasses.asdict(g) for g in GPUS.values()]})
         return
     tflops = lambda v: "n/a" if v is None else f"{v / 1e12:,.2f}"  # noqa: E731
     size = lambda v: "n/a" if v is None else binary_bytes(v)  # noqa: E731
+    gbs = lambda v: "n/a" if v is None else f"{v / 1e9:,.0f}"  # noqa: E731
     rows = [[g.name, size(g.memory_bytes), size(g.usable_memory_bytes),
              *(tflops(g.peak_flops(p)) for p in PRECISIONS),
-             "n/a" if g.hbm_bytes_per_second is None else f"{g.hbm_bytes_per_second / 1e9:,.0f}"]
+             gbs(g.hbm_bytes_per_second), "n/a" if g.sms is None else str(g.sms),
+             str(g.gpus_per_node), gbs(g.intra_node_busbw), gbs(g.inter_node_busbw)]
             for g in GPUS.values()]
     print_table("Accelerators: dense peak TFLOP/s (10^12 FLOP/s, no sparsity figures)",
-                ["gpu", "memory", "usable", *PRECISIONS, "bandwidth GB/s"], rows,
+                ["gpu", "memory", "usable", *PRECISIONS, "bandwidth GB/s", "SMs", "node",
+                 "intra GB/s", "inter GB/s"], rows,
                 caption="usable: torch.cuda.mem_get_info's total, what serving engines size "
-                        "against")
-    print_table("Sources", ["gpu", "datasheet", "usable memory"],
-                [[g.name, g.source, g.usable_source] for g in GPUS.values()])
+                        "against; node: GPUs per server; intra: NCCL ring bus bandwidth within "
+                        "a node; inter: network line rate per GPU across nodes")
+    print_table("Sources", ["gpu", "datasheet", "usable memory", "fabric"],
+                [[g.name, g.source, g.usable_source, g.fabric_source] for g in GPUS.values()])

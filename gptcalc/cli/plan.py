@@ -12,12 +12,12 @@ from ..config import GPTConfig
 from ..errors import ConfigError
 from ..memory.engines import names
 from ..gpus import DEFAULT_GPU, gpu as find_gpu, require_peak, usable_memory
-from ..plan import (DEFAULT_MAX_GPUS, Layout, Plan, PlanSearch, global_batch as sequences,
-                    layout_setup, search)
+from ..plan import (DEFAULT_MAX_EVALUATIONS, DEFAULT_MAX_GPUS, TIE_RULE, Layout, Plan,
+                    PlanSearch, global_batch as sequences, layout_setup, search)
 from ..schema import MODEL_OPTIONS, OPTIONS
-from ..time import parse_count
+from ..time import check_positive, parse_count
 from ..training import resolve_training
-from ..units import binary_bytes, si
+from ..units import binary_bytes
 from ..workload import Workload
 from .options import ByteSize, click_option, config_section, current_setup, describe, model_options
 from .render import emit_json, envelope, print_line, print_table
@@ -54,51 +54,75 @@ def _kept_options(command):
 @_count("--tokens-per-step", "Tokens per optimizer step, a multiple of --seq-len.")
 @click.option("--max-gpus", type=int, default=DEFAULT_MAX_GPUS, show_default=True,
               help="Largest GPU count to plan for.")
+@click.option("--gpus", type=int, default=None,
+              help="Plan for exactly this many GPUs: its layouts, fastest first.")
+@_count("--tokens", "With --days: the training tokens to finish; the plan is the fewest GPUs "
+                    "whose step time finishes them in time.")
+@click.option("--days", type=float, default=None,
+              help="With --tokens: the days the training may take.")
+@click.option("--max-evaluations", type=int, default=DEFAULT_MAX_EVALUATIONS,
+              show_default=True, help="Bound on the step peaks the search computes; past it "
+                                      "the search stops and says so.")
 @click.option("--engines", default=None, metavar="LIST",
               help="Engines to plan with, e.g. fsdp2,megatron (default: every engine; see "
                    "`--engine` of `gptcalc memory`).")
 @click.option("--top", type=int, default=10, show_default=True, help="Plans to list.")
-@click.option("--mfu", type=float, default=0.4, show_default=True,
-              help="Utilisation of the dense peak by the FLOPs a step executes (recomputation "
-                   "included, so recomputing costs time), in (0, 1].")
+@click.option("--mfu", type=float, default=None,
+              help="Override: a utilisation of the dense peak by the FLOPs a step executes "
+                   "(recomputation included), in (0, 1], instead of the step model (`gptcalc "
+                   "time`'s compute, communication and bubble).")
 @click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16",
               show_default=True, help="Which dense peak of the GPU to use.")
 @_kept_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes, seconds).")
 def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | None,
             global_batch: int | None, tokens_per_step: int | None, max_gpus: int,
-            engines: str | None, top: int, mfu: float, precision: str, as_json: bool,
+            gpus: int | None, tokens: int | None, days: float | None, max_evaluations: int,
+            engines: str | None, top: int, mfu: float | None, precision: str, as_json: bool,
             **given: Any) -> None:
-    """The data, tensor and pipeline layouts, engines and recomputation that fit a training
-    step in each GPU's memory, ranked by estimated step time (then fewer GPUs); each with the
-    `gptcalc memory` command that reproduces its peak."""
+    """The data, tensor, pipeline and context layouts, engines and recomputation that fit a
+    training step in each GPU's memory, ranked by step time (`gptcalc time`'s model); each with
+    the `gptcalc memory` command that reproduces its peak. --gpus N: the layouts of N GPUs;
+    --tokens T --days D: the fewest GPUs that finish T tokens in D days."""
     cfg, wl = model
     _refuse_workload()
     g = find_gpu(gpu_name)
-    peak = require_peak(g, precision)
+    require_peak(g, precision)
     budget = gpu_memory if gpu_memory is not None else usable_memory(g)
     batch = sequences(wl.seq_len, global_batch, tokens_per_step)
+    deadline = _deadline(tokens, days, batch * wl.seq_len)
     kept = {k: v for k, v in given.items() if v is not None}
 
     def setup_for(layout: Layout):
         return layout_setup(cfg, layout, kept, _sections(), _from_hf())
 
-    base = dict(budget=budget, peak_flops=peak, utilisation=mfu, max_gpus=max_gpus,
-                setup_for=setup_for, lora=bool(kept.get("lora_rank")),
-                engines=_engines(engines))
     resolve_training(cfg, _sections(), kept, _from_hf())  # a bad option fails here, by name
-    found = search(cfg, wl.seq_len, batch, top=top, **base)
-    fewest = search(cfg, wl.seq_len, batch, top=1, order="gpus", **base).plans
-    fewest_plan = fewest[0] if fewest else None
-    line = _assumptions(g.name, budget, peak, precision, mfu, batch, wl.seq_len, max_gpus)
+    found = search(cfg, wl.seq_len, batch, budget, g, precision, mfu, max_gpus, top=top,
+                   setup_for=setup_for, lora=bool(kept.get("lora_rank")),
+                   engines=_engines(engines), gpus=gpus, max_step_seconds=deadline,
+                   order="gpus" if deadline is not None else "time",
+                   max_evaluations=max_evaluations)
+    line = _assumptions(g.name, budget, precision, mfu, batch, wl.seq_len, max_gpus, gpus,
+                        tokens, days)
     device = ["--gpu-memory", _size(gpu_memory)] if gpu_memory is not None else ["--gpu", g.name]
     commands = [_command(p, wl.seq_len, device, kept) for p in found.plans]
+    fewest = found.fewest
     if as_json:
-        emit_json(_json(cfg, wl.seq_len, batch, budget, line, found, commands, fewest_plan,
-                        None if fewest_plan is None else
-                        _command(fewest_plan, wl.seq_len, device, kept)))
+        emit_json(_json(cfg, wl.seq_len, batch, budget, line, found, commands, fewest,
+                        None if fewest is None else _command(fewest, wl.seq_len, device, kept)))
         return
-    _render(cfg, budget, max_gpus, line, found, commands, fewest_plan)
+    _render(cfg, budget, max_gpus, line, found, commands, fewest, deadline is not None)
+
+
+def _deadline(tokens: int | None, days: float | None, step_tokens: int) -> float | None:
+    """The longest step time that finishes `tokens` in `days` (both given, or neither)."""
+    if (tokens is None) != (days is None):
+        raise ConfigError("days" if days is None else "tokens",
+                          "give --tokens and --days together")
+    if tokens is None:
+        return None
+    check_positive(days, "days")
+    return days * 86_400 * step_tokens / tokens
 
 
 def _refuse_workload() -> None:
@@ -157,6 +181,10 @@ def _command(plan: Plan, seq_len: int, device: list[str], kept: dict[str, Any]) 
             "--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp),
             "--zero", str(lay.zero), "--engine", lay.engine, "--recompute", lay.recompute,
             "--mode", plan.setup.mode]
+    if lay.cp > 1:
+        args += ["--cp", str(lay.cp)]
+    if lay.schedule != "1f1b":
+        args += ["--pp-schedule", lay.schedule, "--pp-virtual", str(lay.virtual)]
     if lay.sp:
         args.append("--sp")
     elif click.get_current_context().params.get("config"):
@@ -169,13 +197,19 @@ def _command(plan: Plan, seq_len: int, device: list[str], kept: dict[str, Any]) 
     return shlex.join(args + device)
 
 
-def _assumptions(gpu: str, budget: int, peak: float, precision: str, mfu: float, batch: int,
-                 seq_len: int, max_gpus: int) -> str:
-    return (f"Assuming {gpu} with {binary_bytes(budget)} per GPU at its dense {precision} peak "
-            f"{si(peak, 'FLOP/s')} and MFU {mfu:g} of the FLOPs a step executes (recomputation "
-            f"included); the 1F1B bubble (pp-1)/grad_accum; no communication time; global "
-            f"batch {batch:,} sequences of {seq_len:,} tokens ({batch * seq_len:,} tokens per "
-            f"step); at most {max_gpus:,} GPUs, tp within a node of 8")
+def _assumptions(gpu: str, budget: int, precision: str, mfu: float | None, batch: int,
+                 seq_len: int, max_gpus: int, gpus: int | None, tokens: int | None,
+                 days: float | None) -> str:
+    timing = (f"step time at MFU {mfu:g} of the FLOPs a step executes (recomputation "
+              "included) with the 1F1B bubble, no communication" if mfu is not None else
+              "step time as `gptcalc time` predicts it (compute op by op, exposed "
+              "communication on the card's two-level network, the bubble)")
+    count = f"exactly {gpus:,} GPUs" if gpus else f"at most {max_gpus:,} GPUs"
+    goal = "" if tokens is None else (f"; the fewest GPUs that train {tokens:,} tokens in "
+                                      f"{days:g} days")
+    return (f"Assuming {gpu} with {binary_bytes(budget)} per GPU at its dense {precision} peak; "
+            f"{timing}; global batch {batch:,} sequences of {seq_len:,} tokens "
+            f"({batch * seq_len:,} tokens per step); {count}, tp within a node of 8{goal}")
 
 
 def _engine(layout: Layout) -> str:
@@ -186,6 +220,7 @@ def plan_json(plan: Plan, command: str) -> dict[str, Any]:
     """One plan as `gptcalc plan --json` lists it."""
     lay = plan.layout
     return {"command": command, "gpus": plan.gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
+            "cp": lay.cp, "pp_schedule": lay.schedule, "pp_virtual": lay.virtual,
             "sp": lay.sp, "zero": lay.zero, "engine": lay.engine, "mode": plan.setup.mode,
             "recompute": lay.recompute, "micro_batch": plan.micro_batch,
             "grad_accum": plan.grad_accum, "peak": plan.peak,
@@ -205,19 +240,27 @@ def _json(cfg, seq_len, batch, budget, line, found: PlanSearch, commands, fewest
                 "engine": closest.layout.engine, "recompute": closest.layout.recompute,
                 "micro_batch": closest.micro_batch, "grad_accum": closest.grad_accum,
                 "peak": closest.peak},
-            "searched": {"layouts": found.layouts, "step_peaks": found.evaluations}}
+            "searched": {"layouts": found.layouts, "step_peaks": found.evaluations,
+                         "capped": found.capped}, "tie_rule": TIE_RULE}
 
 
 def _row(i: int, p: Plan) -> list[str]:
     lay = p.layout
-    return [str(i), f"{p.gpus:,}", f"{lay.dp} x {lay.tp} x {lay.pp}" + (" sp" if lay.sp else ""),
+    shape = f"{lay.dp} x {lay.tp} x {lay.pp}" + (f" x cp {lay.cp}" if lay.cp > 1 else "") + (
+        " sp" if lay.sp else "") + (f" v{lay.virtual}" if lay.virtual > 1 else "")
+    return [str(i), f"{p.gpus:,}", shape,
             _engine(lay), lay.recompute, f"{p.micro_batch} x {p.grad_accum}",
             binary_bytes(p.peak), f"{p.step_seconds:,.2f}", f"{p.tokens_per_second:,.0f}"]
 
 
-def _render(cfg, budget, max_gpus, line, found: PlanSearch, commands, fewest) -> None:
+def _render(cfg, budget, max_gpus, line, found: PlanSearch, commands, fewest,
+            deadline: bool) -> None:
     print_line(line)
     print_line(describe(cfg))
+    if found.capped:
+        print_line(f"The search stopped after {found.evaluations:,} step peaks "
+                   "(--max-evaluations): the plans below are the best found before it, not "
+                   "necessarily the best")
     if not found.plans:
         c = found.closest
         near = "" if c is None else (
@@ -225,19 +268,22 @@ def _render(cfg, budget, max_gpus, line, found: PlanSearch, commands, fewest) ->
             f"{c.layout.pp}, {_engine(c.layout)}, recompute {c.layout.recompute}, micro-batch "
             f"{c.micro_batch} x {c.grad_accum}: peak {binary_bytes(c.peak)}, "
             f"{binary_bytes(c.peak - budget)} over")
-        print_line(f"No layout fits {binary_bytes(budget)} per GPU within {max_gpus:,} GPUs{near}")
+        what = "finishes in time" if deadline else f"fits {binary_bytes(budget)} per GPU"
+        print_line(f"No layout {what} within {max_gpus:,} GPUs{near}")
         return
-    print_table("Layouts that fit, fastest first",
+    title = ("Layouts that finish in time, fewest GPUs first" if deadline else
+             "Layouts that fit, fastest first")
+    print_table(title,
                 ["#", "GPUs", "dp x tp x pp", "engine", "recompute", "B x accum", "peak / GPU",
                  "step s", "tokens/s"],
                 [_row(i, p) for i, p in enumerate(found.plans, 1)],
                 caption=f"{found.layouts:,} layouts searched, {found.evaluations:,} step peaks "
-                        "computed")
+                        f"computed; {TIE_RULE}")
     for i, c in enumerate(commands, 1):
         print_line(f"{i}: {c}")
     if fewest is not None:
         lay = fewest.layout
-        print_line(f"Fewest GPUs: {fewest.gpus:,} (dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, "
-                   f"{_engine(lay)}, recompute {lay.recompute}, micro-batch "
-                   f"{fewest.micro_batch} x {fewest.grad_accum}), peak "
-                   f"{binary_bytes(fewest.peak)}, {fewest.step_seconds:,.2f} s per step")
+        print_line(f"Fewest GPUs: {fewest.gpus:,} (dp {lay.dp} x tp {lay.tp} x pp {lay.pp}"
+                   f"{f' x cp {lay.cp}' if lay.cp > 1 else ''}, {_engine(lay)}, recompute "
+                   f"{lay.recompute}, micro-batch {fewest.micro_batch} x {fewest.grad_accum}), "
+                   f"peak {binary_bytes(fewest.peak)}, {fewest.step_seconds:,.2f} s per step")

@@ -44,13 +44,13 @@ from dataclasses import dataclass, field
 
 from ..config import GPTConfig
 from ..errors import ConfigError, one_of, positive_int
-from ..gpus import GPU, usable_memory
+from ..gpus import GPU, GPUS, usable_memory
 from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
 from .kv import kv_bytes_per_token_layer
-from .sampler import (SAMPLERS, SMS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes,
-                      sampler_bytes, sort_free_sampler_bytes)
+from .sampler import (SAMPLERS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes, sampler_bytes,
+                      sm_count, sort_free_sampler_bytes)
 from .servers import (Release, custom_all_reduce_bytes, parse_version, release,
                       scheduler_defaults)
 from .weights import (device_weight_bytes, pp_partition, stage_weight_parts,
@@ -70,15 +70,18 @@ DEFAULT_NON_TORCH = GiB // 5
 # (https://github.com/sgl-project/sglang/issues/11716). The smallest of them,
 # less vLLM's custom all-reduce buffers (`servers.custom_all_reduce_bytes`, counted apart).
 TP_NVSWITCH_NON_TORCH = int(2.07 * GiB) - 24 * 2**20
-# the catalogue's cards on NVSwitch baseboards (HGX): NCCL's NVLink SHARP and channel buffers
-NVSWITCH_GPUS = ("h100-sxm", "h200", "b200")
+# the catalogue's cards on NVSwitch baseboards (HGX) with NCCL's NVLink SHARP and channel
+# buffers logged (`gptcalc.gpus`' nvlink_sharp)
+NVSWITCH_GPUS = tuple(g.name for g in GPUS.values() if g.nvlink_sharp)
 
 
 def default_non_torch(gpu_name: str, tp: int) -> int:
     """Non-torch memory per GPU beyond the CUDA context when none is given: the logged
     `TP_NVSWITCH_NON_TORCH` at tp >= 2 on an NVSwitch card, else `DEFAULT_NON_TORCH` (vLLM's
     logs on one GPU and at tp > 1 on PCIe cards)."""
-    return TP_NVSWITCH_NON_TORCH if tp >= 2 and gpu_name in NVSWITCH_GPUS else DEFAULT_NON_TORCH
+    g = GPUS.get(gpu_name)
+    return TP_NVSWITCH_NON_TORCH if tp >= 2 and g is not None and g.nvlink_sharp else \
+        DEFAULT_NON_TORCH
 POSITION_BYTES = 8  # the int64 position of every token of the profile batch
 # E-wide tensors live at a block's peak, besides the branch's working set: transformers keeps
 # the embedding output, the block's input, the residual and the normed input (measured,
@@ -475,7 +478,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
                     if offloaded and rel.engine == "V0" else 0)
         act = {} if engine == "sglang" else profile_activation_bytes(
             cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype),
-            engine=rel.engine, sort_free=backend == "triton", sms=SMS.get(gpu_name, 0),
+            engine=rel.engine, sort_free=backend == "triton", sms=sm_count(gpu_name),
             moe_kept=persistent_moe_workspace(rel), last_stage=end == cfg.n_layer,
             moe_tp=1 if expert_parallel else tp * dp, streamed=streamed,
             flashinfer=backend == "flashinfer")

@@ -49,7 +49,7 @@ from ..time import check_fraction
 from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
 from .pool import (gpu_memory, persistent_moe_workspace, profile_activation_bytes,
                    sort_free_sampler, vllm_defaults)
-from .sampler import SMS
+from .sampler import sm_count
 from .servers import release
 from .weights import device_weight_bytes, unquantised_bytes, weight_bytes
 
@@ -76,7 +76,7 @@ def prefill_activation_bytes(cfg: GPTConfig, batch_size: int, prompt_len: int, t
     seqs = min(batch_size, max_seqs, tokens)
     return sum(profile_activation_bytes(cfg, tokens, seqs, tp, act_bytes,
                                         sort_free=sort_free_sampler(release("vllm")),
-                                        sms=SMS.get(gpu_name, 0),
+                                        sms=sm_count(gpu_name),
                                         moe_kept=persistent_moe_workspace(release("vllm"))
                                         ).values())
 

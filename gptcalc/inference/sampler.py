@@ -54,6 +54,8 @@ llm-d-planner, accuracy/results/version-sweep) fall from 5.64 GiB at 0.16.0 to 2
 
 from __future__ import annotations
 
+from ..gpus import GPUS
+
 FLOAT32 = 4
 SORTED = 4 + 8  # values (float32) and int64 indices
 MASKS = 1 + 1  # top-k and top-p boolean masks
@@ -70,12 +72,15 @@ PER_REQUEST = 4 + 4 + 8 + 3 * 4 + 8
 
 TRITON_SAMPLER_SINCE = (0, 17, 0)  # vLLM's first release that masks top-k/top-p without a sort
 PROBS = NOISE = 4  # float32 probabilities and exponential noise per logit
-# Streaming multiprocessors of the catalogue's GPUs (NVIDIA's datasheets and architecture
-# whitepapers; compute units for AMD): the Triton sampler runs one program per SM at most
-SMS = {"h100-sxm": 132, "h100-pcie": 114, "h200": 132, "h20": 78, "b200": 148,
-       "a100-sxm-40gb": 108, "a100-sxm-80gb": 108, "a100-pcie-40gb": 108, "a100-pcie-80gb": 108,
-       "l40s": 142, "rtx-4090": 128, "rtx-3090": 82, "a10g": 80, "l4": 58, "t4": 40,
-       "a6000": 84, "mi300x": 304}
+# Streaming multiprocessors of the catalogue's GPUs (`gptcalc.gpus`, where each is cited): the
+# Triton sampler runs one program per SM at most
+SMS = {g.name: g.sms for g in GPUS.values() if g.sms}
+
+
+def sm_count(gpu_name: str) -> int:
+    """The catalogue card's SMs, 0 for a card without the figure or a name not in it."""
+    g = GPUS.get(gpu_name)
+    return (g.sms or 0) if g is not None else 0
 
 
 def sort_free_sampler_bytes(seqs: int, vocab_size: int, act_bytes: int = 2, sms: int = 0
@@ -145,4 +150,4 @@ def flashinfer_sampler_bytes(seqs: int, vocab_size: int, act_bytes: int = 2) -> 
 
 
 __all__ = ["SAMPLERS", "SMS", "TRITON_SAMPLER_SINCE", "flashinfer_sampler_bytes",
-           "sampler_bytes", "sort_free_sampler_bytes", "sort_temporaries"]
+           "sampler_bytes", "sm_count", "sort_free_sampler_bytes", "sort_temporaries"]

@@ -30,12 +30,12 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from .config import GPTConfig
-from .errors import ConfigError, fraction, number, positive_int
-from .workload import Workload
-from .flops import count_flops, published_estimates
-from .gpus import GPU, require_peak
-from .params import count_params
+from ..config import GPTConfig
+from ..errors import ConfigError, fraction, number, positive_int
+from ..workload import Workload
+from ..flops import count_flops, published_estimates
+from ..gpus import GPU, require_peak
+from ..params import count_params
 
 SECONDS_PER_DAY = 86_400
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 tokens per parameter is optimal

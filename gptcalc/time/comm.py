@@ -1,0 +1,203 @@
+"""The collectives of one training step on one rank, and their time on a two-level network.
+
+Ranks are placed as Megatron-LM and torchtitan place them: tensor parallel innermost (stride 1),
+then context parallel, then data parallel (expert parallel inside it), pipeline outermost; a
+group of n ranks at stride s has k = min(n, node / s) ranks on each node (1 when s >= node)
+and crosses nodes when n > k.
+
+Time of one collective of `size` bytes (nccl-tests' size: the all-reduced buffer, the gathered
+output, the scattered input) over n ranks, as NCCL defines bus bandwidth:
+
+    all-reduce        size x 2(n-1)/n / busbw + latency
+    all-gather,       size x (n-1)/n / busbw + latency
+    reduce-scatter
+    all-to-all        size x (n-1)/n / busbw + latency  (busbw: the NIC's when it crosses nodes)
+    send/recv         size / busbw + latency
+
+busbw is the card's intra-node figure within a node; across nodes, the k NICs a node gives the
+group: min(intra, k x inter) (a ring leaves each node once per channel, over the node's NICs).
+Latency is NCCL's ring/Simple model (src/graph/tuning.cc: baseLat 8.4 us, hwLat 5.7 us per
+NVLink or PCI step, 6.6 us per network step): 8.4 us plus 5.7 us per intra-node step and
+6.6 us per inter-node step. An all-gather or reduce-scatter is a ring of n - 1 steps, nodes - 1
+of them over the network (NCCL runs them as rings only); an all-reduce runs NCCL's tree across
+nodes: two passes of (k - 1) intra-node and ceil(log2 nodes) network steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config import GPTConfig
+from ..errors import ConfigError
+from ..gpus import GPU
+from ..training_setup import TrainingSetup
+from .compute import rank_parameters, stage_blocks
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
+BASE_LATENCY = 8.4e-6  # NCCL tuning.cc baseLat, ring/Simple
+INTRA_STEP_LATENCY = 5.7e-6  # hwLat NVLink (and PCI), ring/Simple
+INTER_STEP_LATENCY = 6.6e-6  # hwLat network, ring/Simple
+# torch.nn.parallel.DistributedDataParallel: bucket_cap_mb=25 and a first bucket of 1 MiB
+# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+DDP_BUCKET_BYTES = 25 * 2**20
+DDP_FIRST_BUCKET_BYTES = 2**20
+
+
+@dataclass(frozen=True)
+class Collective:
+    """`count` collectives of one kind per step on one rank, each of `size` bytes over a group
+    of `group` ranks; `part` names what issues it (tp, cp, ep, pp, dp, fsdp)."""
+
+    part: str
+    kind: str
+    size: float
+    group: int
+    count: int
+    crosses_nodes: bool
+    ranks_per_node: int
+
+    @property
+    def bytes_total(self) -> float:
+        return self.size * self.count
+
+
+def placement(n: int, stride: int, node: int) -> tuple[int, bool]:
+    """(ranks of the group per node, whether the group crosses nodes) for a group of n ranks
+    at `stride` on nodes of `node` GPUs."""
+    k = max(1, min(n, node // stride)) if stride < node else 1
+    return k, n > k
+
+
+def collective_seconds(kind: str, size: float, n: int, k: int, crosses: bool, g: GPU,
+                       intra: float | None = None, inter: float | None = None) -> float:
+    """Seconds of one collective (module docstring); `intra`/`inter` override the card's."""
+    if n <= 1 or size <= 0:
+        return 0.0
+    intra = intra or g.intra_node_busbw
+    inter = inter or g.inter_node_busbw
+    if intra is None or (crosses and inter is None):
+        raise ConfigError("gpu", f"{g.name} has no network figures; pick an accelerator (see "
+                                 "`gptcalc gpus`)")
+    if kind == "all-to-all":
+        bw = inter if crosses else intra
+    elif kind == "send/recv":
+        return size / (inter if crosses else intra) + BASE_LATENCY + (
+            INTER_STEP_LATENCY if crosses else INTRA_STEP_LATENCY)
+    else:
+        bw = min(intra, k * inter) if crosses else intra
+    factor = 2 * (n - 1) / n if kind == "all-reduce" else (n - 1) / n
+    nodes = math.ceil(n / k)
+    if kind == "all-reduce":  # NCCL's tree across nodes, a ring within: two passes
+        latency = BASE_LATENCY + 2 * ((k - 1) * INTRA_STEP_LATENCY
+                                      + math.ceil(math.log2(nodes)) * INTER_STEP_LATENCY)
+    else:  # all-gather, reduce-scatter, all-to-all: a ring of n - 1 steps, nodes - 1 of them
+        # over the network (NCCL tuning.cc's nInterSteps)
+        latency = BASE_LATENCY + (n - nodes) * INTRA_STEP_LATENCY \
+            + (nodes - 1) * INTER_STEP_LATENCY
+    return size * factor / bw + latency
+
+
+def ddp_buckets(gradient_bytes: float, cap: int = DDP_BUCKET_BYTES) -> int:
+    """All-reduces DDP issues for `gradient_bytes` of gradients with buckets of `cap` bytes: at
+    the default cap a first bucket of DDP_FIRST_BUCKET_BYTES, then buckets of the cap (with
+    bucket_cap_mb given, torch 2.13's DDP makes the first bucket the cap too); the gradients
+    taken as whole tensors that fill buckets exactly (DDP never splits a tensor)."""
+    first = DDP_FIRST_BUCKET_BYTES if cap == DDP_BUCKET_BYTES else cap
+    rest = max(0.0, gradient_bytes - first)
+    return 1 + math.ceil(rest / cap)
+
+
+def gradient_bytes(setup: TrainingSetup) -> int:
+    """Bytes of one gradient element as reduced: fp32 under fp32 and amp (fp32 weights), 16
+    bits under mixed and bf16."""
+    return setup.weight_bytes
+
+
+def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
+                micro_batches: int, node: int) -> list[Collective]:
+    """Every collective one rank of the heaviest stage issues in one optimizer step of
+    `micro_batches` micro-batches of `batch` sequences (module docstring for placement)."""
+    tp, cp, dp, pp, ep = setup.tp, setup.cp, setup.dp, setup.pp, setup.ep
+    m, a, E = micro_batches, setup.act_bytes, cfg.n_embd
+    blocks = stage_blocks(cfg, pp)
+    tokens = batch * seq_len / cp
+    out: list[Collective] = []
+
+    def add(part, kind, size, n, stride, count):
+        if n > 1 and count > 0 and size > 0:
+            k, crosses = placement(n, stride, node)
+            out.append(Collective(part, kind, size, n, count, crosses, k))
+
+    # tensor (and sequence) parallel: around attention and the MLP, forward and backward;
+    # full recomputation runs the forward's again (Korthikanti et al. 2022, sec. 4.2)
+    fwd_runs = 2 if setup.recompute == "full" else 1
+    act = tokens * E * a
+    if setup.sp:
+        for kind in ("all-gather", "reduce-scatter"):
+            add("tp", kind, act, tp, 1, m * blocks * 2 * (fwd_runs + 1))
+    else:
+        add("tp", "all-reduce", act, tp, 1, m * blocks * 2 * (fwd_runs + 1))
+    # context parallel: the ring passes each rank's keys and values cp - 1 times in forward;
+    # backward passes them and their gradients (Megatron-core's ring attention)
+    kv = tokens * 2 * cfg.kv_heads * cfg.head_size / tp * a
+    add("cp", "send/recv", kv, cp, tp, m * blocks * (cp - 1) * (fwd_runs + 2))
+    # expert parallel: dispatch and combine in forward, their gradients in backward
+    if cfg.moe and ep > 1:
+        moe_blocks = max(1, round(blocks * _moe_share(cfg)))
+        routed = tokens * cfg.n_expert_active * E * a
+        add("ep", "all-to-all", routed, ep, tp * cp, m * moe_blocks * 2 * (fwd_runs + 1))
+    # pipeline: one activation forward and its gradient backward per micro-batch and chunk
+    if pp > 1:
+        size = act / tp if setup.sp else act
+        # the stages are node-strided: some boundary crosses nodes once the layout does
+        out.append(Collective("pp", "send/recv", size, 2, 2 * m * setup.pp_virtual,
+                              tp * cp * dp * pp > node, 1))
+    out += _data_parallel(cfg, setup, m, node, blocks)
+    return out
+
+
+def _moe_share(cfg: GPTConfig) -> float:
+    from ..layers import moe_layers
+
+    return moe_layers(cfg) / cfg.n_layer
+
+
+def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
+                   blocks: int) -> list[Collective]:
+    """The gradient reduction and parameter gathers over the dp x cp ranks that hold the same
+    parameters: DDP's bucketed all-reduce; ZeRO 1-2 and Megatron's distributed optimizer a
+    reduce-scatter of the gradients and an all-gather of the updated parameters; ZeRO-3
+    (FSDP2 reshard_after_forward, DeepSpeed stage 3) per block an all-gather in forward and in
+    backward and a reduce-scatter of its gradients, every micro-batch (FSDP2 at --zero 2 keeps
+    the forward's gather for backward)."""
+    n = setup.dp * setup.cp
+    if n <= 1:
+        return []
+    k, crosses = placement(n, setup.tp, node)
+    params = rank_parameters(cfg, setup)
+    g = gradient_bytes(setup)
+    if setup.engine == "fsdp2" and setup.mode != "bf16":
+        g = 4  # MixedPrecisionPolicy's fp32 reduction (torchtitan's default), fp32 shards
+    w = setup.act_bytes if setup.mode != "fp32" else 4  # parameters gathered in 16 bits
+
+    def c(kind, size, count, part="dp"):
+        return Collective(part, kind, size, n, count, crosses, k)
+
+    if setup.zero == 3 or (setup.zero == 2 and setup.engine == "fsdp2"):
+        block = params / blocks  # per block (embeddings and head folded in)
+        gathers = 2 if setup.zero == 3 else 1
+        return [c("all-gather", block * w, m * blocks * gathers, "fsdp"),
+                c("reduce-scatter", block * g, m * blocks, "fsdp")]
+    total = params * g
+    buckets = ddp_buckets(total)
+    ddp = c("all-reduce", total / buckets, buckets)
+    if setup.engine == "zero-redundancy":  # DDP's all-reduce, then each shard broadcast back
+        return [ddp, c("all-gather", params * w, 1)]
+    if setup.zero in (1, 2) or (setup.engine == "megatron" and setup.distributed_optimizer):
+        return [c("reduce-scatter", total, 1), c("all-gather", params * w, 1)]
+    return [ddp]
+
+
+__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "KINDS", "Collective",
+           "collective_seconds", "collectives", "ddp_buckets", "placement"]

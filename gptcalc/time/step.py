@@ -1,0 +1,146 @@
+"""One optimizer step's time: compute, the communication compute does not hide, the bubble.
+
+    slot    = forward + backward of one micro-batch on the heaviest stage (`compute`), plus
+              the exposed tensor-, context- and expert-parallel communication and the
+              pipeline's send/recv of that micro-batch
+    step    = m x slot + bubble + exposed data-parallel communication + optimizer step
+
+What each engine overlaps with compute (`comm` lists the collectives):
+- tensor parallel and expert parallel collectives sit between the ops that need them: exposed
+  (Megatron-LM's and torchtitan's defaults; their async/overlapped TP is opt-in).
+- context parallel's ring sends the next chunk while the current one is attended: exposed only
+  what exceeds the attention kernels' time.
+- FSDP2 and ZeRO-3 prefetch the next block's all-gather during the current block's compute
+  and reduce-scatter during the next block's backward: exposed, the first block's gather each
+  micro-batch and what the collectives take beyond all compute.
+- DDP's buckets all-reduce during the last micro-batch's backward (gradients are synchronised
+  once per step, `no_sync` before): exposed, the last bucket or what exceeds that backward.
+  Megatron's distributed optimizer overlaps its reduce-scatter the same way and its parameter
+  all-gather with the next forward (--overlap-grad-reduce, --overlap-param-gather, as its
+  training recipes run). DeepSpeed ZeRO 1-2 (overlap_comm off below stage 3, its default) and
+  ZeroRedundancyOptimizer's broadcast after the step are exposed.
+- pipeline send/recv is on the critical path of each slot.
+
+Bubble per schedule (p stages, m micro-batches, v chunks per stage; Narayanan et al. 2021 sec.
+2.2): GPipe and 1F1B (p - 1) slots, interleaved 1F1B (p - 1) / v slots, zero bubble (Qi et al.
+2023, ZB-H1) (p - 1) x (slot - weight-gradient time) / v: the weight gradients (half the
+backward's matmuls) fill the gaps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..config import GPTConfig
+from ..errors import positive_int
+from ..flops import count_flops
+from ..gpus import GPU, require_peak
+from ..training_setup import TrainingSetup
+from ..workload import Workload
+from .comm import Collective, collective_seconds, collectives
+from .compute import micro_batch_compute, optimizer_seconds
+
+PARTS = ("compute", "recompute", "comm/tp", "comm/cp", "comm/ep", "comm/pp", "comm/fsdp",
+         "comm/dp", "bubble", "optimizer")
+
+
+@dataclass(frozen=True)
+class TimedCollective:
+    collective: Collective
+    seconds: float  # all `count` of them, as if nothing overlapped
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A step's seconds and its parts (`PARTS`, which sum to it)."""
+
+    step_seconds: float
+    tokens_per_step: int
+    gpus: int
+    model_flops: float  # of the step: forward + backward, full S x S attention (gptcalc.flops)
+    peak_flops: float  # the dense bf16 peak the MFU is measured against
+    parts: dict[str, float]
+    collectives: list[TimedCollective] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.step_seconds
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs per second over gpus x dense bf16 peak (PaLM's definition)."""
+        return self.model_flops / (self.step_seconds * self.gpus * self.peak_flops)
+
+
+def _bubble(setup: TrainingSetup, slot: float, weight_grad: float) -> float:
+    p, v = setup.pp, setup.pp_virtual
+    if p == 1:
+        return 0.0
+    if setup.pp_schedule == "zero-bubble":
+        return (p - 1) * (slot - weight_grad) / v
+    return (p - 1) * slot / (v if setup.pp_schedule == "interleaved-1f1b" else 1)
+
+
+def step_time(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
+              micro_batches: int, g: GPU, precision: str = "bf16", node: int | None = None,
+              intra: float | None = None, inter: float | None = None) -> StepTime:
+    """The step time of `micro_batches` micro-batches of `batch` sequences of `seq_len` tokens
+    on every data-parallel replica of `setup`'s layout on `g` (module docstring); `node` GPUs
+    per node (default the card's), `intra`/`inter` bus bandwidths overriding the card's."""
+    positive_int("grad_accum", micro_batches)
+    node = node or g.gpus_per_node
+    m = micro_batches
+    c = micro_batch_compute(cfg, setup, batch, seq_len, g, precision)
+    timed = [TimedCollective(x, x.count * collective_seconds(
+        x.kind, x.size, x.group, x.ranks_per_node, x.crosses_nodes, g, intra, inter))
+        for x in collectives(cfg, setup, batch, seq_len, m, node)]
+    by = {p: sum(t.seconds for t in timed if t.collective.part == p)
+          for p in ("tp", "cp", "ep", "pp", "fsdp", "dp")}
+    attention = c.attention_forward * (2 if setup.recompute in ("selective", "full") else 1) \
+        + c.attention_backward
+    cp = max(0.0, by["cp"] - m * attention)
+    compute = c.forward + c.backward - c.recompute
+    slot = c.forward + c.backward + (by["tp"] + cp + by["ep"] + by["pp"]) / m
+    bubble = _bubble(setup, slot, c.matmul_backward / 2)
+    fsdp = 0.0
+    if by["fsdp"]:
+        gathers = [t for t in timed if t.collective.part == "fsdp"
+                   and t.collective.kind == "all-gather"]
+        first = gathers[0].seconds / gathers[0].collective.count * m
+        fsdp = first + max(0.0, by["fsdp"] - first - m * (c.forward + c.backward))
+    dp = _exposed_dp(setup, [t for t in timed if t.collective.part == "dp"], c.backward,
+                     c.forward)
+    parts = {"compute": m * compute, "recompute": m * c.recompute, "comm/tp": by["tp"],
+             "comm/cp": cp, "comm/ep": by["ep"], "comm/pp": by["pp"], "comm/fsdp": fsdp,
+             "comm/dp": dp, "bubble": bubble, "optimizer": optimizer_seconds(cfg, setup, g)}
+    flops = _model_flops(cfg, seq_len)
+    global_batch = batch * m * setup.dp
+    return StepTime(sum(parts.values()), global_batch * seq_len, setup.gpus,
+                    flops * global_batch, require_peak(g, "bf16"), parts, timed)
+
+
+@lru_cache(maxsize=256)
+def _model_flops(cfg: GPTConfig, seq_len: int) -> int:
+    return count_flops(cfg, Workload(1, seq_len)).training_total
+
+
+def _exposed_dp(setup: TrainingSetup, timed: list[TimedCollective], backward: float,
+                forward: float) -> float:
+    """The data-parallel collectives' exposed seconds (module docstring)."""
+    out = 0.0
+    for t in timed:
+        x, s = t.collective, t.seconds
+        one = s / x.count
+        if x.kind == "all-reduce":  # DDP's buckets during the last backward
+            out += max(one, s - backward)
+        elif x.kind == "reduce-scatter" and setup.engine == "megatron":
+            out += max(one, s - backward)
+        elif x.kind == "all-gather" and setup.engine == "megatron":
+            out += max(0.0, s - forward)
+        else:  # DeepSpeed ZeRO 1-2 without overlap_comm, ZeroRedundancy's broadcast
+            out += s
+    return out
+
+
+__all__ = ["PARTS", "StepTime", "TimedCollective", "step_time"]
