@@ -224,3 +224,159 @@ def test_mamba_heads_that_do_not_fit_the_width_are_refused():
                mamba_d_head=8)  # 8 x 8 is not mamba_expand 2 x 64
     with pytest.raises(ConfigError, match="mamba_d_head"):
         config_from_hf(raw)
+
+
+# --- the cache of each layer kind, as vLLM pages it ------------------------------------------
+
+from click.testing import CliRunner  # noqa: E402
+
+from gptcalc.cli import cli  # noqa: E402
+from gptcalc.inference.kv import (hybrid_block_size, hybrid_groups,  # noqa: E402
+                                  kv_bytes_per_token_layer, state_bytes_per_layer,
+                                  state_elements_per_layer)
+from gptcalc.inference.pool import kv_pool  # noqa: E402
+
+GiB = 2**30
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def serve_json(*args: str) -> dict:
+    r = run("serve", *args, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_qwen3_next_state_per_layer_as_vllm_shapes_it():
+    """vLLM's `gated_delta_net_state_shape` (vllm/model_executor/layers/mamba/mamba_utils.py,
+    vllm-project/vllm@02d71083) for Qwen3-Next-80B (16 key heads of 128, 32 value heads of 128,
+    conv 4), by hand: conv (4 - 1) x (2 x 16 x 128 + 32 x 128) / tp, recurrent
+    32 / tp x 128 x 128."""
+    cfg = config_from_hf(QWEN3_NEXT_80B)
+    assert state_elements_per_layer(cfg, 1) == {"conv": 3 * 8192, "ssm": 32 * 128 * 128}
+    assert state_elements_per_layer(cfg, 4) == {"conv": 3 * 2048, "ssm": 8 * 128 * 128}
+    assert state_bytes_per_layer(cfg, 4, 2) == (6144 + 131072) * 2
+
+
+def test_mamba2_groups_are_replicated_up_to_tp():
+    """vLLM's `extra_groups_for_head_shards`: one group of B and C at tp 4 is held as 4, so the
+    conv state covers d_inner + 2 x 4 x N channels, a quarter on each GPU."""
+    raw = dict(model_type="granitemoehybrid", hidden_size=64, num_hidden_layers=2,
+               num_attention_heads=4, intermediate_size=96, vocab_size=128, mamba_n_heads=8,
+               mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4,
+               layer_types=["mamba", "attention"])
+    cfg = config_from_hf(raw)  # d_inner = 2 x 64 = 128, head_dim 16
+    assert state_elements_per_layer(cfg, 1) == {"conv": 3 * (128 + 2 * 16), "ssm": 8 * 16 * 16}
+    assert state_elements_per_layer(cfg, 4) == {"conv": 3 * (128 + 2 * 4 * 16) // 4,
+                                                "ssm": 2 * 16 * 16}
+
+
+def test_jamba_state_is_mamba1s():
+    """vLLM's `mamba1_state_shape`: conv (K - 1) x d_inner, ssm d_inner x N."""
+    cfg = config_from_hf(dict(model_type="jamba", hidden_size=64, num_hidden_layers=8,
+                              num_attention_heads=4, num_key_value_heads=2,
+                              intermediate_size=96, vocab_size=128))
+    assert state_elements_per_layer(cfg, 2) == {"conv": 3 * 64, "ssm": 64 * 16}
+
+
+def _qwen3_next_small(**change) -> dict:
+    return dict(model_type="qwen3_next", hidden_size=64, num_hidden_layers=8,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                intermediate_size=96, vocab_size=128, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                linear_conv_kernel_dim=4, num_experts=0, max_position_embeddings=4096) | change
+
+
+def test_the_attention_block_is_raised_to_hold_one_state_page_on_both_sides():
+    """vLLM's rule (vllm/model_executor/models/config.py, `HybridAttentionMambaModelConfig`,
+    vllm-project/vllm@0144dd5b): needed = 16 x ceil(state page / (16 x KV bytes per
+    token-layer)); a --block-size below it is raised, one at or above it is kept."""
+    cfg = config_from_hf(_qwen3_next_small())
+    token = kv_bytes_per_token_layer(cfg, 1, "bf16")  # 2 x 2 heads x 16 x 2 bytes = 128
+    state = state_bytes_per_layer(cfg, 1, 2)  # conv 3 x 64, ssm 4 x 8 x 8: 448 values, 896 bytes
+    assert (token, state) == (128, 896)
+    needed = 16  # 896 bytes fit in one page of 16 tokens x 128 bytes (2,048)
+    assert hybrid_block_size(cfg, None, 1, "bf16", 2) == needed
+    assert hybrid_block_size(cfg, needed - 1, 1, "bf16", 2) == needed
+    assert hybrid_block_size(cfg, needed, 1, "bf16", 2) == needed
+    assert hybrid_block_size(cfg, needed + 1, 1, "bf16", 2) == needed + 1
+
+
+@pytest.mark.parametrize("kernel, state, needed", [(13, 2048, 16), (14, 2176, 32)])
+def test_a_state_page_just_over_one_attention_page_takes_16_tokens_more(kernel, state, needed):
+    """The ceiling's boundary: with 128 bytes of KV a token, a state page of exactly 16 tokens'
+    KV (2,048 bytes) needs a block of 16; 128 bytes more need 32. The state, by hand: conv
+    (K - 1) x (2 x 2 x 8 + 4 x 8) values and 4 x 8 x 8 recurrent, 2 bytes each."""
+    cfg = config_from_hf(_qwen3_next_small(linear_conv_kernel_dim=kernel))
+    assert kv_bytes_per_token_layer(cfg, 1, "bf16") == 128
+    assert state_bytes_per_layer(cfg, 1, 2) == 2 * ((kernel - 1) * 64 + 256) == state
+    assert hybrid_block_size(cfg, None, 1, "bf16", 2) == needed
+
+
+@pytest.mark.parametrize("attention, state, expected", [
+    (12, 36, (12, 1, 3)),   # Qwen3-Next: 1 : 3, the fewer as the group size
+    (12, 17, (17, 1, 1)),   # 17 < 1.5 x 12: the more, the attention group padded
+    (12, 18, (12, 1, 2)),   # 18 is not below 1.5 x 12: the fewer again
+    (4, 28, (4, 1, 7)),     # Jamba: 1 attention block in 8
+    (32, 32, (32, 1, 1)),   # Falcon-H1: attention and Mamba in every block
+])
+def test_kv_cache_groups_on_both_sides_of_the_one_and_a_half_rule(attention, state, expected):
+    """vLLM's `_get_kv_cache_groups_uniform_page_size` (vllm/v1/core/kv_cache_utils.py,
+    vllm-project/vllm@001cabc1): `if max_num_layers < min_num_layers * 1.5`."""
+    assert hybrid_groups(attention, state) == expected
+
+
+def test_the_pool_blocks_and_concurrency_of_qwen3_next_at_tp_4():
+    """The pool in blocks of 12 layers' pages (272 tokens x 1,024 bytes each: one KV head a GPU
+    at tp 4, 2 x 256 x 2 bytes), and a request of C tokens takes ceil(C / 272) blocks in the
+    attention group and one in each of the 3 state groups."""
+    out = serve_json("--hf-config", str(QWEN3_NEXT_80B), "--tp", "4", "--max-model-len",
+                     "32768")
+    page = 272 * 1024
+    assert (out["block_size"], out["group_size"], out["attention_groups"],
+            out["state_groups"]) == (272, 12, 1, 3)
+    assert out["state_page"] == (6144 + 131072) * 2 <= page
+    assert out["kv_blocks"] == out["kv_cache"] // (12 * page)
+    assert out["max_concurrency"]["32768"] == pytest.approx(out["kv_blocks"] / (121 + 3))
+
+
+def test_concurrency_is_bounded_by_the_state_slots():
+    """Short requests: each still takes one whole block in every state group, so the pool holds
+    at most blocks / (attention groups + state groups) of them however short."""
+    cfg = config_from_hf(_qwen3_next_small())
+    pool = kv_pool(cfg, 80 * GiB, max_model_len=4096)
+    assert pool.max_concurrency(cfg, 1) == pool.kv_blocks / (pool.attention_groups
+                                                             + pool.state_groups)
+
+
+def test_hybrid_pools_start_at_vllm_0_10():
+    ok = run("serve", "--hf-config", str(QWEN3_NEXT_80B), "--tp", "4", "--engine-version",
+             "0.10.0")
+    assert ok.exit_code == 0, ok.output
+    old = run("serve", "--hf-config", str(QWEN3_NEXT_80B), "--tp", "4", "--engine-version",
+              "0.9.2")
+    assert old.exit_code == 2 and "--engine-version" in old.output and "V0" in old.output
+    sglang = run("serve", "--hf-config", str(QWEN3_NEXT_80B), "--engine", "sglang")
+    assert sglang.exit_code == 2 and "--engine" in sglang.output
+
+
+@pytest.mark.parametrize("command", ["memory", "flops", "time", "plan", "infer", "report",
+                                     "verify"])
+def test_other_commands_refuse_hybrid_models_in_one_line(command):
+    r = run(command, "--hf-config", str(QWEN3_NEXT_80B))
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "--hf-config" in lines[0] and "Gated DeltaNet" in lines[0]
+    assert f"`{command}`" in lines[0]
+
+
+def test_refusal_names_mamba_layers_and_the_set_option():
+    r = run("flops", "--preset", "llama3-8b", "--set", "layer_mixers=MMMA")
+    assert r.exit_code == 2 and "--set" in r.output and "Mamba2 layers" in r.output
+
+
+def test_params_and_serve_read_hybrid_models():
+    assert run("params", "--hf-config", str(QWEN3_NEXT_80B)).exit_code == 0
+    assert run("serve", "--hf-config", str(QWEN3_NEXT_80B), "--tp", "4").exit_code == 0
