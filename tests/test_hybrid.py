@@ -380,3 +380,23 @@ def test_refusal_names_mamba_layers_and_the_set_option():
 def test_params_and_serve_read_hybrid_models():
     assert run("params", "--hf-config", str(QWEN3_NEXT_80B)).exit_code == 0
     assert run("serve", "--hf-config", str(QWEN3_NEXT_80B), "--tp", "4").exit_code == 0
+
+
+def test_block_size_matches_a_published_vllm_log_of_a_gated_deltanet_model():
+    """A vLLM log of Qwen3.8-27B-FP8 at tp 2 with an fp8 KV cache runs blocks of 1,568 tokens
+    (mitchross/talos-argocd-proxmox pull 1995: "ceil(262144/1568) = 168 blocks"). Its sizes, as
+    that deployment states them: 64 blocks, every fourth attention with 4 KV heads of 256;
+    Gated DeltaNet with 16 key and 48 value heads of 128, conv 4; mamba_ssm_dtype float32. The
+    DeltaNet and attention layers are Qwen3-Next's, so its config is read as one. At tp 2:
+    conv 3 x 5,120 bf16 values, recurrent 24 x 128 x 128 fp32 values = 1,603,584 bytes; KV
+    1,024 bytes a token: 16 x ceil(1,603,584 / 16,384) = 1,568."""
+    cfg = config_from_hf(dict(
+        model_type="qwen3_next", hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
+        num_key_value_heads=4, head_dim=256, intermediate_size=17408, vocab_size=248320,
+        num_experts=0, linear_num_key_heads=16, linear_num_value_heads=48,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4))
+    assert state_bytes_per_layer(cfg, 2, 2, 4) == 1_603_584
+    assert hybrid_block_size(cfg, None, 2, "fp8", 2, 4) == 1568
+    out = serve_json("--hf-config", str(QWEN3_NEXT_80B), "--tp", "4",
+                     "--mamba-ssm-cache-dtype", "float32")
+    assert out["state_page"] == 6144 * 2 + 131072 * 4

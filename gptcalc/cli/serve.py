@@ -11,7 +11,7 @@ from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
-from ..inference.kv import KV_DTYPES
+from ..inference.kv import KV_DTYPES, SSM_CACHE_DTYPES
 from ..layers import hybrid_layer_words
 from ..inference.fit import to_fit
 from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSWITCH_NON_TORCH,
@@ -95,6 +95,10 @@ from .render import emit_json, envelope, print_line, print_table
               help="vLLM's sampler backend in the profile run: sort (PyTorch), triton "
                    "(sort-free, 0.17.0 on) or flashinfer (when installed and not disabled by "
                    "VLLM_USE_FLASHINFER_SAMPLER=0); default the release's PyTorch path.")
+@click.option("--mamba-ssm-cache-dtype", type=click.Choice(list(SSM_CACHE_DTYPES)),
+              default="auto", show_default=True,
+              help="Hybrid models: the Mamba / DeltaNet recurrent state's dtype (vLLM's option; "
+                   "auto: the model's dtype).")
 @click.option("--detail", is_flag=True,
               help="Every line: the activation peak by tensor, each pipeline stage, the "
                    "throughput table.")
@@ -108,7 +112,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
-            max_lora_rank: int | None, sampler: str | None, detail: bool,
+            max_lora_rank: int | None, sampler: str | None, mamba_ssm_cache_dtype: str,
+            detail: bool,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
@@ -141,7 +146,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                 non_torch=nt, gpu_name=g.name,
                 engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
                 lora=lora, pp=pp, dp=dp, expert_parallel=expert_parallel,
-                cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler)
+                cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler,
+                mamba_ssm_cache_dtype=mamba_ssm_cache_dtype)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -329,12 +335,13 @@ def _hybrid_words(cfg: GPTConfig, p: KVPool) -> str:
     if not p.state_groups:
         return ""
     return (f"; hybrid: {hybrid_layer_words(cfg)} keep one state per request "
-            f"({binary_bytes(p.state_page)} a layer on this GPU, conv and recurrent states in the "
-            f"model's dtype), the attention block raised to {p.block_size} tokens so that one "
-            f"attention page holds it (vLLM's rule), blocks shared by "
-            f"{p.attention_groups} attention and {p.state_groups} state groups of "
-            f"{p.group_size} layers; the mixers' activations estimated from their shapes; "
-            "throughput not computed (the roofline has no Mamba / DeltaNet FLOPs)")
+            f"({binary_bytes(p.state_page)} a layer on this GPU), the attention block raised "
+            f"to {p.block_size} tokens so that one attention page holds it (vLLM's rule), "
+            f"blocks shared by {p.attention_groups} attention and {p.state_groups} state groups "
+            f"of {p.group_size} layers; one state block per request (no prefix caching of "
+            "states: --mamba-cache-mode align keeps more); the mixers' activations estimated "
+            "from their shapes; throughput not computed (the roofline has no Mamba / DeltaNet "
+            "FLOPs)")
 
 
 def _verdict(cfg: GPTConfig, p: KVPool, conc: dict[str, float], mml: int, gpu: str) -> str:

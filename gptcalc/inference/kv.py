@@ -77,7 +77,8 @@ def kv_cache_bytes(cfg: GPTConfig, batch_size: int, context: int, dtype_bytes: i
     return batch_size * kv_elements_per_token_layer(cfg, tp) * token_layers * dtype_bytes // pp
 
 
-__all__ = ["HYBRID_BLOCK_MULTIPLE", "KV_DTYPES", "hybrid_block_size", "hybrid_groups",
+__all__ = ["HYBRID_BLOCK_MULTIPLE", "KV_DTYPES", "SSM_CACHE_DTYPES", "hybrid_block_size",
+           "hybrid_groups",
            "state_bytes_per_layer", "state_elements_per_layer", "state_layers",
            "kv_bytes_per_block", "kv_bytes_per_token_layer", "kv_cache_bytes",
            "kv_dtype_bytes", "kv_elements_per_token_layer", "kv_heads_per_device"]
@@ -126,16 +127,23 @@ def state_elements_per_layer(cfg: GPTConfig, tp: int = 1) -> dict[str, int]:
             "ssm": _divide(cfg.mamba_n_heads, tp, "Mamba2 heads") * cfg.mamba_head_dim * N}
 
 
-def state_bytes_per_layer(cfg: GPTConfig, tp: int = 1, dtype_bytes: int = 2) -> int:
+# vLLM's --mamba-ssm-cache-dtype: "auto" keeps the recurrent state in the model's dtype
+SSM_CACHE_DTYPES = {"auto": None, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def state_bytes_per_layer(cfg: GPTConfig, tp: int = 1, dtype_bytes: int = 2,
+                          ssm_dtype_bytes: int | None = None) -> int:
     """Bytes of one sequence's state in one Mamba / DeltaNet layer on one GPU: vLLM's
-    `MambaSpec.page_size_bytes`, conv and ssm states in the model's dtype (its
-    `MambaStateDtypeCalculator` with mamba_cache_dtype and mamba_ssm_cache_dtype "auto": the
-    model dtype, not --kv-cache-dtype)."""
-    return sum(state_elements_per_layer(cfg, tp).values()) * dtype_bytes
+    `MambaSpec.page_size_bytes`, the conv state in the model's dtype and the recurrent (ssm)
+    state in it too unless --mamba-ssm-cache-dtype says otherwise (`MambaStateDtypeCalculator.
+    _mamba_state_dtype`: mamba_cache_dtype "auto" is the model dtype, not --kv-cache-dtype)."""
+    el = state_elements_per_layer(cfg, tp)
+    return el["conv"] * dtype_bytes + el["ssm"] * (ssm_dtype_bytes or dtype_bytes)
 
 
 def hybrid_block_size(cfg: GPTConfig, block_size: int | None, tp: int = 1,
-                      kv_dtype: str = "bf16", state_dtype_bytes: int = 2) -> int:
+                      kv_dtype: str = "bf16", state_dtype_bytes: int = 2,
+                      ssm_dtype_bytes: int | None = None) -> int:
     """The attention block size vLLM runs a hybrid model with: the smallest multiple of 16
     tokens whose attention page (block x KV bytes per token and layer) holds one layer's state,
 
@@ -145,7 +153,7 @@ def hybrid_block_size(cfg: GPTConfig, block_size: int | None, tp: int = 1,
     is then padded up to the attention page (`HybridAttentionMambaModelConfig.
     verify_and_update_config`)."""
     token = kv_bytes_per_token_layer(cfg, tp, kv_dtype)
-    state = state_bytes_per_layer(cfg, tp, state_dtype_bytes)
+    state = state_bytes_per_layer(cfg, tp, state_dtype_bytes, ssm_dtype_bytes)
     m = HYBRID_BLOCK_MULTIPLE
     needed = m * -(-state // (m * token))
     return needed if block_size is None or block_size < needed else block_size

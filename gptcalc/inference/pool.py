@@ -49,7 +49,7 @@ from ..layers import (attention_layers, dense_mlp_layers, global_layers, hybrid_
                       moe_layers, sliding_layers)
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
-from .kv import (hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
+from .kv import (SSM_CACHE_DTYPES, hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
                  state_bytes_per_layer, state_layers)
 from .sampler import (SAMPLERS, SMS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes,
                       sampler_bytes, sort_free_sampler_bytes)
@@ -451,7 +451,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             engine_version: str | None = None, max_model_len: int | None = None,
             comm_buffers: bool = True, lora: tuple[int, int] | None = None, pp: int = 1,
             dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0,
-            sampler: str | None = None) -> KVPool:
+            sampler: str | None = None, mamba_ssm_cache_dtype: str = "auto") -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
     sglang_mem_fraction_static; the newest release; max_model_len the model's context).
@@ -468,7 +468,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     `unify_kv_cache_configs`; V0's executor the minimum of its workers' blocks), so the
     returned pool is the stage with the fewest blocks, `stages` holding each. Only the last
     stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
-    memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`)."""
+    memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`).
+    mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`)."""
     one_of("engine", engine, SERVERS)
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         positive_int(name, value)
@@ -518,8 +519,10 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     state_page = 0
     if cfg.hybrid:  # the attention page raised to hold one layer's state (`kv.hybrid_block_size`)
         state_bytes = unquantised_bytes(weights_dtype)
-        bs = hybrid_block_size(cfg, block_size, tp, kv_dtype, state_bytes)
-        state_page = state_bytes_per_layer(cfg, tp, state_bytes)
+        ssm = SSM_CACHE_DTYPES[one_of("mamba_ssm_cache_dtype", mamba_ssm_cache_dtype,
+                                      tuple(SSM_CACHE_DTYPES))]
+        bs = hybrid_block_size(cfg, block_size, tp, kv_dtype, state_bytes, ssm)
+        state_page = state_bytes_per_layer(cfg, tp, state_bytes, ssm)
     positive_int("kv_block_size", bs)
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
     comm = custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
