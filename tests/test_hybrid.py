@@ -360,6 +360,8 @@ def test_hybrid_pools_start_at_vllm_0_10():
     assert old.exit_code == 2 and "--engine-version" in old.output and "V0" in old.output
     sglang = run("serve", "--hf-config", str(QWEN3_NEXT_80B), "--engine", "sglang")
     assert sglang.exit_code == 2 and "--engine" in sglang.output
+    lora = run("serve", "--hf-config", str(QWEN3_NEXT_80B), "--tp", "4", "--enable-lora")
+    assert lora.exit_code == 2 and "--enable-lora" in lora.output
 
 
 @pytest.mark.parametrize("command", ["memory", "flops", "time", "plan", "infer", "report",

@@ -213,10 +213,15 @@ def hybrid_stage_layers(cfg: GPTConfig, start: int, end: int) -> tuple[int, int]
     return a1 - a0, s1 - s0
 
 
-def check_hybrid(cfg: GPTConfig, engine: str, r: Release) -> None:
-    """Hybrid models are sized for vLLM's V1 engine from 0.10.0 (`HYBRID_V1_SINCE`) only."""
+def check_hybrid(cfg: GPTConfig, engine: str, r: Release,
+                 lora: tuple[int, int] | None = None) -> None:
+    """Hybrid models are sized for vLLM's V1 engine from 0.10.0 (`HYBRID_V1_SINCE`) only, and
+    without LoRA slots."""
     if not cfg.hybrid:
         return
+    if lora is not None:
+        raise ConfigError("enable_lora", f"LoRA slots for the model's {hybrid_layer_words(cfg)} "
+                                         "are not modelled")
     if engine != "vllm":
         raise ConfigError("engine", f"SGLang's pools for the model's {hybrid_layer_words(cfg)} "
                                     "are not modelled (vLLM's are: --engine vllm)")
@@ -493,7 +498,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
         raise ConfigError("gpu_memory", "must be a positive size (this GPU has no memory figure)")
     rel = release(engine, engine_version)
-    check_hybrid(cfg, engine, rel)
+    check_hybrid(cfg, engine, rel, lora)
     mml = cfg.block_size if max_model_len is None else max_model_len
     tokens_default, seqs_default = scheduler_defaults(
         rel if engine == "vllm" else release("vllm"), gpu_memory_bytes, gpu_name, mml,
