@@ -402,3 +402,16 @@ def test_block_size_matches_a_published_vllm_log_of_a_gated_deltanet_model():
     out = serve_json("--hf-config", str(QWEN3_NEXT_80B), "--tp", "4",
                      "--mamba-ssm-cache-dtype", "float32")
     assert out["state_page"] == 6144 * 2 + 131072 * 4
+
+
+@pytest.mark.parametrize("pp, groups", [(1, (12, 1, 3)), (2, (6, 1, 3)), (3, (4, 1, 3))])
+def test_pipeline_stages_split_the_hybrid_weights_and_groups(pp, groups):
+    """vLLM's even split of 48 blocks (`weights.pp_partition`): each stage's weights sum to the
+    whole model's a GPU, and each stage groups its own 1 : 3 attention and DeltaNet layers."""
+    from gptcalc.inference.pool import kv_pool
+
+    cfg = config_from_hf(QWEN3_NEXT_80B)
+    whole = kv_pool(cfg, 80 * GiB, tp=4, max_model_len=8192).weights
+    pool = kv_pool(cfg, 80 * GiB, tp=4, pp=pp, max_model_len=8192)
+    assert sum(s["weights"] for s in pool.stages or [{"weights": pool.weights}]) == whole
+    assert (pool.group_size, pool.attention_groups, pool.state_groups) == groups
