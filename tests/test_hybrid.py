@@ -14,7 +14,9 @@ from gptcalc import ConfigError, config_from_hf, count_params
 from gptcalc.layers import attention_layers, deltanet_layers, mamba_layers
 
 HERE = Path(__file__).parent
-# config.json of Qwen/Qwen3-Next-80B-A3B-Instruct as published on the Hugging Face Hub
+# config.json of Qwen/Qwen3-Next-80B-A3B-Instruct as the Hugging Face Hub publishes it,
+# transcribed (its model card: 80B parameters, 3B activated; 48 layers, 3 Gated DeltaNet to 1
+# gated attention, 512 experts of which 10 routed and 1 shared)
 QWEN3_NEXT_80B = HERE / "hybrid" / "qwen3-next-80b-a3b-instruct.json"
 
 
