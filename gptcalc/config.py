@@ -19,6 +19,9 @@ GATED_MLPS = ("swiglu", "geglu")  # three matrices: up (c_fc), gate, down (c_pro
 QKV_LAYOUTS = ("fused", "separate", "per_head")
 QK_NORMS = ("none", "head", "per_head", "proj")
 LAYER_KINDS = "GL"  # attn_pattern letters: G global (full causal), L local (sliding window)
+# layer_mixers letters: A attention, M Mamba (Mamba-1 or Mamba2, `mamba_version`), D Gated
+# DeltaNet (linear attention), P attention and Mamba side by side in one block (Falcon-H1)
+MIXERS = "AMDP"
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -129,11 +132,62 @@ class GPTConfig:
     moe_dense_layers: str = ""
     # the transformers model_type whose module names and PEFT rules LoRA follows ("": gptcalc's)
     hf_model_type: str = ""
+    # --- hybrid models: state-space / linear-attention mixers beside attention ------------------
+    # layer_mixers: each block's token mixer, letters of `MIXERS` repeated from block 0 as
+    # attn_pattern is ("MMMA": Qwen3-Next's three Gated DeltaNet blocks to one attention block);
+    # empty: every block attention. A Mamba or DeltaNet block keeps its MLP (or MoE) and norms.
+    layer_mixers: str = ""
+    # Mamba (Gu & Dao 2023; Mamba2: Dao & Gu 2024), as transformers' Jamba (1) and Falcon-H1 /
+    # GraniteMoeHybrid (2) mixers build it: d_inner = mamba_d_inner (None: 2E) channels,
+    # d_state, a causal depthwise conv of width d_conv; Mamba2 in mamba_n_heads heads of
+    # d_inner / heads with mamba_n_groups groups of B and C; Mamba-1's dt of rank
+    # mamba_dt_rank (None: ceil(E / 16)).
+    mamba_version: int = 2
+    mamba_d_inner: int | None = None
+    mamba_d_state: int = 128
+    mamba_d_conv: int = 4
+    mamba_n_heads: int = 1
+    mamba_n_groups: int = 1
+    mamba_dt_rank: int | None = None
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False  # in_proj and out_proj
+    mamba_norm: bool = True  # Mamba2's gated RMSNorm over d_inner (Falcon-H1: mamba_rms_norm)
+    # Gated DeltaNet (Yang et al. 2024; Qwen3-Next's linear_attn): q and k of
+    # linear_num_key_heads x linear_key_head_dim, v and the output gate z of
+    # linear_num_value_heads x linear_value_head_dim, a causal conv of linear_conv_kernel_dim
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+    # Qwen3-Next's gated attention: q_proj also yields a sigmoid gate per query channel (2 x the
+    # query width); no other count changes
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         validate_config(self)
 
     # Derived sizes are properties, never stored.
+    @property
+    def hybrid(self) -> bool:
+        """Some blocks mix tokens with a Mamba or Gated DeltaNet layer (layer_mixers)."""
+        return bool(set(self.layer_mixers.upper()) - {"A"})
+
+    @property
+    def mamba_inner(self) -> int:
+        """Mamba's inner width d_inner: mamba_d_inner, or 2E (transformers' mamba_expand 2)."""
+        return 2 * self.n_embd if self.mamba_d_inner is None else self.mamba_d_inner
+
+    @property
+    def mamba_head_dim(self) -> int:
+        """Mamba2's head width, d_inner / mamba_n_heads."""
+        return self.mamba_inner // self.mamba_n_heads
+
+    @property
+    def mamba_dt_width(self) -> int:
+        """Mamba-1's dt rank: mamba_dt_rank, or ceil(E / 16) (transformers' "auto")."""
+        return -(-self.n_embd // 16) if self.mamba_dt_rank is None else self.mamba_dt_rank
+
     @property
     def mla(self) -> bool:
         """Multi-head latent attention (kv_lora_rank is set)."""
@@ -292,6 +346,36 @@ def _validate_modern(cfg: GPTConfig) -> None:
                 raise ConfigError("qk_rope_head_dim", "MLA head widths must be positive")
 
 
+def _validate_hybrid(cfg: GPTConfig) -> None:
+    """The mixer pattern and the Mamba / Gated DeltaNet sizes."""
+    if not isinstance(cfg.layer_mixers, str) or set(cfg.layer_mixers.upper()) - set(MIXERS):
+        raise ConfigError("layer_mixers", "layer_mixers must be letters A (attention), M "
+                                          "(Mamba), D (Gated DeltaNet), P (attention and Mamba "
+                                          f"in parallel), e.g. MMMA; got {cfg.layer_mixers!r}")
+    for name in ("mamba_d_state", "mamba_d_conv", "mamba_n_heads", "mamba_n_groups",
+                 "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                 "linear_value_head_dim", "linear_conv_kernel_dim"):
+        positive_int(name, getattr(cfg, name))
+    for name in ("mamba_d_inner", "mamba_dt_rank"):
+        if getattr(cfg, name) is not None:
+            positive_int(name, getattr(cfg, name))
+    for name in ("mamba_conv_bias", "mamba_proj_bias", "mamba_norm", "attn_output_gate"):
+        boolean(name, getattr(cfg, name))
+    one_of("mamba_version", cfg.mamba_version, (1, 2))
+    if cfg.mamba_version == 2 and cfg.mamba_inner % cfg.mamba_n_heads:
+        raise ConfigError("mamba_n_heads", f"mamba_n_heads {cfg.mamba_n_heads} does not divide "
+                                           f"Mamba's inner width {cfg.mamba_inner}")
+    if cfg.mamba_version == 2 and cfg.mamba_n_heads % cfg.mamba_n_groups:
+        raise ConfigError("mamba_n_groups", f"mamba_n_groups {cfg.mamba_n_groups} does not "
+                                            f"divide mamba_n_heads {cfg.mamba_n_heads}")
+    if cfg.attn_output_gate and cfg.qkv_layout != "separate":
+        raise ConfigError("attn_output_gate", "the gated attention's q_proj needs "
+                                              "qkv_layout separate")
+    if cfg.hybrid and (cfg.sliding_window is not None or cfg.mla):
+        raise ConfigError("layer_mixers", "sliding-window or latent attention beside Mamba / "
+                                          "DeltaNet layers is not modelled")
+
+
 def validate_config(cfg: GPTConfig) -> None:
     """Raise ConfigError naming the first invalid field of `cfg`."""
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "ffn_mult"):
@@ -309,6 +393,7 @@ def validate_config(cfg: GPTConfig) -> None:
         )
     fraction("rotary_pct", cfg.rotary_pct)
     _validate_modern(cfg)
+    _validate_hybrid(cfg)
     rotary = cfg.pos_embedding == "rotary" and not cfg.mla
     if rotary and cfg.rotary_pct == 1.0 and cfg.head_size % 2:
         raise ConfigError("head_dim",

@@ -31,6 +31,10 @@ classes' defaults, `gptcalc.hf_families.DEFAULTS`, and its modelling code):
 | falcon | fused query_key_value: `new_decoder_architecture` (`num_kv_heads`), `multi_query` (true: 1 kv head) | GELU 4E (`ffn_hidden_size`) | LayerNorm: one (parallel_attn), ln_attn + ln_mlp (new architecture), two (sequential) | `bias` (false) on every Linear, `alibi` (false: rotary), tied |
 | opt | q/k/v/out_proj, `enable_bias` (true) | ReLU fc1/fc2 (`ffn_dim`) | LayerNorm; no final norm when `do_layer_norm_before` is false | positions max_position_embeddings + 2, `word_embed_proj_dim` project_in/out, tied |
 | bloom | fused query_key_value, biased | GELU 4E, biased | LayerNorm, + word_embeddings_layernorm | ALiBi, tied |
+| qwen3_next | gated q_proj (2 x H x head_dim: query and sigmoid gate), RMSNorm(head_dim) on q and k, in the `layer_types` full_attention blocks (default every `full_attention_interval` (4)th) | experts as qwen2_moe (512 x 512, top 10) with a gated shared expert | RMSNorm | the other blocks Gated DeltaNet (`linear_*` heads and conv), partial rotary (0.25) |
+| jamba | q/k/v/o without bias in blocks i % `attn_layer_period` (8) == `attn_layer_offset` (4) | SwiGLU; `num_experts` (16, top 2) in the last block of each `expert_layer_period` (2) | RMSNorm | the other blocks Mamba-1 (`mamba_d_state` 16, `mamba_d_conv` 4, `mamba_expand` 2, `mamba_dt_rank` auto); no positions |
+| falcon_h1 | q/k/v/o (`attention_bias`) in every block, beside a Mamba2 layer | SwiGLU (`mlp_bias`) | RMSNorm | Mamba2 of `mamba_d_ssm` (null: expand x E), `mamba_n_heads`, `mamba_n_groups`, its norm with `mamba_rms_norm` |
+| granitemoehybrid | q/k/v/o (`attention_bias`) in `layer_types` attention blocks | a gated shared_mlp (`shared_intermediate_size`) in every block, + `num_local_experts` experts of intermediate_size | RMSNorm | `layer_types` mamba blocks Mamba2 (expand 2); rotary with `position_embedding_type` rope |
 
 Spellings: newer (`hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 `max_position_embeddings`) and older (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_ctx`,
@@ -43,6 +47,10 @@ vocabulary, and the MLP width of the families that state it) are required: trans
 a missing one with a default from an unrelated model, which for a calculator means a silently
 wrong number, so a config.json without them is rejected as truncated. Multimodal configs are read
 through their `text_config` (the language model only).
+
+The four hybrid families (Mamba / Gated DeltaNet blocks beside attention) read into
+`layer_mixers` and the `mamba_*` / `linear_*` sizes; `params` and `serve` read them, every
+other command refuses them (`gptcalc.layers.hybrid_refusal`).
 
 Errors: an unknown model_type, an unsupported value (an activation, a norm without weights) or
 a field that means structure the family does not have (experts in a llama config, latent

@@ -510,3 +510,177 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 # gate_proj/up_proj -> gate_up_proj, which also takes those names off the dense and shared MLPs)
 PEFT_MOE_CONVERSION = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe", "deepseek_v2": "qwen2_moe",
                        "deepseek_v3": "qwen2_moe"}
+
+
+# --- hybrid families: Mamba / Gated DeltaNet blocks beside attention -----------------------------
+# transformers' defaults (configuration_<family>.py, v5.24)
+DEFAULTS.update({
+    "qwen3_next": dict(max_position_embeddings=32768, hidden_act="silu", num_key_value_heads=2,
+                       head_dim=256, attention_bias=False, tie_word_embeddings=False,
+                       partial_rotary_factor=0.25, decoder_sparse_step=1,
+                       moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                       num_experts_per_tok=10, num_experts=512, norm_topk_prob=True,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_num_key_heads=16,
+                       linear_num_value_heads=32, full_attention_interval=4),
+    "jamba": dict(max_position_embeddings=262144, hidden_act="silu", num_key_value_heads=8,
+                  tie_word_embeddings=False, num_experts=16, num_experts_per_tok=2,
+                  expert_layer_period=2, expert_layer_offset=1, attn_layer_period=8,
+                  attn_layer_offset=4, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                  mamba_conv_bias=True, mamba_proj_bias=False),
+    "falcon_h1": dict(max_position_embeddings=8192, hidden_act="silu", num_key_value_heads=8,
+                      tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                      mamba_d_ssm=1024, mamba_n_heads=128, mamba_n_groups=1, mamba_d_state=256,
+                      mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True,
+                      mamba_proj_bias=False, mamba_rms_norm=False, projectors_bias=False),
+    "granitemoehybrid": dict(max_position_embeddings=2048, hidden_act="silu",
+                             tie_word_embeddings=False, attention_bias=False,
+                             num_local_experts=8, num_experts_per_tok=2,
+                             shared_intermediate_size=1024, mamba_n_heads=128,
+                             mamba_n_groups=1, mamba_d_state=256, mamba_d_conv=4,
+                             mamba_expand=2, mamba_conv_bias=True, mamba_proj_bias=False),
+})
+ATTRIBUTE_MAPS["granitemoehybrid"] = dict(layers_block_type="layer_types")
+ATTRIBUTE_MAPS["falcon_h1"] = dict(layer_types="layers_block_type")  # every block "hybrid"
+ATTRIBUTE_MAPS["jamba"] = dict(num_local_experts="num_experts")
+
+
+def mixer_pattern(r, kinds: dict[str, str], default: str) -> str:
+    """`layer_types` as layer_mixers letters (`kinds` maps each name), or `default` (already
+    letters, one per block) when the file has none; shortened to its period (MMMA)."""
+    r.read.add("layer_types")
+    types = r.raw.get("layer_types")
+    L = r.size(LAYERS)
+    if types is None:
+        text = default
+    else:
+        if not isinstance(types, list) or any(t not in kinds for t in types):
+            raise r.fail(f"layer_types must list {' / '.join(kinds)}, got {types!r}")
+        if len(types) != L:
+            raise r.fail(f"layer_types lists {len(types)} blocks, num_hidden_layers is {L}")
+        text = "".join(kinds[t] for t in types)
+    for period in range(1, len(text) + 1):  # reading a file's list, not a formula
+        if (text[:period] * (len(text) // period + 1))[:len(text)] == text:
+            return text[:period]
+    return text
+
+
+def mamba2_fields(r, inner: int) -> dict[str, Any]:
+    """Mamba2's sizes (Falcon-H1, GraniteMoeHybrid): heads, groups, state, conv, biases;
+    mamba_d_head ("auto": d_inner / heads) must agree with them, as transformers checks."""
+    heads = r.int(("mamba_n_heads",))
+    d_head = r.raw.get("mamba_d_head")
+    if d_head not in (None, "auto") and (isinstance(d_head, bool) or not isinstance(d_head, int)
+                                         or d_head * heads != inner):
+        raise r.fail(f"mamba_d_head {d_head!r} x mamba_n_heads {heads} is not Mamba's inner "
+                     f"width {inner}")
+    r.read.add("mamba_d_head")
+    return dict(mamba_version=2, mamba_d_inner=inner, mamba_n_heads=heads,
+                mamba_n_groups=r.int(("mamba_n_groups",)), mamba_d_state=r.int(("mamba_d_state",)),
+                mamba_d_conv=r.int(("mamba_d_conv",)), mamba_conv_bias=r.bool("mamba_conv_bias"),
+                mamba_proj_bias=r.bool("mamba_proj_bias"))
+
+
+def _qwen3_next(r) -> dict[str, Any]:
+    """Qwen3-Next: Gated DeltaNet blocks (layer_types linear_attention) and gated attention
+    blocks (full_attention; default every full_attention_interval-th), q/k RMSNorm(head_dim),
+    partial rotary (0.25); Qwen-MoE experts with a gated shared expert."""
+    L, every = r.size(LAYERS), r.int(("full_attention_interval",))
+    default = "".join("D" if (i + 1) % every else "A" for i in range(L))
+    shared = r.int(("shared_expert_intermediate_size",), allow_zero=True)
+    if not shared and r.int(("num_experts",), allow_zero=True):
+        # transformers builds an empty shared expert whose gate Linear(E, 1) remains
+        raise r.fail("shared_expert_intermediate_size 0 is not supported (transformers keeps "
+                     "the shared expert's gate)")
+    bias = r.bool("attention_bias")
+    return llama_shaped(r) | moe_qwen(r) | dict(
+        qkv_bias=bias, attn_out_bias=bias, qk_norm="head", attn_output_gate=True,
+        rotary_pct=r.float(ROTARY_PCT), n_shared_expert=1 if shared else 0,
+        shared_ffn_dim=shared or None, shared_expert_gate=bool(shared),
+        layer_mixers=mixer_pattern(r, {"linear_attention": "D", "full_attention": "A"},
+                                   default),
+        linear_num_key_heads=r.int(("linear_num_key_heads",)),
+        linear_num_value_heads=r.int(("linear_num_value_heads",)),
+        linear_key_head_dim=r.int(("linear_key_head_dim",)),
+        linear_value_head_dim=r.int(("linear_value_head_dim",)),
+        linear_conv_kernel_dim=r.int(("linear_conv_kernel_dim",)))
+
+
+def _jamba(r) -> dict[str, Any]:
+    """Jamba: Mamba-1 blocks and attention blocks (i % attn_layer_period ==
+    attn_layer_offset), no positional encoding; experts (num_experts > 1) in blocks i %
+    expert_layer_period == expert_layer_offset, which must be the period's last block (gptcalc's
+    MoE step), else the dense MLP."""
+    period, offset = r.int(("attn_layer_period",)), r.int(("attn_layer_offset",), allow_zero=True)
+    if offset >= period:
+        raise r.fail(f"attn_layer_offset {offset} must be below attn_layer_period {period}")
+    n_exp = r.int(("num_experts",))
+    e_period = r.int(("expert_layer_period",))
+    e_offset = r.int(("expert_layer_offset",), allow_zero=True)
+    if n_exp > 1 and e_offset != e_period - 1:
+        raise r.fail(f"expert_layer_offset {e_offset} with expert_layer_period {e_period} is "
+                     "not supported (experts in the last block of each period only)")
+    rank = r.raw.get("mamba_dt_rank", "auto")
+    r.read.add("mamba_dt_rank")
+    if rank != "auto" and (isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0):
+        raise r.fail(f"mamba_dt_rank must be \"auto\" or a positive integer, got {rank!r}")
+    moe = n_exp > 1
+    return llama_shaped(r) | dict(
+        pos_embedding="none", layer_mixers="".join("A" if i == offset else "M"
+                                                   for i in range(period)),
+        n_expert=n_exp if moe else 0, n_expert_active=r.int(("num_experts_per_tok",)),
+        moe_step=e_period if moe else 1, mamba_version=1,
+        mamba_d_inner=r.int(("mamba_expand",)) * r.size(HIDDEN),
+        mamba_d_state=r.int(("mamba_d_state",)), mamba_d_conv=r.int(("mamba_d_conv",)),
+        mamba_dt_rank=None if rank == "auto" else rank,
+        mamba_conv_bias=r.bool("mamba_conv_bias"), mamba_proj_bias=r.bool("mamba_proj_bias"))
+
+
+def _falcon_h1(r) -> dict[str, Any]:
+    """Falcon-H1: every block holds attention and a Mamba2 layer side by side (P), then the
+    MLP; Mamba's width mamba_d_ssm (null: mamba_expand x E), its gated norm only with
+    mamba_rms_norm. in_proj's bias is mamba_proj_bias and out_proj's projectors_bias: they
+    must agree (gptcalc has one switch for both)."""
+    if "mamba_d_ssm" in r.raw and r.raw["mamba_d_ssm"] is None:
+        inner = r.int(("mamba_expand",)) * r.size(HIDDEN)
+    else:
+        inner = r.int(("mamba_d_ssm",))
+    out = llama_shaped(r) | mamba2_fields(r, inner)
+    if r.bool("projectors_bias") != out["mamba_proj_bias"]:
+        raise r.fail("projectors_bias and mamba_proj_bias differ (out_proj's and in_proj's "
+                     "biases): not supported")
+    bias = r.bool("attention_bias")
+    return out | dict(qkv_bias=bias, attn_out_bias=bias, mlp_bias=r.bool("mlp_bias"),
+                      layer_mixers="P", mamba_norm=r.bool("mamba_rms_norm"))
+
+
+def _granitemoehybrid(r) -> dict[str, Any]:
+    """Granite 4.0 (GraniteMoeHybrid): Mamba2 blocks (layer_types mamba) and attention blocks
+    (attention); every block's shared_mlp (a gated MLP of shared_intermediate_size, fused
+    input_linear), beside num_local_experts experts of intermediate_size when there are any;
+    rotary only with position_embedding_type "rope"."""
+    E, n_exp = r.size(HIDDEN), r.int(("num_local_experts",), allow_zero=True)
+    shared = r.int(("shared_intermediate_size",))
+    r.read.add("position_embedding_type")
+    rope = r.raw.get("position_embedding_type") == "rope"
+    bias = r.bool("attention_bias")
+    out = llama_shaped(r) | mamba2_fields(r, r.int(("mamba_expand",)) * E) | dict(
+        qkv_bias=bias, attn_out_bias=bias, pos_embedding="rotary" if rope else "none",
+        layer_mixers=mixer_pattern(r, {"mamba": "M", "linear_attention": "M", "attention": "A",
+                                       "full_attention": "A"}, "M" * r.size(LAYERS)),
+        mamba_norm=True)
+    if n_exp:
+        return out | dict(n_expert=n_exp, n_expert_active=r.int(("num_experts_per_tok",)),
+                          moe_ffn_dim=out["d_ff"], n_shared_expert=1, shared_ffn_dim=shared)
+    r.int(("num_experts_per_tok",))  # read, and unused without experts (as transformers)
+    return out | dict(d_ff=shared)
+
+
+FAMILIES.update({"qwen3_next": _qwen3_next, "jamba": _jamba, "falcon_h1": _falcon_h1,
+                 "granitemoehybrid": _granitemoehybrid})
+LINEAR_NAMES.update({
+    "qwen3_next": _LLAMA_NAMES, "falcon_h1": _LLAMA_NAMES,
+    "jamba": _LLAMA_NAMES | dict(router="router"),
+    "granitemoehybrid": dict(q="q_proj", k="k_proj", v="v_proj", o="o_proj", router="router",
+                             gate="input_linear", up="input_linear", down="output_linear"),
+})

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .config import GATED_MLPS, GPTConfig
-from .layers import dense_mlp_layers, moe_layers
+from .layers import attention_layers, deltanet_layers, dense_mlp_layers, mamba_layers, moe_layers
 
 PLACES = ("embedding", "block", "head")  # first pipeline stage, every stage, last stage
-ROLES = ("embedding", "matrix", "bias", "norm", "sink")
+# mixer: a Mamba or DeltaNet layer's conv kernel, A_log, D and dt_bias (neither a Linear nor a norm)
+ROLES = ("embedding", "matrix", "bias", "norm", "sink", "mixer")
 SPLITS = ("column", "row", "vocab", "replicated")
 
 
@@ -131,7 +132,8 @@ def _attention(cfg: GPTConfig, L: int) -> list[ParamTensor]:
     elif cfg.qkv_layout == "fused":  # one E x (Dq + 2 Dkv) matrix (GPT-2's c_attn)
         out = _linear("attn.c_attn", qkv, E, Dq + 2 * Dkv, b, "column", L)
     elif cfg.qkv_layout == "separate":  # three matrices (Llama's q_proj, k_proj, v_proj)
-        out = _linear("attn.q_proj", qkv, E, Dq, b, "column", L)
+        gate = 2 if cfg.attn_output_gate else 1  # Qwen3-Next: the query and its gate
+        out = _linear("attn.q_proj", qkv, E, gate * Dq, b, "column", L)
         out += _linear("attn.k_proj", qkv, E, Dkv, b, "column", L)
         out += _linear("attn.v_proj", qkv, E, Dkv, b, "column", L)
     else:  # per_head: one Linear(E, head_dim) per head and role (the tutorial's Head modules)
@@ -164,13 +166,97 @@ def _mlp(cfg: GPTConfig, prefix: str, keys: tuple[str, str, str], width: int, bi
             for t in _linear(f"{prefix}.{name}", key, n_in, n_out, bias, split, layers, copies)]
 
 
+# the params breakdown keys of the Mamba and Gated DeltaNet layers (present for hybrid models)
+MIXER_KEYS = ("mamba/in_proj", "mamba/conv", "mamba/x_proj", "mamba/dt_proj", "mamba/ssm",
+              "mamba/norm", "norm/mamba", "mamba/out_proj", "deltanet/in_proj", "deltanet/conv",
+              "deltanet/ssm", "norm/deltanet", "deltanet/out_proj")
+
+
+def _mixer(name: str, component: str, shape: tuple[int, ...], layers: int,
+           role: str = "mixer", split: str = "column") -> list[ParamTensor]:
+    """A Mamba / DeltaNet parameter that is not a Linear, split by channels or heads across
+    tensor-parallel ranks as vLLM shards them (column), or replicated."""
+    return [ParamTensor(name, component, shape, role, split, "block", layers=layers)]
+
+
+def mamba_tensors(cfg: GPTConfig) -> list[ParamTensor]:
+    """A Mamba layer's tensors in each Mamba block (`mamba_layers`), as transformers builds them.
+
+    Mamba2 (Falcon-H1's and GraniteMoeHybrid's mixer): in_proj E -> 2 d_inner + 2 G N + h (the
+    gate z, x, B and C of G groups of d_state N, dt of h heads), a depthwise conv1d over
+    d_inner + 2 G N channels of width d_conv (+ bias), dt_bias, A_log and D of h, the gated
+    RMSNorm over d_inner (mamba_norm), out_proj d_inner -> E.
+    Mamba-1 (Jamba's mixer): in_proj E -> 2 d_inner, conv1d over d_inner, x_proj d_inner ->
+    R + 2N (dt rank R), dt_proj R -> d_inner with bias, A_log (d_inner, N), D (d_inner),
+    out_proj, and Jamba's RMSNorms over dt (R), B and C (N).
+    Biases: conv1d's by mamba_conv_bias; in_proj's and out_proj's by mamba_proj_bias."""
+    n = mamba_layers(cfg)
+    if not n:
+        return []
+    E, D, N, K = cfg.n_embd, cfg.mamba_inner, cfg.mamba_d_state, cfg.mamba_d_conv
+    pb, key = cfg.mamba_proj_bias, "mamba/"
+    if cfg.mamba_version == 1:
+        R = cfg.mamba_dt_width
+        out = _linear("mamba.in_proj", key + "in_proj", E, 2 * D, pb, "column", n)
+        out += _mixer("mamba.conv1d.weight", key + "conv", (D, 1, K), n)
+        if cfg.mamba_conv_bias:
+            out += _mixer("mamba.conv1d.bias", key + "conv", (D,), n, role="bias")
+        out += _linear("mamba.x_proj", key + "x_proj", D, R + 2 * N, False, "row", n)
+        out += _linear("mamba.dt_proj", key + "dt_proj", R, D, True, "column", n)
+        out += _mixer("mamba.A_log", key + "ssm", (D, N), n)
+        out += _mixer("mamba.D", key + "ssm", (D,), n)
+        for norm, width in (("dt", R), ("b", N), ("c", N)):  # Jamba's, replicated in vLLM
+            out += _weight(f"mamba.{norm}_layernorm", "norm/mamba", (width,), n)
+    else:
+        G, h = cfg.mamba_n_groups, cfg.mamba_n_heads
+        conv = D + 2 * G * N
+        out = _linear("mamba.in_proj", key + "in_proj", E, D + conv + h, pb, "column", n)
+        out += _mixer("mamba.conv1d.weight", key + "conv", (conv, 1, K), n)
+        if cfg.mamba_conv_bias:
+            out += _mixer("mamba.conv1d.bias", key + "conv", (conv,), n, role="bias")
+        for name in ("dt_bias", "A_log", "D"):
+            out += _mixer(f"mamba.{name}", key + "ssm", (h,), n)
+        if cfg.mamba_norm:  # split by channels in vLLM's Mixer2RMSNormGated
+            out += _mixer("mamba.norm.weight", key + "norm", (D,), n, role="norm")
+    out += _linear("mamba.out_proj", key + "out_proj", D, E, pb, "row", n)
+    return out
+
+
+def deltanet_tensors(cfg: GPTConfig) -> list[ParamTensor]:
+    """A Gated DeltaNet layer's tensors in each DeltaNet block (`deltanet_layers`), as
+    transformers' Qwen3NextGatedDeltaNet builds them: in_proj_qkvz E -> 2 Hk dk + 2 Hv dv (q, k;
+    v and the output gate z), in_proj_ba E -> 2 Hv (the write strength beta and the decay's
+    input), a depthwise conv1d over 2 Hk dk + Hv dv channels of width K without bias, dt_bias
+    and A_log of Hv, a gated RMSNorm of dv shared by the heads, out_proj Hv dv -> E."""
+    n = deltanet_layers(cfg)
+    if not n:
+        return []
+    E, Hk, Hv = cfg.n_embd, cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv, K = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    key = "deltanet/"
+    out = _linear("deltanet.in_proj_qkvz", key + "in_proj", E, 2 * Hk * dk + 2 * Hv * dv,
+                  False, "column", n)
+    out += _linear("deltanet.in_proj_ba", key + "in_proj", E, 2 * Hv, False, "column", n)
+    out += _mixer("deltanet.conv1d.weight", key + "conv", (2 * Hk * dk + Hv * dv, 1, K), n)
+    out += _mixer("deltanet.dt_bias", key + "ssm", (Hv,), n)
+    out += _mixer("deltanet.A_log", key + "ssm", (Hv,), n)
+    out += _weight("deltanet.norm", "norm/deltanet", (dv,), n)
+    out += _linear("deltanet.out_proj", key + "out_proj", Hv * dv, E, False, "row", n)
+    return out
+
+
+def mixer_tensors(cfg: GPTConfig) -> list[ParamTensor]:
+    """The hybrid blocks' Mamba and Gated DeltaNet layers (none without layer_mixers)."""
+    return mamba_tensors(cfg) + deltanet_tensors(cfg)
+
+
 def block_tensors(cfg: GPTConfig) -> list[ParamTensor]:
     """The tensors of the transformer blocks, each kind once with its `layers` count."""
     E, L = cfg.n_embd, cfg.n_layer
     out: list[ParamTensor] = []
     if cfg.pre_norm:  # ln_1 before attention; ln_2 before the MLP unless both share ln_1
         out += _norm(cfg, "ln_1", "norm/attention", "block", L)
-    out += _attention(cfg, L)
+    out += _attention(cfg, attention_layers(cfg)) + mixer_tensors(cfg)
     if cfg.post_norm:  # Gemma 2/3 post_attention_layernorm, OLMo 2 post_attention_layernorm
         out += _norm(cfg, "ln_attn_out", "norm/attention", "block", L)
     if cfg.pre_norm and not cfg.shared_norm:

@@ -62,8 +62,55 @@ def sliding_layers(cfg: GPTConfig) -> int:
 
 
 def global_layers(cfg: GPTConfig) -> int:
-    """Blocks with full causal attention."""
-    return cfg.n_layer - sliding_layers(cfg)
+    """Blocks with full causal attention: the attention blocks (`attention_layers`) that do
+    not slide."""
+    return attention_layers(cfg) - sliding_layers(cfg)
+
+
+def mixer_layers(cfg: GPTConfig, kinds: str) -> int:
+    """Blocks whose layer_mixers letter is one of `kinds`, the pattern repeated from block 0
+    over L blocks (Qwen3-Next's MMMA over 48 blocks: 36 M, 12 A); an empty pattern is every
+    block attention (A)."""
+    pattern, L = (cfg.layer_mixers or "A").upper(), cfg.n_layer
+    whole, rest = divmod(L, len(pattern))
+    return sum(whole * pattern.count(k) + pattern[:rest].count(k) for k in kinds)
+
+
+def attention_layers(cfg: GPTConfig) -> int:
+    """Blocks with an attention layer: A, and P (Falcon-H1's attention beside its Mamba)."""
+    return mixer_layers(cfg, "AP")
+
+
+def mamba_layers(cfg: GPTConfig) -> int:
+    """Blocks with a Mamba layer: M, and P (Falcon-H1)."""
+    return mixer_layers(cfg, "MP")
+
+
+def deltanet_layers(cfg: GPTConfig) -> int:
+    """Blocks with a Gated DeltaNet layer (D)."""
+    return mixer_layers(cfg, "D")
+
+
+# the commands that read a hybrid model: its parameters, and a serving engine's memory for it
+HYBRID_COMMANDS = ("params", "serve")
+
+
+def hybrid_layer_words(cfg: GPTConfig) -> str:
+    """The hybrid's non-attention layers in words: "36 Gated DeltaNet layers" (blocks with
+    Falcon-H1's parallel Mamba2 counted among the Mamba ones)."""
+    kind = "Mamba2" if cfg.mamba_version == 2 else "Mamba"
+    parts = [f"{n} {name} layers" for n, name in ((mamba_layers(cfg), kind),
+                                                    (deltanet_layers(cfg), "Gated DeltaNet"))
+             if n]
+    return " and ".join(parts)
+
+
+def hybrid_refusal(cfg: GPTConfig, command: str) -> str:
+    """Why `command` refuses a hybrid model: what it would need and does not model."""
+    commands = " and ".join(f"`gptcalc {c}`" for c in HYBRID_COMMANDS)
+    return (f"the model's {hybrid_layer_words(cfg)} (beside {attention_layers(cfg)} attention "
+            f"layers) are not modelled by `{command}`: their training memory, FLOPs and step "
+            f"time are not counted; {commands} read this model")
 
 
 def window_pairs(seq_len: int, window: int) -> int:
@@ -127,6 +174,8 @@ def kv_cache_elements(cfg: GPTConfig, context: int, window_keeps: str = "window"
     return per_token * (global_layers(cfg) * full + sliding_layers(cfg) * windowed)
 
 
-__all__ = ["KV_WINDOW_KEEPS", "MLA_CACHES", "attn_pattern", "dense_mlp_layers", "global_layers",
-           "kv_cache_elements", "kv_elements_per_token", "kv_tokens_per_layer", "moe_layers",
-           "sliding_layers", "window_pairs"]
+__all__ = ["HYBRID_COMMANDS", "KV_WINDOW_KEEPS", "MLA_CACHES", "attention_layers",
+           "attn_pattern", "deltanet_layers", "dense_mlp_layers", "global_layers",
+           "hybrid_layer_words", "hybrid_refusal", "kv_cache_elements", "kv_elements_per_token",
+           "kv_tokens_per_layer", "mamba_layers", "mixer_layers", "moe_layers", "sliding_layers",
+           "window_pairs"]

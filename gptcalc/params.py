@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import GPTConfig
-from .inventory import ParamTensor, inventory
+from .inventory import MIXER_KEYS, ParamTensor, inventory
 
 EMBEDDING_KEYS = ("embedding/token", "embedding/position")
 
@@ -45,10 +45,11 @@ def param_components(cfg: GPTConfig) -> dict[str, int]:
     """All parameters by component; the values sum to `count_params(cfg).total`.
 
     A grouped sum over `inventory(cfg)`: a tied head reuses the token embedding, so its weight is
-    counted once, under the embedding; only a learned position table depends on T."""
+    counted once, under the embedding; only a learned position table depends on T. Hybrid
+    models add the Mamba / Gated DeltaNet keys (`inventory.MIXER_KEYS`)."""
     got = _by_component(inventory(cfg))
     keys = ("embedding/token", "embedding/position", "embedding/proj", "norm/embedding",
-            *BLOCK_KEYS, "norm/final", "lm_head")
+            *BLOCK_KEYS, *(MIXER_KEYS if cfg.hybrid else ()), "norm/final", "lm_head")
     return {k: got.get(k, 0) for k in keys}
 
 

@@ -14,6 +14,7 @@ from ..api import Setup
 from ..coerce import coerce_field, field_kinds
 from ..config import GPTConfig
 from ..errors import ConfigError
+from ..layers import HYBRID_COMMANDS, hybrid_refusal
 from ..workload import Workload
 from ..configfile import FORMATS, write_config_file
 from ..presets import PRESETS
@@ -87,6 +88,10 @@ def model_options(command: Callable) -> Callable:
         try:
             setup = resolve_setup(**picked)
             ctx = click.get_current_context()
+            if setup.config.hybrid and ctx.info_name not in HYBRID_COMMANDS:
+                source = next((k for k in ("hf_config", "config", "sets") if picked.get(k)),
+                              "hf_config")
+                raise ConfigError(source, hybrid_refusal(setup.config, ctx.info_name))
             ctx.meta[_SECTIONS_KEY] = dict(setup.sections)
             ctx.meta[_SETUP_KEY] = setup
             result = command(model=(setup.config, setup.workload), **kwargs)

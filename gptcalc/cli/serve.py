@@ -11,7 +11,8 @@ from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import DEFAULT_GPU, gpu as find_gpu
 from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
-from ..inference.kv import KV_DTYPES
+from ..inference.kv import KV_DTYPES, SSM_CACHE_DTYPES
+from ..layers import hybrid_layer_words
 from ..inference.fit import to_fit
 from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSWITCH_NON_TORCH,
                               KVPool, cpu_offload_bytes, gpu_memory, kv_pool)
@@ -94,6 +95,10 @@ from .render import emit_json, envelope, print_line, print_table
               help="vLLM's sampler backend in the profile run: sort (PyTorch), triton "
                    "(sort-free, 0.17.0 on) or flashinfer (when installed and not disabled by "
                    "VLLM_USE_FLASHINFER_SAMPLER=0); default the release's PyTorch path.")
+@click.option("--mamba-ssm-cache-dtype", type=click.Choice(list(SSM_CACHE_DTYPES)),
+              default="auto", show_default=True,
+              help="Hybrid models: the Mamba / DeltaNet recurrent state's dtype (vLLM's option; "
+                   "auto: the model's dtype).")
 @click.option("--detail", is_flag=True,
               help="Every line: the activation peak by tensor, each pipeline stage, the "
                    "throughput table.")
@@ -107,7 +112,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             max_num_seqs: int | None,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
-            max_lora_rank: int | None, sampler: str | None, detail: bool,
+            max_lora_rank: int | None, sampler: str | None, mamba_ssm_cache_dtype: str,
+            detail: bool,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
@@ -140,14 +146,16 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                 non_torch=nt, gpu_name=g.name,
                 engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
                 lora=lora, pp=pp, dp=dp, expert_parallel=expert_parallel,
-                cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler)
+                cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler,
+                mamba_ssm_cache_dtype=mamba_ssm_cache_dtype)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
     batch = min(int(conc[str(ctx)]), pool.max_num_seqs)  # the scheduler's cap
     s = None
     precision = compute_precision(weights)
-    if batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second:
+    if (batch >= 1 and g.peak_flops(precision) is not None and g.hbm_bytes_per_second
+            and not cfg.hybrid):  # the roofline counts no Mamba / DeltaNet FLOPs
         s = serving(cfg, g, batch, ctx - gen_len, gen_len, tp, weights, kv_dtype,
                     DEFAULT_FLOPS_EFFICIENCY, DEFAULT_BANDWIDTH_EFFICIENCY)
     given = {"utilization": utilization, "max_model_len": max_model_len,
@@ -158,7 +166,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     line = _assumptions(pool, g.name, total, tp * pp * dp, (weights, source), kv_dtype, mml,
                         ctx, gen_len, gpu_memory is None,
                         {k for k, v in given.items() if v is None})
-    line += _layout_words(cfg, pool)
+    line += _layout_words(cfg, pool) + _hybrid_words(cfg, pool)
     if s is not None and (pp > 1 or dp > 1 or expert_parallel or pool.cpu_offload):
         line += "; throughput: one replica's roofline at tp (layout and offload not in it)"
     if pool.sampler:
@@ -189,6 +197,9 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                    device_context=pool.device_context, stages=list(pool.stages),
                    verdict=_verdict(cfg, pool, conc, mml, g.name))
         out.update(weights_dtype=weights_label(weights), weights_source=source)
+        if pool.state_groups:  # hybrid: the state pages and the block groups
+            out.update(state_page=pool.state_page, group_size=pool.group_size,
+                       attention_groups=pool.attention_groups, state_groups=pool.state_groups)
         emit_json(out)
         return
     _render(cfg, pool, conc, mml, ctx, s, line, advice, g.name, detail)
@@ -319,11 +330,29 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
     return "".join(f"; {w}" for w in words)
 
 
+def _hybrid_words(cfg: GPTConfig, p: KVPool) -> str:
+    """A hybrid model's state pages and block groups, and what is not counted."""
+    if not p.state_groups:
+        return ""
+    return (f"; hybrid: {hybrid_layer_words(cfg)} keep one state per request "
+            f"({binary_bytes(p.state_page)} a layer on this GPU), the attention block raised "
+            f"to {p.block_size} tokens so that one attention page holds it (vLLM's rule), "
+            f"blocks shared by {p.attention_groups} attention and {p.state_groups} state groups "
+            f"of {p.group_size} layers; one state block per request (no prefix caching of "
+            "states: --mamba-cache-mode align keeps more); the mixers' activations estimated "
+            "from their shapes; throughput not computed (the roofline has no Mamba / DeltaNet "
+            "FLOPs)")
+
+
 def _verdict(cfg: GPTConfig, p: KVPool, conc: dict[str, float], mml: int, gpu: str) -> str:
     """The answer in one line: does the engine start, and what its pool holds."""
     if not p.fits(cfg, mml):
         return (f"Does NOT fit: the engine refuses to start on {gpu} (no request of {mml:,} "
                 "tokens fits; what would follows).")
+    if p.state_groups:  # the blocks hold attention pages and requests' states alike
+        return (f"Fits: {p.kv_blocks:,} blocks of {p.block_size:,} tokens a GPU (attention KV "
+                f"and per-request state), {conc[str(mml)]:,.2f} requests of {mml:,} tokens at "
+                "once.")
     return (f"Fits: {p.kv_tokens:,} tokens of KV cache a GPU, {conc[str(mml)]:,.2f} requests "
             f"of {mml:,} tokens at once.")
 
@@ -348,6 +377,11 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
         rows += [["CUDA context (counted by this release)", binary_bytes(p.device_context)]]
     caption = (f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} tokens "
                f"({binary_bytes(p.bytes_per_block)} per block)")
+    if p.state_groups:
+        caption = (f"{p.kv_blocks:,} blocks of {p.block_size} tokens "
+                   f"({binary_bytes(p.bytes_per_block)} per block: a page of each of "
+                   f"{p.group_size} layers), shared by {p.attention_groups} attention and "
+                   f"{p.state_groups} state groups")
     if detail:
         print_table("", ["memory per GPU", "bytes"], rows,
                     total_row=["KV cache pool", binary_bytes(p.kv_cache)], caption=caption)
@@ -374,7 +408,7 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
         if not detail:
             return
     if s is None:
-        if conc[str(ctx)] >= 1:
+        if conc[str(ctx)] >= 1 and not cfg.hybrid:  # a hybrid's line of assumptions says why
             print_line("no throughput: the GPU has no peak figure for these weights (a T4 "
                        "runs fp16)")
         return

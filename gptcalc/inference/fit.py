@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import GPTConfig
+from ..errors import ConfigError
 from ..gpus import GPUS
 from .pool import KVPool, gpu_memory, kv_pool
 from .quant import Quantization
@@ -30,7 +31,12 @@ MAX_TP = 1024
 
 
 def _fits(cfg: GPTConfig, mml: int, memory: int, args: dict[str, Any]) -> bool:
-    return kv_pool(cfg, memory, **args).fits(cfg, mml)
+    """The pool of `args` holds one request; a layout the model cannot be cut into (a hybrid's
+    Mamba heads that tp does not divide) does not fit."""
+    try:
+        return kv_pool(cfg, memory, **args).fits(cfg, mml)
+    except ConfigError:
+        return False
 
 
 def _shards(cfg: GPTConfig, tp: int) -> bool:

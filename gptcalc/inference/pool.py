@@ -45,10 +45,12 @@ from dataclasses import dataclass, field
 from ..config import GPTConfig
 from ..errors import ConfigError, one_of, positive_int
 from ..gpus import GPU, GPUS, usable_memory
-from ..layers import dense_mlp_layers, global_layers, moe_layers, sliding_layers
+from ..layers import (attention_layers, dense_mlp_layers, global_layers, hybrid_layer_words,
+                      moe_layers, sliding_layers)
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
-from .kv import kv_bytes_per_token_layer
+from .kv import (SSM_CACHE_DTYPES, hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
+                 state_bytes_per_layer, state_layers)
 from .sampler import (SAMPLERS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes, sampler_bytes,
                       sm_count, sort_free_sampler_bytes)
 from .servers import (Release, custom_all_reduce_bytes, parse_version, release,
@@ -103,6 +105,11 @@ MEMORY_PROFILING_V1_SINCE = (0, 9, 2)
 # about 300 MB, and the worker then loads its cuBLAS, attention and NCCL kernels. It moves the
 # pool by its own size.
 CUDA_CONTEXT = 500 * 2**20
+# vLLM runs hybrid models (Mamba / Gated DeltaNet layers beside attention) in its V1 engine
+# from vllm-project/vllm pull 20016 ("Enable V1 for Hybrid SSM/Attention Models", June 2025),
+# first released in 0.10.0; earlier releases ran them in V0 with a separate Mamba cache of
+# max_num_seqs state slots, which is not modelled
+HYBRID_V1_SINCE = (0, 10, 0)
 
 
 def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
@@ -179,6 +186,53 @@ def fused_moe_workspace_bytes(cfg: GPTConfig, tokens: int, tp: int = 1,
         return M * k * max(N // 2, E) * a + M * k * max(N, E) * a
     act_out = N // 2 if gated else N
     return M * k * max(N, E) * a + M * k * act_out * a
+
+
+def mixer_width(cfg: GPTConfig) -> int:
+    """A Mamba / Gated DeltaNet layer's widest moment in the profile run, per token: its input
+    projection's output and the mixer's output before out_proj (Mamba2: 2 d_inner + 2 G N + h
+    and d_inner; Mamba-1: 2 d_inner and d_inner; DeltaNet: 2 Hk dk + 2 Hv dv + 2 Hv and Hv dv).
+    An estimate from the layer's shapes, not measured; the scan kernels' chunk buffers are left
+    out."""
+    if cfg.layer_mixers.upper().count("D"):
+        Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        return 2 * Hk * dk + 2 * Hv * dv + 2 * Hv + Hv * dv
+    D = cfg.mamba_inner
+    if cfg.mamba_version == 1:
+        return 3 * D
+    return 3 * D + 2 * cfg.mamba_n_groups * cfg.mamba_d_state + cfg.mamba_n_heads
+
+
+def hybrid_stage_layers(cfg: GPTConfig, start: int, end: int) -> tuple[int, int]:
+    """(attention layers, state layers) among blocks [start, end): every layer-kind rule counts
+    from block 0, so a stage's are the difference of the cuts at end and start."""
+    def upto(n: int) -> tuple[int, int]:
+        if n == 0:
+            return 0, 0
+        cut = cfg.replace(n_layer=n)
+        return attention_layers(cut), state_layers(cut)
+    (a1, s1), (a0, s0) = upto(end), upto(start)
+    return a1 - a0, s1 - s0
+
+
+def check_hybrid(cfg: GPTConfig, engine: str, r: Release,
+                 lora: tuple[int, int] | None = None) -> None:
+    """Hybrid models are sized for vLLM's V1 engine from 0.10.0 (`HYBRID_V1_SINCE`) only, and
+    without LoRA slots."""
+    if not cfg.hybrid:
+        return
+    if lora is not None:
+        raise ConfigError("enable_lora", f"LoRA slots for the model's {hybrid_layer_words(cfg)} "
+                                         "are not modelled")
+    if engine != "vllm":
+        raise ConfigError("engine", f"SGLang's pools for the model's {hybrid_layer_words(cfg)} "
+                                    "are not modelled (vLLM's are: --engine vllm)")
+    if parse_version(r.version) < HYBRID_V1_SINCE:
+        raise ConfigError("engine_version", f"vLLM {r.version} runs the model's "
+                                            f"{hybrid_layer_words(cfg)} in its V0 engine, whose "
+                                            "Mamba cache is not modelled; hybrid models are "
+                                            "sized from vLLM 0.10.0 (V1)")
 
 
 def sort_free_sampler(r: Release) -> bool:
@@ -262,6 +316,8 @@ def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1
     branches = {
         "branch/attention": T * ((cfg.q_width + 2 * cfg.kv_width) // tp + cfg.q_width // tp) * a,
     }
+    if cfg.hybrid:
+        branches["branch/mixer"] = T * mixer_width(cfg) // tp * a
     if dense_mlp_layers(cfg):
         branches["branch/mlp"] = T * (3 * F // tp if gated else 2 * F // tp + E) * a
     if moe_layers(cfg):
@@ -313,6 +369,12 @@ class KVPool:
     cpu_offload: int = 0  # weight bytes of this GPU held in host memory (--cpu-offload-gb)
     device_context: int = 0  # the CUDA context, counted by early V1 (`early_v1_accounting`)
     sampler: str | None = None  # the profile run's sampler backend (vLLM)
+    # hybrid models (`kv.hybrid_groups`): layers per group, attention and state groups, and
+    # one layer's state of one sequence before its padding to the page (bytes)
+    group_size: int = 0
+    attention_groups: int = 0
+    state_groups: int = 0
+    state_page: int = 0
 
     @property
     def host_memory(self) -> int:
@@ -366,7 +428,14 @@ class KVPool:
 
     def max_concurrency(self, cfg: GPTConfig, context: int) -> float:
         """Requests of `context` tokens the pool holds at once, as vLLM logs it: the pool's
-        per-layer pages over the per-layer pages of one request."""
+        per-layer pages over the per-layer pages of one request. A hybrid model's blocks are
+        shared by its groups: a request takes ceil(context / block) blocks in each attention
+        group and one block (its state) in each state group (vllm/v1/core/kv_cache_utils.py,
+        `get_max_concurrency_for_kv_cache_config`, vllm-project/vllm@001cabc1)."""
+        if self.state_groups:
+            per_request = (self.attention_groups * math.ceil(context / self.block_size)
+                           + self.state_groups)
+            return self.kv_blocks / per_request
         layer_pages = self.kv_cache // self.layer_block_bytes
         chunk = None if self.engine == "sglang" else self.max_num_batched_tokens
         start, end = self.layers if self.layers != (0, 0) else (0, cfg.n_layer)
@@ -390,7 +459,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             engine_version: str | None = None, max_model_len: int | None = None,
             comm_buffers: bool = True, lora: tuple[int, int] | None = None, pp: int = 1,
             dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0,
-            sampler: str | None = None) -> KVPool:
+            sampler: str | None = None, mamba_ssm_cache_dtype: str = "auto") -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
     sglang_mem_fraction_static; the newest release; max_model_len the model's context).
@@ -407,7 +476,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     `unify_kv_cache_configs`; V0's executor the minimum of its workers' blocks), so the
     returned pool is the stage with the fewest blocks, `stages` holding each. Only the last
     stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
-    memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`)."""
+    memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`).
+    mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`)."""
     one_of("engine", engine, SERVERS)
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         positive_int(name, value)
@@ -431,6 +501,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
         raise ConfigError("gpu_memory", "must be a positive size (this GPU has no memory figure)")
     rel = release(engine, engine_version)
+    check_hybrid(cfg, engine, rel, lora)
     mml = cfg.block_size if max_model_len is None else max_model_len
     tokens_default, seqs_default = scheduler_defaults(
         rel if engine == "vllm" else release("vllm"), gpu_memory_bytes, gpu_name, mml,
@@ -451,6 +522,15 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         frac = 0.9 if utilization is None else utilization
         bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     frac = check_fraction(frac, name)
+    if block_size is not None:
+        positive_int("kv_block_size", block_size)
+    state_page = 0
+    if cfg.hybrid:  # the attention page raised to hold one layer's state (`kv.hybrid_block_size`)
+        state_bytes = unquantised_bytes(weights_dtype)
+        ssm = SSM_CACHE_DTYPES[one_of("mamba_ssm_cache_dtype", mamba_ssm_cache_dtype,
+                                      tuple(SSM_CACHE_DTYPES))]
+        bs = hybrid_block_size(cfg, block_size, tp, kv_dtype, state_bytes, ssm)
+        state_page = state_bytes_per_layer(cfg, tp, state_bytes, ssm)
     positive_int("kv_block_size", bs)
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
     comm = custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
@@ -482,15 +562,19 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             moe_kept=persistent_moe_workspace(rel), last_stage=end == cfg.n_layer,
             moe_tp=1 if expert_parallel else tp * dp, streamed=streamed,
             flashinfer=backend == "flashinfer")
+        size, attn_groups, st_groups = hybrid_groups(*hybrid_stage_layers(cfg, start, end))
+        per_block = size * layer_block if cfg.hybrid else (end - start) * layer_block
         stages.append(KVPool(
             engine=engine, release=rel, gpu_memory_bytes=gpu_memory_bytes, utilization=frac,
             weights=weights - offloaded, activation=act, non_torch=non_torch + comm,
             custom_all_reduce=comm, block_size=bs, max_num_batched_tokens=tokens,
-            max_num_seqs=seqs, bytes_per_block=(end - start) * layer_block,
+            max_num_seqs=seqs, bytes_per_block=per_block,
             layer_block_bytes=layer_block, lora=slots, lora_setting=lora,
             layers=(0, 0) if pp == 1 else layers,
             layout={"tp": tp, "pp": pp, "dp": dp, "expert_parallel": int(expert_parallel)},
-            cpu_offload=offloaded, device_context=context, sampler=backend))
+            cpu_offload=offloaded, device_context=context, sampler=backend,
+            **(dict(group_size=size, attention_groups=attn_groups, state_groups=st_groups,
+                    state_page=state_page) if cfg.hybrid else {})))
     binding = min(stages, key=lambda p: (p.kv_blocks, p.kv_cache))
     if pp == 1:
         return binding
