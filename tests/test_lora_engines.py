@@ -1,4 +1,5 @@
-"""LoRA under the data-parallel engines (FSDP2, DDP, ZeroRedundancyOptimizer): a frozen base has
+"""LoRA under the data-parallel engines (FSDP2, DDP, ZeroRedundancyOptimizer, DeepSpeed's ZeRO
+1-2): a frozen base has
 no gradients, so no engine buffers, reduce-scatters or keeps gradients for it. gptcalc's states
 and step peak against the engines run on 2 gloo ranks over the reference model with PEFT-shaped
 adapters."""
@@ -92,7 +93,7 @@ def test_zero_redundancy_partitions_the_adapters_alone():
 torch = pytest.importorskip("torch")
 
 # the engines' twins on 2 gloo ranks: FSDP2 ZeRO-3 and 2 in fp32 and in MixedPrecisionPolicy,
-# GPT-2's fused qkv, an adapted head, a longer batch, DDP and ZeroRedundancyOptimizer
+# GPT-2's fused qkv, an adapted head, a longer batch, DDP, ZeroRedundancyOptimizer, DeepSpeed
 EVERY = ("q", "k", "v", "o", "up", "gate", "down")
 GPT2 = from_name("debug", arch="gpt2", n_layer=2, n_embd=128, n_head=4, vocab_size=512,
                  block_size=32, dropout=0.0)
@@ -108,12 +109,21 @@ TWIN_LAYOUTS = [
     (TINY, Workload(1, 8), _lora(dp=2, zero=0)),
     (TINY, Workload(2, 32), _lora(dp=2, zero=0, lora_targets=EVERY)),
     (TINY, Workload(1, 8), _lora(dp=2, zero=1, engine="zero-redundancy")),
+    # DeepSpeed's defaults (a 5e8-element reduce bucket), then small buckets so that the rest
+    # of the step shows
+    (TINY, Workload(1, 8), _lora(dp=2, zero=1, engine="deepspeed")),
+    (TINY, Workload(2, 32), _lora(dp=2, zero=1, engine="deepspeed", engine_settings=(
+        ("reduce_bucket_size", 4096), ("allgather_bucket_size", 4096)))),
+    (TINY, Workload(2, 32), _lora(dp=2, zero=2, engine="deepspeed", mode="mixed",
+                                  lora_targets=EVERY, engine_settings=(
+                                      ("reduce_bucket_size", 4096),
+                                      ("allgather_bucket_size", 4096)))),
 ]
 
 # measured on 2 gloo ranks, torch 2.13: the FSDP2 layouts' peak is the last block's forward
-# all-gather, within 0.1%; the longer batch and DDP peak in the last block's backward, whose
-# gradients in flight the phase model counts up to 0.9% high. The brief's bound for a twin of
-# the step peak, 2%
+# all-gather, within 0.1%; the longer batch, DDP and DeepSpeed's ZeRO-1 with small buckets
+# peak in the last block's backward, whose gradients in flight the phase model counts up to
+# 1.2% high. The bound every pairwise cell of the options is held to, 2%
 PEAK_TOLERANCE = 0.02
 
 
@@ -124,7 +134,10 @@ def test_lora_under_the_engines_matches_the_twins():
         st = state_bytes(cfg, setup)
         peak = step_peak(cfg, wl, setup).bytes
         for r in results[:1]:  # rank 0, the most loaded (both ranks measure alike here)
-            assert (st.weights, st.gradients, st.optimizer) == (
-                r.weights, r.gradients, r.optimizer), setup
+            weights = st.weights
+            if setup.engine == "deepspeed":  # its twin counts DeepSpeed's flat 16-bit group,
+                weights -= st.breakdown["base/weights"]  # not the module's frozen tensors
+            assert (weights, st.optimizer) == (r.weights, r.optimizer), setup
+            assert r.gradients in (-1, st.gradients), setup  # DeepSpeed's: not measured
             measured = r.peak - r.peak_categories.get("Buffer", 0)
             assert abs(peak - measured) <= PEAK_TOLERANCE * measured, (setup, peak, measured)
