@@ -52,8 +52,9 @@ torch = pytest.importorskip("torch")
 # full training of the matrix's small model (2 x 32 tokens, V 512): the measured peak holds two
 # tensors of the logits' size more than the phase model's moments (262,144 B under DDP and
 # ZeroRedundancyOptimizer, -1.9% and -3.0%; FSDP2 -5.8%), measured on 2 gloo ranks, torch
-# 2.13 (docs/combinations.md). LoRA cells are held to the matrix's 2%
-FULL_TRAINING_GAP = 0.06
+# 2.13 (docs/combinations.md); bounded by FSDP2's timing bound of every distributed check
+# (reference_model.verify.DIST_PEAK_TOLERANCE), 8%. LoRA cells are held to the matrix's 2%
+FULL_TRAINING_GAP = 0.08
 
 
 @pytest.mark.slow
