@@ -262,10 +262,13 @@ def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tup
             pairs = {k: v for k, v in pairs.items() if k != key and not k.startswith(key + "_")}
         else:
             pairs[key] = value
-    if any(k in pairs for k in ("offload_optimizer", "offload_param")):
+    offloaded = [k for k in ("offload_optimizer", "offload_param") if k in pairs]
+    if offloaded:
         if given.get("engine") not in (None, "", "deepspeed"):
-            raise ConfigError("offload_optimizer", f"offload is DeepSpeed's; --engine is "
-                                                   f"{given['engine']}")
+            key = offloaded[0]
+            raise ConfigError(key, f"--{key.replace('_', '-')} is DeepSpeed's offload; with "
+                                   f"--engine {given['engine']} it is not modelled (give "
+                                   f"--engine deepspeed)")
         given["engine"] = "deepspeed"
     return tuple(pairs.items())
 

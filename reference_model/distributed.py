@@ -151,6 +151,9 @@ def check_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl:
     if engine in ("tp", "pipeline") and impl == "transformers":
         raise ConfigError("impl", f"the {engine} engine runs the reference model only; "
                                   "transformers models are verified under ZeRO/FSDP2")
+    if setup.lora_rank and (impl == "transformers" or engine in ("tp", "pipeline")):
+        raise ConfigError("lora_rank", "the distributed twin adds LoRA to the reference model "
+                                       "under data parallel engines only (--impl reference)")
     if engine == "tp" and (cfg.moe or cfg.mla or cfg.qkv_layout == "per_head"):
         raise ConfigError("tp", "tensor parallel is wired for fused or separate q/k/v, dense "
                                 "MLPs")
@@ -492,7 +495,8 @@ class _Zero1(_Engine):
     def build(self) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        self.opt = ZeroRedundancyOptimizer(self.model.module.parameters(),
+        trainable = [p for p in self.model.module.parameters() if p.requires_grad]
+        self.opt = ZeroRedundancyOptimizer(trainable,
                                            optimizer_class=torch.optim.AdamW, lr=1e-4,
                                            weight_decay=0.1)
 

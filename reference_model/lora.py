@@ -34,7 +34,9 @@ class LoRALinear(nn.Module):
 def apply_lora(model: nn.Module, rank: int, targets: tuple[str, ...],
                adapter_dtype: torch.dtype | None = None) -> nn.Module:
     """Freeze every parameter, then wrap each block Linear whose target name is in `targets`
-    (q, k, v, qkv, o, up, gate, down; gptcalc.linears' names) in a LoRALinear, in place."""
+    (q, k, v, qkv, o, up, gate, down; gptcalc.linears' names), and the output head when
+    `targets` names lm_head (tied or not: the wrapped Linear keeps its weight), in a LoRALinear,
+    in place."""
     for p in model.parameters():
         p.requires_grad_(False)
     for name, module in list(model.named_modules()):
@@ -43,4 +45,6 @@ def apply_lora(model: nn.Module, rank: int, targets: tuple[str, ...],
             if (isinstance(child, nn.Linear) and ".h." in f".{full}"
                     and _target(full) in targets):
                 setattr(module, child_name, LoRALinear(child, rank, adapter_dtype))
+    if "lm_head" in targets and isinstance(getattr(model, "lm_head", None), nn.Linear):
+        model.lm_head = LoRALinear(model.lm_head, rank, adapter_dtype)
     return model

@@ -481,6 +481,18 @@ def _global_peak_tracker_class():
                     self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(dev_snap)
 
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            # a frozen parameter (LoRA's base) takes no gradient hook: register_hook raises
+            frozen = [p for p in module.parameters() if not p.requires_grad]
+            for p in frozen:
+                self._param_to_grad_hook_handles.setdefault(p, ())
+            try:
+                return super()._track_module_params_and_buffers(module, install_grad_hooks)
+            finally:
+                for p in frozen:
+                    if self._param_to_grad_hook_handles.get(p) == ():
+                        del self._param_to_grad_hook_handles[p]
+
     return GlobalPeakTracker
 
 

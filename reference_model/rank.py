@@ -128,6 +128,13 @@ class _Engine:
         self.cfg, self.wl, self.setup, self.rank, self.world = cfg, wl, setup, rank, world
         self.coords = coords_of(rank, setup)
         self.model = _Model(cfg, impl, setup.attn_impl)
+        if setup.lora_rank:  # PEFT-shaped adapters on a frozen base (reference model)
+            from gptcalc.lora import covered
+
+            from .lora import apply_lora
+
+            apply_lora(self.model.module, setup.lora_rank,
+                       tuple(covered(cfg, setup.lora_targets)))
         self.idx, self.targets = _batch(cfg, wl.batch_size, wl.seq_len,
                                         seed=1000 + self.coords["dp"])
 
@@ -138,7 +145,8 @@ class _Engine:
     def optimizer(self, params):
         from .memory import _torch_optimizer
 
-        return _torch_optimizer(params, self.setup)
+        # the parameters that train (all of them, or LoRA's adapters), as trainers pass them
+        return _torch_optimizer([p for p in params if p.requires_grad], self.setup)
 
     def tracker(self):
         from .memory import _global_peak_tracker

@@ -35,6 +35,7 @@ class Phase(Enum):
     # FSDP2's own moments: the root's all-gather before the loss's backward (ZeRO-3), and the
     # last block's reduce-scatter copy-in
     ROOT_REGATHER = "backward start, root all-gather"
+    FORWARD_GATHER = "forward, last block's all-gather"
     REDUCE_SCATTER = "backward, last block's reduce-scatter"
     # context parallel: the last block's ring attention, in the forward and in the backward
     RING_FORWARD = "forward, last block's ring attention"
@@ -59,6 +60,9 @@ _WHY = {
                                "block's gradients in flight",
     Phase.BACKWARD_END: "the end of backward: every gradient, with the embedding's gradient "
                         "in flight",
+    Phase.FORWARD_GATHER: "the last block's all-gather in the forward: its output and the "
+                          "unsharded parameters copied out of it, beside the block before "
+                          "it's output, which FSDP2 keeps until this all-gather is issued",
     Phase.OPTIMIZER_STEP: "the optimizer step: weights, gradients and optimizer states with "
                           "the update's temporaries (the activations are gone)",
     Phase.ATTENTION_CORE: "the last block's attention core in the forward: SDPA's CPU math path "

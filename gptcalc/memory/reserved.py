@@ -244,6 +244,10 @@ class _Replay:
             self.alloc(key, v)
         self.moment(Phase.FORWARD_END, True)
         for b in range(self.n):
+            if b == self.n - 1:  # FSDP2's all-gather of the last block
+                self.moment(Phase.FORWARD_GATHER, True)
+                self.mark(Phase.FORWARD_GATHER)
+                self.moment(Phase.FORWARD_GATHER, False)
             for key, v in self.lines("layer", b) + self.lines("weight_copy", b):
                 self.alloc(key, v)
         for key, v in self.lines("final") + self.lines("cross_entropy"):

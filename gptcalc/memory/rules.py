@@ -44,8 +44,9 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
                                                          else ""))
     check_pipeline(cfg, workload, setup)
     if setup.lora_rank and (t > 1 or p > 1):
-        raise ConfigError("lora_rank", "LoRA memory is modelled with data parallelism (and ZeRO) "
-                                       "only, not with tp or pp")
+        flag = f"--tp {t}" if t > 1 else f"--pp {p}"
+        raise ConfigError("lora_rank", f"--lora-rank with {flag} is not modelled: LoRA memory is "
+                                       "modelled with data parallelism (and ZeRO) only")
     unmeasured = [s for s in modern_switches(cfg) if s not in LORA_MEASURED_SWITCHES]
     if cfg.sliding_window is not None and "G" in cfg.attn_pattern.upper():
         unmeasured.append("a pattern of global and sliding layers")  # every layer sliding only

@@ -58,10 +58,10 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") ->
     the inventory's tp shards in the mode's dtypes (`states.zero_bytes_per_param`), each tensor's
     optimizer states by its shape (`states.tensor_optimizer_bytes`). AdamW adds a 4-byte step
     counter per parameter tensor (torch keeps `state["step"]` as a float32 scalar tensor),
-    Adafactor its 4-byte RMS, not sharded. LoRA: a frozen base and trainable adapters
-    (`finetune.finetune_state_bytes`). Made once per configuration, set-up, stage and state of
-    the engine and optimizer registries (a step's account, plan's micro-batches and pipeline
-    ranks all ask)."""
+    Adafactor its 4-byte RMS, not sharded. LoRA: a frozen base and trainable adapters, as the
+    engine lays them out (`Engine.finetune_states`). Made once per configuration, set-up, stage
+    and state of the engine and optimizer registries (a step's account, plan's micro-batches
+    and pipeline ranks all ask)."""
     return _state_bytes(cfg, setup, stage, (generation(), optimizer_generation()))
 
 
@@ -69,9 +69,7 @@ def state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first") ->
 def _state_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: Stage,
                  _generation: tuple[int, int]) -> StateBytes:
     if setup.lora_rank:
-        from ..finetune import finetune_state_bytes
-
-        lines = finetune_state_bytes(cfg, setup)
+        lines = engine_for(setup).finetune_states(cfg, setup)
         grads, opt = lines["adapter/gradients"], lines["adapter/optimizer"]
         weights = lines["base/weights"] + lines["adapter/weights"]
         return StateBytes(stage=stage, params=lines["adapter/weights"] // setup.weight_bytes,
@@ -127,11 +125,11 @@ def resident(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first",
     """Bytes one device keeps between optimizer steps, by line: weights, optimizer states, the
     gradients the engine keeps (DDP's buckets, Megatron-LM's main-gradient buffer) and its
     buffers (`Engine.resident`). On `rank`, else the most loaded rank of `stage`
-    (`peak_rank`). LoRA: the frozen base, the adapters and their optimizer states."""
-    if setup.lora_rank:
-        st = state_bytes(cfg, setup, stage)
-        return {"weights": st.weights, "optimizer states": st.optimizer}
+    (`peak_rank`). LoRA: the frozen base, the adapters and their optimizer states, and the
+    engine's buffers (`Engine.finetune_resident`)."""
     engine = engine_for(setup)
+    if setup.lora_rank:
+        return engine.finetune_resident(cfg, setup)
     rank = engine.peak_rank(cfg, setup, stage) if rank is None else rank
     return engine.resident(cfg, setup, rank)
 

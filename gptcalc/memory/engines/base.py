@@ -11,6 +11,8 @@ data-parallel engine that replicates every state (one device, DistributedDataPar
 - `check`: the set-ups it runs (its ZeRO stages, precisions, optimizers), else ConfigError;
 - `label`, `mixed_precision`, `assumptions`: its words on the first line of a command;
 - `replicated`, `rank_states`, `peak_rank`: the states one rank holds, and the most loaded rank;
+- `finetune_states`, `finetune_resident`: LoRA's states (a frozen base, trainable adapters) on
+  the most loaded rank, and what it keeps between steps;
 - `resident`: what a rank keeps between optimizer steps;
 - `optimizer_sharded`, `master_gradient_bytes`, `largest_optimizer_tensor`,
   `head_gradient_sharded`: how the step's own terms (the optimizer's temporaries, the head's
@@ -105,6 +107,21 @@ class Engine:
         """The global rank of `stage` holding the most state bytes: its first (the first dp
         rank owns the most rows of every split)."""
         return first_rank(setup, stage)
+
+    def finetune_states(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        """LoRA's states on the most loaded rank, by line (base/weights, adapter/weights,
+        adapter/gradients, adapter/optimizer): ZeRO's flat partitions by default
+        (`finetune.finetune_state_bytes`)."""
+        from ..finetune import finetune_state_bytes
+
+        return finetune_state_bytes(cfg, setup)
+
+    def finetune_resident(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        """What the most loaded rank keeps between optimizer steps under LoRA, by line: the
+        frozen base with the adapters, and the adapters' optimizer states."""
+        lines = self.finetune_states(cfg, setup)
+        return {"weights": lines["base/weights"] + lines["adapter/weights"],
+                "optimizer states": lines["adapter/optimizer"]}
 
     def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         """Bytes `rank` keeps between optimizer steps, by line: weights and optimizer states

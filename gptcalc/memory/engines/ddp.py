@@ -23,9 +23,13 @@ def ddp_gradient_buckets(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "f
     with PyTorch's default gradient_as_bucket_view=False, `.grad` stays a tensor of its own:
     the buffers are a second copy of the gradients, alive for the whole step. Each bucket
     packs its parameters' elements without padding (measured on CPU/gloo, torch 2.13), so the
-    buffers total the rank's gradient bytes. Zero unless the engine is DDP with dp > 1."""
+    buffers total the rank's gradient bytes; under LoRA the adapters' only (the reducer
+    buckets the parameters that require a gradient). Zero unless the engine is DDP with
+    dp > 1."""
     if setup.dp == 1 or not isinstance(engine_for(setup), DDP):
         return 0
+    if setup.lora_rank:
+        return engine_for(setup).finetune_states(cfg, setup)["adapter/gradients"]
     return tp_rank_states(cfg, setup, first_rank(setup, stage)).gradients
 
 
@@ -52,6 +56,14 @@ class DDP(Engine):
 
     def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return ddp_resident(cfg, setup, rank)
+
+    def finetune_resident(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        """The frozen base, the adapters, their optimizer states and the adapters' buckets."""
+        out = super().finetune_resident(cfg, setup)
+        buckets = ddp_gradient_buckets(cfg, setup)
+        if buckets:
+            out["DDP gradient buckets"] = buckets
+        return out
 
     def adjust(self, ledger: Ledger, step: Step) -> None:
         buckets = ddp_gradient_buckets(step.cfg, step.setup, step.stage)

@@ -170,6 +170,27 @@ def deepspeed_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -
                              f"{NCCL_START_ALIGNMENT} x dp" + _offloaded(setup))
 
 
+def deepspeed_lora_states(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+    """LoRA under ZeRO 1-2, by `finetune.finetune_state_bytes`' lines: the frozen base stays
+    the module's own tensors, replicated (the client optimizer holds only the adapters, so
+    DeepSpeed flattens only them); the adapters are one flat 16-bit group padded as
+    `flat_group_elements` pads it, their gradients whole (stage 1) or one partition (stage 2),
+    and the optimizer the fp32 master partition with its states over flat / dp elements
+    (`_optimizer_bytes`) and one step counter. Stage 3: `finetune_state_bytes`."""
+    from ..finetune import finetune_state_bytes
+    from ...lora import lora_params
+
+    lines = finetune_state_bytes(cfg, setup)
+    if setup.zero >= 3:
+        return lines
+    n = sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
+    wb, dp = setup.weight_bytes, setup.dp
+    flat = flat_group_elements(n, dp)
+    return {**lines, "adapter/weights": wb * flat,
+            "adapter/gradients": wb * (flat // dp if setup.zero >= 2 else n),
+            "adapter/optimizer": _optimizer_bytes(setup, [flat // dp]) + step_counters(setup, 1)}
+
+
 def _offloaded(setup: TrainingSetup) -> str:
     """The offload of the set-up, for a rule's words."""
     opt_dev, param_dev = offload_devices(setup)
@@ -482,8 +503,9 @@ def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
     `setup_buckets`) allocates the reduce bucket, reduce_bucket_size elements (one; two with
     overlap_comm, whose default is off below stage 3); it lives until the gradients are
     reduced at the end of backward (`_release_ipg_buffers`). In the optimizer step the 16-bit
-    gradients are gone (the fp32 gradient partition is an optimizer temporary). Nothing at ZeRO 0 or
-    under LoRA; DeepSpeed keeps its layout and buffers at dp = 1 too.
+    gradients are gone (the fp32 gradient partition is an optimizer temporary); under LoRA the
+    same bucket, over the adapters' gradients. Nothing at ZeRO 0; DeepSpeed keeps its layout
+    and buffers at dp = 1 too.
 
     Stage 3 (stage3.py): its buffers (`deepspeed_buffers`) and the gradient partitions'
     flat buffer are alive in every phase; beside them the parameters the coordinator holds
@@ -493,7 +515,7 @@ def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
     1-2 keep a device buffer of the largest parameter's 16-bit gradient for the copies to the
     host (`staging_bytes`)."""
     cfg, setup = step.cfg, step.setup
-    if setup.zero == 0 or setup.lora_rank:
+    if setup.zero == 0:
         return
     offloaded = offload_devices(setup)[0] != "none"
     if offloaded:  # the update runs on the host (DeepSpeedCPUAdam over the host partition)
@@ -509,13 +531,16 @@ def deepspeed_adjust(ledger: Ledger, step: Step) -> None:
         ledger.replace(Phase.OPTIMIZER_STEP, GRADIENTS, 0)
         return
     rank = first_rank(setup, step.stage)
-    st = deepspeed_rank_states(cfg, setup, rank)
+    # LoRA: the gradient partitions cover the adapters (the client optimizer's parameters);
+    # every parameter, frozen or not, is partitioned and gathered alike
+    grads = step.gradients if setup.lora_rank else deepspeed_rank_states(cfg, setup,
+                                                                         rank).gradients
     gathered = stage3_moments(cfg, setup, rank)
     forward = (*ledger.forward_phases(), Phase.BACKWARD_START)
     for phase in dict.fromkeys((*STEADY_PHASES, *forward)):
         ledger.add(phase, REDUCE_BUCKET, reduce_bucket_bytes(setup))
         ledger.add(phase, INF_NAN_TRACKER, INF_OR_NAN_TRACKER_BYTES)
-        (ledger.add if phase in forward else ledger.replace)(phase, GRADIENTS, st.gradients)
+        (ledger.add if phase in forward else ledger.replace)(phase, GRADIENTS, grads)
         if phase in gathered:
             ledger.add(phase, GATHERED, setup.weight_bytes * gathered[phase])
 
@@ -618,15 +643,24 @@ class DeepSpeed(Engine):
         if zero_settings(setup)["offload_optimizer_ratio"] != 1.0:
             raise ConfigError("deepspeed_config", "a partial optimizer offload (ratio < 1) is "
                                                   "not modelled")
-        if setup.lora_rank or setup.optimizer_in_backward or setup.tp > 1 or setup.pp > 1:
-            raise ConfigError(field, "DeepSpeed offload is modelled with data parallelism "
-                                     "alone, full training and a step after backward")
+        flag = f"--{field.replace('_', '-')}"
+        for other, given in (("--lora-rank", setup.lora_rank), ("--tp", setup.tp > 1),
+                             ("--pp", setup.pp > 1),
+                             ("optimizer_in_backward", setup.optimizer_in_backward)):
+            if given:
+                raise ConfigError(field, f"{flag} with {other} is not modelled: DeepSpeed "
+                                         "offload is modelled with data parallelism alone, "
+                                         "full training and a step after backward")
 
     def host(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return deepspeed_host(cfg, setup, rank)
 
     def replicated(self, setup: TrainingSetup) -> bool:
         return setup.zero == 0
+
+    def finetune_states(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        return deepspeed_lora_states(cfg, setup) if setup.zero else super().finetune_states(
+            cfg, setup)
 
     def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
         return super().rank_states(cfg, setup, rank) if setup.zero == 0 else (
@@ -678,6 +712,6 @@ def describe_buffers(setup: TrainingSetup) -> str:
 
 
 __all__ = ["DeepSpeed", "ZERO_DEFAULTS", "deepspeed_adjust", "deepspeed_buffers",
-           "deepspeed_host", "deepspeed_rank_states", "deepspeed_resident", "offload_devices", "describe_buffers",
+           "deepspeed_host", "deepspeed_lora_states", "deepspeed_rank_states", "deepspeed_resident", "offload_devices", "describe_buffers",
            "flat_group_elements", "stage3_partition_elements", "stage3_persistent_elements",
            "zero_settings"]

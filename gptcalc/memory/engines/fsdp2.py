@@ -23,7 +23,7 @@ from ...schedules import Stage, holds_head, stage_hold, stage_layers
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ...inventory import ParamTensor
-from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
+from ..ledger import GRADIENTS, LOGITS, SAVED, Ledger, Phase, Term
 from ..states import optimizer_bytes_per_param, stage_tensors
 from .base import Engine, Step, register
 from .shards import (RankStates, chunk_rows, coords, first_rank, optimizer_over, padded_rows,
@@ -87,6 +87,43 @@ def fsdp2_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> Ra
                       "FSDP2: dim-0 shards padded to ceil(rows/dp); optimizer over own rows")
 
 
+def fsdp2_lora_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """LoRA's states on `rank` under FSDP2, by `finetune.finetune_state_bytes`' lines. FSDP2
+    shards every parameter, frozen or not, at ZeRO-2 and 3 alike (reshard_after_forward only
+    decides when the all-gathered copy is freed), in its own dtypes (`sharded_bytes`: fp32
+    shards under MixedPrecisionPolicy):
+
+    - base/weights: the frozen parameters' padded dim-0 shards (`fsdp2_rank_states`), or with
+      an NF4 base its quantised block Linears, their constants included (`lora.
+      qlora_base_bytes`), split over dp beside the other parameters' shards;
+    - adapter/weights and adapter/gradients: lora_A (m r, in) and lora_B (out, m r) of every
+      adapter, padded ceil(rows / dp) rows;
+    - adapter/optimizer: the optimizer over the rank's own rows of each adapter matrix in
+      `optimizer_mode` (AdamW: 8 bytes per element, no master copy), plus its 0-d tensors per
+      adapter tensor."""
+    from ...linears import block_linears
+    from ...lora import qlora_base_bytes, selected
+
+    _, dp_rank, _ = coords(rank, setup)
+    sb, dp = sharded_bytes(setup), setup.dp
+    base = fsdp2_rank_states(cfg, setup, rank).weights
+    if setup.base_dtype == "nf4":
+        dense = sum(m.weights for m in block_linears(cfg))
+        nf4 = sum(qlora_base_bytes(cfg, setup.double_quant).values())
+        base += -(-nf4 // dp) - sb * (-(-dense // dp))
+    padded = tensors = 0
+    shapes = []
+    for a in selected(cfg, setup.lora_targets):
+        r = setup.lora_rank * a.rank_mult
+        for shape in ((r, a.in_features), (a.out_features, r)):
+            padded += a.count * rows_times_rest(shape, padded_rows(shape[0], dp))
+            shapes.append(((chunk_rows(shape[0], dp, dp_rank),) + shape[1:], a.count))
+            tensors += a.count
+    opt = optimizer_over(setup, shapes, optimizer_mode(setup)) + step_counters(setup, tensors)
+    return {"base/weights": base, "adapter/weights": sb * padded,
+            "adapter/gradients": sb * padded, "adapter/optimizer": opt}
+
+
 def _padded_elements(t: ParamTensor, setup: TrainingSetup) -> int:
     """Elements of one tensor of `t` unsharded by FSDP2: the tp shard (rank 0's), dim 0 padded
     to a multiple of dp (the all-gather output is padded)."""
@@ -109,11 +146,62 @@ def fsdp2_unsharded_elements(cfg: GPTConfig, setup: TrainingSetup, stage: Stage 
     return {"root": root, "block": block}
 
 
+def fsdp2_adapter_elements(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+    """LoRA's adapter elements FSDP2 all-gathers, per group, padded: lora_A (m r, in) and
+    lora_B (out, m r) of every selected adapter (`lora.selected`), each split on dim 0 and
+    padded to a multiple of dp; `block` per transformer block (a block Linear's adapters live
+    in its block's group), `root` the adapters outside the blocks (the lm_head's, OPT's
+    project_in/out). Zeros without LoRA."""
+    if not setup.lora_rank:
+        return {"root": 0, "block": 0}
+    from ...lora import selected
+
+    root = block = 0
+    for a in selected(cfg, setup.lora_targets):
+        r = setup.lora_rank * a.rank_mult
+        n = (padded_rows(r, setup.dp) * setup.dp * a.in_features
+             + padded_rows(a.out_features, setup.dp) * setup.dp * r)
+        if a.name == "lm_head" or not a.covers:
+            root += n * a.count
+        else:
+            block += n * a.count // cfg.n_layer
+    return {"root": root, "block": block}
+
+
+def fsdp2_gradient_elements(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
+                            ) -> dict[str, int]:
+    """Elements FSDP2 makes unsharded gradients of (and reduce-scatters), per group: every
+    parameter (`fsdp2_unsharded_elements`), or with LoRA the adapters only
+    (`fsdp2_adapter_elements`): a frozen parameter gets no `.grad`, and FSDP2's post-backward
+    reduce-scatters only the parameters whose unsharded gradient exists
+    (`FSDPParamGroup.post_backward`: `if fsdp_param.unsharded_accumulated_grad is not None or
+    fsdp_param.unsharded_param.grad is not None`; torch 2.13)."""
+    if setup.lora_rank:
+        return fsdp2_adapter_elements(cfg, setup)
+    return fsdp2_unsharded_elements(cfg, setup, stage)
+
+
 def fsdp2_unsharded(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
                     ) -> dict[str, int]:
-    """Bytes of `fsdp2_unsharded_elements` in the unsharded parameters' dtype."""
+    """Bytes FSDP2's all-gather makes unsharded, per group: `fsdp2_unsharded_elements` in the
+    unsharded parameters' dtype, plus LoRA's adapters (`fsdp2_adapter_elements`). A QLoRA
+    base's block Linears are gathered as they are stored, NF4 with their constants
+    (torchao's NF4Tensor, which torchtune shards with FSDP2, all-gathers its packed data and
+    scalers: `fsdp_pre_all_gather`), one block's share of `lora.qlora_base_bytes`."""
     ub = unsharded_bytes(setup)
-    return {k: ub * v for k, v in fsdp2_unsharded_elements(cfg, setup, stage).items()}
+    el = fsdp2_unsharded_elements(cfg, setup, stage)
+    out = {k: ub * v for k, v in el.items()}
+    if setup.lora_rank:
+        for k, v in fsdp2_adapter_elements(cfg, setup).items():
+            out[k] += ub * v
+        if setup.base_dtype == "nf4":
+            from ...linears import block_linears
+            from ...lora import qlora_base_bytes
+
+            dense = sum(m.weights for m in block_linears(cfg)) // cfg.n_layer
+            nf4 = sum(qlora_base_bytes(cfg, setup.double_quant).values()) // cfg.n_layer
+            out["block"] += nf4 - ub * dense  # the block's matrices in NF4, not 16-bit
+    return out
 
 
 ROOT_PARAMETERS = Term("FSDP2 unsharded root parameters")
@@ -130,6 +218,7 @@ FIRST_BLOCK_REDUCE = Term("FSDP2 reduce-scatter input of the first block (kept u
 LAST_BLOCK_GRADIENTS = Term("FSDP2 unsharded gradients of the last block")
 LAST_BLOCK_REDUCE = Term("FSDP2 reduce-scatter input of the last block")
 REDUCE_CAST = Term("FSDP2 reduce-scatter copy-in's cast (CPU)")
+LAST_BLOCK_GATHER = Term("FSDP2 all-gather output of the last block (copied out)")
 ROOT_REGATHERED = Term("FSDP2 root all-gather output (re-gathered for backward)")
 PIPELINE_GRADIENTS = Term("FSDP2 unsharded gradients accumulating over micro-batches "
                           "(reduce-scatter deferred to the last)")
@@ -170,20 +259,65 @@ def fsdp2_reduce_scatter_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     held = stage_hold(cfg, workload, setup, stage).held_layers
     acts, _ = offload_split(cfg, setup, device_activations(cfg, workload, setup, stage), held)
     blocks = stage_layers(cfg, setup, stage)
-    layer = saved_in(acts, "layer") // max(1, held)
+    layer = _last_block_saved(cfg, workload, setup, acts, held)
     loss = saved_in(acts, "cross_entropy")
-    el = fsdp2_unsharded_elements(cfg, setup, stage)
+    un = fsdp2_unsharded(cfg, setup, stage)
+    grad = fsdp2_gradient_elements(cfg, setup, stage)["block"]
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
     head = -(-cfg.vocab_size // setup.tp) * cfg.n_embd if holds_head(setup, stage) else 0
-    cast = rb * el["block"] if setup.device == "cpu" and ub != rb else 0
+    if setup.lora_rank:  # the frozen head has no gradient; an adapted one its adapter's
+        head = fsdp2_adapter_elements(cfg, setup)["root"]
+    cast = rb * grad if setup.device == "cpu" and ub != rb else 0
     return {SAVED: sum(acts.values()) - loss - layer,
             GRADIENTS: ub * head,
-            ROOT_PARAMETERS: ub * el["root"],
-            NEXT_BLOCK: ub * el["block"] if setup.zero == 3 else 0,
-            BLOCKS_KEPT: ub * el["block"] * (blocks - 1) if setup.zero == 2 else 0,
-            LAST_BLOCK_GRADIENTS: ub * el["block"],
-            LAST_BLOCK_REDUCE: rb * el["block"],
+            ROOT_PARAMETERS: un["root"],
+            NEXT_BLOCK: un["block"] if setup.zero == 3 else 0,
+            BLOCKS_KEPT: un["block"] * (blocks - 1) if setup.zero == 2 else 0,
+            LAST_BLOCK_GRADIENTS: ub * grad,
+            LAST_BLOCK_REDUCE: rb * grad,
             REDUCE_CAST: cast}
+
+
+def _last_block_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                      acts: dict[str, int], held: int) -> int:
+    """Bytes the last block saves: the layer lines' share of one block, or under LoRA (whose
+    first block saves less, `finetune._first_block_unsaved`) what L blocks save beyond L - 1
+    (without a pipeline and offloading; otherwise the share)."""
+    from ..activations import device_activations, saved_in
+
+    layer = saved_in(acts, "layer")
+    if setup.lora_rank and setup.pp == 1 and cfg.n_layer > 1 and not setup.offload_activations:
+        fewer = device_activations(cfg.replace(n_layer=cfg.n_layer - 1), workload, setup)
+        return layer - saved_in(fewer, "layer")
+    return layer // max(1, held)
+
+
+def fsdp2_forward_gather_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                               stage: Stage = "first") -> dict[Term, int]:
+    """The moment in the last block's pre-forward when its all-gather has been copied out
+    (`foreach_all_gather_copy_out`, torch.distributed.fsdp): the block's all-gather output and
+    its unsharded parameters are alive together beside the block before it's all-gather output
+    (`LAST_BLOCK_KEPT`: FSDP2 keeps each until the next all-gather is issued), the root's
+    unsharded parameters (ZeRO-2: every block's, this one's among them), and every
+    activation the earlier blocks saved (the last block, the final norm and the loss have
+    saved nothing yet). Measured with FSDPMemTracker on CPU/gloo, torch 2.13 (the step's peak
+    where backward holds little, as under LoRA: its `PEAK_FW` of the last block). A stage of
+    two blocks or more (with one, the root's all-gather output is the one kept)."""
+    from ..activations import device_activations, saved_in
+    from ..offload import offload_split
+
+    held = stage_hold(cfg, workload, setup, stage).held_layers
+    acts, _ = offload_split(cfg, setup, device_activations(cfg, workload, setup, stage), held)
+    blocks = stage_layers(cfg, setup, stage)
+    layer = _last_block_saved(cfg, workload, setup, acts, held)
+    later = saved_in(acts, "cross_entropy") + saved_in(acts, "final")
+    un = fsdp2_unsharded(cfg, setup, stage)
+    return {SAVED: sum(acts.values()) - later - layer,
+            ROOT_PARAMETERS: un["root"],
+            BLOCKS_KEPT: un["block"] * blocks if setup.zero == 2 else 0,
+            LAST_BLOCK_KEPT: un["block"],
+            LAST_BLOCK_GATHER: un["block"],
+            BLOCK_COMPUTING: un["block"] if setup.zero == 3 else 0}
 
 
 def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
@@ -209,18 +343,21 @@ def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
       unsharded parameters copied out of it are alive together beside every saved activation
       and the logits (phase "backward start, root all-gather");
     - at the end of backward, as the root's post-backward hook starts: its unsharded parameters
-      and gradients, the blocks' sharded gradients (the root's shards are its reduce-scatter's
+      and gradients (LoRA: the adapters' only, `fsdp2_gradient_elements`), the blocks' sharded gradients (the root's shards are its reduce-scatter's
       output, not made yet) and the first block's reduce-scatter input, which FSDP2 keeps
       until the next reduce-scatter is issued (measured: FSDPMemTracker's root BEF_POST_BW);
     - after the last block's backward, its reduce-scatter's copy-in (phase "backward, last
-      block's reduce-scatter", `fsdp2_reduce_scatter_terms`).
+      block's reduce-scatter", `fsdp2_reduce_scatter_terms`);
+    - without a pipeline, the last block's forward all-gather beside the previous block's
+      output (phase "forward, last block's all-gather", `fsdp2_forward_gather_terms`).
     Nothing at dp = 1."""
     cfg, setup, stage = step.cfg, step.setup, step.stage
     if setup.dp == 1:
         return
-    el = fsdp2_unsharded_elements(cfg, setup, stage)
+    un = fsdp2_unsharded(cfg, setup, stage)
+    grad = fsdp2_gradient_elements(cfg, setup, stage)
     ub, rb = unsharded_bytes(setup), reduce_bytes(setup)
-    root, block = ub * el["root"], ub * el["block"]
+    root, block = un["root"], un["block"]
     # under a pipeline the blocks stay unsharded from the stage's first backward to the end of
     # the step (`fsdp2_pipeline_accumulation`): ZeRO-3 then holds what ZeRO-2 holds, and a
     # forward all-gathers nothing more (measured: the same peak at ZeRO-2 and ZeRO-3)
@@ -241,12 +378,21 @@ def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
     ledger.add(last, NEXT_BLOCK, block if z3 else 0)
     ledger.add(last, BLOCKS_KEPT, held)
     # the blocks' sharded gradients: the root's shards are its reduce-scatter's output
-    st = fsdp2_rank_states(cfg, setup, first_rank(setup, stage))
+    # (LoRA: the adapters' only, as the set-up's gradients count them)
+    sharded = step.gradients if setup.lora_rank else fsdp2_rank_states(
+        cfg, setup, first_rank(setup, stage)).gradients
     ledger.add(Phase.BACKWARD_END, ROOT_PARAMETERS, root)
-    ledger.add(Phase.BACKWARD_END, ROOT_GRADIENTS, root)
+    ledger.add(Phase.BACKWARD_END, ROOT_GRADIENTS, ub * grad["root"])
     ledger.replace(Phase.BACKWARD_END, GRADIENTS,
-                   st.gradients - sharded_bytes(setup) * el["root"] // setup.dp)
-    ledger.add(Phase.BACKWARD_END, FIRST_BLOCK_REDUCE, rb * el["block"])
+                   sharded - sharded_bytes(setup) * grad["root"] // setup.dp)
+    ledger.add(Phase.BACKWARD_END, FIRST_BLOCK_REDUCE, rb * grad["block"])
+    if setup.pp == 1 and stage_layers(cfg, setup, stage) > 1:
+        forward = {**step.forward_tensors, LOGITS: 0}
+        ledger.open(Phase.FORWARD_GATHER, forward)
+        for term, nbytes in fsdp2_forward_gather_terms(cfg, step.workload, setup,
+                                                       stage).items():
+            (ledger.replace if term is SAVED else ledger.add)(Phase.FORWARD_GATHER, term,
+                                                              nbytes)
     ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
     for term, nbytes in fsdp2_reduce_scatter_terms(cfg, step.workload, setup, stage).items():
         (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
@@ -282,6 +428,9 @@ class FSDP2(Engine):
     def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
         return fsdp2_rank_states(cfg, setup, rank)
 
+    def finetune_states(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        return fsdp2_lora_states(cfg, setup, first_rank(setup, "first"))
+
     def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return fsdp2_resident(cfg, setup, rank)
 
@@ -312,6 +461,7 @@ class FSDP2(Engine):
 
 register(FSDP2())
 
-__all__ = ["FSDP2", "fsdp2_adjust", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
+__all__ = ["FSDP2", "fsdp2_adapter_elements", "fsdp2_adjust", "fsdp2_forward_gather_terms",
+           "fsdp2_gradient_elements", "fsdp2_lora_states", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
            "fsdp2_resident", "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes",
            "reduce_bytes", "sharded_bytes", "unsharded_bytes"]

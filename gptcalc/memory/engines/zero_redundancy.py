@@ -104,6 +104,30 @@ def zero1_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
     return {"weights": st.weights, "optimizer states": st.optimizer}
 
 
+def zero1_lora_states(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+    """LoRA under ZeroRedundancyOptimizer over the adapters (the parameters that train): the
+    frozen base and the adapters replicated, as on one device (`finetune.
+    finetune_state_bytes` at ZeRO 0), and the optimizer states of the adapter tensors
+    `zero1_owned` gives the most loaded rank, each tensor whole, with its 0-d tensors."""
+    from dataclasses import replace
+
+    from ..finetune import finetune_state_bytes
+    from ...lora import selected
+
+    lines = finetune_state_bytes(cfg, replace(setup, zero=0))
+    shapes: list[tuple[int, ...]] = []
+    for a in selected(cfg, setup.lora_targets):
+        r = setup.lora_rank * a.rank_mult
+        shapes += [(r, a.in_features), (a.out_features, r)] * a.count
+    sizes = tuple(shapes[i][0] * shapes[i][1] for i in range(len(shapes)))
+    owned = zero1_owned(sizes, setup.dp)
+    rank = max(sorted(owned), key=lambda r: sum(sizes[i] for i in owned[r]), default=0)
+    mine = owned.get(rank, ())
+    opt = optimizer_over(setup, [(shapes[i], 1) for i in mine]) + step_counters(setup,
+                                                                               len(mine))
+    return {**lines, "adapter/optimizer": opt}
+
+
 class ZeroRedundancy(Engine):
     """PyTorch's ZeroRedundancyOptimizer: ZeRO-1 over whole tensors."""
 
@@ -123,8 +147,11 @@ class ZeroRedundancy(Engine):
     def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return zero1_resident(cfg, setup, rank)
 
+    def finetune_states(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        return zero1_lora_states(cfg, setup)
+
 
 register(ZeroRedundancy())
 
-__all__ = ["ZeroRedundancy", "zero1_most_loaded", "zero1_owned", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
+__all__ = ["ZeroRedundancy", "zero1_lora_states", "zero1_most_loaded", "zero1_owned", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
            "zero1_resident"]
