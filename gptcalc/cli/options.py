@@ -51,6 +51,14 @@ def targets_given(ctx: click.Context, param: click.Parameter, value: str | None)
     return value
 
 
+def out_dir_given(ctx: click.Context, param: click.Parameter, value: str | Path | None
+                  ) -> Path | None:
+    """--out as typed: an empty name is a mistake, not the working folder."""
+    if value is not None and not str(value).strip():
+        raise ConfigError("out", "give a folder name; an empty one is the working folder")
+    return None if value is None else Path(value)
+
+
 # options a command builds with a callback of its own
 _CALLBACKS = {"lora_targets": targets_given}
 
