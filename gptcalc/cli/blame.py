@@ -107,6 +107,10 @@ def blame(e: ConfigError, ctx: click.Context) -> str:
     culprit = _culprit(opt, message, given, ctx)
     if culprit is None:
         return f"{spelled}: {message} ({note})"
+    if culprit in ("config", "recipe"):
+        key = _file_key(ctx, message)
+        if key:
+            return f"{key}: {message} ({note})"
     name = _spelling(culprit, ctx)
     shown = _shown(given[culprit])
     return f"{name}{' ' + shown if shown else ''}: {message} ({note})"
@@ -143,13 +147,32 @@ def _from_file(ctx: click.Context, opt) -> str | None:
     if recipe is not None:
         for key, setting in recipe[0].read:
             if setting.split(" ", 1)[0] == opt.cli:
-                return f"{recipe[0].path}: {key} ({setting})"
+                return f"--recipe: {recipe[0].path}: {key} ({setting})"
     path = ctx.params.get("config")
     setup = current_setup()
     if path and setup is not None and opt.table:
         table = dict(setup.sections).get(opt.table, {})
         if opt.name in table:
-            return f"{path}: [{opt.table}] {opt.name} = {table[opt.name]!r}"
+            return f"--config: {path}: [{opt.table}] {opt.name} = {table[opt.name]!r}"
+    return None
+
+
+def _file_key(ctx: click.Context, message: str) -> str | None:
+    """"FILE: key (--option value)" of the --recipe or --config value the message quotes."""
+    from .options import _RECIPE_KEY, current_setup
+
+    words = {w.lower() for w in re.findall(r"[\w.\-/]+", message)}
+    recipe = ctx.meta.get(_RECIPE_KEY)
+    if recipe is not None:
+        for key, setting in recipe[0].read:
+            if setting.split(" ", 1)[-1].lower() in words:
+                return f"--recipe: {recipe[0].path}: {key} ({setting})"
+    path, setup = ctx.params.get("config"), current_setup()
+    if path and setup is not None:
+        for table, values in dict(setup.sections).items():
+            for key, value in dict(values).items():
+                if _shown(value) and _shown(value).lower() in words:
+                    return f"--config: {path}: [{table}] {key} = {value!r}"
     return None
 
 
