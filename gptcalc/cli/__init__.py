@@ -72,8 +72,9 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-# a number that is not finite, as Python prints it ("inf s per step", "nan")
-_NONFINITE = re.compile(r"(?<![\w.-])-?(inf|nan|infinity)(?![\w-])", re.IGNORECASE)
+# a number that is not finite, as Python prints it ("inf s per step", "nan"), not a word of a
+# label ("inf/nan tracker"); JSON is strict already (`render.emit_json`)
+_NONFINITE = re.compile(r"(?<![\w./-])-?(inf|nan|infinity)(?![\w/-])", re.IGNORECASE)
 
 
 def _blaming(command: click.Command) -> None:
@@ -83,6 +84,7 @@ def _blaming(command: click.Command) -> None:
     invoke = command.invoke
 
     def run(ctx: click.Context):
+        _no_nul(ctx)
         try:
             rv = invoke(ctx)
         except ConfigError as e:
@@ -92,10 +94,20 @@ def _blaming(command: click.Command) -> None:
         except OverflowError:
             raise _out_of_range(ctx) from None
         held = sys.stdout
-        if isinstance(held, _Held) and _NONFINITE.search(held.getvalue()):
+        if (isinstance(held, _Held) and not ctx.params.get("as_json")
+                and _NONFINITE.search(held.getvalue())):
             raise _out_of_range(ctx)
         return rv
     command.invoke = run
+
+
+def _no_nul(ctx: click.Context) -> None:
+    """No option's text holds a NUL character: no path, name or number can, and the OS
+    refuses such a path with an error that names nothing."""
+    for name, value in ctx.params.items():
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, str) and "\x00" in v:
+                raise ConfigError(name, "holds a NUL character")
 
 
 def _out_of_range(ctx: click.Context) -> ConfigError:

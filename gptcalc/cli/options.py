@@ -290,7 +290,7 @@ def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] 
     """--deepspeed-config's settings (`gptcalc.dsconfig.read_ds_config`), None without it: a
     command reads the file once, here, and hands the settings to `deepspeed_workload` and
     `training_setup`."""
-    path = given.get("deepspeed_config")
+    path = _ds_path(given)
     if not path:
         return None
     from ..dsconfig import read_ds_config
@@ -298,11 +298,20 @@ def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] 
     return read_ds_config(path, cfg)
 
 
+def _ds_path(given: dict[str, Any]) -> str | None:
+    """--deepspeed-config, else the --config file's [parallel] deepspeed_config (as
+    --save-config writes it)."""
+    path = given.get("deepspeed_config")
+    if not path:
+        path = config_section("parallel").get("deepspeed_config")
+    return path if isinstance(path, str) and path else None
+
+
 def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
                        ds: dict[str, Any] | None = None) -> Workload:
     """The workload with --deepspeed-config's micro-batch and accumulation where the file
     sets them (not "auto"); -B and --grad-accum given explicitly must agree with it."""
-    path = given.get("deepspeed_config")
+    path = _ds_path(given)
     if not path:
         return wl
     from ..training import ds_agreed
