@@ -150,6 +150,8 @@ def _fewest_ranks(judge, setup: TrainingSetup, base: dict[str, Any]) -> dict[str
         v = judge({**base, "zero": 3, "dp": n})
         return v is not None and v.fits
     lo = setup.dp if setup.zero == 3 else max(setup.dp, 1) - 1  # the most ranks known not to fit
+    if lo >= _MAX_DP or not fits(_MAX_DP):  # not even the most ranks: no search
+        return None
     hi = max(lo * 2, 2)
     while not fits(hi):
         if hi >= _MAX_DP:
