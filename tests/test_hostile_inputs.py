@@ -326,3 +326,13 @@ def test_the_reserved_replay_of_a_405b_step_at_65536_sequences():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["reserved"] >= out["peak"] > 2**48
+
+
+def test_an_error_about_an_option_the_command_lacks_names_the_model_and_says_so():
+    from gptcalc.cli.blame import blame
+    from gptcalc.errors import ConfigError
+
+    ctx = cli.commands["plan"].make_context("plan", ["--preset", "llama3-8b"])
+    line = blame(ConfigError("recompute", "recompute op keeps every second matmul"), ctx)
+    assert line.startswith("--preset llama3-8b: ")
+    assert line.endswith("(`gptcalc plan` chose recompute itself; it has no --recompute)")

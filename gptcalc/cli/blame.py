@@ -100,11 +100,16 @@ def blame(e: ConfigError, ctx: click.Context) -> str:
     from_file = _from_file(ctx, opt)
     if from_file:
         return f"{from_file}: {message}"
-    value = _default_of(ctx, opt)
-    note = (f"{opt.cli} {value} is the default" if value is not None and keyword in ctx.params
-            else f"{opt.cli} {value} follows from the other options" if value is not None
-            else f"{opt.cli} is not given")
+    value = _default_of(ctx, opt) if keyword in ctx.params else None
+    note = (f"`gptcalc {ctx.command.name}` chose {opt.name} itself; it has no {opt.cli}"
+            if keyword not in ctx.params else f"{opt.cli} {value} is the default"
+            if value is not None else f"{opt.cli} is not given")
     culprit = _culprit(opt, message, given, ctx)
+    if culprit is None and keyword not in ctx.params and "preset" in ctx.params:
+        # an option this command does not have, nothing typed: the model it runs on
+        from ..presets import DEFAULT_PRESET
+
+        return f"--preset {ctx.params.get('preset') or DEFAULT_PRESET}: {message} ({note})"
     if culprit is None:
         return f"{spelled}: {message} ({note})"
     if culprit in ("config", "recipe"):
