@@ -49,19 +49,20 @@ def test_every_advised_change_fits_when_re_run(args):
         assert out["fit"]["max_batch"] >= 1 and out["fit"]["advice"] == []
 
 
-# QLoRA Llama 3 70B with full checkpointing on an RTX A6000 (47.16 GiB usable)
-A6000 = ["memory", "--preset", "llama3-70b", "--lora-rank", "16", "--weights-dtype", "nf4-dq",
-         "--recompute", "full", "--gpu", "a6000"]
+# QLoRA Llama 3 70B (all linears, full checkpointing) on an RTX A6000 (47.16 GiB usable)
+A6000 = ["memory", "--preset", "llama3-70b", "--lora-rank", "16", "--lora-targets", "all",
+         "--weights-dtype", "nf4-dq", "--recompute", "full", "--gpu", "a6000"]
 
 
 def test_allocated_under_the_card_but_reserved_over_it_does_not_fit():
-    # 3,735 tokens: the longest sequence whose allocated peak fits the A6000 (the old answer,
-    # which compared the allocated peak with the card); its reserved bytes do not
-    out = run_json(A6000 + ["--seq-len", "3735"])
+    # 2,993 tokens: the longest sequence whose allocated peak fits the A6000 (what the fit
+    # answered when it compared the allocated peak with the card); its reserved bytes do not
+    out = run_json(A6000 + ["--seq-len", "2993"])
     v = out["fit"]["verdict"]
     assert out["peak"] <= out["fit"]["budget"] < out["reserved"]
     assert not v["fits"] and v["margin"] == out["fit"]["budget"] - out["nvidia_smi"] < 0
-    r = CliRunner().invoke(cli, A6000 + ["--seq-len", "3735"])
+    assert out["fit"]["max_seq_len"] < 2993
+    r = CliRunner().invoke(cli, A6000 + ["--seq-len", "2993"])
     assert r.output.splitlines()[0].startswith("Does not fit a6000 (47.16 GiB usable)")
 
 
