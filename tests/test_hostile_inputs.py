@@ -336,3 +336,8 @@ def test_an_error_about_an_option_the_command_lacks_names_the_model_and_says_so(
     line = blame(ConfigError("recompute", "recompute op keeps every second matmul"), ctx)
     assert line.startswith("--preset llama3-8b: ")
     assert line.endswith("(`gptcalc plan` chose recompute itself; it has no --recompute)")
+
+
+def test_a_size_typed_through_set_is_blamed_on_that_set():
+    line = refused(["params", "--set", "n_head=5"], "--set n_head=5")
+    assert "does not divide" in line

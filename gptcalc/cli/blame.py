@@ -97,6 +97,10 @@ def blame(e: ConfigError, ctx: click.Context) -> str:
     keyword = opt.keyword if opt else field
     if opt is None or opt.source or keyword in given or opt.name in ("set", "deepspeed_config"):
         return f"{spelled}: {message}"
+    typed_set = next((item for item in given.get("sets") or () if isinstance(item, str)
+                      and item.split("=", 1)[0].strip().replace("-", "_") == opt.name), None)
+    if typed_set is not None:  # a size typed as --set FIELD=VALUE
+        return f"--set {typed_set}: {message}"
     from_file = _from_file(ctx, opt)
     if from_file:
         return f"{from_file}: {message}"
