@@ -139,10 +139,10 @@ def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: i
     _head(cfg, wl, setup, fit)
     stage = ""
     if setup.pp > 1:
-        stage = f", pipeline rank {pipeline_rank(setup, rep.peak.stage)} (the most loaded)"
-    print_table(None, [f"the step's peak per device{stage}", "bytes", "binary"],
+        stage = f"; pipeline rank {pipeline_rank(setup, rep.peak.stage)}, the most loaded"
+    print_table(None, ["the step's peak per device", "bytes", "binary"],
                 _rows(rep.peak.lines),
-                total_row=[f"allocated peak ({rep.peak.phase})", f"{rep.peak.bytes:,}",
+                total_row=[f"allocated peak ({rep.peak.phase}{stage})", f"{rep.peak.bytes:,}",
                            binary_bytes(rep.peak.bytes)])
     if smi and not fit:
         print_line(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
