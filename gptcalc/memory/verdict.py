@@ -96,11 +96,37 @@ def verdict_floor(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     return Verdict(budget, allocated, None, smi["CUDA context"], smi["NCCL buffers"])
 
 
+def _largest(floor_ok, ok) -> int:
+    """The largest n >= 1 with ok(n) (0 if none), for ok monotone and implied by nothing but
+    bounded by floor_ok (ok(n) needs floor_ok(n), which costs no replay): the floor's boundary
+    first, then down from it, galloping, and bisection; the verdict's boundary is near the
+    floor's, so a few replays answer."""
+    if not floor_ok(1):
+        return 0
+    top = largest_fitting(floor_ok, 1)
+    if ok(top):
+        return top
+    hi, step = top, 1  # hi does not fit
+    while True:
+        n = max(hi - step, 1)
+        if ok(n):
+            lo = n
+            break
+        if n == 1:
+            return 0
+        hi, step = n, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
 def largest_batch(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> int:
     """The largest micro-batch whose step fits `budget` (`fits`); 0 if none."""
-    def ok(b: int) -> bool:
-        return fits(cfg, Workload(b, workload.seq_len, workload.grad_accum), setup, budget)
-    return largest_fitting(ok, 1) if ok(1) else 0
+    def at(b: int) -> Workload:
+        return Workload(b, workload.seq_len, workload.grad_accum)
+    return _largest(lambda b: verdict_floor(cfg, at(b), setup, budget).fits,
+                    lambda b: fits(cfg, at(b), setup, budget))
 
 
 def largest_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
@@ -110,13 +136,17 @@ def largest_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     big = cfg.replace(block_size=max(cfg.block_size, 1 << 62)) if (
         cfg.pos_embedding != "learned") else cfg
 
+    def at(s: int) -> Workload:
+        return Workload(workload.batch_size, s, workload.grad_accum)
+
+    def floor_ok(s: int) -> bool:
+        return s <= big.block_size and verdict_floor(big, at(s), setup, budget).fits
+
     def ok(s: int) -> bool:
-        if s > big.block_size:
-            return False
-        return fits(big, Workload(workload.batch_size, s, workload.grad_accum), setup, budget)
+        return s <= big.block_size and fits(big, at(s), setup, budget)
     # sequence parallel needs tp | S, context parallel 2 cp | S: search in steps of both
     t = math.lcm(setup.tp if setup.sp else 1, 2 * setup.cp if setup.cp > 1 else 1)
-    return t * (largest_fitting(lambda k: ok(k * t), 1) if ok(t) else 0)
+    return t * _largest(lambda k: floor_ok(k * t), lambda k: ok(k * t))
 
 
 __all__ = ["Verdict", "fits", "largest_batch", "largest_seq_len", "verdict", "verdict_floor"]
