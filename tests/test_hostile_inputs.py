@@ -341,3 +341,31 @@ def test_an_error_about_an_option_the_command_lacks_names_the_model_and_says_so(
 def test_a_size_typed_through_set_is_blamed_on_that_set():
     line = refused(["params", "--set", "n_head=5"], "--set n_head=5")
     assert "does not divide" in line
+
+
+# found by benchmarks/fuzz_cli.py (50,000 calls, seed 38)
+QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+             "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+             "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+             "num_experts_per_tok": 8, "decoder_sparse_step": 1, "vocab_size": 151936,
+             "max_position_embeddings": 40960, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("extra", [["--recompute", "full"], ["--gpu-memory", "80GiB"]])
+def test_lora_on_moe_experts_under_full_checkpointing(tmp_path, extra):
+    # full checkpointing saves no expert hidden state for the adapters to leave out; the fit
+    # advice tries full checkpointing too
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_MOE))
+    r = CliRunner().invoke(cli, ["memory", "--hf-config", str(path), "--zero", "3",
+                                 "--lora-rank", "64", *extra, "--json"])
+    assert r.exit_code == 0, r.output
+
+
+def test_fit_advice_skips_layouts_the_rules_refuse():
+    # muon runs on one device or DDP: the advice's ZeRO-3 layouts are refused, not counted
+    r = CliRunner().invoke(cli, ["memory", "--preset", "olmo2-7b", "--gpu", "a100-sxm-80gb",
+                                 "--device", "cpu", "--optimizer", "muon", "--json"])
+    assert r.exit_code == 0, r.output
+    advice = json.loads(r.stdout)["fit"]["advice"]
+    assert not any(a["options"].startswith("--zero 3") for a in advice)

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 import math
 
 from ..config import GPTConfig
+from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .peak import step_peak
 from .reserved import RESERVED_LINE, nvidia_smi_lines, rank_reserved
+from .rules import validate_setup
 from .serving import largest_fitting
 
 
@@ -79,16 +81,29 @@ def verdict(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: in
 
 def fits(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> bool:
     """`verdict(...).fits`, without the allocator's replay when the lower bound (the allocated
-    peak with the context and NCCL's buffers) is already over."""
-    low = verdict_floor(cfg, workload, setup, budget)
+    peak with the context and NCCL's buffers) is already over; False for a set-up or workload
+    the rules refuse (`rules.validate_setup`)."""
+    try:
+        low = verdict_floor(cfg, workload, setup, budget)
+    except ConfigError:
+        return False
     if low.must_hold > budget:
         return False
     return verdict(cfg, workload, setup, budget, allocated=low.allocated).fits
 
 
+def _floor_fits(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> bool:
+    try:
+        return verdict_floor(cfg, workload, setup, budget).fits
+    except ConfigError:
+        return False
+
+
 def verdict_floor(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                   budget: int) -> Verdict:
-    """The verdict on the allocated peak (no replay): a lower bound of what the card holds."""
+    """The verdict on the allocated peak (no replay): a lower bound of what the card holds.
+    ConfigError for a set-up or workload the rules refuse (`rules.validate_setup`)."""
+    validate_setup(cfg, workload, setup)
     allocated = step_peak(cfg, workload, setup).bytes
     if setup.device != "cuda":
         return Verdict(budget, allocated, None, 0, 0)
@@ -125,7 +140,7 @@ def largest_batch(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budg
     """The largest micro-batch whose step fits `budget` (`fits`); 0 if none."""
     def at(b: int) -> Workload:
         return Workload(b, workload.seq_len, workload.grad_accum)
-    return _largest(lambda b: verdict_floor(cfg, at(b), setup, budget).fits,
+    return _largest(lambda b: _floor_fits(cfg, at(b), setup, budget),
                     lambda b: fits(cfg, at(b), setup, budget))
 
 
@@ -140,7 +155,7 @@ def largest_seq_len(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         return Workload(workload.batch_size, s, workload.grad_accum)
 
     def floor_ok(s: int) -> bool:
-        return s <= big.block_size and verdict_floor(big, at(s), setup, budget).fits
+        return s <= big.block_size and _floor_fits(big, at(s), setup, budget)
 
     def ok(s: int) -> bool:
         return s <= big.block_size and fits(big, at(s), setup, budget)
