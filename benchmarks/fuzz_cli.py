@@ -1,6 +1,11 @@
 """Fuzz the command line in-process (click's CliRunner): every command, the engines, LoRA, Hub
-ids and every family's config.json mutated. Counts tracebacks, exit codes other than 0 and 2,
-refusals that are not one line, and invalid values accepted with exit 0.
+ids and every family's config.json mutated; boundary values (1, 2^63, 10^300 and one past it,
+the smallest and largest floats), many options at once, hostile --config and ds_config files
+(lists where a scalar belongs, floats where an int does, 5,000-digit integers, NUL, deep
+nesting, unknown keys) and special files (/dev/null, /dev/zero, a folder, a binary file, an
+overlong or NUL-holding path). Counts, per defect class: internal errors, non-finite figures
+printed, calls over 10 s, exit codes other than 0 and 2, refusals that are not one line (or
+over 200 characters), and invalid values accepted with exit 0.
 
     PYTHONPATH=. python benchmarks/fuzz_cli.py --calls 20000 --seed 0
 
@@ -18,6 +23,7 @@ import argparse
 import copy
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -127,6 +133,46 @@ COMMAND_OPTS = {
               ("--causal", [None], [])],
     "params": [], "gpus": [],
 }
+# boundary values, drawn for any option that takes a number: valid or refused, never an
+# internal error nor a figure that is not finite
+BOUNDARY = ["1", "2", str(2**31), str(2**63), str(10**300), str(10**300 + 1), "9" * 400,
+            "5e-324", "1e-300", "1e308", "1.7976931348623157e308", "0.999999999999", "1e-9"]
+# hostile --config files (gptcalc's own TOML/JSON), each True where it must be refused
+CONFIGS = {
+    "cfg.toml": ('[model]\npreset = "debug"\n', False),
+    "list.toml": ('[model]\npreset = "debug"\nn_layer = [2]\n', True),
+    "float.toml": ('[model]\npreset = "debug"\nn_layer = 2.5\n', True),
+    "digits.toml": ('[model]\npreset = "debug"\nn_layer = ' + "9" * 18 + "\n", False),
+    "super.toml": ('[model]\npreset = "debug"\n[workload]\nbatch_size = "²"\n', True),
+    "nul.toml": ('[model]\npreset = "debug\\u0000"\n', True),
+    "unknown.toml": ('[model]\npreset = "debug"\n[training]\nmodee = "bf16"\n', True),
+    "table.toml": ('[model]\npreset = "debug"\n[training]\nmode = {a = 1}\n', True),
+    "zero.toml": ('[model]\npreset = "debug"\n[parallel]\ndp = 0\n', True),
+    "deep.json": ('{"model": ' * 3000 + "1" + "}" * 3000, True),
+    "digits.json": ('{"model": {"preset": "debug", "n_layer": ' + "9" * 5000 + "}}", True),
+    "nan.json": ('{"model": {"preset": "debug", "dropout": NaN}}', True),
+    "list.json": ('{"model": {"preset": ["debug"]}}', True),
+    "mt.json": ('{"model": {"preset": "debug"}, "workload": {"seq_len": [1, 2]}}', True),
+}
+# the CONFIGS whose fault is in a table only `memory` (and the training commands) read
+TRAINING_TABLE_CONFIGS = ("unknown.toml", "table.toml", "zero.toml")
+# hostile ds_config files, each True where it must be refused
+HOSTILE_DS = {
+    '{"zero_optimization": {"stage": [2]}}': True,
+    '{"zero_optimization": {"stage": 2, "reduce_bucket_size": "lots"}}': True,
+    '{"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": -1}}': True,
+    '{"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e300}}': False,
+    '{"train_micro_batch_size_per_gpu": [1]}': True,
+    '{"zero_optimization": ' * 2000 + "1" + "}" * 2000: True,
+    '[1, 2, 3]': True,
+    '"text"': True,
+    '{"bf16": {"enabled": "true"}}': True,
+    '{"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}}': True,
+}
+# files that are not files a reader expects: each must be refused (exit 2), never hang
+SPECIAL = ["/dev/null", "/dev/zero", "/", "/proc/self/status", "binary", "empty",
+           "x" * 5000, "a\x00b.toml", "/tmp/" + "d" * 300 + "/config.json"]
+
 HUB_IDS = ["meta-llama/Llama-3.1-8B", "org/name", "Qwen/Qwen3-8B", "a/b/c", "org/", "/name",
            "gpt2", "org//name", "org/name@main", "org/name:rev", "ORG/NAME", "-/-", "x/y z",
            "a/b..c", "org/-name", "org/" + "x" * 300, "x" * 300 + "/config.json"]
@@ -258,8 +304,30 @@ def write_ds_configs(folder: Path) -> dict[str, tuple[str, str, bool]]:
     return out
 
 
+def write_hostile_files(folder: Path) -> dict[str, tuple[str, str, bool]]:
+    """CONFIGS, HOSTILE_DS and the SPECIAL files' stand-ins written to `folder`, keyed as
+    `draw_call` reads them ("cfg:", "hds:", "special:")."""
+    out = {}
+    for name, (text, invalid) in CONFIGS.items():
+        p = folder / name
+        p.write_text(text)
+        out["cfg:" + name] = (str(p), "config " + name, invalid)
+    for i, text in enumerate(HOSTILE_DS):
+        p = folder / f"hds{i}.json"
+        p.write_text(text)
+        out["hds:" + str(i)] = (str(p), "ds_config " + text[:30], HOSTILE_DS[text])
+    (folder / "binary").write_bytes(bytes(range(256)) * 4)
+    (folder / "empty").write_text("")
+    for name in SPECIAL:
+        path = str(folder / name) if name in ("binary", "empty") else name
+        out["special:" + name[:20]] = (path, "special " + name[:20], True)
+    return out
+
+
 def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
     """(args, must_refuse, label)."""
+    if rng.random() < 0.25 and any(k.startswith(("cfg:", "special:", "hds:")) for k in files):
+        return _draw_hostile(rng, files)
     command = rng.choice(COMMANDS)
     args, refuse, label = [command], False, []
     if command == "gpus":
@@ -268,7 +336,8 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
         return args, False, "gpus"
     source = rng.random()
     if source < 0.45:
-        path, kind, invalid = files[rng.choice([k for k in files if not k.startswith("ds:")])]
+        path, kind, invalid = files[rng.choice([k for k in files if not k.startswith(
+            ("ds:", "cfg:", "hds:", "special:"))])]
         args += ["--hf-config", path]
         refuse |= invalid
         label.append(f"config:{kind}")
@@ -280,7 +349,8 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
         refuse |= args[-1] not in PRESETS
         label.append("preset")
     pool = MODEL_OPTS + COMMAND_OPTS[command] if not refuse else COMMAND_OPTS[command]
-    for name, good, bad in rng.sample(pool, k=min(len(pool), rng.randint(0, 4))):
+    many = rng.randint(0, 4) if rng.random() < 0.8 else rng.randint(5, 14)  # many at once
+    for name, good, bad in rng.sample(pool, k=min(len(pool), many)):
         if name in args:  # an option given twice: the last wins, and may hide a bad value
             continue
         if name == "--recipe" and refuse:  # a recipe's own model sizes replace a broken file's
@@ -289,6 +359,9 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
             args += [name, rng.choice(bad)]
             refuse = True
             label.append(f"bad {name}")
+        elif good != [None] and _numeric(good) and rng.random() < 0.15:
+            args += [name, rng.choice(BOUNDARY)]  # valid or refused, either way one line
+            label.append(f"boundary {name}")
         else:
             v = rng.choice(good)
             args += [name] if v is None else [name, v]
@@ -306,6 +379,40 @@ def draw_call(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
     return args, refuse, " ".join(label)
 
 
+def _numeric(values: list) -> bool:
+    """Whether an option's good values are numbers (so boundary values are worth a try)."""
+    try:
+        return all(v is not None and float(v) == float(v) for v in values)
+    except ValueError:
+        return False
+
+
+def _draw_hostile(rng: random.Random, files: dict[str, tuple[str, str, bool]]):
+    """A command reading a hostile file: --config, --deepspeed-config, --hf-config or --recipe
+    given a hostile or special file."""
+    kind = rng.choice(["cfg", "hds", "special"])
+    keys = [k for k in files if k.startswith(kind + ":")]
+    path, label, invalid = files[rng.choice(keys)]
+    if kind == "hds":
+        args = ["memory", "--preset", "debug", "--deepspeed-config", path]
+    elif kind == "cfg":
+        # a bad [training] or [parallel] table: only the commands that read it must refuse
+        training = any(t in label for t in TRAINING_TABLE_CONFIGS)
+        args = ["memory" if training else rng.choice(
+            ["params", "flops", "memory", "time", "infer", "serve"]), "--config", path]
+    else:
+        option = rng.choice(["--config", "--hf-config", "--recipe", "--deepspeed-config"])
+        command = "memory" if option in ("--recipe", "--deepspeed-config") else rng.choice(
+            ["params", "memory", "serve"])
+        args = [command] + (["--preset", "debug"] if option == "--deepspeed-config" else []) + [
+            option, path]
+        if option == "--config" and label in ("special empty", "special /dev/null"):
+            invalid = False  # an empty config file sets nothing
+    if rng.random() < 0.3:
+        args.append("--json")
+    return args, invalid, label
+
+
 def _not_json(text: str):
     raise ValueError(f"{text} is not JSON")
 
@@ -315,19 +422,33 @@ _OPTIONS = {o for c in cli.commands.values() for p in c.params
             for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
 
 
-def classify(result, refuse: bool, args: list[str]) -> str | None:
+# a number that is not finite, as Python prints it
+_NONFINITE = re.compile(r"(?<![\w./-])-?(inf|nan|infinity)(?![\w/-])", re.IGNORECASE)
+# seconds a call may take
+SLOW_CALL = 10.0
+# the longest error line
+MAX_ERROR_LINE = 200
+
+
+def classify(result, refuse: bool, args: list[str], seconds: float = 0.0) -> str | None:
     """The defect class of one result, or None when it behaved."""
     out = result.output
+    if seconds > SLOW_CALL:
+        return f"over {SLOW_CALL:g} s"
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         return f"traceback: {type(result.exception).__name__}"
     if "Traceback" in out:
         return "traceback in output"
+    if result.exit_code == 1 and "internal error" in result.stderr:
+        return "internal error: " + result.stderr.split("(", 1)[-1].split(":", 1)[0]
     if result.exit_code not in (0, 2):
         return f"exit {result.exit_code}"
     if result.exit_code == 2:
         if result.stdout or not result.stderr.startswith("Error: ") or (
                 result.stderr.count("\n") != 1):
             return "refusal not one line"
+        if len(result.stderr.rstrip("\n")) > MAX_ERROR_LINE:
+            return f"refusal over {MAX_ERROR_LINE} characters"
         named = result.stderr[len("Error: "):].split(":")[0].split(" ")[0]
         if named.startswith("--") and named not in _OPTIONS:
             return f"error names no option ({named})"
@@ -339,40 +460,39 @@ def classify(result, refuse: bool, args: list[str]) -> str | None:
             json.loads(result.stdout, parse_constant=_not_json)
         except ValueError:
             return "invalid JSON"
-    low = out.lower()
-    if " nan" in low or "inf " in low:
-        return "nan/inf printed"
+    if "--json" not in args and _NONFINITE.search(result.stdout):
+        return "non-finite figure printed"
     return None
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--configs", type=int, default=600, help="mutated config.json files")
-    opts = ap.parse_args()
-    rng = random.Random(opts.seed)
+def fuzz(calls: int, seed: int = 0, configs: int = 600):
+    """`calls` drawn calls: (per-command counters, defect classes by command and class:
+    (count, the first call's arguments, its message), seconds)."""
+    rng = random.Random(seed)
     tmp = Path(tempfile.mkdtemp(prefix="gptcalc-fuzz-"))
     files: dict[str, tuple[str, str, bool]] = {}
     base = seeds()
-    for i in range(opts.configs):
+    for i in range(configs):
         cfg, kind, invalid = mutate(rng, rng.choice(base))
         p = tmp / f"c{i}.json"
         p.write_text(json.dumps(cfg))
         files[str(p)] = (str(p), kind, invalid)
     files.update(write_ds_configs(tmp))
+    files.update(write_hostile_files(tmp))
     # Hub ids are read offline: the fuzz tests gptcalc's refusals, not the network's retries
     runner = CliRunner(env={"HF_HUB_OFFLINE": "1"})
     per_command: dict[str, Counter] = defaultdict(Counter)
     classes: dict[str, tuple[int, list[str], str]] = {}
     t0 = time.time()
-    for _ in range(opts.calls):
+    for _ in range(calls):
         args, refuse, label = draw_call(rng, files)
+        start = time.perf_counter()
         result = runner.invoke(cli, args)
+        seconds = time.perf_counter() - start
         c = per_command[args[0]]
         c["calls"] += 1
         c[f"exit {result.exit_code}"] += 1
-        defect = classify(result, refuse, args)
+        defect = classify(result, refuse, args, seconds)
         if defect:
             c["defects"] += 1
             where = f"{args[0]}: {defect} [{label}]"
@@ -383,9 +503,21 @@ def main() -> int:
                        else (result.stderr or result.stdout)[:160])
                 if "config:" in label:
                     src = args[args.index("--hf-config") + 1]
-                    msg += " | " + Path(src).read_text()[:300]
+                    try:
+                        msg += " | " + Path(src).read_text()[:300]
+                    except (OSError, ValueError):
+                        pass
             classes[where] = (n + 1, first, msg)
-    dt = time.time() - t0
+    return per_command, classes, time.time() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--configs", type=int, default=600, help="mutated config.json files")
+    opts = ap.parse_args()
+    per_command, classes, dt = fuzz(opts.calls, opts.seed, opts.configs)
     total = sum(c["calls"] for c in per_command.values())
     print(f"{total} calls in {dt:.0f} s ({1000 * dt / max(total, 1):.1f} ms per call), "
           f"seed {opts.seed}")
@@ -395,6 +527,11 @@ def main() -> int:
         other = c["calls"] - c["exit 0"] - c["exit 2"]
         print(f"{cmd:8} {c['calls']:6} {c['exit 0']:7} {c['exit 2']:7} {other:6} "
               f"{c['defects']:8}")
+    kinds = Counter()
+    for where, (n, _first, _msg) in classes.items():
+        kinds[where.split(": ", 1)[1].split(" [")[0].split(":")[0]] += n
+    print("defects by class: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common())
+                                  or "none"))
     print(f"defect classes: {len(classes)}")
     for where, (n, first, msg) in sorted(classes.items(), key=lambda x: -x[1][0]):
         print(f"- {n:5} x {where}\n    gptcalc {' '.join(first)}\n    {msg!r}")

@@ -158,6 +158,7 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     from the file is reported against the config file and its table. `ds`: the settings of
     given["deepspeed_config"] when the caller has read it already (`read_ds_config`)."""
     sections, given = sections or {}, dict(given or {})
+    sections, engine_table = _engine_keys(sections, given, where)
     ds_zero: tuple = ()
     from_file = bool(given.get("deepspeed_config"))
     if from_file:
@@ -176,7 +177,7 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             parallel["engine"] in names() and engine_named(parallel["engine"]).mixed_by_default):
         training["mode"] = "mixed"  # the engine's own mixed precision is how it is run
     _engine_impl(cfg, training, given, filed, parallel["engine"])
-    tables = {"training": dict(training), "parallel": dict(parallel)}
+    tables = {"training": dict(training), "parallel": {**parallel, **engine_table}}
     fields = dict(training)
     overhead = fields.pop("overhead")
     try:
@@ -193,6 +194,40 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             raise ConfigError("config", f"{where}[{table}] {e.message}") from None
         raise
     return setup, tables
+
+
+# the [parallel] keys that are the engine's own settings rather than TrainingSetup fields: the
+# ds_config the set-up was read from (its bucket sizes, prefetch and persistence thresholds)
+# and DeepSpeed's offload devices; --save-config writes them, --config reads them back
+ENGINE_KEYS = ("deepspeed_config", "offload_optimizer", "offload_param")
+OFFLOAD_DEVICES = ("cpu", "nvme", "none")
+
+
+def _engine_keys(sections: Mapping[str, Any], given: dict[str, Any], where: str = ""
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`sections` without the file's ENGINE_KEYS, which fill `given` (in place) where no
+    option set them, and the effective ENGINE_KEYS as --save-config writes them (the ds_config
+    as an absolute path)."""
+    from pathlib import Path
+
+    from .errors import one_of
+
+    parallel = dict(sections.get("parallel", {}))
+    for key in ENGINE_KEYS:
+        if key not in parallel:
+            continue
+        value = typed_value("parallel", key, parallel.pop(key), "", where)
+        if key != "deepspeed_config":
+            try:
+                one_of(key, value, OFFLOAD_DEVICES)
+            except ConfigError as e:
+                raise ConfigError("config", f"{where}[parallel] {e.message}") from None
+        if given.get(key) is None:
+            given[key] = value
+    table = {k: given[k] for k in ENGINE_KEYS if given.get(k) is not None}
+    if "deepspeed_config" in table:
+        table["deepspeed_config"] = str(Path(table["deepspeed_config"]).resolve())
+    return {**sections, "parallel": parallel}, table
 
 
 def _engine_impl(cfg: GPTConfig, training: dict[str, Any], given: Mapping[str, Any],

@@ -53,10 +53,13 @@ def params_by_key(model: torch.nn.Module) -> dict[str, int]:
 @contextmanager
 def _quiet_torch_jit():
     """fvcore is built on torch.jit (script at import, trace to count), which torch now
-    deprecates; the warning is about fvcore's internals, not the user's code."""
+    deprecates (a DeprecationWarning in torch 2.13, a FutureWarning, shown to every user, in
+    later releases); the warning is about fvcore's internals, not the user's code."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
-                                category=DeprecationWarning)
+        for category in (DeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
+                                    category=category)
+            warnings.filterwarnings("ignore", category=category, module=r"(fvcore|iopath)\b")
         yield
 
 

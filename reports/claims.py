@@ -154,11 +154,12 @@ def measure_costs(cfg: GPTConfig, block_sizes: Sequence[int], device: str = "cpu
         idx = torch.zeros((1, T), dtype=torch.long, device=device)
         total, attention = _split(flopcounter_forward(model, idx))
         with torch.no_grad():
-            # a cache already holding T-1 positions (zeros: FLOPs depend on shapes only), so
-            # the counted step is one new token against T keys, as in generation
-            shape = (1, c.kv_heads, T - 1, c.head_size)
-            cache = [[torch.zeros(shape, device=device), torch.zeros(shape, device=device)]
-                     for _ in range(c.n_layer)] if T > 1 else model.new_kv_cache()
+            # a cache already holding T-1 positions, filled by the model's own prefill (its
+            # shapes are the model's: MLA's keys and values differ in width, a window keeps
+            # fewer), so the counted step is one new token against T keys, as in generation
+            cache = model.new_kv_cache()
+            if T > 1:
+                model(idx[:, :T - 1], kv_cache=cache)
             decode, _ = _split(flopcounter_forward_cached(model, idx[:, T - 1:], cache))
         points.append(CostPoint(
             block_size=T, forward_flops=total, attention_flops=attention, decode_flops=decode,

@@ -146,6 +146,8 @@ def _flops_blocks(cfg: GPTConfig, wl: Workload) -> list[Block]:
                   "full S x S count; a tied lm_head's matmul not counted)",
         "palm": "PaLM / nanoGPT's estimate_mfu: 6N' + 12 L H head_dim S, N' without the "
                 "position table (full S x S attention)",
+        "6N_active": "mixture of experts: 6 x the parameters one token uses (its routed "
+                     "experts, not all of them)",
     }
     conv_rows = [("exact (this model, gptcalc)", f"{exact:,}", si(exact), "1.0000",
                   "sum of the component table")]

@@ -162,3 +162,20 @@ def test_serve_scheduler_options_are_checked_under_every_engine(option, value):
                                  option, value])
     assert r.exit_code == 2 and r.stderr.startswith(f"Error: {option}: "), r.output
     assert r.stderr.count("\n") == 1
+
+
+# the benchmark's whole loop on a small budget (the quick lane): boundary values, many options
+# at once, hostile config and ds_config files and special files among the calls; every defect
+# class (internal error, non-finite figure, over 10 s, exit other than 0 and 2, a refusal not
+# one line of at most 200 characters, an invalid value accepted) stays empty
+QUICK_CALLS = int(os.environ.get("GPTCALC_FUZZ_QUICK_CALLS", "80"))
+
+
+def test_the_fuzz_benchmark_on_a_small_budget_finds_no_defect():
+    import random
+
+    fz = _fuzz_module()
+    seed = random.SystemRandom().randrange(2**32)
+    per_command, classes, _seconds = fz.fuzz(QUICK_CALLS, seed=seed, configs=30)
+    assert sum(c["calls"] for c in per_command.values()) == QUICK_CALLS
+    assert not classes, (seed, {k: v[1] for k, v in classes.items()})

@@ -274,3 +274,38 @@ def test_bad_memory_settings_in_a_file_name_the_file(table, line, word, tmp_path
     path.write_text(f"[{table}]\n{line}\n")
     err = fails("memory", "--config", str(path))
     assert "--config" in err and word in err
+
+
+# --- every option that changes the memory answer is saved ------------------------------------
+
+DS_CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
+                                   "stage3_prefetch_bucket_size": 1000,
+                                   "stage3_param_persistence_threshold": 10},
+             "bf16": {"enabled": True}}
+
+
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+@pytest.mark.parametrize("options", [
+    ("--zero", "2", "--offload-optimizer", "cpu"),
+    ("--zero", "3", "--offload-param", "cpu", "--offload-optimizer", "cpu"),
+    ("--zero", "3", "--offload-param", "nvme", "--offload-optimizer", "nvme"),
+    ("--deepspeed-config", "DS", "--dp", "4"),
+])
+def test_memory_s_engine_settings_survive_a_round_trip(options, fmt, tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps(DS_CONFIG))
+    options = [str(ds) if o == "DS" else o for o in options]
+    saved = tmp_path / f"run.{fmt}"
+    first = json.loads(ok("memory", "--preset", "gpt2", *options, "--json", "--save-config",
+                          str(saved)))
+    again = json.loads(ok("memory", "--config", str(saved), "--json"))
+    assert again["peak"] == first["peak"] and again["setup"] == first["setup"]
+    assert again["breakdown"] == first["breakdown"]
+
+
+def test_an_offload_device_in_a_config_file_is_checked(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\npreset = "gpt2"\n[parallel]\nzero = 3\noffload_param = "gpu"\n')
+    r = CliRunner().invoke(cli, ["memory", "--config", str(path)])
+    assert r.exit_code == 2 and r.stderr.startswith("Error: --config: ")
+    assert "offload_param" in r.stderr

@@ -60,3 +60,44 @@ def test_python_examples_run_and_print_what_they_say(doc, workdir):
             assert eval(m.group("expr"), ns) == int(m.group("value")), m.group(0)  # noqa: S307
             checked += 1
     assert checked >= 2
+
+
+# a README paragraph "`gptcalc CMD --json`: an object, `schema` and `KEY`, a list of objects with
+# `a`, `b`, ... and `z`." states the JSON's shape
+_SHAPE = re.compile(r"`gptcalc (?P<cmd>\w+) --json`: an object, `schema` and `(?P<key>\w+)`, a "
+                    r"list of objects with (?P<fields>.*?)\.\n\n", re.S)
+
+
+def test_the_json_shapes_the_readme_states_are_what_the_commands_print():
+    text = (ROOT / "README.md").read_text()
+    stated = list(_SHAPE.finditer(text))
+    assert {m.group("cmd") for m in stated} >= {"gpus", "presets"}
+    for m in stated:
+        r = CliRunner().invoke(cli, [m.group("cmd"), "--json"])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert isinstance(out, dict) and set(out) == {"schema", m.group("key")}, list(out)
+        items = out[m.group("key")]
+        assert isinstance(items, list) and items
+        fields = re.findall(r"`(\w+)`", m.group("fields"))
+        for item in items:
+            assert set(item) == set(fields), (m.group("cmd"), set(item) ^ set(fields))
+
+
+def test_the_memory_fit_keys_docs_json_states_are_printed():
+    text = (ROOT / "docs" / "json.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `fit.verdict` |"))
+    stated = set(re.findall(r"`(\w+)`", row.split("|")[3]))
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "--gpu", "a6000", "--json"])
+    verdict = json.loads(r.stdout)["fit"]["verdict"]
+    assert set(verdict) <= stated and set(verdict) >= {"fits", "must_hold", "margin",
+                                                       "allocated_peak", "reserved"}
+
+
+def test_the_python_api_lists_every_supported_model_type():
+    import gptcalc
+
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    para = text[text.index("Supported `model_type`s"):]
+    para = para[:para.index("\n\n")]
+    assert set(re.findall(r"`(\w+)`", para)) >= set(gptcalc.SUPPORTED_MODEL_TYPES)

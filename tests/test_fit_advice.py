@@ -1,5 +1,6 @@
-"""`memory --gpu-memory/--gpu`: when no micro-batch fits, the options that would, each one
-re-run and found to fit."""
+"""`memory --gpu-memory/--gpu`: one verdict (what the card must hold: reserved + CUDA context +
+NCCL buffers, against its usable memory) and, when the step does not fit, the options that
+would, each one re-run and found to fit by the same verdict."""
 
 from __future__ import annotations
 
@@ -36,11 +37,54 @@ def rerun(args, options):
 ])
 def test_every_advised_change_fits_when_re_run(args):
     fit = run_json(args)["fit"]
-    assert fit["max_batch"] == 0 and fit["advice"]
+    assert fit["max_batch"] == 0 and fit["advice"] and not fit["verdict"]["fits"]
     for a in fit["advice"]:
         out = rerun(args, a["options"])
-        assert out["peak"] == a["peak"] <= out["fit"]["budget"], a
+        v = out["fit"]["verdict"]
+        assert v["fits"] and v["must_hold"] == a["must_hold"] <= out["fit"]["budget"], a
+        # what the card holds, summed here from the JSON's own lines
+        assert v["must_hold"] == out["nvidia_smi"] == (
+            out["reserved"] + v["cuda_context"] + v["nccl_buffers"])
+        assert out["peak"] == a["peak"] == v["allocated_peak"] <= v["must_hold"]
         assert out["fit"]["max_batch"] >= 1 and out["fit"]["advice"] == []
+
+
+# QLoRA Llama 3 70B (all linears, full checkpointing) on an RTX A6000 (47.16 GiB usable)
+A6000 = ["memory", "--preset", "llama3-70b", "--lora-rank", "16", "--lora-targets", "all",
+         "--weights-dtype", "nf4-dq", "--recompute", "full", "--gpu", "a6000"]
+
+
+def test_allocated_under_the_card_but_reserved_over_it_does_not_fit():
+    # 2,993 tokens: the longest sequence whose allocated peak fits the A6000 (what the fit
+    # answered when it compared the allocated peak with the card); its reserved bytes do not
+    out = run_json(A6000 + ["--seq-len", "2993"])
+    v = out["fit"]["verdict"]
+    assert out["peak"] <= out["fit"]["budget"] < out["reserved"]
+    assert not v["fits"] and v["margin"] == out["fit"]["budget"] - out["nvidia_smi"] < 0
+    assert out["fit"]["max_seq_len"] < 2993
+    r = CliRunner().invoke(cli, A6000 + ["--seq-len", "2993"])
+    assert r.output.splitlines()[0].startswith("Does not fit a6000 (47.16 GiB usable)")
+
+
+def test_the_longest_sequence_is_the_verdicts_boundary():
+    fit = run_json(A6000)["fit"]
+    n = fit["max_seq_len"]
+    assert run_json(A6000 + ["--seq-len", str(n)])["fit"]["verdict"]["fits"]
+    assert not run_json(A6000 + ["--seq-len", str(n + 1)])["fit"]["verdict"]["fits"]
+
+
+def test_the_advice_combines_checkpointing_with_a_shorter_sequence():
+    args = ["memory", "--preset", "llama3-70b", "--lora-rank", "16", "--weights-dtype",
+            "nf4-dq", "--gpu", "a6000", "--seq-len", "8192"]
+    fit = run_json(args)["fit"]
+    both = [a for a in fit["advice"] if a["options"].startswith("--recompute full --seq-len ")]
+    assert both, fit["advice"]
+    n = int(both[0]["options"].split()[-1])
+    alone = [a for a in fit["advice"] if a["options"].startswith("--seq-len ")]
+    assert alone and n > int(alone[0]["options"].split()[-1])
+    assert run_json(args + both[0]["options"].split())["fit"]["verdict"]["fits"]
+    assert not run_json(args + ["--recompute", "full", "--seq-len", str(n + 1)])[
+        "fit"]["verdict"]["fits"]
 
 
 def test_lora_at_24_gib_is_advised_recomputation_and_qlora():
@@ -60,8 +104,10 @@ def test_lora_at_24_gib_is_advised_recomputation_and_qlora():
 def test_the_text_names_the_longest_sequence_and_the_changes():
     r = CliRunner().invoke(cli, LORA + ["--gpu-memory", "24GiB"])
     assert r.exit_code == 0
-    assert "no micro-batch fits at seq_len 2,048" in r.output
-    assert "the longest sequence that fits is 1,258 tokens" in r.output
+    assert r.output.startswith("Does not fit 24.00 GiB per device: must hold ")
+    assert "No micro-batch fits at seq_len 2,048" in r.output
+    fit = run_json(LORA + ["--gpu-memory", "24GiB"])["fit"]
+    assert f"the longest sequence that fits is {fit['max_seq_len']:,} tokens" in r.output
     assert "--weights-dtype int4" in r.output and "--recompute" in r.output
 
 

@@ -277,3 +277,50 @@ def test_gpt2_n_ctx_does_not_size_the_position_table():
            "vocab_size": 50}
     assert GPT2Config(**raw).n_positions == 1024
     assert config_from_hf(raw).block_size == 1024
+
+
+# --- bounded work: a count the input sizes costs O(1) ---------------------------------------------
+
+def _chunked_backward_by_walking(cfg, workload, setup):
+    """torchtune's chunked loss's backward moments, walked chunk by chunk from the last
+    (`losses.chunked_loss_transients`'s docstring), for few chunks."""
+    from gptcalc.memory.losses import chunk_rows
+
+    V, a, n = -(-cfg.vocab_size // setup.tp), setup.act_bytes, setup.loss_chunks
+    rows = chunk_rows(workload, n)
+    N = sum(rows)
+    done, largest = 0, 0
+    for r in reversed(rows):
+        largest = max(largest, done + 2 * r * V * 4)
+        done += r * V * (a - 4)
+    if n > 1 and not setup.lora_rank:
+        largest = max(largest, 3 * V * cfg.embd_dim * a + (N - rows[-1] - rows[-2]) * V * a
+                      - N * V * 4)
+    return largest + (8 * N if workload.batch_size > 1 and n > 1 else 0)
+
+
+@pytest.mark.parametrize("mode", ["fp32", "amp", "bf16"])
+@pytest.mark.parametrize("b, S, n", [(1, 8, 1), (1, 8, 3), (2, 8, 8), (2, 8, 9), (1, 7, 20),
+                                     (3, 4096, 8), (1, 4097, 8), (2, 5, 2), (1, 1, 1)])
+def test_the_chunked_loss_closed_form_is_the_walk_over_its_chunks(mode, b, S, n):
+    from gptcalc import TrainingSetup, Workload, from_name
+    from gptcalc.memory.losses import chunked_loss_transients
+
+    cfg = from_name("llama3-8b", n_layer=1)
+    wl = Workload(b, S)
+    setup = TrainingSetup(mode=mode, attn_impl="sdpa", loss="chunked", loss_chunks=n)
+    assert chunked_loss_transients(cfg, wl, setup)["backward"] == \
+        _chunked_backward_by_walking(cfg, wl, setup)
+
+
+def test_a_trillion_loss_chunks_take_no_time():
+    import time
+
+    start = time.perf_counter()
+    r = CliRunner().invoke(cli, ["memory", "--preset", "llama3-8b", "--loss", "chunked",
+                                 "--loss-chunks", "1000000000000", "--json"])
+    assert r.exit_code == 0, r.output
+    assert time.perf_counter() - start < 10
+    out = json.loads(r.stdout)
+    # each chunk's nll_loss saves its fp32 total weight: 4 bytes per chunk
+    assert out["breakdown"]["activations"]["cross_entropy/total_weight"] == 4 * 10**12

@@ -245,3 +245,127 @@ def test_a_partition_of_more_tensors_than_any_model_is_refused(engine):
 
 def test_gpu_hours_past_a_float_s_range_are_refused():
     refused(["time", "--preset", "gpt3-175b", "--mfu", "1e-300", "--gpus", "1024"], "--mfu")
+
+
+# --- an error names what was typed --------------------------------------------------------------
+
+@pytest.mark.parametrize("args, said, note", [
+    # the check fails on a value the user did not type: the typed option it concerns is named,
+    # and the value's source (its default) is said
+    (["serve", "--preset", "debug"], "--preset debug", "(--gen-len 128 is the default)"),
+    (["memory", "--engine", "fsdp2"], "--engine fsdp2", "(--zero 0 is the default)"),
+    (["memory", "--engine", "ddp", "--offload-param", "cpu"], "--offload-param cpu",
+     "(--offload-optimizer is not given)"),
+    (["time", "--gpu", "t4"], "--gpu t4", "(--precision bf16 is the default)"),
+    (["memory", "--preset", "gpt2", "--impl", "megatron-core"], "--impl megatron-core",
+     "(--mode amp is the default)"),
+])
+def test_an_error_about_a_default_names_the_typed_option_and_the_default(args, said, note):
+    line = refused(args, said)
+    assert line.endswith(note), line
+
+
+def test_an_error_about_a_typed_option_names_it_alone():
+    line = refused(["memory", "--preset", "gpt2", "--zero", "5"], "--zero")
+    assert "default" not in line
+
+
+def test_a_config_file_value_is_blamed_on_the_file_and_its_key(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\npreset = "gpt2"\n[parallel]\nengine = "fsdp2"\n')
+    line = refused(["memory", "--config", str(path)], "--config")
+    assert str(path) in line and "[parallel]" in line
+
+
+@pytest.mark.parametrize("args, option, meant", [
+    (["params", "--preset", "llama3-8"], "--preset", "llama3-8b"),
+    (["memory", "--gpu", "rtx-a6000"], "--gpu", "a6000"),
+    (["params", "--set", "n_embdd=3"], "--set", "n_embd"),
+])
+def test_a_misspelt_name_gets_did_you_mean_not_the_whole_list(args, option, meant):
+    line = refused(args, option)
+    assert "did you mean" in line and meant in line and len(line) <= 200
+    assert "choose from" not in line
+
+
+@pytest.mark.parametrize("args, option", [
+    (["params", "--hf-config", "/" + "a" * 10_000], "--hf-config"),
+    (["params", "--preset", "x" * 10_000], "--preset"),
+    (["params", "-V", "9" * 5_000], "--vocab-size"),
+    (["params", "--config", "/tmp/" + "d" * 300 + ".toml"], "--config"),
+])
+def test_a_long_value_is_elided_and_the_line_is_at_most_200_characters(args, option):
+    r = CliRunner().invoke(cli, args)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and r.stdout == "" and len(lines) == 1, r.output
+    assert option in lines[0] and len(lines[0]) <= 200, lines[0]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["plan", "--mfu", "5e-324", "--json"], "--mfu 5e-324"),
+    (["plan", "--mfu", "5e-324"], "--mfu 5e-324"),
+    (["infer", "--flops-efficiency", "5e-324"], "--flops-efficiency 5e-324"),
+    (["time", "--tokens-per-second", "1e-300"], "--tokens-per-second 1e-300"),
+])
+def test_a_result_past_a_float_s_range_is_refused_never_printed_as_inf(args, option):
+    refused(args, option)
+
+
+@pytest.mark.parametrize("command", ["plot", "report"])
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_output_folder_is_refused(command, out, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    refused([command, "--out", out], "--out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_reserved_replay_of_a_405b_step_at_65536_sequences():
+    # a segment past 2^48 bytes: the simulated allocator's addresses stay apart
+    r = CliRunner().invoke(cli, ["memory", "--preset", "llama3.1-405b", "-B", "65536",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["reserved"] >= out["peak"] > 2**48
+
+
+def test_an_error_about_an_option_the_command_lacks_names_the_model_and_says_so():
+    from gptcalc.cli.blame import blame
+    from gptcalc.errors import ConfigError
+
+    ctx = cli.commands["plan"].make_context("plan", ["--preset", "llama3-8b"])
+    line = blame(ConfigError("recompute", "recompute op keeps every second matmul"), ctx)
+    assert line.startswith("--preset llama3-8b: ")
+    assert line.endswith("(`gptcalc plan` chose recompute itself; it has no --recompute)")
+
+
+def test_a_size_typed_through_set_is_blamed_on_that_set():
+    line = refused(["params", "--set", "n_head=5"], "--set n_head=5")
+    assert "does not divide" in line
+
+
+# found by benchmarks/fuzz_cli.py (50,000 calls, seed 38)
+QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+             "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+             "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+             "num_experts_per_tok": 8, "decoder_sparse_step": 1, "vocab_size": 151936,
+             "max_position_embeddings": 40960, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("extra", [["--recompute", "full"], ["--gpu-memory", "80GiB"]])
+def test_lora_on_moe_experts_under_full_checkpointing(tmp_path, extra):
+    # full checkpointing saves no expert hidden state for the adapters to leave out; the fit
+    # advice tries full checkpointing too
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_MOE))
+    r = CliRunner().invoke(cli, ["memory", "--hf-config", str(path), "--zero", "3",
+                                 "--lora-rank", "64", *extra, "--json"])
+    assert r.exit_code == 0, r.output
+
+
+def test_fit_advice_skips_layouts_the_rules_refuse():
+    # muon runs on one device or DDP: the advice's ZeRO-3 layouts are refused, not counted
+    r = CliRunner().invoke(cli, ["memory", "--preset", "olmo2-7b", "--gpu", "a100-sxm-80gb",
+                                 "--device", "cpu", "--optimizer", "muon", "--json"])
+    assert r.exit_code == 0, r.output
+    advice = json.loads(r.stdout)["fit"]["advice"]
+    assert not any(a["options"].startswith("--zero 3") for a in advice)

@@ -214,7 +214,7 @@ def test_cli_amp_reports_weight_copies_apart():
     assert sum(d["breakdown"]["weight_copies"].values()) == d["weight_copies"]
     assert not any(k.startswith("weight_copy/") for k in d["breakdown"]["activations"])
     text = subprocess.run([sys.executable, "-m", "gptcalc", "memory", "--preset", "gpt2",
-                           "--mode", "amp"], cwd=ROOT, capture_output=True, text=True,
+                           "--mode", "amp", "--detail"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout
     assert "weight copies" in text
 

@@ -59,3 +59,29 @@ def test_readme_slow_command_runs(command, tmp_path, monkeypatch):
 def test_readme_python_api_snippet_runs():
     code = re.search(r"```python\n(import gptcalc\n.*?)```", README, re.S).group(1)
     exec(compile(code, "README.md", "exec"), {})
+
+
+# the README's test command, as a user types it
+TEST_LINE = "pip install -e '.[all,test]' && python -m pytest -q"
+
+
+def test_ci_runs_the_readmes_test_line_exactly():
+    assert f"\n    {TEST_LINE}\n" in README
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert TEST_LINE in ci
+    # nothing installed before it that the line itself would not install
+    before = ci[:ci.index(TEST_LINE)]
+    assert not any("pip install" in line for line in before), before
+
+
+def test_the_test_extra_pins_the_torch_the_golden_figures_were_measured_on():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["test"]
+    pins = [r for r in extra if r.replace(" ", "").startswith("torch==")]
+    assert pins, extra
+    version = pins[0].split("==")[1]
+    assert f"torch {version}" in README
+    marker = (ROOT / "pyproject.toml").read_text()
+    assert f"measured on torch {'.'.join(version.split('.')[:2])}" in marker

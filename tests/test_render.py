@@ -12,7 +12,9 @@ from gptcalc.cli import cli
 from gptcalc.units import binary_bytes
 
 COMMANDS = {
-    "memory": "memory --preset llama3-70b --engine fsdp2 --zero 3 --dp 8 --gpu-memory 80GiB",
+    "memory": "memory --preset llama3-70b --engine fsdp2 --zero 3 --dp 8 --gpu-memory 80GiB "
+              "--detail",
+    "memory-short": "memory --preset llama3-70b --engine fsdp2 --zero 3 --dp 8 --gpu h100-sxm",
     "flops": "flops --preset llama3-70b",
     "params": "params --preset llama3-70b --lora-rank 16",
     "serve": "serve --preset llama3-70b --tp 8",
@@ -22,7 +24,8 @@ COMMANDS = {
 }
 # how many of the JSON's integers each command's text prints (at least): a floor, so that the
 # check below never passes on a text that prints none
-PRINTED = {"memory": 20, "flops": 6, "params": 10, "serve": 4, "infer": 4, "time": 5, "gpus": 5}
+PRINTED = {"memory": 20, "memory-short": 8, "flops": 6, "params": 10, "serve": 4, "infer": 4,
+           "time": 5, "gpus": 5}
 
 
 def run(args: str, columns: str | None) -> str:
@@ -60,7 +63,7 @@ def test_every_printed_number_is_whole_at_every_width(name):
         assert not missing, f"COLUMNS={columns}: {missing}"
 
 
-def test_memory_prints_every_line_of_its_json_in_80_columns():
+def test_memory_detail_prints_every_line_of_its_json_in_80_columns():
     args = COMMANDS["memory"]
     out = json.loads(run(args + " --json", None))
     text = run(args, "80")
@@ -70,14 +73,48 @@ def test_memory_prints_every_line_of_its_json_in_80_columns():
 
 
 def test_labels_wrap_and_the_table_keeps_to_the_width_it_is_given():
-    text = run("memory --preset llama3-8b -B 1 --gpu-memory 80GiB", "80")
+    text = run("memory --preset llama3-8b -B 1 --gpu-memory 80GiB --detail", "80")
     table = [line for line in text.splitlines() if line[:1] in "┏┃┡│├└"]
     assert table and max(map(len, table)) <= 80
     assert any(line.startswith("│ (ddp: weights") or "(ddp:" in line for line in table)
 
 
 def test_piped_output_is_as_wide_as_its_content():
-    text = run("memory --preset gpt2 --zero 1", None)
+    text = run("memory --preset gpt2 --zero 1 --detail", None)
     assert "1,493,277,700" in text
     assert "resident between steps (deepspeed: weights, optimizer states, kept gradients and " \
            "buffers)" in text  # not wrapped: no width to keep to
+
+
+def screen_rows(text: str, columns: int = 80) -> int:
+    """The rows `text` takes on a terminal `columns` wide (a longer line wraps)."""
+    return sum(max(1, -(-len(line.rstrip()) // columns)) for line in text.splitlines())
+
+
+# the answer in one screen: a terminal of 80 x 24 holds it
+SCREEN_ROWS = 24
+
+
+@pytest.mark.parametrize("args", [
+    "memory --preset llama3-8b --gpu h100-sxm",
+    "memory --preset llama3-8b",
+    "memory --preset llama3-70b --engine fsdp2 --zero 3 --dp 8 --gpu h100-sxm",
+    "memory --preset gpt2 -B 8 --gpu h100-sxm",
+])
+def test_memory_answers_in_one_screen_verdict_first(args):
+    text = run(args, "80")
+    assert screen_rows(text) <= SCREEN_ROWS, text
+    assert "Korthikanti" not in text and "resident between steps" not in text
+    first = text.splitlines()[0]
+    if "--gpu" in args:
+        out = json.loads(run(args + " --json", None))
+        verdict = out["fit"]["verdict"]
+        assert first.startswith("Fits " if verdict["fits"] else "Does not fit ")
+        assert binary_bytes(verdict["must_hold"]) in first
+        assert binary_bytes(abs(verdict["margin"])) in first
+        assert binary_bytes(out["peak"]) in text.splitlines()[1]  # the lower bound
+    else:
+        assert first.startswith("Assuming ")
+    detail = run(args + " --detail", None)
+    assert "Korthikanti et al. 2022 (for comparison)" in detail
+    assert screen_rows(detail) > SCREEN_ROWS

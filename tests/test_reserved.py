@@ -181,7 +181,8 @@ def run(*args: str):
 
 
 def test_memory_prints_reserved_and_what_nvidia_smi_shows():
-    r = run("--preset", "gpt2", "-B", "4", "--device", "cuda", "--allocator", "expandable")
+    r = run("--preset", "gpt2", "-B", "4", "--device", "cuda", "--allocator", "expandable",
+            "--detail")
     assert r.exit_code == 0, r.output
     assert "caching allocator expandable segments" in r.output.splitlines()[0]
     assert "reserved by the caching allocator (expandable segments" in r.output

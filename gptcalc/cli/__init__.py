@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import sys
 import traceback
 
 import click
 
 from ..errors import ConfigError
+from .blame import blame, shorten, typed
 from .options import option_for
 
 
@@ -29,7 +31,7 @@ class GptcalcGroup(click.Group):
                                   standalone_mode=False, **extra)
             held.release()
         except ConfigError as e:
-            _fail(f"{option_for(e.field)}: {e.message}")
+            _fail(getattr(e, "line", None) or f"{option_for(e.field)}: {e.message}")
         except _NO_ARGS_IS_HELP as e:  # click >= 8.2 raises this for a bare `gptcalc`
             click.echo(e.ctx.get_help() if e.ctx else str(e))
             sys.exit(0)
@@ -66,8 +68,61 @@ class _Held(io.StringIO):
 
 
 def _fail(message: str, code: int = 2) -> None:
-    click.echo("Error: " + " ".join(message.split()), err=True)
+    click.echo("Error: " + shorten(message), err=True)
     sys.exit(code)
+
+
+# a number that is not finite, as Python prints it ("inf s per step", "nan"), not a word of a
+# label ("inf/nan tracker"); JSON is strict already (`render.emit_json`)
+_NONFINITE = re.compile(r"(?<![\w./-])-?(inf|nan|infinity)(?![\w/-])", re.IGNORECASE)
+
+
+def _blaming(command: click.Command) -> None:
+    """A command whose ConfigError is told against what the user typed (`blame`), and whose
+    result past a float's range (OverflowError, or `inf`/`nan` in its text) is one line naming
+    the typed option furthest from 1, never a traceback or an infinite figure."""
+    invoke = command.invoke
+
+    def run(ctx: click.Context):
+        _no_nul(ctx)
+        try:
+            rv = invoke(ctx)
+        except ConfigError as e:
+            if not hasattr(e, "line"):
+                e.line = blame(e, ctx)
+            raise
+        except OverflowError:
+            raise _out_of_range(ctx) from None
+        held = sys.stdout
+        if (isinstance(held, _Held) and not ctx.params.get("as_json")
+                and _NONFINITE.search(held.getvalue())):
+            raise _out_of_range(ctx)
+        return rv
+    command.invoke = run
+
+
+def _no_nul(ctx: click.Context) -> None:
+    """No option's text holds a NUL character: no path, name or number can, and the OS
+    refuses such a path with an error that names nothing."""
+    for name, value in ctx.params.items():
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, str) and "\x00" in v:
+                raise ConfigError(name, "holds a NUL character")
+
+
+def _out_of_range(ctx: click.Context) -> ConfigError:
+    from .options import _most_extreme
+
+    from ..schema import OPTIONS
+
+    given = typed(ctx)
+    name = _most_extreme(given or ctx.params)
+    keyword = OPTIONS[name].keyword if name in OPTIONS else name
+    e = ConfigError(name, "a result passes the floating-point range (about 1.8e308) or is not "
+                          "a number, with a value this far from 1")
+    value = given.get(keyword)
+    e.line = blame(e, ctx) if value is None else f"{option_for(name)} {value!r}: {e.message}"
+    return e
 
 
 @click.group(cls=GptcalcGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,6 +137,7 @@ def _register() -> None:
 
     for module in (presets, params, flops, memory, plan, gpus, time, infer, serve, verify, plot,
                    report):
+        _blaming(module.command)
         cli.add_command(module.command)
 
 

@@ -1,7 +1,9 @@
-"""What fits one device, for `memory --gpu-memory` and `memory --gpu`: the largest micro-batch
-and training sequence, the longest inference context, and, when no micro-batch fits, the
-smallest changes of options that make the step fit, each one the command's own set-up resolved
-again with those options and counted with `memory_report`."""
+"""What fits one device, for `memory --gpu-memory` and `memory --gpu`: the verdict
+(`gptcalc.memory.verdict`: what the card must hold, reserved + CUDA context + NCCL buffers,
+against its usable memory), the largest micro-batch and training sequence, the longest
+inference context, and, when the step does not fit, the smallest changes of options that make
+it fit, each one the command's own set-up resolved again with those options and judged by the
+same verdict."""
 
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ from typing import Any
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..gpus import GPUS, gpu as find_gpu, usable_memory
-from ..memory import MemoryReport, max_batch, max_context, max_seq_len, memory_report
+from ..memory import MemoryReport, max_context
+from ..memory.verdict import Verdict, largest_batch, largest_seq_len, verdict, verdict_floor
 from ..training_setup import RECOMPUTE, TrainingSetup
 from ..units import binary_bytes
 from ..workload import Workload
 from .options import resolve_given
-from .render import print_line, print_table
+from .render import print_line
 
 # the most data-parallel ranks the advice looks for a ZeRO-3 layout among
 _MAX_DP = 1 << 16
@@ -32,85 +35,123 @@ def device_budget(gpu_name: str | None, gpu_memory: int | None) -> int | None:
 
 def fit_section(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, rep: MemoryReport,
                 budget: int, gpu_name: str | None, given: dict[str, Any],
-                ds: dict[str, Any] | None) -> dict[str, Any]:
-    """The JSON's `fit`: what fits `budget` bytes, and `advice` when no micro-batch does."""
+                ds: dict[str, Any] | None, reserved: list[int] | None = None
+                ) -> dict[str, Any]:
+    """The JSON's `fit`: the verdict on `budget` bytes, what fits them, and `advice` when the
+    step does not. `reserved`: `rank_reserved`'s list, when the command has it."""
+    v = verdict(cfg, wl, setup, budget, allocated=rep.peak.bytes, reserved=reserved)
     fit = {"budget": budget, "gpu": find_gpu(gpu_name).name if gpu_name else None,
-           "max_batch": max_batch(cfg, wl, setup, budget),
-           "max_seq_len": max_seq_len(cfg, wl, setup, budget),
+           "verdict": v.as_dict(),
+           "max_batch": largest_batch(cfg, wl, setup, budget),
+           "max_seq_len": largest_seq_len(cfg, wl, setup, budget),
            "max_context": max_context(cfg, wl.batch_size, setup, budget)}
-    fit["advice"] = [] if fit["max_batch"] else advice(cfg, wl, setup, rep, budget, fit,
-                                                       given, ds)
+    fit["advice"] = [] if v.fits else advice(cfg, wl, setup, v, budget, fit, given, ds)
     return fit
 
 
-def advice(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, rep: MemoryReport, budget: int,
+def advice(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, v: Verdict, budget: int,
            fit: dict[str, Any], given: dict[str, Any], ds: dict[str, Any] | None
            ) -> list[dict[str, Any]]:
-    """Options that, added to the command, make its step fit `budget`: the longest sequence
-    that fits; the mildest recomputation; ZeRO-3 over the fewest data-parallel ranks; QLoRA's
-    4-bit base (with LoRA); and the smallest catalogue card with the memory. Where no single
-    change fits, the mildest recomputation with each of the others. Each {"options", "peak"}."""
-    def peak(changes: dict[str, Any]) -> int | None:
-        return _peak(cfg, wl, given, ds, changes)
+    """Options that, added to the command, make its step fit `budget`: the largest micro-batch
+    that fits; the longest sequence that fits; the mildest recomputation; ZeRO-3 over the
+    fewest data-parallel ranks; QLoRA's 4-bit base (with LoRA); and the smallest catalogue card
+    with the memory. Where no single change of the set-up fits, full recomputation with each of
+    the others, the longest sequence included. Each {"options", "peak", "must_hold"}."""
+    def judge(changes: dict[str, Any], workload: Workload = wl) -> Verdict | None:
+        return _judge(cfg, workload, given, ds, changes, budget)
 
     out: list[dict[str, Any]] = []
-    if fit["max_seq_len"]:
-        seq = {"seq_len": fit["max_seq_len"]}
-        out.append(_entry(seq, _peak(cfg, Workload(wl.batch_size, fit["max_seq_len"],
-                                                   wl.grad_accum), given, ds, {})))
-    singles = []
-    recompute = _mildest(peak, budget, [{"recompute": r} for r in
-                                        RECOMPUTE[RECOMPUTE.index(setup.recompute) + 1:]])
-    singles.append(recompute)
-    singles.append(_fewest_ranks(peak, budget, setup, {}))
+    if fit["max_batch"] and fit["max_batch"] < wl.batch_size:
+        b = fit["max_batch"]
+        out.append(_entry({"batch_size": b},
+                          judge({}, Workload(b, wl.seq_len, wl.grad_accum))))
+    if fit["max_seq_len"] and fit["max_seq_len"] < wl.seq_len:
+        s = fit["max_seq_len"]
+        out.append(_entry({"seq_len": s}, judge({}, Workload(wl.batch_size, s, wl.grad_accum))))
+    if fit["max_batch"]:
+        return [a for a in out if a] + _card(v, budget)
+    recompute = _mildest(judge, [{"recompute": r} for r in
+                                 RECOMPUTE[RECOMPUTE.index(setup.recompute) + 1:]])
+    singles = [recompute, _fewest_ranks(judge, setup, {})]
+    full = {"recompute": "full"}
+    if recompute is None and setup.recompute != "full":  # checkpointing and a shorter sequence
+        singles.append(_longest_with(cfg, wl, given, ds, full, budget))
     if setup.lora_rank and given.get("weights_dtype") != "int4" and setup.base_dtype != "nf4":
-        singles.append(_mildest(peak, budget, [{"weights_dtype": "int4"}]))
+        singles.append(_mildest(judge, [{"weights_dtype": "int4"}]))
     if not any(singles) and setup.recompute != "full":
-        full = {"recompute": "full"}
-        singles.append(_fewest_ranks(peak, budget, setup, full))
+        singles.append(_fewest_ranks(judge, setup, full))
         if setup.lora_rank and setup.base_dtype != "nf4":
-            singles.append(_mildest(peak, budget, [{**full, "weights_dtype": "int4"}]))
-    out += [s for s in singles if s]
+            singles.append(_mildest(judge, [{**full, "weights_dtype": "int4"}]))
+    return [a for a in out + singles if a] + _card(v, budget)
+
+
+def _card(v: Verdict, budget: int) -> list[dict[str, Any]]:
+    """The smallest catalogue card whose usable memory holds what this step must hold."""
     card = min((g for g in GPUS.values() if g.usable_memory_bytes and
-                g.usable_memory_bytes > budget and g.usable_memory_bytes >= rep.peak.bytes),
+                g.usable_memory_bytes > budget and g.usable_memory_bytes >= v.must_hold),
                key=lambda g: g.usable_memory_bytes, default=None)
-    if card is not None:
-        out.append({"options": f"--gpu {card.name}", "peak": rep.peak.bytes})
-    return out
+    if card is None:
+        return []
+    return [{"options": f"--gpu {card.name}", "peak": v.allocated, "must_hold": v.must_hold}]
 
 
-def _peak(cfg: GPTConfig, wl: Workload, given: dict[str, Any], ds: dict[str, Any] | None,
-          changes: dict[str, Any]) -> int | None:
-    """The step peak with `changes` among the options given; None where they are refused."""
+def _judge(cfg: GPTConfig, wl: Workload, given: dict[str, Any], ds: dict[str, Any] | None,
+           changes: dict[str, Any], budget: int) -> Verdict | None:
+    """The verdict with `changes` among the options given; None where they are refused or
+    where even the allocated peak (the lower bound) does not fit."""
     try:
         setup, _ = resolve_given(cfg, {**given, **changes}, ds)
-        return memory_report(cfg, wl, setup).peak.bytes
+        floor = verdict_floor(cfg, wl, setup, budget)
+        if not floor.fits:
+            return None
+        return verdict(cfg, wl, setup, budget, allocated=floor.allocated)
     except ConfigError:
         return None
 
 
-def _entry(changes: dict[str, Any], peak: int | None) -> dict[str, Any]:
-    options = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in changes.items())
-    return {"options": options, "peak": peak}
+def _entry(changes: dict[str, Any], v: Verdict | None) -> dict[str, Any] | None:
+    if v is None or not v.fits:
+        return None
+    spelled = {"batch_size": "-B"}
+    options = " ".join(f"{spelled.get(k, '--' + k.replace('_', '-'))} {val}"
+                       for k, val in changes.items())
+    return {"options": options, "peak": v.allocated, "must_hold": v.must_hold}
 
 
-def _mildest(peak, budget: int, tries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first of `tries` whose peak fits."""
+def _mildest(judge, tries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first of `tries` that fits."""
     for changes in tries:
-        p = peak(changes)
-        if p is not None and p <= budget:
-            return _entry(changes, p)
+        entry = _entry(changes, judge(changes))
+        if entry:
+            return entry
     return None
 
 
-def _fewest_ranks(peak, budget: int, setup: TrainingSetup, base: dict[str, Any]
+def _longest_with(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
+                  ds: dict[str, Any] | None, changes: dict[str, Any], budget: int
                   ) -> dict[str, Any] | None:
-    """ZeRO stage 3 over the fewest data-parallel ranks (more than now) whose peak fits:
-    doubling, then bisection (sharding only shrinks with more ranks)."""
+    """`changes` together with the longest sequence that fits with them (two changes)."""
+    try:
+        setup, _ = resolve_given(cfg, {**given, **changes}, ds)
+    except ConfigError:
+        return None
+    s = min(largest_seq_len(cfg, wl, setup, budget), wl.seq_len)
+    if not s:
+        return None
+    return _entry({**changes, "seq_len": s},
+                  _judge(cfg, Workload(wl.batch_size, s, wl.grad_accum), given, ds, changes,
+                         budget))
+
+
+def _fewest_ranks(judge, setup: TrainingSetup, base: dict[str, Any]) -> dict[str, Any] | None:
+    """ZeRO stage 3 over the fewest data-parallel ranks (more than now) that fit: doubling,
+    then bisection (sharding only shrinks with more ranks)."""
     def fits(n: int) -> bool:
-        p = peak({**base, "zero": 3, "dp": n})
-        return p is not None and p <= budget
+        v = judge({**base, "zero": 3, "dp": n})
+        return v is not None and v.fits
     lo = setup.dp if setup.zero == 3 else max(setup.dp, 1) - 1  # the most ranks known not to fit
+    if lo >= _MAX_DP or not fits(_MAX_DP):  # not even the most ranks: no search
+        return None
     hi = max(lo * 2, 2)
     while not fits(hi):
         if hi >= _MAX_DP:
@@ -120,40 +161,62 @@ def _fewest_ranks(peak, budget: int, setup: TrainingSetup, base: dict[str, Any]
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     changes = {**base, "zero": 3, "dp": hi}
-    return _entry(changes, peak(changes))
+    return _entry(changes, judge(changes))
 
 
-def render_fit(cfg: GPTConfig, wl: Workload, rep: MemoryReport, fit: dict[str, Any]) -> None:
-    budget = binary_bytes(fit["budget"])
-    if fit["gpu"]:
-        budget += f" ({fit['gpu']})"
+def verdict_lines(fit: dict[str, Any], setup: TrainingSetup) -> list[str]:
+    """The verdict, first: fits or not, by how much; then what the card must hold and the
+    allocated peak, the lower bound."""
+    v = fit["verdict"]
+    usable = binary_bytes(fit["budget"])
+    card = f"{fit['gpu']} ({usable} usable)" if fit["gpu"] else f"{usable} per device"
+    if v["fits"]:
+        head = (f"Fits {card}: must hold {binary_bytes(v['must_hold'])}, "
+                f"{binary_bytes(v['margin'])} to spare")
+    else:
+        head = (f"Does not fit {card}: must hold {binary_bytes(v['must_hold'])}, "
+                f"{binary_bytes(-v['margin'])} short")
+    if v["reserved"] is not None:
+        held = (f"reserved {binary_bytes(v['reserved'])} + CUDA context "
+                f"{binary_bytes(v['cuda_context'])}")
+        if v["nccl_buffers"]:
+            held += f" + NCCL buffers {binary_bytes(v['nccl_buffers'])}"
+        why = (f"must hold = {held}; allocated peak {binary_bytes(v['allocated_peak'])} "
+               "(the lower bound)")
+    elif setup.device == "cuda":
+        why = (f"must hold = allocated peak {binary_bytes(v['allocated_peak'])} + CUDA context "
+               f"{binary_bytes(v['cuda_context'])} + NCCL buffers "
+               f"{binary_bytes(v['nccl_buffers'])}: a lower bound (reserved not simulated "
+               "above its block limit)")
+    else:
+        why = f"must hold = allocated peak {binary_bytes(v['allocated_peak'])} (--device cpu)"
+    return [head, why]
+
+
+def render_fit(cfg: GPTConfig, wl: Workload, fit: dict[str, Any], detail: bool) -> None:
+    """What fits beside the verdict: the largest micro-batch and sequence, the advice; with
+    `detail` the longest inference context too."""
     if fit["max_batch"]:
-        print_line(f"Training in {budget} per device: largest micro-batch {fit['max_batch']:,} "
-                   f"at seq_len {wl.seq_len:,}; longest sequence {fit['max_seq_len']:,} tokens at "
-                   f"micro-batch {wl.batch_size}"
+        print_line(f"Largest micro-batch {fit['max_batch']:,} at seq_len {wl.seq_len:,}; "
+                   f"longest sequence {fit['max_seq_len']:,} tokens at micro-batch "
+                   f"{wl.batch_size}"
                    + (f" (a memory bound: the model's block size is {cfg.block_size:,})"
                       if fit["max_seq_len"] > cfg.block_size else ""))
     else:
-        states = rep.weights + rep.gradients + rep.optimizer
         longest = (f"the longest sequence that fits is {fit['max_seq_len']:,} tokens at "
                    f"micro-batch {wl.batch_size}" if fit["max_seq_len"]
                    else "no sequence fits either")
-        print_line(f"Training in {budget} per device: no micro-batch fits at seq_len "
-                   f"{wl.seq_len:,} (peak {binary_bytes(rep.peak.bytes)} at B={wl.batch_size}; "
-                   f"weights, gradients and optimizer states alone {binary_bytes(states)}); "
-                   f"{longest}")
-        if fit["advice"]:
-            print_table(f"What fits {binary_bytes(fit['budget'])}: add to the command",
-                        ["options", "peak", "binary"],
-                        [[a["options"], f"{a['peak']:,}", binary_bytes(a["peak"])]
-                         for a in fit["advice"]],
-                        caption="--gpu NAME in place of --gpu-memory" if any(
-                            a["options"].startswith("--gpu ") for a in fit["advice"]) else None)
+        print_line(f"No micro-batch fits at seq_len {wl.seq_len:,}; {longest}")
+    if fit["advice"]:
+        print_line("To fit, add one of: " + "; ".join(
+            f"{a['options']} ({binary_bytes(a['must_hold'])})" for a in fit["advice"]))
+    if not detail:
+        return
     if fit["max_context"] is None:
         ctx = "no limit by memory (every block's cache is bounded by its sliding window)"
     else:
         ctx = f"{fit['max_context']:,} tokens"
         if fit["max_context"] > cfg.block_size:
             ctx += f" by memory (the model's block size is {cfg.block_size:,})"
-    print_line(f"Inference in {budget} per device (weights + KV cache in the serving dtype, "
-               f"batch {wl.batch_size}): longest context {ctx}")
+    print_line(f"Inference in {binary_bytes(fit['budget'])} per device (weights + KV cache in "
+               f"the serving dtype, batch {wl.batch_size}): longest context {ctx}")

@@ -17,7 +17,7 @@ from ..memory.reserved import (MAX_SIMULATED_BLOCKS, RESERVED_LINE, nvidia_smi_l
 from ..schedules import pp_rank as pipeline_rank
 from ..units import binary_bytes
 from ..schema import OPTIONS
-from .fit import device_budget, fit_section, render_fit
+from .fit import device_budget, fit_section, render_fit, verdict_lines
 from .options import (assumptions, click_option, current_recipe, deepspeed_settings,
                       deepspeed_workload, describe, model_options, training_options,
                       training_setup, world_size_option)
@@ -36,9 +36,11 @@ DEFAULT_GPUS_PER_NODE = 8
 @click_option(OPTIONS["gpus_per_node"])
 @click.option("--context", type=int, default=None,
               help="KV-cache context in tokens (default seq-len).")
+@click.option("--detail", is_flag=True, help="Every quantity: the full table, the peak's terms, "
+              "each saved tensor, the stages, the paper's figures for comparison.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes).")
 def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_node, context,
-            as_json, **given) -> None:
+            detail, as_json, **given) -> None:
     """Memory per device of one training step, and the KV cache of an inference run.
 
     Defaults follow how each family is trained (printed on the first line); settings not given
@@ -54,18 +56,21 @@ def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_no
     positive_int("gpus_per_node", node)
     budget = device_budget(gpu_name, gpu_memory)
     rep = memory_report(cfg, wl, setup, context)
-    fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
-                                                  ds)
     # the CUDA caching allocator's reserved bytes and what nvidia-smi shows (CUDA only)
     per_rank = rank_reserved(cfg, wl, setup) if setup.device == "cuda" else None
     smi = None if per_rank is None else nvidia_smi_lines(max(per_rank), setup)
+    fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
+                                                  ds, per_rank)
     if per_rank and rep.stages:
         rep = dataclasses.replace(rep, stages=[dataclasses.replace(s, reserved=r)
                                                for s, r in zip(rep.stages, per_rank)])
     if as_json:
         emit_json(_json(cfg, wl, setup, rep, fit, node, smi))
         return
-    _render(cfg, wl, setup, rep, fit, node, smi)
+    if detail:
+        _render(cfg, wl, setup, rep, fit, node, smi)
+    else:
+        _render_short(cfg, wl, setup, rep, fit, node, smi)
 
 
 def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
@@ -114,8 +119,11 @@ def _render_stages(setup: TrainingSetup, rep: MemoryReport) -> None:
                  "peak phase"] + (["reserved"] if reserved else []), rows)
 
 
-def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
-            smi: dict[str, int] | None) -> None:
+def _head(cfg, wl, setup: TrainingSetup, fit) -> None:
+    """The verdict first (with a card), then the assumptions, the recipe and the model."""
+    if fit:
+        for line in verdict_lines(fit, setup):
+            print_line(line)
     print_line(assumptions(cfg, wl, setup))
     recipe = current_recipe()
     if recipe is not None:
@@ -123,6 +131,37 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
 
         print_line(recipe_line(*recipe))
     print_line(describe(cfg, wl))
+
+
+def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
+                  smi: dict[str, int] | None) -> None:
+    """One screen: the verdict, the assumptions, the peak's terms, what fits; --detail prints
+    the rest."""
+    _head(cfg, wl, setup, fit)
+    stage = ""
+    if setup.pp > 1:
+        stage = f"; pipeline rank {pipeline_rank(setup, rep.peak.stage)}, the most loaded"
+    print_table(None, ["the step's peak per device", "bytes", "binary"],
+                _rows(rep.peak.lines),
+                total_row=[f"allocated peak ({rep.peak.phase}{stage})", f"{rep.peak.bytes:,}",
+                           binary_bytes(rep.peak.bytes)])
+    if smi and not fit:
+        print_line(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
+                   f"{binary_bytes(sum(smi.values()))} (with the CUDA context and NCCL "
+                   "buffers, estimated)")
+    elif setup.device == "cuda" and not smi:
+        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
+    if rep.host:
+        print_line(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
+                   f"node ({node} ranks) {binary_bytes(rep.host_total * node)}")
+    if fit:
+        render_fit(cfg, wl, fit, detail=False)
+
+
+def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
+            smi: dict[str, int] | None) -> None:
+    _head(cfg, wl, setup, fit)
+    recipe = current_recipe()
     stage = ""
     if setup.pp > 1:
         stage = f", pipeline rank {pipeline_rank(setup, rep.peak.stage)} (the most loaded)"
@@ -170,7 +209,7 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
     print_table(f"Saved activations ({setup.impl}), one line per saved tensor kind",
                 ["tensor", "bytes", "binary"], _rows(rep.breakdown["activations"]))
     if fit:
-        render_fit(cfg, wl, rep, fit)
+        render_fit(cfg, wl, fit, detail=True)
     if recipe is not None and recipe[0].ignored:
         print_table("recipe keys read and knowingly ignored (they do not change a step's "
                     "memory)", ["key", "why"], [list(kv) for kv in recipe[0].ignored])

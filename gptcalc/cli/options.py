@@ -52,6 +52,14 @@ def targets_given(ctx: click.Context, param: click.Parameter, value: str | None)
     return value
 
 
+def out_dir_given(ctx: click.Context, param: click.Parameter, value: str | Path | None
+                  ) -> Path | None:
+    """--out as typed: an empty name is a mistake, not the working folder."""
+    if value is not None and not str(value).strip():
+        raise ConfigError("out", "give a folder name; an empty one is the working folder")
+    return None if value is None else Path(value)
+
+
 # options a command builds with a callback of its own
 _CALLBACKS = {"lora_targets": targets_given}
 
@@ -351,7 +359,7 @@ def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] 
     """--deepspeed-config's settings (`gptcalc.dsconfig.read_ds_config`), None without it: a
     command reads the file once, here, and hands the settings to `deepspeed_workload` and
     `training_setup`."""
-    path = given.get("deepspeed_config")
+    path = _ds_path(given)
     if not path:
         return None
     from ..dsconfig import read_ds_config
@@ -359,11 +367,20 @@ def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] 
     return read_ds_config(path, cfg)
 
 
+def _ds_path(given: dict[str, Any]) -> str | None:
+    """--deepspeed-config, else the --config file's [parallel] deepspeed_config (as
+    --save-config writes it)."""
+    path = given.get("deepspeed_config")
+    if not path:
+        path = config_section("parallel").get("deepspeed_config")
+    return path if isinstance(path, str) and path else None
+
+
 def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
                        ds: dict[str, Any] | None = None) -> Workload:
     """The workload with --deepspeed-config's micro-batch and accumulation where the file
     sets them (not "auto"); -B and --grad-accum given explicitly must agree with it."""
-    path = given.get("deepspeed_config")
+    path = _ds_path(given)
     if not path:
         return wl
     from ..training import ds_agreed

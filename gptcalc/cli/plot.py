@@ -9,15 +9,16 @@ import click
 from ..config import GPTConfig
 from ..workload import Workload
 from .extras import require
-from .options import (assumptions, model_name, model_options, pop_training, training_options,
-                      training_setup)
+from .options import (assumptions, model_name, model_options, out_dir_given, pop_training,
+                      training_options, training_setup)
 from .render import print_line
 
 
 @click.command("plot")
 @model_options
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("gptcalc-plots"), show_default=True, help="Directory for the PNGs.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              default=Path("gptcalc-plots"), show_default=True, callback=out_dir_given,
+              help="Directory for the PNGs.")
 @click.option("--measure", is_flag=True,
               help="Overlay points measured on the reference model (small sizes, CPU).")
 @training_options()

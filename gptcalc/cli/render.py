@@ -46,7 +46,7 @@ def envelope(cfg: GPTConfig | None, workload: Workload | None = None,
     return out
 
 
-def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
                 caption: str | None = None, total_row: Sequence[Any] | None = None) -> None:
     """A rich table; the first column is left-aligned, numbers to the right.
 

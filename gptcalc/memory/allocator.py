@@ -198,8 +198,9 @@ class CachingAllocator:
 
     def _new_segment(self, pool: _Pool, nbytes: int) -> _Block:
         segment = self._next_address
-        # segments at increasing, far-apart addresses (ties in best fit go to the older one)
-        self._next_address += 1 << 48
+        # segments at increasing, far-apart addresses (ties in best fit go to the older one);
+        # a segment of 2^48 bytes or more pushes the next one past its end
+        self._next_address += ((nbytes >> 48) + 1) << 48
         pool.reserved += nbytes
         if self.expandable:
             pool.tail[segment] = segment

@@ -148,12 +148,13 @@ def compiled_loss_transients(cfg: GPTConfig, workload: Workload, setup: Training
     V, a = -(-cfg.vocab_size // setup.tp), setup.act_bytes
     if setup.loss != "chunked":
         return {"forward": 0, "backward": workload.tokens * V * a}
-    from .losses import chunk_rows
+    from .losses import chunk_row
 
-    rows = chunk_rows(workload, setup.loss_chunks)
-    largest = max(rows) * V * a
-    if len(rows) > 1 and not setup.lora_rank:
-        head = 3 * V * cfg.embd_dim * a - (rows[-1] + rows[-2]) * V * a
+    n = setup.loss_chunks
+    largest = chunk_row(workload, n, 0) * V * a  # the first chunk is the widest
+    if n > 1 and not setup.lora_rank:
+        head = 3 * V * cfg.embd_dim * a - (chunk_row(workload, n, -1)
+                                           + chunk_row(workload, n, -2)) * V * a
         largest = max(largest, head)
     return {"forward": 0, "backward": largest}
 

@@ -163,8 +163,8 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
         Nk = N * cfg.n_expert_active
         if not targets & {"experts.gate", "experts.up"}:
             out.pop("layer/moe/expert_input", None)
-        if "experts.down" not in targets:
-            out["layer/moe/hidden"] -= n_moe * Nk * cfg.expert_dim * a
+        if "experts.down" not in targets and out.get("layer/moe/hidden"):  # none when
+            out["layer/moe/hidden"] -= n_moe * Nk * cfg.expert_dim * a  # checkpointed
     for key, nbytes in _first_block_unsaved(cfg, setup, targets, out, N * cfg.ffn_dim
                                             * setup.act_bytes).items():
         out[key] -= nbytes

@@ -29,8 +29,15 @@ def chunk_rows(workload: Workload, chunks: int) -> list[int]:
     """Rows (tokens) of each chunk of `torch.tensor_split(x, chunks, dim=1)` over a (b, S, .)
     tensor, in order: the first S mod n chunks have ceil(S / n) positions, the rest floor(S / n)
     (torch.tensor_split's documented rule), each times the micro-batch b."""
+    return [chunk_row(workload, chunks, i) for i in range(chunks)]
+
+
+def chunk_row(workload: Workload, chunks: int, i: int) -> int:
+    """Rows of chunk `i` of `chunk_rows` (negative: from the end), without listing the chunks:
+    the work stays O(1) whatever the count of chunks."""
     b, S = workload.batch_size, workload.seq_len
-    return [b * (S // chunks + (i < S % chunks)) for i in range(chunks)]
+    i = i % chunks
+    return b * (S // chunks + (i < S % chunks))
 
 
 def liger_chunk_rows(cfg: GPTConfig, workload: Workload) -> int:
@@ -93,16 +100,23 @@ def chunked_loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingS
     (the head's input gradients, N P, left out). A frozen head (LoRA) makes no weight
     gradient."""
     V, a, n = -(-cfg.vocab_size // setup.tp), setup.act_bytes, setup.loss_chunks
-    rows = chunk_rows(workload, n)
-    N = sum(rows)
+    last = chunk_row(workload, n, -1)
+    N = workload.tokens
     targets = 8 * N if workload.batch_size > 1 and n > 1 else 0
-    upcast = 4 * rows[-1] * V if a != 4 else 0
-    done, largest = 0, 0
-    for r in reversed(rows):
-        largest = max(largest, done + 2 * r * V * 4)
-        done += r * V * (a - 4)
+    upcast = 4 * last * V if a != 4 else 0
+    # from the last chunk back, chunk j's moment is done_j + 2 rows_j V 4, done_j (the chunks
+    # after it: rows V (a - 4), never positive as a <= 4) only falling: over the floor(S / n)
+    # chunks, then the ceil(S / n) ones, each run's largest moment is its first (closed form:
+    # any count of chunks costs O(1))
+    b, S = workload.batch_size, workload.seq_len
+    short, wide = n - S % n, S % n  # chunks of floor(S / n) positions, of ceil(S / n)
+    largest = 2 * last * V * 4
+    if short and wide:
+        largest = max(largest, short * b * (S // n) * V * (a - 4)
+                      + 2 * b * (S // n + 1) * V * 4)
     if n > 1 and not setup.lora_rank:  # the second chunk's weight-gradient sum in the head
-        head = 3 * V * cfg.embd_dim * a + (N - rows[-1] - rows[-2]) * V * a - N * V * 4
+        head = (3 * V * cfg.embd_dim * a + (N - last - chunk_row(workload, n, -2)) * V * a
+                - N * V * 4)
         largest = max(largest, head)
     return {"forward": upcast + targets, "backward": largest + targets}
 

@@ -113,7 +113,8 @@ def stage3_sub_group_elements(sizes: list[int], setup: TrainingSetup) -> list[in
     for i, p in enumerate(parts):
         acc += p
         if acc >= limit or i == len(parts) - 1:
-            groups, acc = groups + [acc], 0
+            groups.append(acc)  # in place: a copy per group was quadratic in the tensors
+            acc = 0
     return groups
 
 
