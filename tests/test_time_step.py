@@ -189,3 +189,25 @@ def test_a_card_without_network_figures_is_refused_by_name():
     finally:
         del catalogue.GPUS["bare"]
     assert r.exit_code == 2 and "--gpu" in r.stderr
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([1, 2, 8]), pp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([1, 2, 8]), cp=st.sampled_from([1, 2]), b=st.integers(1, 4),
+       engine=st.sampled_from([("fsdp2", 3), ("ddp", 0), ("deepspeed", 1), ("megatron", 0)]),
+       recompute=st.sampled_from(["none", "selective", "full"]),
+       mode=st.sampled_from(["bf16", "mixed", "fp32"]), compile_=st.sampled_from(["none",
+                                                                                  "blocks"]))
+def test_a_ranks_compute_is_computed_once_per_the_fields_it_reads(tp, pp, dp, cp, b, engine,
+                                                                   recompute, mode, compile_):
+    """micro_batch_compute keeps one result per layout-but-dp, precision, compile and
+    recomputation: a set-up seen first with another engine, stage or dp gives what the
+    computation itself gives for this one."""
+    from gptcalc.time.compute import _uncached_compute, micro_batch_compute
+
+    s = setup(tp=tp, pp=pp, dp=dp, cp=cp, sp=tp > 1, engine=engine[0], zero=engine[1],
+              recompute=recompute, mode=mode, compile=compile_)
+    other = dataclasses.replace(s, dp=dp * 2, engine="fsdp2", zero=2)
+    micro_batch_compute(LLAMA8, other, b, 4096, H100)  # seen first
+    assert micro_batch_compute(LLAMA8, s, b, 4096, H100) == _uncached_compute(
+        LLAMA8, s, b, 4096, H100)
