@@ -30,9 +30,10 @@ data-parallel buffers, so dp = 1 is compared with itself only) and as recomputat
 time (its executed FLOPs at the card's best efficiency, no memory traffic, communication or
 bubble): a layout's memory is evaluated only when it could rank, a group of layouts (tp, pp,
 cp, schedule, engine, stage, one replica or several) that does not fit at its largest dp with
-full recomputation is never evaluated again, and every step peak is computed once, for the
-ranking and the fewest-GPU answer alike. The search stops after `max_evaluations` step peaks
-and says so.
+full recomputation is never evaluated again, a pipeline's micro-batch whose first or last
+rank alone overflows is ruled out before every rank is replayed, and every step peak is
+computed once, for the ranking and the fewest-GPU answer alike. The search stops after
+`max_evaluations` step peaks and says so.
 """
 
 from __future__ import annotations
