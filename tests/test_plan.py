@@ -390,3 +390,34 @@ def test_cli_gpus_and_deadline_and_the_tie_rule():
     assert fast["plans"] == []
     r = run(*base, "--tokens", "1e6")
     assert r.exit_code == 2 and "--days" in r.stderr
+
+
+def test_the_time_bound_never_exceeds_a_step_time(brute):
+    # the search pops layouts by this bound (FLOPs at the best efficiency, the bubble's slots
+    # of one sequence): a plan ranks correctly only if it is below every micro-batch's time
+    from gptcalc.plan import _lower_bound
+    from gptcalc.time import step_time
+
+    cfg, peaks = brute
+    bound = _lower_bound(cfg, SEQ, H100, "bf16", False)
+    for layout, by_b in peaks.items():
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        for b in by_b:
+            s = step_time(cfg, setup, b, SEQ, n // b, H100).step_seconds
+            assert bound(layout, BATCH) <= s, (layout, b)
+
+
+def test_a_ranks_peak_is_at_most_the_step_peak(brute):
+    # a pipeline micro-batch is ruled out when its first or last rank alone overflows
+    from gptcalc.memory.peak import step_account, step_peak
+
+    cfg, peaks = brute
+    for layout in [x for x in peaks if x.pp > 1][::7]:
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        for b in peaks[layout]:
+            w = Workload(b, SEQ, n // b)
+            whole = step_peak(cfg, w, setup).bytes
+            assert whole == peaks[layout][b]
+            for stage in ("first", "last"):
+                account = step_account(cfg, w, setup, stage)
+                assert account.totals[account.peak_phase] <= whole
