@@ -50,6 +50,7 @@ from .params import count_params
 from .gpus import GPU, require_peak
 from .memory import step_peak, validate_setup
 from .memory.peak import step_account
+from .schedules import stage_hold
 from .memory.engines import engine_named, names
 from .training import resolve_training
 from .time import step_time
@@ -225,7 +226,7 @@ def layout_setup(cfg: GPTConfig, layout: Layout, given: Mapping[str, Any] | None
     return resolve_training(cfg, sections, options, from_hf)[0]
 
 
-def states_lower_bound(cfg: GPTConfig, setup: TrainingSetup) -> int:
+def states_lower_bound(cfg: GPTConfig, setup: TrainingSetup, gradients: bool = True) -> int:
     """Bytes every step peak of `setup` holds at least on its most loaded rank, at the
     optimizer step: its share of the model (tp x pp) as weights (over dp x cp under ZeRO-3)
     and gradients (over dp x cp from ZeRO-2) in their stored dtype, and for AdamW its two
@@ -239,10 +240,24 @@ def states_lower_bound(cfg: GPTConfig, setup: TrainingSetup) -> int:
     params = count_params(cfg).total / (setup.tp * setup.pp)
     shard = setup.dp * setup.cp
     weights = params * setup.weight_bytes / (shard if setup.zero == 3 else 1)
-    grads = params * setup.weight_bytes / (shard if setup.zero >= 2 else 1)
+    grads = params * setup.weight_bytes / (shard if setup.zero >= 2 else 1) if gradients else 0
     sharded = setup.zero >= 1 or (setup.engine == "megatron" and setup.distributed_optimizer)
     states = (8 + (4 if setup.mode == "mixed" else 0)) * params / (shard if sharded else 1)
     return int(weights + grads + states)
+
+
+def activations_lower_bound(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """Bytes of saved activations the first pipeline rank (the only rank without one) holds
+    at least at its heaviest moment: every block of each micro-batch alive then
+    (`schedules.stage_hold`'s held_layers) keeps at least its input, b S/cp E in the residual
+    stream's dtype, sequence-sharded over tp under sp (what full recomputation saves of a
+    block; the other recomputations save it and more). 0 where activations can leave the GPU
+    (offloaded) or the set-up is outside `states_lower_bound`'s scope."""
+    if setup.offload_activations or states_lower_bound(cfg, setup) == 0:
+        return 0
+    held = stage_hold(cfg, workload, setup, "first").held_layers
+    tokens = workload.batch_size * workload.seq_len // setup.cp
+    return held * tokens * cfg.n_embd * setup.stream_bytes // (setup.tp if setup.sp else 1)
 
 
 class _Evaluator:
@@ -280,9 +295,18 @@ class _Evaluator:
 
     def fits(self, setup: TrainingSetup, b: int) -> bool:
         accum = self.batch // (setup.dp * b)
-        if (setup, b, accum) not in self.peaks and self.rank_exceeds(setup, b, accum):
+        if (setup, b, accum) not in self.peaks and (
+                self.bound_exceeds(setup, b, accum) or self.rank_exceeds(setup, b, accum)):
             return False
         return self.peak(setup, b) <= self.budget
+
+    def bound_exceeds(self, setup: TrainingSetup, b: int, accum: int) -> bool:
+        """Whether the first rank's weights and optimizer states (`states_lower_bound`
+        without the gradients, which an early moment may not hold yet) and the block inputs
+        it saves (`activations_lower_bound`) alone overflow the budget."""
+        workload = Workload(b, self.seq_len, accum)
+        return (states_lower_bound(self.cfg, setup, gradients=False)
+                + activations_lower_bound(self.cfg, workload, setup)) > self.budget
 
     def rank_exceeds(self, setup: TrainingSetup, b: int, accum: int) -> bool:
         """Whether the first or the last pipeline rank alone overflows the budget: the step
@@ -456,7 +480,10 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     def evaluate(layout: Layout, by: str) -> tuple | None:
         if len(ev.peaks) >= max_evaluations:
             raise _Capped
-        if not ev.gate(layout, largest[layout.group]):
+        # by GPUs the gate's own evaluation (the group's most replicas) is rarely one the
+        # answer needs: it is asked only where it is known already
+        gated = by == "time" or layout.group in ev.gates
+        if gated and not ev.gate(layout, largest[layout.group]):
             return None
         full = dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[-1])
         if by == "gpus" and full != layout and not ev.micro_batch(full):
@@ -549,5 +576,5 @@ __all__ = ["CP_SIZES", "DEFAULT_MAX_EVALUATIONS", "DEFAULT_MAX_GPUS", "DEFAULT_T
            "MIN_CP_CHUNK", "PLANNED_RECOMPUTE", "TIE_RULE", "TP_SIZES",
            "Closest", "Layout", "Plan", "PlanSearch", "bubble_fraction", "candidate_layouts",
            "divisors", "engine_stages", "global_batch", "layout_setup", "search",
-           "states_lower_bound",
+           "states_lower_bound", "activations_lower_bound",
            "step_seconds"]

@@ -421,3 +421,20 @@ def test_a_ranks_peak_is_at_most_the_step_peak(brute):
             for stage in ("first", "last"):
                 account = step_account(cfg, w, setup, stage)
                 assert account.totals[account.peak_phase] <= whole
+
+
+def test_the_first_ranks_bound_never_exceeds_its_peak(brute):
+    # a micro-batch is ruled out when the first rank's weights, optimizer states and saved
+    # block inputs alone overflow: the bound must be below that rank's peak at every B
+    from gptcalc.memory.peak import step_account
+    from gptcalc.plan import activations_lower_bound, states_lower_bound
+
+    cfg, peaks = brute
+    for layout, by_b in peaks.items():
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        for b in by_b:
+            w = Workload(b, SEQ, n // b)
+            account = step_account(cfg, w, setup, "first")
+            bound = states_lower_bound(cfg, setup, gradients=False) \
+                + activations_lower_bound(cfg, w, setup)
+            assert 0 < bound <= account.totals[account.peak_phase], (layout, b)
