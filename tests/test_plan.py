@@ -438,3 +438,31 @@ def test_the_first_ranks_bound_never_exceeds_its_peak(brute):
             bound = states_lower_bound(cfg, setup, gradients=False) \
                 + activations_lower_bound(cfg, w, setup)
             assert 0 < bound <= account.totals[account.peak_phase], (layout, b)
+
+
+@pytest.mark.parametrize("q", [0, 2, 3])
+def test_the_pruned_search_ranks_as_an_exhaustive_one(brute, q):
+    # every layout's peak at every micro-batch (brute force), the plan's micro-batch by the
+    # module's rule, its step time, then sorted by the tie rule: the search's whole ranking
+    # and its fewest-GPU answer are that list's, step peaks pruned or not
+    from gptcalc.time import step_time
+
+    cfg, peaks = brute
+    budget = _budgets(peaks)[q]
+    rows = []
+    for layout, by_b in peaks.items():
+        fits = sorted(b for b, peak in by_b.items() if peak <= budget)
+        if not fits:
+            continue
+        b = fits[-1] if layout.pp == 1 else fits[0]
+        s = step_time(cfg, _setup(cfg, layout), b, SEQ, BATCH // (layout.dp * b),
+                      H100).step_seconds
+        ties = (layout.pp, layout.tp, PLANNED_RECOMPUTE.index(layout.recompute), by_b[b],
+                layout.cp, layout.schedule, layout.engine, layout.zero, layout.dp)
+        rows.append(((s, layout.gpus, *ties), (layout.gpus, s, *ties), layout, b))
+    found = _search(cfg, budget)
+    assert [(p.layout, p.micro_batch) for p in found.plans] == [
+        (x[2], x[3]) for x in sorted(rows, key=lambda x: x[0])]
+    fewest = min(rows, key=lambda x: x[1]) if rows else None
+    assert (found.fewest.layout, found.fewest.micro_batch) == (fewest[2], fewest[3]) \
+        if fewest else found.fewest is None
