@@ -30,9 +30,10 @@ data-parallel buffers, so dp = 1 is compared with itself only) and as recomputat
 time (its executed FLOPs at the card's best efficiency, no memory traffic, communication or
 bubble): a layout's memory is evaluated only when it could rank, a group of layouts (tp, pp,
 cp, schedule, engine, stage, one replica or several) that does not fit at its largest dp with
-full recomputation is never evaluated again, and every step peak is computed once, for the
-ranking and the fewest-GPU answer alike. The search stops after `max_evaluations` step peaks
-and says so.
+full recomputation is never evaluated again, a pipeline's micro-batch whose first or last
+rank alone overflows is ruled out before every rank is replayed, and every step peak is
+computed once, for the ranking and the fewest-GPU answer alike. The search stops after
+`max_evaluations` step peaks and says so.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from .flops import count_flops
 from .params import count_params
 from .gpus import GPU, require_peak
 from .memory import step_peak, validate_setup
+from .memory.peak import step_account
+from .schedules import stage_hold
 from .memory.engines import engine_named, names
 from .training import resolve_training
 from .time import step_time
@@ -223,7 +226,7 @@ def layout_setup(cfg: GPTConfig, layout: Layout, given: Mapping[str, Any] | None
     return resolve_training(cfg, sections, options, from_hf)[0]
 
 
-def states_lower_bound(cfg: GPTConfig, setup: TrainingSetup) -> int:
+def states_lower_bound(cfg: GPTConfig, setup: TrainingSetup, gradients: bool = True) -> int:
     """Bytes every step peak of `setup` holds at least on its most loaded rank, at the
     optimizer step: its share of the model (tp x pp) as weights (over dp x cp under ZeRO-3)
     and gradients (over dp x cp from ZeRO-2) in their stored dtype, and for AdamW its two
@@ -237,10 +240,24 @@ def states_lower_bound(cfg: GPTConfig, setup: TrainingSetup) -> int:
     params = count_params(cfg).total / (setup.tp * setup.pp)
     shard = setup.dp * setup.cp
     weights = params * setup.weight_bytes / (shard if setup.zero == 3 else 1)
-    grads = params * setup.weight_bytes / (shard if setup.zero >= 2 else 1)
+    grads = params * setup.weight_bytes / (shard if setup.zero >= 2 else 1) if gradients else 0
     sharded = setup.zero >= 1 or (setup.engine == "megatron" and setup.distributed_optimizer)
     states = (8 + (4 if setup.mode == "mixed" else 0)) * params / (shard if sharded else 1)
     return int(weights + grads + states)
+
+
+def activations_lower_bound(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> int:
+    """Bytes of saved activations the first pipeline rank (the only rank without one) holds
+    at least at its heaviest moment: every block of each micro-batch alive then
+    (`schedules.stage_hold`'s held_layers) keeps at least its input, b S/cp E in the residual
+    stream's dtype, sequence-sharded over tp under sp (what full recomputation saves of a
+    block; the other recomputations save it and more). 0 where activations can leave the GPU
+    (offloaded) or the set-up is outside `states_lower_bound`'s scope."""
+    if setup.offload_activations or states_lower_bound(cfg, setup) == 0:
+        return 0
+    held = stage_hold(cfg, workload, setup, "first").held_layers
+    tokens = workload.batch_size * workload.seq_len // setup.cp
+    return held * tokens * cfg.n_embd * setup.stream_bytes // (setup.tp if setup.sp else 1)
 
 
 class _Evaluator:
@@ -255,6 +272,7 @@ class _Evaluator:
         self.failed: dict[tuple, list[tuple[int, int]]] = {}  # group -> (dp, recompute index)
         self.gates: dict[tuple, bool] = {}
         self.closest: Closest | None = None
+        self.missed: list[tuple[Layout, TrainingSetup]] = []  # valid layouts that failed
         self.pruned: list[tuple[Layout, TrainingSetup]] = []  # by the states bound alone
 
     def setup(self, layout: Layout) -> TrainingSetup | None:
@@ -276,7 +294,32 @@ class _Evaluator:
         return self.peaks[key]
 
     def fits(self, setup: TrainingSetup, b: int) -> bool:
+        accum = self.batch // (setup.dp * b)
+        if (setup, b, accum) not in self.peaks and (
+                self.bound_exceeds(setup, b, accum) or self.rank_exceeds(setup, b, accum)):
+            return False
         return self.peak(setup, b) <= self.budget
+
+    def bound_exceeds(self, setup: TrainingSetup, b: int, accum: int) -> bool:
+        """Whether the first rank's weights and optimizer states (`states_lower_bound`
+        without the gradients, which an early moment may not hold yet) and the block inputs
+        it saves (`activations_lower_bound`) alone overflow the budget."""
+        workload = Workload(b, self.seq_len, accum)
+        return (states_lower_bound(self.cfg, setup, gradients=False)
+                + activations_lower_bound(self.cfg, workload, setup)) > self.budget
+
+    def rank_exceeds(self, setup: TrainingSetup, b: int, accum: int) -> bool:
+        """Whether the first or the last pipeline rank alone overflows the budget: the step
+        peak is the largest over the ranks (`step_peak`), those two among them, so it
+        overflows too; one rank's account instead of every distinct rank's."""
+        if setup.pp == 1:
+            return False
+        workload = Workload(b, self.seq_len, accum)
+        for stage in ("first", "last"):
+            account = step_account(self.cfg, workload, setup, stage)
+            if account.totals[account.peak_phase] > self.budget:
+                return True
+        return False
 
     def states_exceed(self, setup: TrainingSetup) -> bool:
         """Whether the states alone overflow the budget (`states_lower_bound`): no micro-batch
@@ -290,11 +333,16 @@ class _Evaluator:
         return any(dp >= layout.dp and rf >= r for dp, rf in self.failed.get(layout.group, ()))
 
     def fail(self, layout: Layout, setup: TrainingSetup | None) -> None:
-        """Record a layout no micro-batch fits (and the nearest miss of a valid one)."""
+        """Record a layout no micro-batch fits (its nearest miss is found only when nothing
+        fits: `nearest`)."""
         self.failed.setdefault(layout.group, []).append(
             (layout.dp, PLANNED_RECOMPUTE.index(layout.recompute)))
-        if setup is None:
-            return
+        if setup is not None:
+            self.missed.append((layout, setup))
+
+    def nearest(self, layout: Layout, setup: TrainingSetup) -> None:
+        """Keep the layout's smallest peak (B = 1 or the whole share) if it is the nearest
+        miss so far."""
         n = self.batch // layout.dp
         b = min((1, n), key=lambda x: self.peak(setup, x))
         if self.closest is None or self.peak(setup, b) < self.closest.peak:
@@ -344,17 +392,20 @@ class _Capped(Exception):
     """The search reached its bound on step peaks."""
 
 
-def _lower_bound(cfg: GPTConfig, seq_len: int, g: GPU, precision: str,
-                 setup_for: Callable[[Layout], TrainingSetup]) -> Callable[[Layout, int], float]:
+def _lower_bound(cfg: GPTConfig, seq_len: int, g: GPU, precision: str, float8: bool
+                 ) -> Callable[[Layout, int], float]:
     """A lower bound of a layout's step seconds for `batch` sequences: the FLOPs its compute
     model executes (causal attention, a flash-type backward, the recomputation) spread evenly
-    over its GPUs at the card's best peak and best efficiency; no memory traffic,
-    communication or bubble. 0.9 of it, against rounding of the per-rank shares."""
+    over its GPUs at the card's best peak and best efficiency, and the pipeline bubble's
+    (pp - 1) / v slots of one sequence (the smallest micro-batch) at that rate; no memory
+    traffic or communication. 0.9 of it, against rounding of the per-rank shares."""
     from .time.compute import ATTENTION_EFFICIENCY, MATMUL_EFFICIENCY
 
     eff = max(g.matmul_efficiency or MATMUL_EFFICIENCY,
               g.attention_efficiency or ATTENTION_EFFICIENCY)
-    peaks = {p for p in (precision, "fp8") if g.peak_flops(p) is not None}
+    # float8 Linears (the set-ups' `float8`, one for every layout) run at the fp8 peak
+    peaks = {p for p in (precision, "fp8" if float8 else precision)
+             if g.peak_flops(p) is not None}
     fastest = max(require_peak(g, p) for p in peaks)
     per_sequence = {}
     for r in PLANNED_RECOMPUTE:
@@ -363,7 +414,11 @@ def _lower_bound(cfg: GPTConfig, seq_len: int, g: GPU, precision: str,
         per_sequence[r] = fc.hardware_total - 3 * fc.forward.get("embedding/proj", 0)
 
     def bound(layout: Layout, batch: int) -> float:
-        return 0.9 * batch * per_sequence[layout.recompute] / (layout.gpus * fastest * eff)
+        # the bubble: (pp - 1) / v slots of at least one sequence each (B >= 1), the
+        # schedules planned (1F1B, interleaved 1F1B) leave no slot's compute unexposed
+        sequences = batch / layout.dp + (layout.pp - 1) / layout.virtual
+        return 0.9 * sequences * per_sequence[layout.recompute] / (
+            layout.gpus / layout.dp * fastest * eff)
     return bound
 
 
@@ -401,14 +456,21 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     for layout in layouts:
         largest[layout.group] = max(largest.get(layout.group, 0), layout.dp)
     ev = _Evaluator(cfg, seq_len, batch, budget, setup_for)
-    bound = _lower_bound(cfg, seq_len, gpu, precision, setup_for)
+    probe = next((x for x in (ev.setup(y) for y in layouts) if x is not None), None)
+    bound = _lower_bound(cfg, seq_len, gpu, precision,
+                         probe is None or probe.float8 != "none")
+
+    times: dict[tuple[Layout, int], float] = {}  # step seconds by layout and micro-batch
 
     def seconds(layout: Layout, setup: TrainingSetup, b: int) -> float:
         m = batch // (layout.dp * b)
         if mfu is not None:
             return step_seconds(batch * flops[layout.recompute].hardware_total, layout.gpus,
                                 peak_flops, mfu, layout.pp, m)
-        return step_time(cfg, setup, b, seq_len, m, gpu, precision, node).step_seconds
+        if (layout, b) not in times:
+            times[layout, b] = step_time(cfg, setup, b, seq_len, m, gpu, precision,
+                                         node).step_seconds
+        return times[layout, b]
 
     def key(layout: Layout, s: float, peak: int, by: str) -> tuple:
         ties = (layout.pp, layout.tp, PLANNED_RECOMPUTE.index(layout.recompute), peak,
@@ -418,7 +480,10 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     def evaluate(layout: Layout, by: str) -> tuple | None:
         if len(ev.peaks) >= max_evaluations:
             raise _Capped
-        if not ev.gate(layout, largest[layout.group]):
+        # by GPUs the gate's own evaluation (the group's most replicas) is rarely one the
+        # answer needs: it is asked only where it is known already
+        gated = by == "time" or layout.group in ev.gates
+        if gated and not ev.gate(layout, largest[layout.group]):
             return None
         full = dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[-1])
         if by == "gpus" and full != layout and not ev.micro_batch(full):
@@ -454,14 +519,17 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         if setup is None:
             return None
         n = batch // layout.dp
-        s = min(step_time(cfg, setup, b, seq_len, n // b, gpu, precision, node).step_seconds
-                for b in ((n,) if layout.pp == 1 else divisors(n)))
+        s = min(seconds(layout, setup, b) for b in ((n,) if layout.pp == 1 else divisors(n)))
         if max_step_seconds is not None and s > max_step_seconds:
             return None
         return key(layout, s, 0, by)
 
     def ranked(by: str, first: int | None) -> list[Plan]:
-        return _best_first([(bound_key(x, by), i, 0, None, x) for i, x in enumerate(candidates)],
+        # by GPUs every layout on fewer GPUs than the answer has its memory evaluated: a
+        # tighter time bound first would only add a step time to each
+        stage = 1 if by == "gpus" else 0
+        return _best_first([(bound_key(x, by), i, stage, None, x)
+                            for i, x in enumerate(candidates)],
                            lambda x: evaluate(x, by), lambda x: refine(x, by), first)
 
     candidates = [layout for layout in layouts if max_step_seconds is None or (
@@ -475,9 +543,9 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         fewest = next(iter(ranked("gpus", 1)), None)
     except _Capped:
         capped = True
-    if not plans and not capped:  # the nearest miss may be among those the bound skipped
-        for layout, setup in ev.pruned:
-            ev.fail(layout, setup)
+    if not plans and not capped:  # the nearest miss among the layouts that failed
+        for layout, setup in ev.missed + ev.pruned:
+            ev.nearest(layout, setup)
     return PlanSearch(plans, None if plans else ev.closest, len(layouts), len(ev.peaks),
                       fewest, capped)
 
@@ -508,5 +576,5 @@ __all__ = ["CP_SIZES", "DEFAULT_MAX_EVALUATIONS", "DEFAULT_MAX_GPUS", "DEFAULT_T
            "MIN_CP_CHUNK", "PLANNED_RECOMPUTE", "TIE_RULE", "TP_SIZES",
            "Closest", "Layout", "Plan", "PlanSearch", "bubble_fraction", "candidate_layouts",
            "divisors", "engine_stages", "global_batch", "layout_setup", "search",
-           "states_lower_bound",
+           "states_lower_bound", "activations_lower_bound",
            "step_seconds"]

@@ -191,15 +191,28 @@ def stage_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: 
     return _replayed_hold(cfg, workload, setup, stage)
 
 
-@lru_cache(maxsize=4096)  # every term of a stage's peak asks; the replay is O(m v) actions
+@dataclass(frozen=True)
+class _Schedule:
+    """What a replay reads of a set-up: the stages, the schedule and its chunks per stage."""
+
+    pp: int
+    pp_schedule: str
+    pp_virtual: int
+
+
 def _replayed_hold(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage: Stage
                    ) -> StageHold:
-    """`stage_hold` under pipelining: the blocks alive kept as a running sum over the
-    replayed actions."""
-    r = pp_rank(setup, stage)
-    m = micro_batches(workload, setup)
+    """`stage_hold` under pipelining, replayed once per (blocks, schedule, micro-batches,
+    rank): nothing else of the model, the workload or the set-up changes it."""
+    return _hold(cfg.n_layer, _Schedule(setup.pp, setup.pp_schedule, setup.pp_virtual),
+                 micro_batches(workload, setup), pp_rank(setup, stage))
+
+
+@lru_cache(maxsize=8192)  # every term of a stage's peak asks; the replay is O(m v) actions
+def _hold(n_layer: int, setup: _Schedule, m: int, r: int) -> StageHold:
+    """`_replayed_hold`: the blocks alive kept as a running sum over the replayed actions."""
     chunks = rank_chunks(setup, r)
-    split = chunk_layers(cfg.n_layer, setup.pp * setup.pp_virtual)
+    split = chunk_layers(n_layer, setup.pp * setup.pp_virtual)
     last = setup.pp * setup.pp_virtual - 1
     alive: set[tuple[int, int]] = set()
     per = [0] * len(chunks)  # micro-batches alive, per local chunk

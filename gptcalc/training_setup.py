@@ -285,7 +285,9 @@ class TrainingSetup:
                 "chunked": f"chunked loss ({self.loss_chunks} chunks, torchtune)"}[self.loss]
         if self.loss == "fused":
             return loss + ", no logits"
-        if self.pp > 1 and not self.keep_logits:
+        if self.pp > 1 and not self.keep_logits and self.engine != "megatron":
+            # torch.distributed.pipelining's last stage keeps its outputs to merge them;
+            # Megatron-LM's keeps only each micro-batch's loss (engines.pipeline.merges_outputs)
             return loss + ", logits kept through backward (the pipeline merges outputs)"
         return loss + (", logits kept through backward" if self.keep_logits
                        else ", logits dropped before backward")

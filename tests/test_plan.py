@@ -390,3 +390,79 @@ def test_cli_gpus_and_deadline_and_the_tie_rule():
     assert fast["plans"] == []
     r = run(*base, "--tokens", "1e6")
     assert r.exit_code == 2 and "--days" in r.stderr
+
+
+def test_the_time_bound_never_exceeds_a_step_time(brute):
+    # the search pops layouts by this bound (FLOPs at the best efficiency, the bubble's slots
+    # of one sequence): a plan ranks correctly only if it is below every micro-batch's time
+    from gptcalc.plan import _lower_bound
+    from gptcalc.time import step_time
+
+    cfg, peaks = brute
+    bound = _lower_bound(cfg, SEQ, H100, "bf16", False)
+    for layout, by_b in peaks.items():
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        for b in by_b:
+            s = step_time(cfg, setup, b, SEQ, n // b, H100).step_seconds
+            assert bound(layout, BATCH) <= s, (layout, b)
+
+
+def test_a_ranks_peak_is_at_most_the_step_peak(brute):
+    # a pipeline micro-batch is ruled out when its first or last rank alone overflows
+    from gptcalc.memory.peak import step_account, step_peak
+
+    cfg, peaks = brute
+    for layout in [x for x in peaks if x.pp > 1][::7]:
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        for b in peaks[layout]:
+            w = Workload(b, SEQ, n // b)
+            whole = step_peak(cfg, w, setup).bytes
+            assert whole == peaks[layout][b]
+            for stage in ("first", "last"):
+                account = step_account(cfg, w, setup, stage)
+                assert account.totals[account.peak_phase] <= whole
+
+
+def test_the_first_ranks_bound_never_exceeds_its_peak(brute):
+    # a micro-batch is ruled out when the first rank's weights, optimizer states and saved
+    # block inputs alone overflow: the bound must be below that rank's peak at every B
+    from gptcalc.memory.peak import step_account
+    from gptcalc.plan import activations_lower_bound, states_lower_bound
+
+    cfg, peaks = brute
+    for layout, by_b in peaks.items():
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        for b in by_b:
+            w = Workload(b, SEQ, n // b)
+            account = step_account(cfg, w, setup, "first")
+            bound = states_lower_bound(cfg, setup, gradients=False) \
+                + activations_lower_bound(cfg, w, setup)
+            assert 0 < bound <= account.totals[account.peak_phase], (layout, b)
+
+
+@pytest.mark.parametrize("q", [0, 2, 3])
+def test_the_pruned_search_ranks_as_an_exhaustive_one(brute, q):
+    # every layout's peak at every micro-batch (brute force), the plan's micro-batch by the
+    # module's rule, its step time, then sorted by the tie rule: the search's whole ranking
+    # and its fewest-GPU answer are that list's, step peaks pruned or not
+    from gptcalc.time import step_time
+
+    cfg, peaks = brute
+    budget = _budgets(peaks)[q]
+    rows = []
+    for layout, by_b in peaks.items():
+        fits = sorted(b for b, peak in by_b.items() if peak <= budget)
+        if not fits:
+            continue
+        b = fits[-1] if layout.pp == 1 else fits[0]
+        s = step_time(cfg, _setup(cfg, layout), b, SEQ, BATCH // (layout.dp * b),
+                      H100).step_seconds
+        ties = (layout.pp, layout.tp, PLANNED_RECOMPUTE.index(layout.recompute), by_b[b],
+                layout.cp, layout.schedule, layout.engine, layout.zero, layout.dp)
+        rows.append(((s, layout.gpus, *ties), (layout.gpus, s, *ties), layout, b))
+    found = _search(cfg, budget)
+    assert [(p.layout, p.micro_batch) for p in found.plans] == [
+        (x[2], x[3]) for x in sorted(rows, key=lambda x: x[0])]
+    fewest = min(rows, key=lambda x: x[1]) if rows else None
+    assert (found.fewest.layout, found.fewest.micro_batch) == (fewest[2], fewest[3]) \
+        if fewest else found.fewest is None

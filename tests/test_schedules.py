@@ -131,3 +131,29 @@ def test_the_schedules_refuse_what_torch_refuses():
     with pytest.raises(ConfigError) as e:
         TrainingSetup(pp=2, pp_virtual=2)
     assert e.value.field == "pp_virtual"
+
+
+@pytest.mark.parametrize("engine, zero, merges", [("megatron", 0, False), ("fsdp2", 3, True),
+                                                  ("ddp", 0, True)])
+def test_the_last_stage_keeps_outputs_only_under_torchs_pipelining(engine, zero, merges):
+    """torch.distributed.pipelining's last stage appends every micro-batch's output to
+    `output_chunks` to merge them (`save_forward_output`, stage.py, torch 2.13; measured by
+    the pipelining twins); Megatron-LM's forward step replaces the last stage's output by
+    `loss_func(output_tensor)` (`forward_step_calc_loss`,
+    megatron/core/pipeline_parallel/schedules.py, NVIDIA/Megatron-LM commit 00611e6e), so its
+    last stage keeps one loss per micro-batch and no logits beyond the current one's."""
+    from gptcalc.memory.engines.pipeline import KEPT_LOGITS, merges_outputs
+    from gptcalc.memory.ledger import Phase
+    from gptcalc.memory.peak import step_account
+    from gptcalc.training import resolve_training
+
+    cfg = from_name("gpt2")
+    m = 4
+    setup = resolve_training(cfg, None, {"pp": 2, "engine": engine, "dp": 2,
+                                         "zero": zero})[0]
+    workload = Workload(2, 256, m)
+    assert merges_outputs(setup) is merges
+    ledger = step_account(cfg, workload, setup, "last").ledger
+    logits = 2 * 256 * cfg.vocab_size * setup.act_bytes  # one micro-batch's, b S V
+    for phase in (Phase.BACKWARD_START, Phase.BACKWARD_END):
+        assert ledger.get(phase, KEPT_LOGITS) == ((m - 1) * logits if merges else 0)

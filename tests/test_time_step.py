@@ -189,3 +189,63 @@ def test_a_card_without_network_figures_is_refused_by_name():
     finally:
         del catalogue.GPUS["bare"]
     assert r.exit_code == 2 and "--gpu" in r.stderr
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([1, 2, 8]), pp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([1, 2, 8]), cp=st.sampled_from([1, 2]), b=st.integers(1, 4),
+       engine=st.sampled_from([("fsdp2", 3), ("ddp", 0), ("deepspeed", 1), ("megatron", 0)]),
+       recompute=st.sampled_from(["none", "selective", "full"]),
+       mode=st.sampled_from(["bf16", "mixed", "fp32"]), compile_=st.sampled_from(["none",
+                                                                                  "blocks"]))
+def test_a_ranks_compute_is_computed_once_per_the_fields_it_reads(tp, pp, dp, cp, b, engine,
+                                                                   recompute, mode, compile_):
+    """micro_batch_compute keeps one result per layout-but-dp, precision, compile and
+    recomputation: a set-up seen first with another engine, stage or dp gives what the
+    computation itself gives for this one."""
+    from gptcalc.time.compute import _uncached_compute, micro_batch_compute
+
+    s = setup(tp=tp, pp=pp, dp=dp, cp=cp, sp=tp > 1, engine=engine[0], zero=engine[1],
+              recompute=recompute, mode=mode, compile=compile_)
+    other = dataclasses.replace(s, dp=dp * 2, engine="fsdp2", zero=2)
+    micro_batch_compute(LLAMA8, other, b, 4096, H100)  # seen first
+    assert micro_batch_compute(LLAMA8, s, b, 4096, H100) == _uncached_compute(
+        LLAMA8, s, b, 4096, H100)
+
+
+def test_fsdp_exposes_the_first_gather_and_the_last_reduce_scatter_and_slows_what_it_hides():
+    """Llama 3 8B on 8 H100s, FSDP2 ZeRO-3: the collectives hide behind compute but for each
+    micro-batch's first all-gather and the step's last reduce-scatter; the hidden rest slows
+    the compute it overlaps by 18.9% of its time (arXiv 2507.03114's average)."""
+    from gptcalc.time.step import OVERLAP_SLOWDOWN
+
+    assert OVERLAP_SLOWDOWN == 0.189
+    m = 4
+    t = step_time(LLAMA8, setup(dp=8, mode="mixed"), 2, 8192, m, H100)
+    fsdp = [x for x in t.collectives if x.collective.part == "fsdp"]
+    gather = next(x for x in fsdp if x.collective.kind == "all-gather")
+    scatter = next(x for x in fsdp if x.collective.kind == "reduce-scatter")
+    exposed = m * gather.seconds / gather.collective.count \
+        + scatter.seconds / scatter.collective.count
+    total = sum(x.seconds for x in fsdp)
+    assert total < t.parts["compute"] / 3  # hidden but for the two ends
+    assert t.parts["comm/fsdp"] == pytest.approx(exposed + 0.189 * (total - exposed))
+
+
+def test_fsdp_gathers_beyond_the_forward_are_exposed_on_a_slow_network():
+    """The forward's gathers hide behind the forward alone: on a network slow enough that they
+    outlast it, the excess is exposed, even where all collectives would fit in all compute."""
+    s = setup(dp=64, mode="mixed")
+    fast = step_time(LLAMA8, s, 2, 8192, 1, H100)
+    fwd_gathers = sum(x.seconds for x in fast.collectives if x.collective.kind ==
+                      "all-gather") / 2
+    compute = fast.parts["compute"]
+    # an inter-node bandwidth at which the forward's gathers take 60% of all compute: more
+    # than the forward (a third), all collectives (gathers x 2 + fp32 reduce-scatters) less
+    # than twice the compute
+    slow = step_time(LLAMA8, s, 2, 8192, 1, H100,
+                     inter=H100.inter_node_busbw * fwd_gathers / (0.6 * compute))
+    gathers = [x for x in slow.collectives if x.collective.kind == "all-gather"]
+    ahead = sum(x.seconds for x in gathers) / 2
+    assert ahead > slow.parts["compute"] / 3
+    assert slow.parts["comm/fsdp"] > ahead - slow.parts["compute"] / 3 > 0

@@ -132,15 +132,17 @@ def fused_loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSet
     return {"forward": rows * (cfg.vocab_size + cfg.embd_dim) * a, "backward": 0}
 
 
-def logits_alive(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict[str, int]:
+def logits_alive(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                 merged: bool = True) -> dict[str, int]:
     """The model's logits, b S V' in the compute dtype, at the forward's end (the loss reads
-    them) and from the backward's start to its end (only where the training loop keeps them:
-    no node of the loss saves them); the fused loss never makes them."""
+    them) and from the backward's start to its end (only where the training loop keeps them,
+    or a pipeline whose last stage keeps its outputs, `merged`: no node of the loss saves
+    them); the fused loss never makes them."""
     if setup.loss == "fused":
         return {"forward": 0, "backward": 0}
     v_shard = -(-cfg.vocab_size // setup.tp)
     logits = workload.batch_size * workload.seq_len * v_shard * setup.act_bytes
-    kept = setup.keep_logits or setup.pp > 1
+    kept = setup.keep_logits or (setup.pp > 1 and merged)
     return {"forward": logits, "backward": logits if kept else 0}
 
 

@@ -418,7 +418,7 @@ def rank_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     saved = sum(kept_acts.values())
     holds_head = setup.pp == 1 or stage_holds_head(setup, stage)
     # the logits as the loss reads them, and as the training loop holds them through backward
-    alive = logits_alive(cfg, workload, setup)
+    alive = logits_alive(cfg, workload, setup, engine_for(setup).torch_pipelining)
     logits = alive["forward"] if holds_head else 0
     kept = alive["backward"] if holds_head else 0
     # a compiled loss saves the logits (a saved line) until its backward; the loop's own

@@ -170,7 +170,33 @@ def micro_batch_compute(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_le
                         g: GPU, precision: str = "bf16", last_stage: bool = True
                         ) -> MicroBatchCompute:
     """Compute seconds of one micro-batch of `batch` sequences on one rank of the heaviest
-    pipeline stage (module docstring)."""
+    pipeline stage (module docstring); computed once per set-up fields it reads (the layout
+    but dp, the precision, compile, float8, the loss, attention, recomputation): the engine,
+    its ZeRO stage and the replicas do not change a rank's compute."""
+    key = (setup.tp, setup.ep, setup.cp, setup.pp, setup.sp, setup.mode, setup.compile,
+           setup.float8, setup.loss, setup.attn_impl, setup.recompute)
+    return _compute(cfg, key, setup, batch, seq_len, g, precision, last_stage)
+
+
+@lru_cache(maxsize=4096)
+def _compute_cached(cfg: GPTConfig, key: tuple, batch: int, seq_len: int, g: GPU,
+                    precision: str, last_stage: bool) -> MicroBatchCompute:
+    return _uncached_compute(cfg, _SETUPS[key], batch, seq_len, g, precision, last_stage)
+
+
+_SETUPS: dict[tuple, TrainingSetup] = {}  # a set-up with each key's fields, the first seen
+
+
+def _compute(cfg: GPTConfig, key: tuple, setup: TrainingSetup, batch: int, seq_len: int,
+             g: GPU, precision: str, last_stage: bool) -> MicroBatchCompute:
+    _SETUPS.setdefault(key, setup)
+    return _compute_cached(cfg, key, batch, seq_len, g, precision, last_stage)
+
+
+def _uncached_compute(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
+                      g: GPU, precision: str = "bf16", last_stage: bool = True
+                      ) -> MicroBatchCompute:
+    """`micro_batch_compute` computed."""
     peak = require_peak(g, "bf16" if precision == "fp8" else precision)
     hbm = require_bandwidth(g)
     fp8 = precision == "fp8" or setup.float8 != "none"

@@ -12,7 +12,11 @@ What each engine overlaps with compute (`comm` lists the collectives):
   what exceeds the attention kernels' time.
 - FSDP2 and ZeRO-3 prefetch the next block's all-gather during the current block's compute
   and reduce-scatter during the next block's backward: exposed, the first block's gather each
-  micro-batch and what the collectives take beyond all compute.
+  micro-batch, the last block's reduce-scatter of the step and what each pass's collectives
+  take beyond that pass's compute (the forward's gathers behind the forward, the backward's
+  gathers and the reduce-scatters behind the backward).
+- compute that a collective overlaps runs slower by `OVERLAP_SLOWDOWN` of the collective's
+  time (FSDP2, ZeRO-3 and the overlapped data-parallel reductions).
 - DDP's buckets all-reduce during the last micro-batch's backward (gradients are synchronised
   once per step, `no_sync` before): exposed, the last bucket or what exceeds that backward.
   Megatron's distributed optimizer overlaps its reduce-scatter the same way and its parameter
@@ -40,6 +44,14 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .comm import Collective, collective_seconds, collectives
 from .compute import micro_batch_compute, optimizer_seconds
+
+# Compute that a collective overlaps runs slower, by this share, for the collective's time:
+# NCCL's kernels take SMs (one thread block per channel) and HBM bandwidth from the matmuls
+# they overlap. Agrawal et al. 2025, "Characterizing Compute-Communication Overlap in
+# GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114), abstract: an average
+# computational slowdown of 18.9% (at most 40%) of overlapped compute, GPT and Llama models on
+# A100, H100, MI250 and MI210
+OVERLAP_SLOWDOWN = 0.189
 
 PARTS = ("compute", "recompute", "comm/tp", "comm/cp", "comm/ep", "comm/pp", "comm/fsdp",
          "comm/dp", "bubble", "optimizer")
@@ -105,12 +117,13 @@ def step_time(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
     bubble = _bubble(setup, slot, c.matmul_backward / 2)
     fsdp = 0.0
     if by["fsdp"]:
-        gathers = [t for t in timed if t.collective.part == "fsdp"
-                   and t.collective.kind == "all-gather"]
-        first = gathers[0].seconds / gathers[0].collective.count * m
-        fsdp = first + max(0.0, by["fsdp"] - first - m * (c.forward + c.backward))
-    dp = _exposed_dp(setup, [t for t in timed if t.collective.part == "dp"], c.backward,
-                     c.forward)
+        fsdp = _exposed_fsdp([t for t in timed if t.collective.part == "fsdp"], m,
+                             c.forward, c.backward, setup.zero == 3)
+    dp_timed = [t for t in timed if t.collective.part == "dp"]
+    dp = _exposed_dp(setup, dp_timed, c.backward, c.forward)
+    # what overlaps compute slows it: NCCL's kernels take SMs from the matmuls they overlap
+    fsdp += OVERLAP_SLOWDOWN * (by["fsdp"] - fsdp)
+    dp += OVERLAP_SLOWDOWN * max(0.0, by["dp"] - dp)
     parts = {"compute": m * compute, "recompute": m * c.recompute, "comm/tp": by["tp"],
              "comm/cp": cp, "comm/ep": by["ep"], "comm/pp": by["pp"], "comm/fsdp": fsdp,
              "comm/dp": dp, "bubble": bubble, "optimizer": optimizer_seconds(cfg, setup, g)}
@@ -123,6 +136,25 @@ def step_time(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
 @lru_cache(maxsize=256)
 def _model_flops(cfg: GPTConfig, seq_len: int) -> int:
     return count_flops(cfg, Workload(1, seq_len)).training_total
+
+
+def _exposed_fsdp(timed: list[TimedCollective], m: int, forward: float, backward: float,
+                  reshard: bool) -> float:
+    """FSDP2's and ZeRO-3's exposed seconds: each micro-batch's first all-gather (nothing to
+    overlap it before the first block), the step's last reduce-scatter (the first block's
+    gradients, after the last backward, before the optimizer step), and what each pass's
+    collectives take beyond that pass's compute of the m micro-batches: the forward's
+    all-gathers behind the forward; the backward's all-gathers (`reshard`: ZeRO-3 gathers
+    again) and every reduce-scatter behind the backward."""
+    gathers = [t for t in timed if t.collective.kind == "all-gather"]
+    scatters = [t for t in timed if t.collective.kind == "reduce-scatter"]
+    gathered = sum(t.seconds for t in gathers)
+    first = gathers[0].seconds / gathers[0].collective.count * m
+    last = scatters[0].seconds / scatters[0].collective.count if scatters else 0.0
+    ahead = gathered / 2 if reshard else gathered  # the forward's share of the gathers
+    behind = gathered - ahead + sum(t.seconds for t in scatters)
+    return first + last + max(0.0, ahead - first - m * forward) \
+        + max(0.0, behind - last - m * backward)
 
 
 def _exposed_dp(setup: TrainingSetup, timed: list[TimedCollective], backward: float,

@@ -64,6 +64,20 @@ def input_gradients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, st
     return count * stream_buffer_bytes(cfg, workload, setup)
 
 
+def merges_outputs(setup: TrainingSetup) -> bool:
+    """Whether the last pipeline stage keeps every micro-batch's output (the logits) until the
+    step ends. torch.distributed.pipelining does: its schedules' `step(..., return_outputs=
+    True)` (the default) appends each output to `output_chunks` (`save_forward_output`,
+    torch/distributed/pipelining/stage.py, torch 2.13) to merge them, and its loss_fn reads
+    them without freeing them. Megatron-LM does not: its last stage's forward step returns
+    the loss (`forward_step_calc_loss` replaces the output by `loss_func(output_tensor)`,
+    megatron/core/pipeline_parallel/schedules.py, NVIDIA/Megatron-LM commit 00611e6e; GPTModel
+    computes the per-token loss inside its forward), so only the loss is kept per micro-batch,
+    and the logits die with the forward as without a pipeline (`Engine.torch_pipelining`
+    False: the engine runs its own schedule)."""
+    return setup.pp > 1 and engine_for(setup).torch_pipelining
+
+
 def pipeline_adjust(ledger: Ledger, step: Step) -> None:
     """What a pipeline schedule holds on a stage beyond the micro-batches' saved tensors, at
     the stage's heaviest moment (`schedules.stage_hold`; measured with MemTracker on CPU/gloo,
@@ -71,7 +85,8 @@ def pipeline_adjust(ledger: Ledger, step: Step) -> None:
 
     - the last stage keeps every micro-batch's output (the logits) to return them merged at
       the end of the step (`schedule.step`'s return_outputs): m - 1 earlier micro-batches'
-      logits beside the current one;
+      logits beside the current one, where the engine's stages are torch's
+      (`merges_outputs`; Megatron-LM keeps only each micro-batch's loss);
     - every moment, where the engine's stages are torch's (`Engine.torch_pipelining`): the
       p2p receive buffers of its chunks (`receive_buffers`) and the input gradients left on
       them by the backwards run so far (`input_gradients`); they grow with m;
@@ -85,7 +100,8 @@ def pipeline_adjust(ledger: Ledger, step: Step) -> None:
     if setup.pp == 1:
         return
     hold = stage_hold(step.cfg, step.workload, setup, step.stage)
-    kept = (hold.micro_batches - 1) * step.logits if holds_head(setup, step.stage) else 0
+    kept = (hold.micro_batches - 1) * step.logits if (
+        holds_head(setup, step.stage) and merges_outputs(setup)) else 0
     grads = step.gradients if hold.backward_done else 0
     accumulated = engine_for(setup).pipeline_accumulation(step.cfg, setup, step.stage)
     if accumulated is not None:  # the engine's own (FSDP2's unsharded gradients and blocks)
@@ -113,4 +129,4 @@ def pipeline_adjust(ledger: Ledger, step: Step) -> None:
 
 
 __all__ = ["GRADIENTS_OVER_MICRO_BATCHES", "INPUT_GRADIENTS", "KEPT_LOGITS", "RECEIVE_BUFFERS",
-           "input_gradients", "pipeline_adjust", "receive_buffers", "stream_buffer_bytes"]
+           "input_gradients", "merges_outputs", "pipeline_adjust", "receive_buffers", "stream_buffer_bytes"]
