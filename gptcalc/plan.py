@@ -49,6 +49,7 @@ from .flops import count_flops
 from .params import count_params
 from .gpus import GPU, require_peak
 from .memory import step_peak, validate_setup
+from .memory.verdict import verdict, verdict_floor
 from .memory.peak import step_account
 from .schedules import stage_hold
 from .memory.engines import engine_named, names
@@ -264,11 +265,15 @@ class _Evaluator:
     """Step peaks of layouts, each computed once, and what their failures rule out."""
 
     def __init__(self, cfg: GPTConfig, seq_len: int, batch: int, budget: int,
-                 setup_for: Callable[[Layout], TrainingSetup]) -> None:
+                 setup_for: Callable[[Layout], TrainingSetup], judged: bool = False) -> None:
         self.cfg, self.seq_len, self.batch, self.budget = cfg, seq_len, batch, budget
+        self.judged = judged  # fit by `memory`'s verdict, not the allocated peak alone
         self.setup_for = setup_for
         self.setups: dict[Layout, TrainingSetup | None] = {}
         self.peaks: dict[tuple, int] = {}
+        self.floors: dict[tuple, bool] = {}
+        self.verdicts: dict[tuple, bool] = {}
+        self.exact = False  # judge by the whole verdict (a replay each), not its floor
         self.failed: dict[tuple, list[tuple[int, int]]] = {}  # group -> (dp, recompute index)
         self.gates: dict[tuple, bool] = {}
         self.closest: Closest | None = None
@@ -298,7 +303,49 @@ class _Evaluator:
         if (setup, b, accum) not in self.peaks and (
                 self.bound_exceeds(setup, b, accum) or self.rank_exceeds(setup, b, accum)):
             return False
-        return self.peak(setup, b) <= self.budget
+        if self.peak(setup, b) > self.budget or (self.judged and not self.floor(setup, b)):
+            return False
+        return self.holds(setup, b) if self.exact else True
+
+    def _judge(self, setup: TrainingSetup, b: int, whole: bool) -> bool:
+        accum = self.batch // (setup.dp * b)
+        workload = Workload(b, self.seq_len, accum)
+        try:
+            if not whole:
+                return verdict_floor(self.cfg, workload, setup, self.budget).fits
+            return verdict(self.cfg, workload, setup, self.budget,
+                           allocated=self.peak(setup, b)).fits
+        except ConfigError:  # a workload the rules refuse (`memory` refuses it too)
+            return False
+
+    def floor(self, setup: TrainingSetup, b: int) -> bool:
+        """The verdict's floor (`memory.verdict.verdict_floor`): the allocated peak with the
+        CUDA context and NCCL's buffers within the budget; no allocator replay."""
+        key = (setup, b)
+        if key not in self.floors:
+            self.floors[key] = self._judge(setup, b, whole=False)
+        return self.floors[key]
+
+    def holds(self, setup: TrainingSetup, b: int) -> bool:
+        """`memory`'s verdict: what the card must hold (reserved, the CUDA context, NCCL's
+        buffers; `memory.verdict`) within the budget. It costs an allocator replay, so the
+        search ranks on the floor and a plan is confirmed by this before it is answered."""
+        key = (setup, b)
+        if key not in self.verdicts:
+            self.verdicts[key] = self._judge(setup, b, whole=True)
+        return self.verdicts[key]
+
+    def confirmed_micro_batch(self, layout: Layout, b: int) -> int:
+        """The plan's micro-batch under the whole verdict: `b` when it holds there, else
+        the layout's micro-batch searched again by the verdict (0 when none holds)."""
+        setup = self.setup(layout)
+        if self.holds(setup, b):
+            return b
+        self.exact = True
+        try:
+            return self.micro_batch(layout, record=False)
+        finally:
+            self.exact = False
 
     def bound_exceeds(self, setup: TrainingSetup, b: int, accum: int) -> bool:
         """Whether the first rank's weights and optimizer states (`states_lower_bound`
@@ -348,7 +395,7 @@ class _Evaluator:
         if self.closest is None or self.peak(setup, b) < self.closest.peak:
             self.closest = Closest(layout, b, n // b, self.peak(setup, b))
 
-    def micro_batch(self, layout: Layout) -> int:
+    def micro_batch(self, layout: Layout, record: bool = True) -> int:
         """The plan's micro-batch (module docstring), 0 when none fits. Below B = n (the
         whole per-replica batch, no accumulation) the peak grows with B; B = n drops the
         gradients kept between micro-batches, so it is tried on its own."""
@@ -368,7 +415,7 @@ class _Evaluator:
         else:
             order = (1,)
         b = next((x for x in order if self.fits(setup, x)), 0)
-        if b == 0:
+        if b == 0 and record:
             self.fail(layout, setup)
         elif layout.pp == 1:
             below = [d for d in divisors(n) if d < n]
@@ -427,8 +474,8 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
            top: int | None = None, setup_for: Callable[[Layout], TrainingSetup] | None = None,
            lora: bool = False, order: str = "time", engines: tuple[str, ...] | None = None,
            gpus: int | None = None, max_step_seconds: float | None = None,
-           max_evaluations: int = DEFAULT_MAX_EVALUATIONS, node: int | None = None
-           ) -> PlanSearch:
+           max_evaluations: int = DEFAULT_MAX_EVALUATIONS, node: int | None = None,
+           judged: bool = False) -> PlanSearch:
     """The plans that fit `budget` bytes per GPU for `batch` sequences of `seq_len` tokens per
     step on `gpu`, best first: by step time, then the tie rule (`order` "time"), or by GPUs,
     then time (`order` "gpus"); the first `top` of them, or every one (None); only those of
@@ -436,7 +483,9 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     also names the fastest plan on the fewest GPUs, from the same step peaks. `setup_for`
     gives a layout's TrainingSetup (default: `layout_setup` with the family's usual set-up);
     `engines` limits the engines tried (default every registered one); `mfu` replaces the
-    step model by a utilisation of the executed FLOPs (module docstring)."""
+    step model by a utilisation of the executed FLOPs (module docstring). `judged`: a plan
+    fits by `memory`'s verdict (reserved, the CUDA context and NCCL's buffers within the
+    budget: `memory.verdict`), as `gptcalc plan` answers; else by its allocated peak alone."""
     positive_int("seq_len", seq_len)
     positive_int("max_gpus", max_gpus)
     if gpus is not None:
@@ -455,7 +504,7 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     largest: dict[tuple, int] = {}
     for layout in layouts:
         largest[layout.group] = max(largest.get(layout.group, 0), layout.dp)
-    ev = _Evaluator(cfg, seq_len, batch, budget, setup_for)
+    ev = _Evaluator(cfg, seq_len, batch, budget, setup_for, judged)
     probe = next((x for x in (ev.setup(y) for y in layouts) if x is not None), None)
     bound = _lower_bound(cfg, seq_len, gpu, precision,
                          probe is None or probe.float8 != "none")
@@ -491,6 +540,16 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         b = ev.micro_batch(layout)
         if not b:
             return None
+        return build(layout, b, by)
+
+    def confirm(layout: Layout, plan: Plan, by: str) -> tuple | None:
+        """The plan as `memory`'s verdict answers it (`_Evaluator.confirmed_micro_batch`)."""
+        b = ev.confirmed_micro_batch(layout, plan.micro_batch)
+        if not b:
+            return None
+        return build(layout, b, by)
+
+    def build(layout: Layout, b: int, by: str) -> tuple | None:
         setup, m = ev.setup(layout), batch // (layout.dp * b)
         peak = ev.peak(setup, b)
         s = seconds(layout, setup, b)
@@ -530,7 +589,8 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         stage = 1 if by == "gpus" else 0
         return _best_first([(bound_key(x, by), i, stage, None, x)
                             for i, x in enumerate(candidates)],
-                           lambda x: evaluate(x, by), lambda x: refine(x, by), first)
+                           lambda x: evaluate(x, by), lambda x: refine(x, by), first,
+                           (lambda x, plan: confirm(x, plan, by)) if judged else None)
 
     candidates = [layout for layout in layouts if max_step_seconds is None or (
         mfu is not None or bound(layout, batch) <= max_step_seconds)]
@@ -550,17 +610,23 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
                       fewest, capped)
 
 
-def _best_first(bounds: list, evaluate: Callable, refine: Callable, top: int | None
-                ) -> list[Plan]:
+def _best_first(bounds: list, evaluate: Callable, refine: Callable, top: int | None,
+                confirm: Callable | None = None) -> list[Plan]:
     """Pop layouts by a lower bound of their key: a cheap one first, then (`refine`) a tighter
-    one, then the layout's own key once its memory is evaluated; a plan comes out only when
+    one, then the layout's own key once its memory is evaluated (by the verdict's floor),
+    then (`confirm`) its key once the whole verdict is asked; a plan comes out only when
     nothing left could come before it."""
     heapq.heapify(bounds)
     out: list[Plan] = []
     while bounds and (top is None or len(out) < top):
         key, i, stage, plan, layout = heapq.heappop(bounds)
-        if stage == 2:
+        if stage == 3 or (stage == 2 and confirm is None):
             out.append(plan)
+            continue
+        if stage == 2:
+            found = confirm(layout, plan)
+            if found is not None:
+                heapq.heappush(bounds, (found[0], i, 3, found[1], layout))
             continue
         found = refine(layout) if stage == 0 else evaluate(layout)
         if found is None:

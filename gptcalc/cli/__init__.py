@@ -73,8 +73,9 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 # a number that is not finite, as Python prints it ("inf s per step", "nan"), not a word of a
-# label ("inf/nan tracker"); JSON is strict already (`render.emit_json`)
-_NONFINITE = re.compile(r"(?<![\w./-])-?(inf|nan|infinity)(?![\w/-])", re.IGNORECASE)
+# label ("inf/nan tracker", AMD's "Infinity Fabric": Python never prints "infinity");
+# JSON is strict already (`render.emit_json`)
+_NONFINITE = re.compile(r"(?<![\w./-])-?(inf|nan)(?![\w/-])", re.IGNORECASE)
 
 
 def _blaming(command: click.Command) -> None:

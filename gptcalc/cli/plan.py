@@ -101,7 +101,7 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
                    setup_for=setup_for, lora=bool(kept.get("lora_rank")),
                    engines=_engines(engines), gpus=gpus, max_step_seconds=deadline,
                    order="gpus" if deadline is not None else "time",
-                   max_evaluations=max_evaluations)
+                   max_evaluations=max_evaluations, judged=True)
     line = _assumptions(g.name, budget, precision, mfu, batch, wl.seq_len, max_gpus, gpus,
                         tokens, days)
     device = ["--gpu-memory", _size(gpu_memory)] if gpu_memory is not None else ["--gpu", g.name]
@@ -207,8 +207,10 @@ def _assumptions(gpu: str, budget: int, precision: str, mfu: float | None, batch
     count = f"exactly {gpus:,} GPUs" if gpus else f"at most {max_gpus:,} GPUs"
     goal = "" if tokens is None else (f"; the fewest GPUs that train {tokens:,} tokens in "
                                       f"{days:g} days")
-    return (f"Assuming {gpu} with {binary_bytes(budget)} per GPU at its dense {precision} peak; "
-            f"{timing}; global batch {batch:,} sequences of {seq_len:,} tokens "
+    return (f"Assuming {gpu} with {binary_bytes(budget)} per GPU at its dense {precision} "
+            f"peak; {timing}; a plan fits when reserved memory, the CUDA context and NCCL's "
+            f"buffers fit, as `gptcalc memory` judges it; global batch {batch:,} sequences of "
+            f"{seq_len:,} tokens "
             f"({batch * seq_len:,} tokens per step); {count}, tp within a node of 8{goal}")
 
 
