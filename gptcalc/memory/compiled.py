@@ -62,10 +62,32 @@ def check_compile(cfg: GPTConfig, setup: TrainingSetup) -> None:
                "residual")
     elif setup.loss == "fused":
         why = "--loss standard or chunked (Liger's fused loss is a Triton kernel)"
-    elif setup.lora_rank:
-        why = "full training (no --lora-rank)"
     if why:
         raise ConfigError("compile", f"--compile {setup.compile} is modelled for {why}")
+    if not setup.lora_rank:
+        return
+    if setup.base_dtype == "nf4":
+        why = "LoRA on a 16-bit base, not with --weights-dtype nf4 (QLoRA's NF4 matmuls)"
+    elif cfg.norm != "rmsnorm":
+        why = ("LoRA on RMSNorm blocks: a frozen LayerNorm's saved tensors follow the "
+               "partitioner's tie-breaks, not modelled")
+    elif setup.recompute == "op":
+        why = "LoRA under --recompute none or full"
+    elif setup.recompute == "none" and _first_adapter_in_mlp(cfg, setup):
+        why = ("LoRA with an attention projection (q, k, v, o) among the targets: a first "
+               "block whose first adapter is in its MLP is not modelled compiled")
+    if why:
+        raise ConfigError("lora_rank", f"--compile {setup.compile} with --lora-rank is "
+                                       f"modelled for {why}")
+
+
+def _first_adapter_in_mlp(cfg: GPTConfig, setup: TrainingSetup) -> bool:
+    """Whether the first block's first adapted Linear is in its MLP (no attention target)."""
+    from ..lora import covered
+    from .finetune import ATTENTION_TARGETS
+
+    targets = covered(cfg, setup.lora_targets)
+    return bool(targets - {"lm_head"}) and not targets & ATTENTION_TARGETS
 
 
 # the generator state a compiled checkpointed block saves: CPU, torch.get_rng_state() (the
