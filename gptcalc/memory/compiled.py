@@ -32,6 +32,16 @@ Scope (measured against the reference model's blocks compiled with the min-cut p
 tests/test_compile.py): the reference implementation; dense pre-norm blocks without dropout,
 q/k norms, post-norms or a parallel residual; SDPA; modes fp32, mixed and bf16 (amp's autocast
 weight copies are not modelled under compile); recompute none, op or full.
+
+LoRA (torchtune's LoRA recipes with compile on: the adapters added, then each block compiled):
+the partitioner's rules meet the frozen base's, and the eager LoRA lines
+(`finetune.finetune_saved`) applied to the compiled ones are what the compiled blocks save,
+measured on the reference model with PEFT-shaped adapters (tests/test_compile.py): RMSNorm
+blocks, a 16-bit base, recompute none or full, an attention projection among the targets
+under recompute none. Outside that the compiled block's saved set differs (a frozen
+LayerNorm saves its normalized output and one statistic where the partitioner finds it
+cheaper; a first block whose first adapter is in its MLP keeps one (tokens x d_ff) tensor
+more than the eager rule leaves it) and the combination is refused.
 """
 
 from __future__ import annotations
