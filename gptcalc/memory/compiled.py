@@ -37,11 +37,11 @@ LoRA (torchtune's LoRA recipes with compile on: the adapters added, then each bl
 the partitioner's rules meet the frozen base's, and the eager LoRA lines
 (`finetune.finetune_saved`) applied to the compiled ones are what the compiled blocks save,
 measured on the reference model with PEFT-shaped adapters (tests/test_compile.py): RMSNorm
-blocks, a 16-bit base, recompute none or full, an attention projection among the targets
-under recompute none. Outside that the compiled block's saved set differs (a frozen
-LayerNorm saves its normalized output and one statistic where the partitioner finds it
-cheaper; a first block whose first adapter is in its MLP keeps one (tokens x d_ff) tensor
-more than the eager rule leaves it) and the combination is refused.
+blocks, a 16-bit base, recompute none or full. A first block whose first adapter is gate or
+up keeps what the compiled MLP keeps for it: gate's output (silu's recomputed), and up's
+output where gate is adapted. Outside that scope the compiled block's saved set differs (a
+frozen LayerNorm saves its normalized output and one statistic where the partitioner finds
+that cheaper) and the combination is refused.
 """
 
 from __future__ import annotations
@@ -83,21 +83,12 @@ def check_compile(cfg: GPTConfig, setup: TrainingSetup) -> None:
                "partitioner's tie-breaks, not modelled")
     elif setup.recompute == "op":
         why = "LoRA under --recompute none or full"
-    elif setup.recompute == "none" and _first_adapter_in_mlp(cfg, setup):
-        why = ("LoRA with an attention projection (q, k, v, o) among the targets: a first "
-               "block whose first adapter is in its MLP is not modelled compiled")
+    elif setup.recompute == "full" and set(setup.lora_targets) == {"lm_head"}:
+        why = "LoRA with a block Linear among the targets under --recompute full"
+
     if why:
         raise ConfigError("lora_rank", f"--compile {setup.compile} with --lora-rank is "
                                        f"modelled for {why}")
-
-
-def _first_adapter_in_mlp(cfg: GPTConfig, setup: TrainingSetup) -> bool:
-    """Whether the first block's first adapted Linear is in its MLP (no attention target)."""
-    from ..lora import covered
-    from .finetune import ATTENTION_TARGETS
-
-    targets = covered(cfg, setup.lora_targets)
-    return bool(targets - {"lm_head"}) and not targets & ATTENTION_TARGETS
 
 
 # the generator state a compiled checkpointed block saves: CPU, torch.get_rng_state() (the

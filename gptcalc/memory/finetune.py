@@ -279,9 +279,13 @@ def _chain_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
             for k, v in lines.items():
                 if k.startswith(prefixes) and k not in kept_inputs:
                     out[k] = v // L
-            # a gated MLP's hidden lines without down: gate's input, silu's output, up's output
-            saved = 2 * ("gate" in targets) + ("up" in targets)
-            out["layer/mlp/hidden"] = out.get("layer/mlp/hidden", 0) + (3 - saved) * (
+            # a gated MLP's hidden lines without down: gate's input, silu's output, up's output;
+            # compiled blocks keep gate's and up's outputs and recompute silu's from gate's
+            # (`compiled.compiled_block_lines`): gate adapted, both; up alone, gate's
+            saved, kept = 2 * ("gate" in targets) + ("up" in targets), 3
+            if setup.compile != "none":
+                saved, kept = 2 if "gate" in targets else 1, 2
+            out["layer/mlp/hidden"] = out.get("layer/mlp/hidden", 0) + (kept - saved) * (
                 hidden_tensor)
             break
         for k, v in lines.items():
