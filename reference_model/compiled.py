@@ -85,13 +85,19 @@ def compile_blocks(model: GPT, recompute: str = "none") -> GPT:
 
 def build_compiled(cfg, setup, device: str = "cpu") -> GPT:
     """The reference model of `setup` with its blocks compiled (`setup.compile` blocks) and its
-    loss too (model), recomputation applied under the compile as torchtitan applies it."""
+    loss too (model), recomputation applied under the compile as torchtitan applies it; with
+    `setup.lora_rank`, PEFT-shaped adapters added before the compile (torchtune's order:
+    the LoRA model is built, then each block compiled)."""
     from dataclasses import replace
 
     from .memory import build_for
 
-    model = compile_blocks(build_for(cfg, replace(setup, recompute="none"), device),
-                           setup.recompute)
+    model = build_for(cfg, replace(setup, recompute="none"), device)
+    if setup.lora_rank:  # PEFT-shaped adapters on the frozen model, then the compile
+        from .lora import apply_lora
+
+        model = apply_lora(model, setup.lora_rank, setup.lora_targets)
+    model = compile_blocks(model, setup.recompute)
     return compile_loss(model) if setup.compile == "model" else model
 
 

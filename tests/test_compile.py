@@ -5,7 +5,7 @@ every saved byte, over sizes, modes, recomputation and losses."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from gptcalc import Workload, from_name
 from gptcalc.errors import ConfigError
@@ -116,3 +116,54 @@ def test_compiled_loss_buffers_from_inductors_code():
                           code)
         vocab_wide = sum(int(n) * int(v) * elem[d] for n, v, d in bufs if int(v) == V)
         assert vocab_wide == want[name], (name, bufs)
+
+
+LLAMA_TARGETS = ["q", "k", "v", "o", "up", "gate", "down", "lm_head"]
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None)  # ~3 s of CPU each: Dynamo compiles every one
+@example(targets=(["up"], []), mode="fp32", recompute="none", compile="blocks",
+         loss="standard", rank=1, b=1, S=4)  # the first adapter in the first block's MLP
+@example(targets=(["gate"], []), mode="bf16", recompute="none", compile="blocks",
+         loss="standard", rank=1, b=1, S=4)
+@example(targets=(["down"], []), mode="bf16", recompute="none", compile="blocks",
+         loss="standard", rank=1, b=1, S=4)
+@given(targets=st.tuples(st.lists(st.sampled_from(LLAMA_TARGETS), min_size=1, max_size=1),
+                         st.lists(st.sampled_from(LLAMA_TARGETS), unique=True)),
+       mode=st.sampled_from(["fp32", "bf16", "mixed"]), recompute=st.sampled_from(["none", "full"]),
+       compile=st.sampled_from(["blocks", "model"]), loss=st.sampled_from(["standard", "chunked"]),
+       rank=st.sampled_from([1, 4]), b=st.integers(1, 2), S=st.integers(4, 12))
+def test_compiled_lora_saved_bytes_exact_cpu(targets, mode, recompute, compile, loss, rank, b, S):
+    # torchtune's LoRA recipes with compile on: PEFT-shaped adapters on a frozen model, then
+    # each block compiled; the min-cut partitioner's saved set, every byte
+    pytest.importorskip("torch")
+    from reference_model.compiled import measure_compiled_saved
+
+    cfg = from_name("debug", arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=2,
+                    block_size=16, vocab_size=48)
+    wl = Workload(b, S)
+    if recompute == "full" and set(targets[0] + targets[1]) == {"lm_head"}:
+        return  # refused: no block input needs a gradient (test_compile_with_lora_refuses...)
+    setup = TrainingSetup(mode=mode, attn_impl="sdpa", recompute=recompute, compile=compile,
+                          loss=loss, loss_chunks=2, lora_rank=rank,
+                          lora_targets=tuple(sorted({*targets[0], *targets[1]})))
+    measured = sum(measure_compiled_saved(cfg, wl, setup).values())
+    assert sum(saved_activations(cfg, wl, setup).values()) == measured
+
+
+@pytest.mark.parametrize("cfg_kw, change, why", [
+    (dict(arch="gpt2"), {}, "RMSNorm"),
+    (dict(arch="llama"), dict(recompute="op"), "recompute"),
+    (dict(arch="llama"), dict(base_dtype="nf4"), "nf4"),
+    (dict(arch="llama"), dict(recompute="full", lora_targets=("lm_head",)), "block Linear"),
+])
+def test_compile_with_lora_refuses_in_one_line_naming_both(cfg_kw, change, why):
+    cfg = from_name("debug", n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=48,
+                    **cfg_kw)
+    setup = TrainingSetup(**{"mode": "bf16", "attn_impl": "sdpa", "compile": "blocks",
+                             "lora_rank": 4, "lora_targets": ("q", "v"), **change})
+    with pytest.raises(ConfigError) as e:
+        saved_activations(cfg, Workload(1, 8), setup)
+    assert e.value.field == "lora_rank" and why in e.value.message
+    assert "--compile" in e.value.message and "--lora-rank" in e.value.message

@@ -41,6 +41,19 @@ def test_lora_saved_activations_exact_cpu(case):
     assert sum(saved_activations(cfg, wl, setup).values()) == measured
 
 
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(case=cases(), head=st.booleans())
+def test_lora_full_recompute_saved_exact_cpu(case, head):
+    # each checkpointed block keeps only its input (the first block's too, though nothing
+    # ahead of it needs a gradient); an adapted head still saves lora_B's input
+    cfg, wl, setup = case
+    setup = dataclasses.replace(setup, recompute="full",
+                    lora_targets=setup.lora_targets + ("lm_head",) * head)
+    model = apply_lora(build_for(cfg, setup), setup.lora_rank, setup.lora_targets)
+    measured = sum(t.nbytes for t in measure_saved(model, *make_batch(cfg, wl), setup).tensors)
+    assert sum(saved_activations(cfg, wl, setup).values()) == measured
+
+
 @settings(max_examples=10, deadline=None, derandomize=True)
 @given(case=cases())
 def test_lora_states_exact_cpu(case):

@@ -32,6 +32,16 @@ Scope (measured against the reference model's blocks compiled with the min-cut p
 tests/test_compile.py): the reference implementation; dense pre-norm blocks without dropout,
 q/k norms, post-norms or a parallel residual; SDPA; modes fp32, mixed and bf16 (amp's autocast
 weight copies are not modelled under compile); recompute none, op or full.
+
+LoRA (torchtune's LoRA recipes with compile on: the adapters added, then each block compiled):
+the partitioner's rules meet the frozen base's, and the eager LoRA lines
+(`finetune.finetune_saved`) applied to the compiled ones are what the compiled blocks save,
+measured on the reference model with PEFT-shaped adapters (tests/test_compile.py): RMSNorm
+blocks, a 16-bit base, recompute none or full. A first block whose first adapter is gate or
+up keeps what the compiled MLP keeps for it: gate's output (silu's recomputed), and up's
+output where gate is adapted. Outside that scope the compiled block's saved set differs (a
+frozen LayerNorm saves its normalized output and one statistic where the partitioner finds
+that cheaper) and the combination is refused.
 """
 
 from __future__ import annotations
@@ -62,10 +72,23 @@ def check_compile(cfg: GPTConfig, setup: TrainingSetup) -> None:
                "residual")
     elif setup.loss == "fused":
         why = "--loss standard or chunked (Liger's fused loss is a Triton kernel)"
-    elif setup.lora_rank:
-        why = "full training (no --lora-rank)"
     if why:
         raise ConfigError("compile", f"--compile {setup.compile} is modelled for {why}")
+    if not setup.lora_rank:
+        return
+    if setup.base_dtype == "nf4":
+        why = "LoRA on a 16-bit base, not with --weights-dtype nf4 (QLoRA's NF4 matmuls)"
+    elif cfg.norm != "rmsnorm":
+        why = ("LoRA on RMSNorm blocks: a frozen LayerNorm's saved tensors follow the "
+               "partitioner's tie-breaks, not modelled")
+    elif setup.recompute == "op":
+        why = "LoRA under --recompute none or full"
+    elif setup.recompute == "full" and set(setup.lora_targets) == {"lm_head"}:
+        why = "LoRA with a block Linear among the targets under --recompute full"
+
+    if why:
+        raise ConfigError("lora_rank", f"--compile {setup.compile} with --lora-rank is "
+                                       f"modelled for {why}")
 
 
 # the generator state a compiled checkpointed block saves: CPU, torch.get_rng_state() (the

@@ -23,7 +23,9 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
 - each adapter adds lora_B's input, N x r in the activation dtype (one per fused Linear);
   a parameter PEFT adapts itself (ParamWrapper: an MoE router's weight, fused experts) instead
   the adapted weight W + B A, which its matmul saves (measured on transformers' Mixtral and
-  Qwen3-MoE wrapped by PEFT 0.21, tests/test_lora_peak.py);
+  Qwen3-MoE wrapped by PEFT 0.21, tests/test_lora_peak.py); under full recomputation a
+  block's adapters save nothing (the checkpointed block keeps only its input), the head's
+  still does;
 - before the first adapter of the first block nothing requires a gradient (the embeddings are
   frozen), so the first block saves nothing ahead of it (`_first_block_unsaved`); in a
   parallel block (GPT-NeoX, GPT-J, Phi) the MLP reads the block's input, so the first block's
@@ -165,10 +167,13 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             out.pop("layer/moe/expert_input", None)
         if "experts.down" not in targets and out.get("layer/moe/hidden"):  # none when
             out["layer/moe/hidden"] -= n_moe * Nk * cfg.expert_dim * a  # checkpointed
-    for key, nbytes in _first_block_unsaved(cfg, setup, targets, out, N * cfg.ffn_dim
-                                            * setup.act_bytes).items():
-        out[key] -= nbytes
+    if setup.recompute != "full":  # a checkpointed first block keeps its input all the same
+        for key, nbytes in _first_block_unsaved(cfg, setup, targets, out, N * cfg.ffn_dim
+                                                * setup.act_bytes).items():
+            out[key] -= nbytes
     for a in selected(cfg, setup.lora_targets):  # one per adapter (a fused Linear's one)
+        if setup.recompute == "full" and a.name != "lm_head":
+            continue  # inside a checkpointed block: only the block's input is saved
         if a.param_target:  # PEFT's ParamWrapper: the adapted weight W + B A, saved by its matmul
             key = f"lora/{a.name}/adapted_weight"
             nbytes = a.count * a.matrices * a.in_features * a.out_features * setup.weight_bytes
@@ -274,9 +279,13 @@ def _chain_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
             for k, v in lines.items():
                 if k.startswith(prefixes) and k not in kept_inputs:
                     out[k] = v // L
-            # a gated MLP's hidden lines without down: gate's input, silu's output, up's output
-            saved = 2 * ("gate" in targets) + ("up" in targets)
-            out["layer/mlp/hidden"] = out.get("layer/mlp/hidden", 0) + (3 - saved) * (
+            # a gated MLP's hidden lines without down: gate's input, silu's output, up's output;
+            # compiled blocks keep gate's and up's outputs and recompute silu's from gate's
+            # (`compiled.compiled_block_lines`): gate adapted, both; up alone, gate's
+            saved, kept = 2 * ("gate" in targets) + ("up" in targets), 3
+            if setup.compile != "none":
+                saved, kept = 2 if "gate" in targets else 1, 2
+            out["layer/mlp/hidden"] = out.get("layer/mlp/hidden", 0) + (kept - saved) * (
                 hidden_tensor)
             break
         for k, v in lines.items():
