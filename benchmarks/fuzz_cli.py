@@ -423,7 +423,7 @@ _OPTIONS = {o for c in cli.commands.values() for p in c.params
 
 
 # a number that is not finite, as Python prints it
-_NONFINITE = re.compile(r"(?<![\w./-])-?(inf|nan|infinity)(?![\w/-])", re.IGNORECASE)
+_NONFINITE = re.compile(r"(?<![\w./-])-?(inf|nan)(?![\w/-])", re.IGNORECASE)
 # seconds a call may take
 SLOW_CALL = 10.0
 # the longest error line

@@ -469,6 +469,27 @@ def _lower_bound(cfg: GPTConfig, seq_len: int, g: GPU, precision: str, float8: b
     return bound
 
 
+def _check_search(seq_len: int, max_gpus: int, gpus: int | None, max_evaluations: int,
+                  mfu: float | None, top: int | None) -> float | None:
+    """The search's sizes, each refused in one line naming it; `mfu` checked."""
+    positive_int("seq_len", seq_len)
+    positive_int("max_gpus", max_gpus)
+    if gpus is not None:
+        positive_int("gpus", gpus)
+    positive_int("max_evaluations", max_evaluations)
+    if top is not None:
+        positive_int("top", top)
+    return None if mfu is None else fraction("mfu", mfu)
+
+
+def _plan_key(layout: Layout, s: float, peak: int, by: str) -> tuple:
+    """A plan's place: by step time, then GPUs (`by` "time"), or by GPUs, then step time;
+    then the tie rule (`TIE_RULE`)."""
+    ties = (layout.pp, layout.tp, PLANNED_RECOMPUTE.index(layout.recompute), peak,
+            layout.cp, layout.schedule, layout.engine, layout.zero, layout.dp)
+    return (s, layout.gpus, *ties) if by == "time" else (layout.gpus, s, *ties)
+
+
 def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
            precision: str = "bf16", mfu: float | None = None, max_gpus: int = DEFAULT_MAX_GPUS,
            top: int | None = None, setup_for: Callable[[Layout], TrainingSetup] | None = None,
@@ -483,18 +504,9 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     also names the fastest plan on the fewest GPUs, from the same step peaks. `setup_for`
     gives a layout's TrainingSetup (default: `layout_setup` with the family's usual set-up);
     `engines` limits the engines tried (default every registered one); `mfu` replaces the
-    step model by a utilisation of the executed FLOPs (module docstring). `judged`: a plan
-    fits by `memory`'s verdict (reserved, the CUDA context and NCCL's buffers within the
-    budget: `memory.verdict`), as `gptcalc plan` answers; else by its allocated peak alone."""
-    positive_int("seq_len", seq_len)
-    positive_int("max_gpus", max_gpus)
-    if gpus is not None:
-        positive_int("gpus", gpus)
-    positive_int("max_evaluations", max_evaluations)
-    if mfu is not None:
-        mfu = fraction("mfu", mfu)
-    if top is not None:
-        positive_int("top", top)
+    step model by a utilisation of the executed FLOPs (module docstring). `judged`: fit by
+    `memory.verdict` (as `gptcalc plan` answers), else by the allocated peak alone."""
+    mfu = _check_search(seq_len, max_gpus, gpus, max_evaluations, mfu, top)
     setup_for = setup_for or (lambda layout: layout_setup(cfg, layout))
     peak_flops = require_peak(gpu, precision)
     flops = {r: count_flops(cfg, Workload(1, seq_len), recompute=r) for r in PLANNED_RECOMPUTE}
@@ -521,10 +533,7 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
                                          node).step_seconds
         return times[layout, b]
 
-    def key(layout: Layout, s: float, peak: int, by: str) -> tuple:
-        ties = (layout.pp, layout.tp, PLANNED_RECOMPUTE.index(layout.recompute), peak,
-                layout.cp, layout.schedule, layout.engine, layout.zero, layout.dp)
-        return (s, layout.gpus, *ties) if by == "time" else (layout.gpus, s, *ties)
+    key = _plan_key
 
     def evaluate(layout: Layout, by: str) -> tuple | None:
         if len(ev.peaks) >= max_evaluations:
@@ -537,19 +546,15 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         full = dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[-1])
         if by == "gpus" and full != layout and not ev.micro_batch(full):
             return None  # the least memory at this dp does not fit: rules out the others
-        b = ev.micro_batch(layout)
-        if not b:
-            return None
-        return build(layout, b, by)
+        return build(layout, ev.micro_batch(layout), by)
 
     def confirm(layout: Layout, plan: Plan, by: str) -> tuple | None:
         """The plan as `memory`'s verdict answers it (`_Evaluator.confirmed_micro_batch`)."""
-        b = ev.confirmed_micro_batch(layout, plan.micro_batch)
-        if not b:
-            return None
-        return build(layout, b, by)
+        return build(layout, ev.confirmed_micro_batch(layout, plan.micro_batch), by)
 
     def build(layout: Layout, b: int, by: str) -> tuple | None:
+        if not b:
+            return None
         setup, m = ev.setup(layout), batch // (layout.dp * b)
         peak = ev.peak(setup, b)
         s = seconds(layout, setup, b)
@@ -568,10 +573,8 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         return key(layout, bound(layout, batch), 0, by)
 
     def refine(layout: Layout, by: str) -> tuple | None:
-        """A tighter bound, no memory computed: the step time at the micro-batch that runs
-        fastest (no pipeline: the whole per-replica batch; step time does not grow with B
-        there), None when the model or engine refuses the layout or it cannot meet
-        `max_step_seconds`."""
+        """A tighter bound, no memory: the step time at its fastest micro-batch (the whole
+        share without a pipeline); None when refused or past `max_step_seconds`."""
         if mfu is not None:
             return bound_key(layout, by)
         setup = ev.setup(layout)
@@ -594,9 +597,7 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
 
     candidates = [layout for layout in layouts if max_step_seconds is None or (
         mfu is not None or bound(layout, batch) <= max_step_seconds)]
-    capped = False
-    plans: list[Plan] = []
-    fewest = None
+    capped, plans, fewest = False, [], None
     try:
         plans = ranked(order, top)
         # the fewest GPUs, then the fastest, from the same step peaks

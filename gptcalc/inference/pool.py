@@ -451,6 +451,45 @@ class KVPool:
         return self.kv_cache > 0 and self.max_concurrency(cfg, max_model_len) >= 1
 
 
+def _check_layout(cfg: GPTConfig, engine: str, tp: int, pp: int, dp: int,
+                  expert_parallel: bool, cpu_offload: int) -> None:
+    """The serving layout's options, each refused in one line naming it."""
+    one_of("engine", engine, SERVERS)
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+        positive_int(name, value)
+    # SGLang's expert parallelism: --ep-size equal to --tp-size (sglang/srt/server_args.py,
+    # `ServerArgs.__post_init__`: "if self.enable_ep_moe: self.ep_size = self.tp_size"), whole
+    # experts over the tp GPUs, as vLLM's rule at dp 1
+    if engine == "sglang" and (pp > 1 or dp > 1 or cpu_offload):
+        raise ConfigError("engine", "SGLang's pipeline and data parallel layouts and CPU "
+                                    "offload are not modelled (vLLM's are: --engine vllm)")
+    if expert_parallel and not cfg.moe:
+        raise ConfigError("enable_expert_parallel", "the model has no experts")
+    if not isinstance(cpu_offload, int) or cpu_offload < 0:
+        raise ConfigError("cpu_offload_gb", f"must be at least 0, got {cpu_offload!r}")
+
+
+def _fraction_and_block(engine: str, utilization: float | None, block_size: int | None,
+                        gpu_memory_bytes: int, tp: int) -> tuple[float, int]:
+    """The engine's memory fraction (vLLM's gpu_memory_utilization, default 0.9; SGLang's
+    mem_fraction_static, by default from the GPU's memory) and its block size (vLLM's 16
+    tokens, SGLang's 1), each the given value where one is given."""
+    if engine == "sglang":
+        name = "mem_fraction_static"
+        frac = (sglang_mem_fraction_static(gpu_memory_bytes, tp) if utilization is None
+                else utilization)
+        if utilization is None and not 0 < frac <= 1:  # the default, from the GPU's memory
+            raise ConfigError("gpu_memory", f"SGLang's default mem_fraction_static for "
+                                            f"{gpu_memory_bytes / 2**30:.2f} GiB is {frac:.3g}: "
+                                            "too little memory for SGLang's reserve")
+        bs = 1 if block_size is None else block_size
+    else:
+        name = "gpu_memory_utilization"
+        frac = 0.9 if utilization is None else utilization
+        bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    return check_fraction(frac, name), bs
+
+
 def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int = 1,
             weights_dtype: str = "bf16", kv_dtype: str = "bf16",
             utilization: float | None = None, max_num_batched_tokens: int | None = None,
@@ -478,19 +517,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
     memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`).
     mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`)."""
-    one_of("engine", engine, SERVERS)
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
-        positive_int(name, value)
-    # SGLang's expert parallelism: --ep-size equal to --tp-size (sglang/srt/server_args.py,
-    # `ServerArgs.__post_init__`: "if self.enable_ep_moe: self.ep_size = self.tp_size"), whole
-    # experts over the tp GPUs, as vLLM's rule at dp 1
-    if engine == "sglang" and (pp > 1 or dp > 1 or cpu_offload):
-        raise ConfigError("engine", "SGLang's pipeline and data parallel layouts and CPU "
-                                    "offload are not modelled (vLLM's are: --engine vllm)")
-    if expert_parallel and not cfg.moe:
-        raise ConfigError("enable_expert_parallel", "the model has no experts")
-    if not isinstance(cpu_offload, int) or cpu_offload < 0:
-        raise ConfigError("cpu_offload_gb", f"must be at least 0, got {cpu_offload!r}")
+    _check_layout(cfg, engine, tp, pp, dp, expert_parallel, cpu_offload)
     partition = pp_partition(cfg.n_layer, pp)
     if non_torch is None:
         non_torch = default_non_torch(gpu_name, tp * pp * dp)
@@ -508,20 +535,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         cfg.sliding_window is not None, cfg.mla)
     tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
-    if engine == "sglang":
-        name = "mem_fraction_static"
-        frac = (sglang_mem_fraction_static(gpu_memory_bytes, tp) if utilization is None
-                else utilization)
-        if utilization is None and not 0 < frac <= 1:  # the default, from the GPU's memory
-            raise ConfigError("gpu_memory", f"SGLang's default mem_fraction_static for "
-                                            f"{gpu_memory_bytes / 2**30:.2f} GiB is {frac:.3g}: "
-                                            "too little memory for SGLang's reserve")
-        bs = 1 if block_size is None else block_size
-    else:
-        name = "gpu_memory_utilization"
-        frac = 0.9 if utilization is None else utilization
-        bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    frac = check_fraction(frac, name)
+    frac, bs = _fraction_and_block(engine, utilization, block_size, gpu_memory_bytes, tp)
     if block_size is not None:
         positive_int("kv_block_size", block_size)
     state_page = 0
