@@ -466,6 +466,22 @@ def measure_step_peak_cpu(cfg: GPTConfig, workload: Workload, setup: TrainingSet
 
 
 @functools.cache
+def track_skipping_frozen(tracker, track, module, install_grad_hooks: bool):
+    """MemTracker's `_track_module_params_and_buffers` (`track`) on a model with frozen
+    parameters (LoRA's base): a frozen parameter takes no gradient hook (register_hook raises
+    on it), so it is marked as hooked while `track` runs, and unmarked after."""
+    handles = tracker._param_to_grad_hook_handles
+    frozen = [p for p in module.parameters() if not p.requires_grad]
+    for p in frozen:
+        handles.setdefault(p, ())
+    try:
+        return track(module, install_grad_hooks)
+    finally:
+        for p in frozen:
+            if handles.get(p) == ():
+                del handles[p]
+
+
 def _global_peak_tracker_class():
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
@@ -482,16 +498,8 @@ def _global_peak_tracker_class():
                     self._peak_mem_snap[dev] = dict(dev_snap)
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            # a frozen parameter (LoRA's base) takes no gradient hook: register_hook raises
-            frozen = [p for p in module.parameters() if not p.requires_grad]
-            for p in frozen:
-                self._param_to_grad_hook_handles.setdefault(p, ())
-            try:
-                return super()._track_module_params_and_buffers(module, install_grad_hooks)
-            finally:
-                for p in frozen:
-                    if self._param_to_grad_hook_handles.get(p) == ():
-                        del self._param_to_grad_hook_handles[p]
+            return track_skipping_frozen(self, super()._track_module_params_and_buffers,
+                                         module, install_grad_hooks)
 
     return GlobalPeakTracker
 

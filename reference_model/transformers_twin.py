@@ -35,7 +35,8 @@ from gptcalc.config import GPTConfig
 from gptcalc.errors import ConfigError
 from gptcalc.memory.profile_transformers import transformers_family
 
-from .memory import SavedReport, SavedTensor, saved_during, tensors_in
+from .memory import (SavedReport, SavedTensor, saved_during, tensors_in,
+                     track_skipping_frozen)
 from .recompute import OpCheckpoint
 
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
@@ -282,16 +283,8 @@ def _phase_tracker_class():
             return sum(s[_TOTAL_KEY] for s in self._curr_mem_snap.values())
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            # a frozen parameter (PEFT's base) takes no gradient hook: register_hook raises
-            frozen = [p for p in module.parameters() if not p.requires_grad]
-            for p in frozen:
-                self._param_to_grad_hook_handles.setdefault(p, ())
-            try:
-                return super()._track_module_params_and_buffers(module, install_grad_hooks)
-            finally:
-                for p in frozen:
-                    if self._param_to_grad_hook_handles.get(p) == ():
-                        del self._param_to_grad_hook_handles[p]
+            return track_skipping_frozen(self, super()._track_module_params_and_buffers,
+                                         module, install_grad_hooks)
 
     _PHASE_TRACKER = PhaseTracker
     return PhaseTracker

@@ -230,25 +230,16 @@ def test_mamba_heads_that_do_not_fit_the_width_are_refused():
 
 # --- the cache of each layer kind, as vLLM pages it ------------------------------------------
 
-from click.testing import CliRunner  # noqa: E402
 
-from gptcalc.cli import cli  # noqa: E402
 from gptcalc.inference.kv import (hybrid_block_size, hybrid_groups,  # noqa: E402
                                   kv_bytes_per_token_layer, state_bytes_per_layer,
                                   state_elements_per_layer)
 from gptcalc.inference.pool import kv_pool  # noqa: E402
+from tests.test_serve import run, serve_json  # noqa: E402
 
 GiB = 2**30
 
 
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args))
-
-
-def serve_json(*args: str) -> dict:
-    r = run("serve", *args, "--json")
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout)
 
 
 def test_qwen3_next_state_per_layer_as_vllm_shapes_it():

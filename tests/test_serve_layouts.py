@@ -4,7 +4,6 @@ own rule or a model transformers builds."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -18,19 +17,12 @@ from gptcalc.inference.pool import CUDA_CONTEXT, cpu_offload_bytes, early_v1_acc
 from gptcalc.inference.servers import release
 from gptcalc.inference.weights import (device_weight_bytes, pp_partition, stage_weight_bytes,
                                        stage_weight_parts)
+from tests.test_serve import run, serve_json
 
 GiB = 2**30
 H100 = int(79.22 * GiB)
 
 
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args))
-
-
-def serve_json(*args: str) -> dict:
-    r = run("serve", *args, "--json")
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout)
 
 
 # vLLM's own test of its partition (tests/distributed/test_pipeline_partition.py,
