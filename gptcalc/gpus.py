@@ -287,7 +287,7 @@ def gpu(name: str) -> GPU:
     if key not in GPUS:
         near = difflib.get_close_matches(key, [*GPUS, *ALIASES], n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(near)}? " if near else ""
-        raise ConfigError("gpu", f"unknown GPU {name!r}; {hint}choose from {', '.join(GPUS)}")
+        raise ConfigError("gpu", f"unknown GPU {name!r}; {hint}(`gptcalc gpus` lists them)")
     return GPUS[key]
 
 

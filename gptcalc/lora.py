@@ -155,6 +155,10 @@ def parse_targets(text: str | None, cfg: GPTConfig) -> tuple[str, ...]:
     if not names:
         raise ConfigError("lora_targets", "give at least one target, e.g. q,v")
     if "all" in (n.lower() for n in names):  # all-linear, and the others beside it (lm_head)
+        if cfg.hybrid:
+            raise ConfigError("lora_targets", "all-linear on a hybrid model's Mamba / Gated "
+                                              "DeltaNet layers is not modelled; name the "
+                                              "attention and MLP targets (e.g. q,v)")
         rest = [n for n in names if n.lower() != "all"]
         return tuple(dict.fromkeys(all_linear(cfg) + (parse_targets(",".join(rest), cfg)
                                                       if rest else ())))

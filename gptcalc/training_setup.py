@@ -225,9 +225,10 @@ class TrainingSetup:
         stream fp32 under amp: a 16-bit branch output added to it promotes to fp32)."""
         return self.weight_bytes
 
-    def describe(self, mixed: str) -> str:
+    def describe(self, mixed: str, merges_outputs: bool = True) -> str:
         """Every assumption of the set-up in words but its engine's (`gptcalc.memory.engines.
-        describe` puts them first): `mixed` is what mode mixed means under the engine."""
+        describe` puts them first): `mixed` is what mode mixed means under the engine,
+        `merges_outputs` whether its pipeline keeps every micro-batch's output."""
         amp_weights = "16-bit frozen base, fp32 adapters" if self.lora_rank else "fp32 weights"
         prec = {"fp32": "fp32", "amp": f"amp ({self.autocast_dtype} autocast, {amp_weights})",
                 "mixed": mixed, "bf16": "pure bf16"}[self.mode]
@@ -254,7 +255,8 @@ class TrainingSetup:
         alloc = ("expandable segments" if self.allocator == "expandable" else
                  "default segments")
         return (f"{prec}, {optimizer}, {self.describe_impl()}, recompute "
-                f"{self.recompute}{tune}{self.describe_stack()}, {self.describe_loss()}, "
+                f"{self.recompute}{tune}{self.describe_stack()}, "
+                f"{self.describe_loss(merges_outputs)}, "
                 f"caching allocator {alloc}, {layout}")
 
     def describe_impl(self) -> str:
@@ -279,13 +281,14 @@ class TrainingSetup:
             parts.append("activations offloaded to the host (torchtune)")
         return "".join(", " + p for p in parts)
 
-    def describe_loss(self) -> str:
-        """The loss and what the training loop does with the logits, in words."""
+    def describe_loss(self, merges_outputs: bool = True) -> str:
+        """The loss and what the training loop does with the logits, in words; a pipeline
+        that `merges_outputs` keeps every micro-batch's logits (`engines.pipeline`)."""
         loss = {"standard": "standard loss", "fused": "fused linear cross-entropy loss (Liger)",
                 "chunked": f"chunked loss ({self.loss_chunks} chunks, torchtune)"}[self.loss]
         if self.loss == "fused":
             return loss + ", no logits"
-        if self.pp > 1 and not self.keep_logits and self.engine != "megatron":
+        if self.pp > 1 and not self.keep_logits and merges_outputs:
             # torch.distributed.pipelining's last stage keeps its outputs to merge them;
             # Megatron-LM's keeps only each micro-batch's loss (engines.pipeline.merges_outputs)
             return loss + ", logits kept through backward (the pipeline merges outputs)"

@@ -257,7 +257,8 @@ TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSD
 def test_refusals_are_one_line_naming_the_key_and_the_file(tmp_path, llama31, name, text, needle):
     path = _write(tmp_path, name, text.format(model=llama31))
     err = fails("memory", "--recipe", path)
-    assert needle in err and path in err
+    # the file as typed, or, where the line would pass 200 characters, its folders elided
+    assert needle in err and (path in err or f"/{Path(path).name}:" in err and "…" in err)
 
 
 @pytest.mark.parametrize("name, text, key", [

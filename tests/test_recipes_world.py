@@ -116,7 +116,7 @@ def test_a_hub_id_not_known_offline_names_the_nearest_preset(tmp_path, monkeypat
     recipe.write_text("model_name_or_path: Qwen/Qwen2.5-7B-Instruct-1M\n")
     err = one_line(run("--recipe", str(recipe)), "--recipe")
     assert "model_name_or_path -> --hf-config" in err
-    assert err.rstrip().endswith("--preset qwen2.5-7b has the sizes of qwen/qwen2.5-7b-instruct")
+    assert "-> --hf-config: --preset qwen2.5-7b has the sizes of qwen/qwen2.5-7b-instruct" in err
 
 
 def test_a_mistyped_preset_gets_one_suggestion():

@@ -218,7 +218,24 @@ def shorten(message: str) -> str:
                        f"{w[:MAX_WORD // 2]}…{w[-MAX_WORD // 4:]} ({len(w):,} characters)"
                        for w in message.split(" "))
     room = MAX_LINE - len("Error: ")
+    words = message.split(" ")
+    for i in sorted(range(len(words)), key=lambda i: -len(words[i])):  # longest paths first
+        over = len(" ".join(words)) - room
+        if over <= 0:
+            break
+        words[i] = _elide_path(words[i], over)
+    message = " ".join(words)
     return message if len(message) <= room else message[:room - 1] + "…"
+
+
+def _elide_path(word: str, over: int) -> str:
+    """A path shortened by up to `over` characters from its folders, its file name kept
+    (".../train_configs/debug_model.toml"); a word that is not a path, unchanged."""
+    head, sep, name = word.rpartition("/")
+    if not sep or len(head) <= 4:
+        return word
+    keep = max(len(head) - over - 2, 0)  # "…/" replaces what is dropped
+    return "…" + head[len(head) - keep:] + "/" + name if keep else "…/" + name
 
 
 _LIST = re.compile(r"(?P<head>unknown (?P<noun>[\w ]+?) '(?P<value>[^']*)')(?P<mid>[^;]*);"

@@ -154,6 +154,9 @@ def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: i
     if rep.host:
         print_line(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
                    f"node ({node} ranks) {binary_bytes(rep.host_total * node)}")
+    for line, nbytes in rep.unified.items():  # CUDA unified memory: outside peak and reserved
+        print_line(f"{line}: {nbytes:,} B ({binary_bytes(nbytes)}), outside the peak and the "
+                   "reserved bytes")
     if fit:
         render_fit(cfg, wl, fit, detail=False)
 

@@ -210,7 +210,9 @@ def recipe_error(recipe: Recipe, given: dict[str, Any], error: ConfigError) -> C
              if setting.split(" ", 1)[0] == option.cli]
     key, setting = reads[-1] if reads else ("(the recipe)", "")
     hint = hub_hint(setting.split(" ", 1)[-1]) if option.name == "hf_config" else ""
-    return ConfigError("recipe", f"{recipe.path}: {key} -> {option.cli}: {error.message}{hint}")
+    # the hint first: a long reason after it may be cut at the line's 200 characters
+    head = f"{hint.removeprefix('; ')}; " if hint else ""
+    return ConfigError("recipe", f"{recipe.path}: {key} -> {option.cli}: {head}{error.message}")
 
 
 def recipe_line(recipe: Recipe, given: dict[str, Any]) -> str:

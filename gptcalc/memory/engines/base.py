@@ -234,7 +234,9 @@ def _engine_for(setup: TrainingSetup, _generation: int) -> Engine:
 def describe(setup: TrainingSetup) -> str:
     """One line naming every assumption of the set-up, its engine's first."""
     engine = engine_for(setup)
-    return (f"engine {engine.label(setup)}, {setup.describe(engine.mixed_precision(setup))}"
+    merged = engine.torch_pipelining  # as `engines.pipeline.merges_outputs` decides
+    return (f"engine {engine.label(setup)}, "
+            f"{setup.describe(engine.mixed_precision(setup), merged)}"
             f"{engine.assumptions(setup)}")
 
 
