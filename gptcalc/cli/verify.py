@@ -12,6 +12,7 @@ from ..errors import ConfigError, nonneg_int, positive_int
 from ..training_setup import PP_SCHEDULES
 from ..workload import Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
+from ..optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from .extras import require
 from .engines import EngineChoice, engine_help
 from .options import describe, model_options
@@ -30,7 +31,8 @@ from .render import emit_json, envelope, print_line, print_table
                    "real when the model fits and runs in seconds.")
 @click.option("--mode", type=click.Choice(MODES), default="fp32", show_default=True,
               help="Precision of the memory checks' training steps (amp: 16-bit autocast).")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
+              show_default=True)
 @click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
               help="Activation recomputation in the memory checks (torch.utils.checkpoint).")
 @click.option("--max-layers", type=int, default=None,
