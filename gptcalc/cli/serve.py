@@ -14,12 +14,12 @@ from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from ..inference.kv import KV_DTYPES, SSM_CACHE_DTYPES
 from ..layers import hybrid_layer_words
 from ..inference.fit import to_fit
-from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSWITCH_NON_TORCH,
-                              KVPool, cpu_offload_bytes, gpu_memory, kv_pool)
+from ..inference import servers
+from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, TP_NVSWITCH_NON_TORCH, KVPool,
+                              cpu_offload_bytes, gpu_memory, kv_pool)
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
 from ..inference.sampler import SAMPLERS
-from ..inference.servers import cuda_graphs_profiled
 from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
@@ -29,9 +29,25 @@ from .options import (ByteSize, click_option, current_setup, describe, float_ran
 from .render import emit_json, envelope, print_line, print_table
 
 
+class ServerChoice(click.Choice):
+    """One of the registered serving engines (`gptcalc.inference.servers`), read when the
+    option is parsed (an engine registered after import is a choice too)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return servers.names()
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click.Choice.__init__ assigns it; the registry decides
+        pass
+
+
 @click.command("serve")
 @model_options
-@click.option("--engine", type=click.Choice(SERVERS), default="vllm", show_default=True,
+@click.option("--engine", type=ServerChoice(), default=servers.DEFAULT, show_default=True,
               help="Serving engine whose KV pool is sized.")
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
@@ -175,12 +191,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         line += (f"; this release counts everything in use on the device as non-torch memory: "
                  f"its CUDA context {binary_bytes(pool.device_context)} (estimated) counted, "
                  "other processes on the GPU not")
-    if cuda_graphs_profiled(pool.release):
-        line += ("; its CUDA graphs' memory, which this release subtracts from the pool as "
-                 "estimated, not counted (pass --gpu-memory-utilization lower by it)")
-    elif pool.engine == "vllm":
-        line += ("; CUDA graphs not counted: this release captures them after sizing the pool, "
-                 "in the memory gpu_memory_utilization leaves")
+    line += servers.server_named(pool.engine).cuda_graph_words(pool.release)
     if cfg.moe and pool.activation:
         line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
                  + ("; each GPU's own experts, all-to-all buffers not counted)"
@@ -244,11 +255,12 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, s
         return " (default)" if name in defaults else ""
 
     wd, source = weights
-    knob = "mem_fraction_static" if p.engine == "sglang" else "gpu_memory_utilization"
+    server = servers.server_named(p.engine)
+    knob = server.fraction_option
     comm = (f" + custom all-reduce {binary_bytes(p.custom_all_reduce)} (NVLink assumed)"
             if p.custom_all_reduce else "")
     seqs = min(p.max_num_seqs, p.max_num_batched_tokens)
-    profile = ("no profile run (activations live outside the fraction)" if p.engine == "sglang"
+    profile = ("no profile run (activations live outside the fraction)" if not server.profile_run
                else f"profile run of {p.max_num_batched_tokens:,} tokens"
                     f"{d('max_num_batched_tokens')} in {seqs:,} sequences (max_num_seqs "
                     f"{p.max_num_seqs:,}{d('max_num_seqs')})")
