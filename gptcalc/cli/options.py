@@ -14,6 +14,7 @@ from ..api import Setup
 from ..coerce import coerce_field, field_kinds
 from ..config import GPTConfig
 from ..errors import ConfigError
+from ..gpus import DEFAULT_GPU
 from ..layers import HYBRID_COMMANDS, hybrid_refusal
 from ..workload import Workload
 from ..configfile import FORMATS, write_config_file
@@ -86,6 +87,18 @@ def click_option(opt: Option) -> Callable:
 
 
 _MODEL_OPTIONS = [click_option(OPTIONS[name]) for name in MODEL_OPTIONS]
+
+
+def gpu_option(help: str = "Accelerator (see `gptcalc gpus`).") -> Callable:
+    """--gpu NAME (the command's `gpu_name`), a catalogue card, DEFAULT_GPU when not given;
+    `help` says what the command reads of it."""
+    return click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True,
+                        metavar="NAME", help=help)
+
+
+def json_option(help: str = "Machine-readable output.") -> Callable:
+    """--json (the command's `as_json`): the command's answer as one JSON document."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
 
 
 def model_options(command: Callable) -> Callable:

@@ -9,7 +9,7 @@ import click
 from ..config import GPTConfig
 from ..errors import ConfigError, positive_int
 from ..workload import Workload
-from ..gpus import DEFAULT_GPU, gpu as find_gpu
+from ..gpus import gpu as find_gpu
 from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from ..inference.kv import KV_DTYPES, SSM_CACHE_DTYPES
 from ..layers import hybrid_layer_words
@@ -25,7 +25,7 @@ from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
 from ..schema import OPTIONS
 from .options import (ByteSize, click_option, current_setup, describe, float_range,
-                      model_options)
+                      gpu_option, json_option, model_options)
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -49,8 +49,7 @@ class ServerChoice(click.Choice):
 @model_options
 @click.option("--engine", type=ServerChoice(), default=servers.DEFAULT, show_default=True,
               help="Serving engine whose KV pool is sized.")
-@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
-              help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
+@gpu_option("Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
 @click.option("--gpu-memory", type=ByteSize(exact=False), default=None, metavar="SIZE",
               help="Total memory of one GPU as the engine reads it, torch.cuda.mem_get_info's "
                    "total (e.g. 79.22GiB); default the --gpu's usable figure (`gptcalc gpus`). "
@@ -118,7 +117,7 @@ class ServerChoice(click.Choice):
 @click.option("--detail", is_flag=True,
               help="Every line: the activation peak by tensor, each pipeline stage, the "
                    "throughput table.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 @float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             gpu_memory: int | None, tp: int, pp: int, dp: int, expert_parallel: bool,

@@ -15,7 +15,7 @@ from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
 from ..optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from .extras import require
 from .engines import EngineChoice, engine_help
-from .options import describe, model_options
+from .options import describe, json_option, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -61,7 +61,7 @@ from .render import emit_json, envelope, print_line, print_table
               show_default=True,
               help="The model trained by a distributed verify: this project's reference "
                    "model or the transformers model of the same config.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
             mode: str, optimizer: str, recompute: str, max_layers: int | None,
             dp: int, zero: int, engine: str | None, deepspeed_config: str | None, tp: int,
