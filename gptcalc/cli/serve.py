@@ -335,9 +335,8 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
                      f"{cfg.n_expert} a GPU" if lay.get("expert_parallel")
                      else f"every expert cut over {n} GPUs")
     if p.cpu_offload:
-        words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory "
-                     + ("(V0: one layer's copied in for its forward)" if p.release.engine == "V0"
-                        else "(V1: read in place over PCIe)"))
+        words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory"
+                     + servers.server_named(p.engine).offload_words(p.release))
     return "".join(f"; {w}" for w in words)
 
 

@@ -69,7 +69,7 @@ DEFAULT_NON_TORCH = GiB // 5
 # accuracy/results/v0.19.0 logs), vLLM 0.9.2 2.21 GiB at tp 4
 # (https://github.com/vllm-project/vllm/issues/21348) and an SGLang rank 2.01 GB at tp 4
 # (https://github.com/sgl-project/sglang/issues/11716). The smallest of them,
-# less vLLM's custom all-reduce buffers (`servers.custom_all_reduce_bytes`, counted apart).
+# less vLLM's custom all-reduce buffers (`vllm.custom_all_reduce_bytes`, counted apart).
 TP_NVSWITCH_NON_TORCH = int(2.07 * GiB) - 24 * 2**20
 # the catalogue's cards on NVSwitch baseboards (HGX) with NCCL's NVLink SHARP and channel
 # buffers logged (`gptcalc.gpus`' nvlink_sharp)

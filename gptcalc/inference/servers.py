@@ -18,7 +18,8 @@ its pool from a share of the GPU's memory with no profile run (SGLang's rule):
   its profile run and its process hold besides the weights (none by default);
 - `chunked_admission`: a sliding-window layer admits a request with a chunk of
   max_num_batched_tokens beyond its window (vLLM), rather than the window alone;
-- `cuda_graph_words`: what the line of assumptions says of its CUDA graphs.
+- `offload_words`, `cuda_graph_words`: what the line of assumptions says of its CPU offload
+  and its CUDA graphs.
 
 Every function here is pure.
 """
@@ -128,6 +129,10 @@ class Server:
     def custom_all_reduce_bytes(self, r: Release, tp: int) -> int:
         """Its own communication buffers on each GPU of a tensor-parallel group of tp."""
         return 0
+
+    def offload_words(self, r: Release) -> str:
+        """How the release reads weights held in host memory (" (...)"), "" for nothing."""
+        return ""
 
     def cuda_graphs_profiled(self, r: Release) -> bool:
         """The release subtracts its CUDA graphs' estimated memory from the pool."""

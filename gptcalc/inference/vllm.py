@@ -208,6 +208,10 @@ class VLLM(Server):
     def custom_all_reduce_bytes(self, r: Release, tp: int) -> int:
         return custom_all_reduce_bytes(r, tp)
 
+    def offload_words(self, r: Release) -> str:
+        return (" (V0: one layer's copied in for its forward)" if r.engine == "V0"
+                else " (V1: read in place over PCIe)")
+
     def cuda_graphs_profiled(self, r: Release) -> bool:
         return cuda_graphs_profiled(r)
 
