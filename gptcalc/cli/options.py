@@ -355,24 +355,28 @@ def pop_training(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in TRAINING_OPTIONS if k in kwargs}
 
 
-def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
-    """The TrainingSetup of the running command (`gptcalc.training.resolve_training`: options >
-    the --config file's [training] and [parallel] tables > the family's defaults), recorded so
-    --save-config writes it. `ds`: --deepspeed-config's settings, read once by the command
-    (`deepspeed_settings`)."""
-    setup, tables = resolve_given(cfg, given, ds)
+def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None,
+                   ctx: click.Context | None = None):
+    """The TrainingSetup of the command `ctx` (default the running one;
+    `gptcalc.training.resolve_training`: options > the --config file's [training] and
+    [parallel] tables > the family's defaults), recorded so --save-config writes it. `ds`:
+    --deepspeed-config's settings, read once by the command (`deepspeed_settings`)."""
+    ctx = running(ctx)
+    setup, tables = resolve_given(cfg, given, ds, ctx)
     for name, table in tables.items():
-        record_section(name, table)
+        record_section(name, table, ctx)
     return setup
 
 
-def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
-    """The TrainingSetup and the effective [training] and [parallel] tables of the running
-    command for the options `given`, recording nothing (`training_setup` records them): what a
-    command would resolve to with other options, as the fit advice asks."""
+def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None,
+                  ctx: click.Context | None = None):
+    """The TrainingSetup and the effective [training] and [parallel] tables of the command
+    `ctx` (default the running one) for the options `given`, recording nothing
+    (`training_setup` records them): what a command would resolve to with other options, as
+    the fit advice asks."""
     from ..training import resolve_training
 
-    ctx = running()
+    ctx = running(ctx)
     s = current_setup(ctx)
     path = ctx.params.get("config") if ctx else None
     # the --config file's own tables, not those a first resolution recorded for --save-config
@@ -382,11 +386,12 @@ def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | No
                             where=f"{path}: " if path else "", ds=ds)
 
 
-def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] | None:
+def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any],
+                       ctx: click.Context | None = None) -> dict[str, Any] | None:
     """--deepspeed-config's settings (`gptcalc.dsconfig.read_ds_config`), None without it: a
     command reads the file once, here, and hands the settings to `deepspeed_workload` and
     `training_setup`."""
-    path = _ds_path(given)
+    path = _ds_path(given, ctx)
     if not path:
         return None
     from ..dsconfig import read_ds_config
@@ -394,27 +399,29 @@ def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] 
     return read_ds_config(path, cfg)
 
 
-def _ds_path(given: dict[str, Any]) -> str | None:
+def _ds_path(given: dict[str, Any], ctx: click.Context | None = None) -> str | None:
     """--deepspeed-config, else the --config file's [parallel] deepspeed_config (as
-    --save-config writes it)."""
+    --save-config writes it) of the command `ctx` (default the running one)."""
     path = given.get("deepspeed_config")
     if not path:
-        path = config_section("parallel").get("deepspeed_config")
+        path = config_section("parallel", ctx).get("deepspeed_config")
     return path if isinstance(path, str) and path else None
 
 
 def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
-                       ds: dict[str, Any] | None = None) -> Workload:
+                       ds: dict[str, Any] | None = None,
+                       ctx: click.Context | None = None) -> Workload:
     """The workload with --deepspeed-config's micro-batch and accumulation where the file
-    sets them (not "auto"); -B and --grad-accum given explicitly must agree with it."""
-    path = _ds_path(given)
+    sets them (not "auto"); -B and --grad-accum given explicitly (to the command `ctx`,
+    default the running one) must agree with it."""
+    ctx = running(ctx)
+    path = _ds_path(given, ctx)
     if not path:
         return wl
     from ..training import ds_agreed
 
     if ds is None:
-        ds = deepspeed_settings(cfg, given)
-    ctx = running()
+        ds = deepspeed_settings(cfg, given, ctx)
     changes = ds_agreed(path, ds, ctx.params if ctx else {}, ("batch_size", "grad_accum"))
     return dataclasses.replace(wl, **changes) if changes else wl
 

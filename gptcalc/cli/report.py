@@ -39,7 +39,7 @@ def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path
     cfg, wl = model
     training = pop_training(given)
     training["device"] = None if device == "auto" else device
-    setup = training_setup(cfg, training)
+    setup = training_setup(cfg, training, ctx=ctx)
     print_line(assumptions(cfg, wl, setup))
     name = model_name(ctx)
     find_gpu(gpu_name)  # an unknown name fails here, before the slow part
