@@ -1,6 +1,6 @@
 """The serving-engine interface and its registry, and a release of an engine.
 
-A serving engine is one module of this package that defines a subclass of `Server` and
+A serving engine is one module of `gptcalc.inference` that defines a subclass of `Server` and
 registers one instance with `register`; the package imports it, so the pool
 (`gptcalc.inference.pool.kv_pool`), `KVPool` and `gptcalc serve` ask the registry
 (`server_named`, `names`) and never name an engine. `vllm` and `sglang` are the two modelled.
