@@ -197,19 +197,20 @@ def render_fit(cfg: GPTConfig, wl: Workload, fit: dict[str, Any], detail: bool) 
     """What fits beside the verdict: the largest micro-batch and sequence, the advice; with
     `detail` the longest inference context too."""
     if fit["max_batch"]:
+        bound = (f" (a memory bound: the model's block size is {cfg.block_size:,})"
+                 if fit["max_seq_len"] > cfg.block_size else "")
         print_line(f"Largest micro-batch {fit['max_batch']:,} at seq_len {wl.seq_len:,}; "
                    f"longest sequence {fit['max_seq_len']:,} tokens at micro-batch "
-                   f"{wl.batch_size}"
-                   + (f" (a memory bound: the model's block size is {cfg.block_size:,})"
-                      if fit["max_seq_len"] > cfg.block_size else ""))
+                   f"{wl.batch_size}{bound}", wrap=True)
     else:
         longest = (f"the longest sequence that fits is {fit['max_seq_len']:,} tokens at "
                    f"micro-batch {wl.batch_size}" if fit["max_seq_len"]
                    else "no sequence fits either")
-        print_line(f"No micro-batch fits at seq_len {wl.seq_len:,}; {longest}")
+        print_line(f"No micro-batch fits at seq_len {wl.seq_len:,}; {longest}", wrap=True)
     if fit["advice"]:
         print_line("To fit, add one of: " + "; ".join(
-            f"{a['options']} ({binary_bytes(a['must_hold'])})" for a in fit["advice"]))
+            f"{a['options']} ({binary_bytes(a['must_hold'])})" for a in fit["advice"]),
+            wrap=True)
     if not detail:
         return
     if fit["max_context"] is None:
@@ -219,4 +220,4 @@ def render_fit(cfg: GPTConfig, wl: Workload, fit: dict[str, Any], detail: bool) 
         if fit["max_context"] > cfg.block_size:
             ctx += f" by memory (the model's block size is {cfg.block_size:,})"
     print_line(f"Inference in {binary_bytes(fit['budget'])} per device (weights + KV cache in "
-               f"the serving dtype, batch {wl.batch_size}): longest context {ctx}")
+               f"the serving dtype, batch {wl.batch_size}): longest context {ctx}", wrap=True)

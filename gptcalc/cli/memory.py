@@ -123,40 +123,86 @@ def _head(cfg, wl, setup: TrainingSetup, fit) -> None:
     """The verdict first (with a card), then the assumptions, the recipe and the model."""
     if fit:
         for line in verdict_lines(fit, setup):
-            print_line(line)
-    print_line(assumptions(cfg, wl, setup))
+            print_line(line, wrap=True)
+    print_line(assumptions(cfg, wl, setup), wrap=True)
     recipe = current_recipe()
     if recipe is not None:
         from ..recipes import recipe_line
 
-        print_line(recipe_line(*recipe))
-    print_line(describe(cfg, wl))
+        print_line(recipe_line(*recipe), wrap=True)
+    print_line(describe(cfg, wl), wrap=True)
+
+
+def _rank_line(setup: TrainingSetup, rep: MemoryReport) -> str:
+    """Every pipeline rank's allocated peak (and reserved bytes) on one line, rank 0 first, and
+    the rank the verdict judges: the one that must hold the most (its reserved bytes where
+    simulated, else its allocated peak); beyond `_RANKS_ON_A_LINE` ranks, the heaviest and
+    the lightest."""
+    stages = rep.stages
+    worst = max(stages, key=lambda s: s.peak if s.reserved is None else s.reserved)
+    head = f"per pipeline rank ({setup.pp_schedule}; the verdict is rank {worst.rank}'s)"
+    if len(stages) > _RANKS_ON_A_LINE:
+        hi = max(stages, key=lambda s: s.peak)
+        lo = min(stages, key=lambda s: s.peak)
+        return (f"{head}: allocated peak from {binary_bytes(lo.peak)} (rank {lo.rank}) to "
+                f"{binary_bytes(hi.peak)} (rank {hi.rank}); --detail: every rank")
+    top = max(max(s.peak, s.reserved or 0) for s in stages)
+    unit, size = next((u, b) for u, b in _UNITS if top >= b or b == 1)
+
+    def figures(values) -> str:
+        return " ".join(f"{v / size:.2f}" for v in values) + f" {unit}"
+    line = f"{head}: allocated peak {figures(s.peak for s in stages)}"
+    if all(s.reserved is not None for s in stages):
+        line += f"; reserved {figures(s.reserved for s in stages)}"
+    return line
+
+
+def _short_terms(lines: dict[str, int]) -> list[list[str]]:
+    """The peak's `_TERMS_SHOWN` largest terms in the step's order, the rest on one row."""
+    terms = [(k, v) for k, v in lines.items() if v]
+    if len(terms) > _TERMS_SHOWN:
+        kept = {k for k, _ in sorted(terms, key=lambda kv: -kv[1])[:_TERMS_SHOWN - 1]}
+        rest = [v for k, v in terms if k not in kept]
+        terms = [(k, v) for k, v in terms if k in kept] + [
+            (f"{len(rest)} smaller terms (--detail: each)", sum(rest))]
+    return [[k, binary_bytes(v)] for k, v in terms]
+
+
+# terms of the peak the one-screen answer lists (more: the largest, then the rest summed)
+_TERMS_SHOWN = 5
+# ranks whose figures one line lists (more: the heaviest and the lightest)
+_RANKS_ON_A_LINE = 16
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
 def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
                   smi: dict[str, int] | None) -> None:
-    """One screen: the verdict, the assumptions, the peak's terms, what fits; --detail prints
-    the rest."""
+    """One screen: the verdict (on the worst pipeline rank), the assumptions, the peak's terms
+    on the most loaded rank, every rank's peak on a line, what fits; --detail prints the
+    rest."""
     _head(cfg, wl, setup, fit)
     stage = ""
     if setup.pp > 1:
-        stage = f"; pipeline rank {pipeline_rank(setup, rep.peak.stage)}, the most loaded"
-    print_table(None, ["the step's peak per device", "bytes", "binary"],
-                _rows(rep.peak.lines),
-                total_row=[f"allocated peak ({rep.peak.phase}{stage})", f"{rep.peak.bytes:,}",
-                           binary_bytes(rep.peak.bytes)])
+        stage = f"; rank {pipeline_rank(setup, rep.peak.stage)}, the most loaded"
+    # binary units only: the exact bytes are in --detail and --json
+    print_table(None, ["the step's peak per device", "bytes"], _short_terms(rep.peak.lines),
+                total_row=[f"allocated peak ({rep.peak.phase}{stage})",
+                           binary_bytes(rep.peak.bytes)], edge=False)
+    if rep.stages:
+        print_line(_rank_line(setup, rep), wrap=True)
     if smi and not fit:
         print_line(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
                    f"{binary_bytes(sum(smi.values()))} (with the CUDA context and NCCL "
-                   "buffers, estimated)")
+                   "buffers, estimated)", wrap=True)
     elif setup.device == "cuda" and not smi:
-        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
+        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage",
+                   wrap=True)
     if rep.host:
         print_line(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
-                   f"node ({node} ranks) {binary_bytes(rep.host_total * node)}")
+                   f"node ({node} ranks) {binary_bytes(rep.host_total * node)}", wrap=True)
     for line, nbytes in rep.unified.items():  # CUDA unified memory: outside peak and reserved
         print_line(f"{line}: {nbytes:,} B ({binary_bytes(nbytes)}), outside the peak and the "
-                   "reserved bytes")
+                   "reserved bytes", wrap=True)
     if fit:
         render_fit(cfg, wl, fit, detail=False)
 
