@@ -190,3 +190,21 @@ def test_fvcore_would_warn_of_unsupported_operators_without_being_told_not_to(ca
     with measure._quiet_torch_jit():
         FlopCountAnalysis(model, (idx,)).total()
     assert any("nsupported operator" in r.getMessage() for r in caplog.records)
+
+
+def test_verify_prints_no_warning_to_the_user():
+    """The whole command as a user runs it (Python's default warning filters, fvcore's logger
+    printing to stderr through logging's last-resort handler): nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": ""}
+    r = subprocess.run([sys.executable, "-m", "gptcalc", "verify", "--preset", "debug",
+                        "--device", "cpu"], capture_output=True, text=True, env=env, cwd=root,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "fvcore forward matmul FLOPs" in r.stdout
+    assert r.stderr == ""
