@@ -196,3 +196,34 @@ def test_a_wrapped_line_keeps_numbers_with_their_units_and_options_with_their_va
             assert any(glued in line for line in lines), (width, glued)
     assert wrap_text("  per GPU, budget: 79.22 GiB x 0.9", 20) == [
         "  per GPU, budget:", "  79.22 GiB x 0.9"]
+
+
+def test_the_screen_lists_five_terms_of_the_peak_and_sums_the_rest_from_the_sixth():
+    from gptcalc.cli.memory import _TERMS_SHOWN, _short_terms
+
+    assert _TERMS_SHOWN == 5
+    five = {f"t{i}": (i + 1) * 2**30 for i in range(5)}
+    assert [row[0] for row in _short_terms(five)] == list(five)  # all five, in order
+    rows = _short_terms({"small": 2**20, **five, "zero": 0})
+    assert len(rows) == 5 and rows[-1] == ["2 smaller terms (--detail: each)",
+                                           binary_bytes(2**20 + 2**30)]
+    assert [row[0] for row in rows[:4]] == ["t1", "t2", "t3", "t4"]  # the largest, in order
+
+
+@pytest.mark.parametrize("pp, listed", [(16, True), (17, False)])
+def test_every_rank_is_on_the_line_up_to_sixteen_ranks(pp, listed):
+    from types import SimpleNamespace
+
+    from gptcalc.cli.memory import _rank_line
+    from gptcalc.memory.summary import StageFigures
+
+    stages = [StageFigures(rank=r, layers=1, held_layers=1, weights=0, gradients=0,
+                           optimizer=0, activations=0, peak=(r + 1) * 2**30, peak_phase="x",
+                           reserved=(r + 2) * 2**30) for r in range(pp)]
+    line = _rank_line(SimpleNamespace(pp_schedule="1f1b"), SimpleNamespace(stages=stages),
+                      judged=True)
+    assert f"the verdict is rank {pp - 1}'s" in line  # the most reserved
+    if listed:
+        assert "allocated peak " + " ".join(f"{r + 1}.00" for r in range(pp)) + " GiB" in line
+    else:
+        assert f"from 1.00 GiB (rank 0) to {pp}.00 GiB (rank {pp - 1})" in line

@@ -133,14 +133,15 @@ def _head(cfg, wl, setup: TrainingSetup, fit) -> None:
     print_line(describe(cfg, wl), wrap=True)
 
 
-def _rank_line(setup: TrainingSetup, rep: MemoryReport) -> str:
+def _rank_line(setup: TrainingSetup, rep: MemoryReport, judged: bool) -> str:
     """Every pipeline rank's allocated peak (and reserved bytes) on one line, rank 0 first, and
-    the rank the verdict judges: the one that must hold the most (its reserved bytes where
-    simulated, else its allocated peak); beyond `_RANKS_ON_A_LINE` ranks, the heaviest and
+    the rank a verdict (`judged`) is on: the one that must hold the most (its reserved bytes
+    where simulated, else its allocated peak); beyond `_RANKS_ON_A_LINE` ranks, the heaviest and
     the lightest."""
     stages = rep.stages
     worst = max(stages, key=lambda s: s.peak if s.reserved is None else s.reserved)
-    head = f"per pipeline rank ({setup.pp_schedule}; the verdict is rank {worst.rank}'s)"
+    head = f"per pipeline rank ({setup.pp_schedule}" + (
+        f"; the verdict is rank {worst.rank}'s)" if judged else ")")
     if len(stages) > _RANKS_ON_A_LINE:
         hi = max(stages, key=lambda s: s.peak)
         lo = min(stages, key=lambda s: s.peak)
@@ -189,7 +190,7 @@ def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: i
                 total_row=[f"allocated peak ({rep.peak.phase}{stage})",
                            binary_bytes(rep.peak.bytes)], edge=False)
     if rep.stages:
-        print_line(_rank_line(setup, rep), wrap=True)
+        print_line(_rank_line(setup, rep, judged=bool(fit)), wrap=True)
     if smi and not fit:
         print_line(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
                    f"{binary_bytes(sum(smi.values()))} (with the CUDA context and NCCL "
