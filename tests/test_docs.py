@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,7 @@ JSON_COMMANDS = {
     "serve": "serve --preset llama3-8b",
 }
 # keys a section states that only some options print: the key and why it is absent above
-OPTIONAL = {"memory": {"recipe"}}  # only with --recipe FILE
+OPTIONAL = {"memory": {"recipe", "fit"}}  # only with --recipe FILE; with --gpu or --gpu-memory
 ENVELOPE = {"schema", "config", "workload", "training"}
 
 
@@ -145,10 +146,23 @@ def test_every_json_section_has_a_command_here():
     assert set(_json_sections()) - {"verify", "presets", "gpus"} == set(JSON_COMMANDS)
 
 
-@pytest.mark.parametrize("cmd", sorted(JSON_COMMANDS))
-def test_the_keys_docs_json_states_are_the_keys_printed(cmd):
+def _documented_json_commands() -> list[str]:
+    """The README's and docs' own `gptcalc CMD ... --json` examples, CMD a section above."""
+    from .test_readme import COMMANDS, DOC_COMMANDS
+
     sections = _json_sections()
-    r = CliRunner().invoke(cli, JSON_COMMANDS[cmd].split() + ["--json"])
+    return [c for c in COMMANDS + [c for _, c in DOC_COMMANDS]
+            if c.split()[1] in sections and "--json" in c.split()]
+
+
+@pytest.mark.parametrize("command", [
+    *(f"gptcalc {c} --json" for c in JSON_COMMANDS.values()), *_documented_json_commands()])
+def test_the_keys_docs_json_states_are_the_keys_printed(command, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the docs name files by their path in the repository
+    sections = _json_sections()
+    args = shlex.split(command)[1:]
+    cmd = args[0]
+    r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     printed = set(json.loads(r.stdout))
     section = sections[cmd]
