@@ -173,3 +173,29 @@ def test_the_keys_docs_json_states_are_the_keys_printed(command, monkeypatch):
     if cmd == "serve":  # "infer's keys follow"
         stated |= _table_keys(sections["infer"])
     assert not printed - stated, sorted(printed - stated)
+
+
+def _readme_json_paragraphs() -> dict[str, str]:
+    """README's paragraphs naming a command's --json keys: "`gptcalc CMD --json` ..." (both
+    of params' are one), and memory's "`--json` (bytes per device ..." under its section."""
+    text = (ROOT / "README.md").read_text()
+    out: dict[str, str] = {}
+    for para in text.split("\n\n"):
+        m = re.match(r"`gptcalc (\w+) --json`", para)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), "") + para
+        elif para.startswith("`--json` (bytes per device, exact integers)"):
+            out["memory"] = para
+    return out
+
+
+@pytest.mark.parametrize("cmd", ["params", "flops", "time", "infer", "serve", "memory"])
+def test_the_readme_names_every_key_a_command_prints(cmd):
+    paragraphs = _readme_json_paragraphs()
+    r = CliRunner().invoke(cli, JSON_COMMANDS[cmd].split() + ["--json"])
+    assert r.exit_code == 0, r.output
+    stated = set(re.findall(r"`(\w+)`", paragraphs[cmd])) | ENVELOPE
+    if cmd == "serve":  # "plus infer's keys"
+        stated |= set(re.findall(r"`(\w+)`", paragraphs["infer"]))
+    printed = set(json.loads(r.stdout))
+    assert not printed - stated, sorted(printed - stated)
