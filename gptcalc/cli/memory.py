@@ -21,7 +21,7 @@ from .fit import device_budget, fit_section, render_fit, verdict_lines
 from .options import (assumptions, click_option, current_recipe, deepspeed_settings,
                       deepspeed_workload, describe, model_options, training_options,
                       training_setup, world_size_option)
-from .render import emit_json, envelope, print_line, print_table
+from .render import emit_json, envelope, print_table, print_wrapped
 
 # ranks (GPUs) per node, for the host memory a node needs: an 8-GPU server (DGX/HGX)
 DEFAULT_GPUS_PER_NODE = 8
@@ -123,14 +123,14 @@ def _head(cfg, wl, setup: TrainingSetup, fit) -> None:
     """The verdict first (with a card), then the assumptions, the recipe and the model."""
     if fit:
         for line in verdict_lines(fit, setup):
-            print_line(line, wrap=True)
-    print_line(assumptions(cfg, wl, setup), wrap=True)
+            print_wrapped(line)
+    print_wrapped(assumptions(cfg, wl, setup))
     recipe = current_recipe()
     if recipe is not None:
         from ..recipes import recipe_line
 
-        print_line(recipe_line(*recipe), wrap=True)
-    print_line(describe(cfg, wl), wrap=True)
+        print_wrapped(recipe_line(*recipe))
+    print_wrapped(describe(cfg, wl))
 
 
 def _rank_line(setup: TrainingSetup, rep: MemoryReport, judged: bool) -> str:
@@ -190,20 +190,19 @@ def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: i
                 total_row=[f"allocated peak ({rep.peak.phase}{stage})",
                            binary_bytes(rep.peak.bytes)], edge=False)
     if rep.stages:
-        print_line(_rank_line(setup, rep, judged=bool(fit)), wrap=True)
+        print_wrapped(_rank_line(setup, rep, judged=bool(fit)))
     if smi and not fit:
-        print_line(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
+        print_wrapped(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
                    f"{binary_bytes(sum(smi.values()))} (with the CUDA context and NCCL "
-                   "buffers, estimated)", wrap=True)
+                   "buffers, estimated)")
     elif setup.device == "cuda" and not smi:
-        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage",
-                   wrap=True)
+        print_wrapped(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
     if rep.host:
-        print_line(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
-                   f"node ({node} ranks) {binary_bytes(rep.host_total * node)}", wrap=True)
+        print_wrapped(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
+                   f"node ({node} ranks) {binary_bytes(rep.host_total * node)}")
     for line, nbytes in rep.unified.items():  # CUDA unified memory: outside peak and reserved
-        print_line(f"{line}: {nbytes:,} B ({binary_bytes(nbytes)}), outside the peak and the "
-                   "reserved bytes", wrap=True)
+        print_wrapped(f"{line}: {nbytes:,} B ({binary_bytes(nbytes)}), outside the peak and the "
+                   "reserved bytes")
     if fit:
         render_fit(cfg, wl, fit, detail=False)
 
@@ -239,11 +238,11 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
                            binary_bytes(rep.peak.bytes)],
                 caption=f"peak at {rep.peak.why}")
     if smi:
-        print_line(f"what nvidia-smi shows: {binary_bytes(sum(smi.values()))} = "
+        print_wrapped(f"what nvidia-smi shows: {binary_bytes(sum(smi.values()))} = "
                    + " + ".join(f"{k} {binary_bytes(v)}" for k, v in smi.items() if v)
                    + " (the CUDA context and NCCL buffers estimated)")
     elif setup.device == "cuda":
-        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
+        print_wrapped(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
     if rep.host:
