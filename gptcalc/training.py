@@ -179,6 +179,13 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
         training["mode"] = "mixed"  # the engine's own mixed precision is how it is run
     _engine_impl(cfg, training, given, filed, parallel["engine"])
     tables = {"training": dict(training), "parallel": {**parallel, **engine_table}}
+    # what the engine derives is left out of the tables unless chosen (the engine from the ZeRO
+    # stage, the precision from the engine), so that a file read back with other options
+    # (--zero 3, or the fit advice's) derives them again as the same options typed would
+    if given.get("engine") is None and "engine" not in filed_p:
+        del tables["parallel"]["engine"]
+    if not from_hf and given.get("mode") is None and "mode" not in filed:
+        del tables["training"]["mode"]
     fields = dict(training)
     overhead = fields.pop("overhead")
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, example, given, settings, strategies as st
 
 import gptcalc
 from gptcalc import ConfigError, GPTConfig, Workload
@@ -309,3 +309,95 @@ def test_an_offload_device_in_a_config_file_is_checked(tmp_path):
     r = CliRunner().invoke(cli, ["memory", "--config", str(path)])
     assert r.exit_code == 2 and r.stderr.startswith("Error: --config: ")
     assert "offload_param" in r.stderr
+
+
+# --- any set of memory's options: --save-config then --config gives the same answer -----------
+
+# each option that changes memory's answer, with values that exercise it (a set-up the rules
+# refuse is skipped: it has no answer to save)
+MEMORY_OPTIONS = {
+    "--mode": ["fp32", "amp", "mixed", "bf16"],
+    "--optimizer": ["adamw", "sgd-momentum", "adamw8bit", "lion", "adafactor"],
+    "--autocast-dtype": ["bf16", "fp16"],
+    "--recompute": ["none", "selective", "op", "full"],
+    "--attn": ["sdpa", "manual"],
+    "--impl": ["reference", "paper", "megatron-core"],
+    "--loss": ["standard", "chunked", "fused"],
+    "--loss-chunks": ["4", "16"],
+    "--keep-logits": [], "--no-keep-logits": [],
+    "--optimizer-in-backward": [],
+    "--allocator": ["default", "expandable"],
+    "--compile": ["none", "blocks", "model"],
+    "--float8": ["none", "tensorwise", "rowwise"],
+    "--offload-activations": [],
+    "--overhead": ["1GiB", "123456"],
+    "--zero": ["0", "1", "2", "3"],
+    "--engine": ["ddp", "deepspeed", "fsdp2", "megatron", "zero-redundancy"],
+    "--offload-optimizer": ["cpu", "nvme"],
+    "--offload-param": ["cpu"],
+    "--no-distributed-optimizer": [],
+    "--dp": ["2", "4"],
+    "--tp": ["2"],
+    "--pp": ["2", "4"],
+    "--pp-schedule": ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"],
+    "--pp-virtual": ["2"],
+    "--sp": [],
+    "--cp": ["2"],
+    "--lora-rank": ["8"],
+    "--lora-targets": ["q,v", "all"],
+    "--weights-dtype": ["nf4", "int4"],
+    "--bnb-version": ["0.43.1"],
+    "--device": ["cuda", "cpu"],
+    "-B": ["1", "3"],
+    "--grad-accum": ["2", "4"],
+    "--seq-len": ["256", "1000"],
+    "-L": ["4", "6"],
+    "--set": ["norm=rmsnorm", "n_kv_head=4", "mlp=swiglu"],
+}
+
+
+@st.composite
+def memory_options(draw) -> list[str]:
+    names = draw(st.sets(st.sampled_from(sorted(MEMORY_OPTIONS)), min_size=1, max_size=5))
+    out: list[str] = []
+    for name in names:
+        values = MEMORY_OPTIONS[name]
+        out += [name] + ([draw(st.sampled_from(values))] if values else [])
+    return out
+
+
+# what a command asks of the configuration rather than part of it, the command line's only
+# (schema's _DEVICE options; --context, the inference run whose KV cache is sized): given again
+QUESTIONS = st.sampled_from([(), ("--gpu", "h100-sxm"), ("--gpu-memory", "2GiB"),
+                             ("--context", "512"), ("--gpus-per-node", "4")])
+
+
+@settings(max_examples=80, deadline=None)
+# a budget nothing fits: the advice resolves the set-up again with --zero 3 (found by the draw)
+@example(options=["--device", "cpu"], fmt="toml", asked=("--gpu-memory", "2GiB"))
+@given(options=memory_options(), fmt=st.sampled_from(["toml", "json"]), asked=QUESTIONS)
+def test_any_memory_options_survive_save_config_then_config(options, fmt, asked,
+                                                             tmp_path_factory):
+    saved = tmp_path_factory.mktemp("saved") / f"run.{fmt}"
+    first = invoke("memory", "--preset", "gpt2", *options, *asked, "--json",
+                   "--save-config", str(saved))
+    event("refused" if first.exit_code == 2 else "answered")
+    if first.exit_code == 2:  # refused: no answer to save
+        return
+    assert first.exit_code == 0, first.output
+    again = invoke("memory", "--config", str(saved), *asked, "--json")
+    assert again.exit_code == 0, (options, saved.read_text(), again.output)
+    assert again.stdout == first.stdout, (options, saved.read_text())
+
+
+@pytest.mark.parametrize("saved_with, then", [
+    ((), ("--zero", "3", "--dp", "8")),          # the engine follows the ZeRO stage
+    (("--zero", "2", "--dp", "2"), ("--zero", "0")),  # and the precision the engine
+])
+def test_a_saved_file_with_other_options_answers_as_those_options_typed(saved_with, then,
+                                                                         tmp_path):
+    saved = tmp_path / "run.toml"
+    ok("memory", "--preset", "gpt2", *saved_with, "--save-config", str(saved))
+    typed = json.loads(ok("memory", "--preset", "gpt2", *saved_with, *then, "--json"))
+    again = json.loads(ok("memory", "--config", str(saved), *then, "--json"))
+    assert again["setup"] == typed["setup"] and again["peak"] == typed["peak"]

@@ -146,3 +146,65 @@ def test_cuda_checks_exact(attn):
     cfg, wl = from_name("debug", dropout=0.1), Workload(2, 16)
     checks = run_checks(cfg, wl, "cuda", attn, tensors="real")
     assert all(c.ok for c in checks), [c.as_dict() for c in checks if not c.ok]
+
+
+@pytest.mark.parametrize("preset, attn", [("shakespeare-char", "manual"), ("debug", "sdpa"),
+                                          ("debug-moe", "sdpa")])
+def test_fvcore_counting_shows_the_user_no_warning(preset, attn, caplog, capfd):
+    """fvcore logs "Unsupported operator aten::add encountered N time(s)" (and the uncalled
+    modules, and torch.jit's deprecation) for every count; the model's adds, softmax, GELU and
+    embeddings are not FLOPs it should count, so `verify` asks it to stay quiet, on real tensors
+    and on the meta device alike."""
+    import logging
+    import warnings
+
+    cfg = from_name(preset, n_layer=2)
+    wl = Workload(2, min(cfg.block_size, 16))
+    real = build_model(cfg, attn)
+    meta = None if cfg.n_expert else measure.meta_model(cfg, attn)  # verify's shape-only path
+    idx, _ = _inputs(cfg, wl)
+    caplog.set_level(logging.DEBUG)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        runs = [(real, idx)] + ([] if cfg.n_expert else  # MoE routing has no meta path
+                                [(meta, torch.zeros_like(idx, device="meta"))])
+        for model, x in runs:
+            by_op = measure.fvcore_forward_by_operator(model, x)
+            assert measure.fvcore_matmul_macs(by_op) > 0
+    assert [str(w.message) for w in seen] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    out, err = capfd.readouterr()
+    assert "nsupported operator" not in out + err and "Warning" not in err
+
+
+def test_fvcore_would_warn_of_unsupported_operators_without_being_told_not_to(caplog):
+    # the test above can fail: the same count with fvcore's defaults logs the operators
+    import logging
+
+    from fvcore.nn import FlopCountAnalysis
+
+    cfg = from_name("debug", n_layer=2)
+    model = build_model(cfg, "sdpa").eval()
+    idx, _ = _inputs(cfg, Workload(2, 16))
+    caplog.set_level(logging.WARNING)
+    with measure._quiet_torch_jit():
+        FlopCountAnalysis(model, (idx,)).total()
+    assert any("nsupported operator" in r.getMessage() for r in caplog.records)
+
+
+def test_verify_prints_no_warning_to_the_user():
+    """The whole command as a user runs it (Python's default warning filters, fvcore's logger
+    printing to stderr through logging's last-resort handler): nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": ""}
+    r = subprocess.run([sys.executable, "-m", "gptcalc", "verify", "--preset", "debug",
+                        "--device", "cpu"], capture_output=True, text=True, env=env, cwd=root,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "fvcore forward matmul FLOPs" in r.stdout
+    assert r.stderr == ""

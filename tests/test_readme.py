@@ -29,6 +29,49 @@ COMMANDS = _commands()
 SLOW = ("gptcalc report", "gptcalc verify", "gptcalc plot")
 
 
+def _doc_commands(path: Path) -> list[str]:
+    """A doc's `gptcalc ...` command lines in its code blocks (indented or fenced), a line
+    ending in a backslash joined with the next, without trailing comments."""
+    out, fenced, pending = [], False, None
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        code = line[4:] if line.startswith("    ") else (line if fenced else None)
+        if pending is not None and code is not None:
+            pending += " " + code.strip()
+        elif code is not None and code.lstrip("$ ").startswith("gptcalc "):
+            pending = code.lstrip("$ ").strip()
+        if pending is not None and not pending.endswith("\\"):
+            out.append(pending.split("  #")[0].split(" # ")[0].strip())
+            pending = None
+        elif pending is not None:
+            pending = pending[:-1].rstrip()
+    return out
+
+
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+# placeholders a reader fills in (a directory of their own), not a command to run as written
+PLACEHOLDERS = ("DIR", "FILE", "PATH", "...")
+DOC_COMMANDS = [(p.name, c) for p in DOCS for c in _doc_commands(p)
+                if not c.startswith(SLOW) and not any(w in PLACEHOLDERS for w in c.split())]
+
+
+def test_the_docs_have_commands():
+    assert len({c for _, c in DOC_COMMANDS}) >= 10 and {n for n, _ in DOC_COMMANDS} >= {
+        "serving.md"}, DOC_COMMANDS
+
+
+@pytest.mark.parametrize("doc, command", DOC_COMMANDS, ids=[f"{n}:{c[8:60]}" for n, c in
+                                                             DOC_COMMANDS])
+def test_docs_command_runs(doc, command, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the docs name files by their path in the repository
+    # `[--option value]` is optional: the command runs without it and with it
+    for variant in {re.sub(r" ?\[[^]]*\]", "", command), re.sub(r"[][]", "", command)}:
+        result = CliRunner().invoke(cli, shlex.split(variant)[1:], catch_exceptions=False)
+        assert result.exit_code == 0, (doc, variant, result.output)
+
+
 def test_the_readme_has_commands():
     assert len(COMMANDS) >= 8, COMMANDS
 

@@ -112,9 +112,118 @@ def test_memory_answers_in_one_screen_verdict_first(args):
         assert first.startswith("Fits " if verdict["fits"] else "Does not fit ")
         assert binary_bytes(verdict["must_hold"]) in first
         assert binary_bytes(abs(verdict["margin"])) in first
-        assert binary_bytes(out["peak"]) in text.splitlines()[1]  # the lower bound
+        head = text.split("Assuming ")[0]  # the verdict's lines, wrapped at 80 columns
+        assert binary_bytes(out["peak"]) in " ".join(head.split())  # the lower bound
     else:
         assert first.startswith("Assuming ")
     detail = run(args + " --detail", None)
     assert "Korthikanti et al. 2022 (for comparison)" in detail
     assert screen_rows(detail) > SCREEN_ROWS
+
+
+# The one-screen answer of the commands people run most, layouts included: at most SCREEN_ROWS
+# lines at COLUMNS=80, none wider than 80 (the long lines are broken at spaces, not by the
+# terminal), while --detail still prints every line.
+ONE_SCREEN = [
+    "memory --preset llama3-8b --gpu h100-sxm --pp 4",
+    "memory --preset llama3-8b --gpu h100-sxm --pp 2 --dp 2",
+    "memory --preset llama3-70b --gpu h100-sxm --pp 8",
+    "memory --preset llama3-70b --gpu h100-sxm --tp 8 --pp 4 --dp 2 --sp",
+    "memory --preset llama3-8b --gpu h100-sxm --lora-rank 16",
+    "memory --preset llama3-70b --gpu h100-sxm --lora-rank 16 --weights-dtype int4 "
+    "--engine fsdp2 --zero 3 --dp 8",
+    "memory --preset llama3-8b --gpu h100-sxm --zero 3 --dp 8 --offload-optimizer cpu",
+    "memory --preset llama3-8b --gpu h100-sxm --offload-activations",
+    "serve --preset llama3-8b --gpu h100-sxm",
+    "serve --preset llama3-8b --gpu h100-sxm --tp 2 --pp 2",
+    "time --preset llama3-8b --gpu h100-sxm",
+    "time --preset llama3-70b --gpu h100-sxm --tp 8 --pp 4 --dp 16 --grad-accum 16",
+]
+# what only --detail prints, per command: the full ledger
+DETAIL_ONLY = {"memory": "Korthikanti et al. 2022 (for comparison)",
+               "serve": "activation peak: logits",
+               "time": "The same budget by each shorthand"}
+
+
+@pytest.mark.parametrize("args", ONE_SCREEN)
+def test_one_screen_at_80_columns_and_detail_holds_the_rest(args):
+    text = run(args, "80")
+    lines = text.splitlines()
+    assert len(lines) <= SCREEN_ROWS, text
+    assert max(len(line.rstrip()) for line in lines) <= 80, text
+    only = DETAIL_ONLY[args.split()[0]]
+    assert only not in text
+    assert only in run(args + " --detail", None)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+@pytest.mark.parametrize("args", [a for a in ONE_SCREEN if a.startswith("memory") and "--pp" in a])
+def test_a_pipeline_is_judged_on_its_worst_rank_and_every_rank_is_on_the_screen(args):
+    out = json.loads(run(args + " --json", None))
+    stages, verdict = out["stages"], out["fit"]["verdict"]
+    assert len(stages) == out["setup"]["pp"] > 1
+    # the verdict is the rank that must hold the most, whichever rank allocates the most
+    assert verdict["reserved"] == max(s["reserved"] for s in stages)
+    assert verdict["allocated_peak"] == max(s["peak"] for s in stages) == out["peak"]
+    text = run(args, "80")
+    flat = " ".join(text.split())
+    worst = max(stages, key=lambda s: s["reserved"])
+    assert f"the verdict is rank {worst['rank']}'s" in flat
+    # every rank's allocated peak and reserved bytes, rank 0 first, on the compact line
+    assert "allocated peak " + " ".join(_gib(s["peak"]) for s in stages) + " GiB" in flat
+    assert "reserved " + " ".join(_gib(s["reserved"]) for s in stages) + " GiB" in flat
+    # --detail: the per-rank ledger, each rank's peak and reserved whole
+    detail = run(args + " --detail", None)
+    assert "Pipeline stages" in detail
+    for s in stages:
+        assert binary_bytes(s["peak"]) in detail and binary_bytes(s["reserved"]) in detail
+
+
+def test_a_wrapped_line_keeps_numbers_with_their_units_and_options_with_their_values():
+    from gptcalc.cli.render import wrap_text
+
+    text = ("To fit, add one of: --seq-len 4288 (78.38 GiB); --recompute op (63.43 GiB); "
+            "--zero 3 --dp 2 (72.80 GiB); 8,192 tokens in 1.25 s")
+    for width in range(16, 90):  # from the longest glued word up
+        lines = wrap_text(text, width)
+        assert " ".join(lines) == text
+        assert all(len(line) <= width for line in lines)
+        for glued in ("78.38 GiB", "--seq-len 4288", "--zero 3", "--dp 2", "8,192 tokens",
+                      "1.25 s"):
+            assert any(glued in line for line in lines), (width, glued)
+    assert wrap_text("  per GPU, budget: 79.22 GiB x 0.9", 20) == [
+        "  per GPU, budget:", "  79.22 GiB x 0.9"]
+
+
+def test_the_screen_lists_five_terms_of_the_peak_and_sums_the_rest_from_the_sixth():
+    from gptcalc.cli.memory import _TERMS_SHOWN, _short_terms
+
+    assert _TERMS_SHOWN == 5
+    five = {f"t{i}": (i + 1) * 2**30 for i in range(5)}
+    assert [row[0] for row in _short_terms(five)] == list(five)  # all five, in order
+    rows = _short_terms({"small": 2**20, **five, "zero": 0})
+    assert len(rows) == 5 and rows[-1] == ["2 smaller terms (--detail: each)",
+                                           binary_bytes(2**20 + 2**30)]
+    assert [row[0] for row in rows[:4]] == ["t1", "t2", "t3", "t4"]  # the largest, in order
+
+
+@pytest.mark.parametrize("pp, listed", [(16, True), (17, False)])
+def test_every_rank_is_on_the_line_up_to_sixteen_ranks(pp, listed):
+    from types import SimpleNamespace
+
+    from gptcalc.cli.memory import _rank_line
+    from gptcalc.memory.summary import StageFigures
+
+    stages = [StageFigures(rank=r, layers=1, held_layers=1, weights=0, gradients=0,
+                           optimizer=0, activations=0, peak=(r + 1) * 2**30, peak_phase="x",
+                           reserved=(r + 2) * 2**30) for r in range(pp)]
+    line = _rank_line(SimpleNamespace(pp_schedule="1f1b"), SimpleNamespace(stages=stages),
+                      judged=True)
+    assert f"the verdict is rank {pp - 1}'s" in line  # the most reserved
+    if listed:
+        assert "allocated peak " + " ".join(f"{r + 1}.00" for r in range(pp)) + " GiB" in line
+    else:
+        assert f"from 1.00 GiB (rank 0) to {pp}.00 GiB (rank {pp - 1})" in line

@@ -18,7 +18,7 @@ from ..training_setup import RECOMPUTE, TrainingSetup
 from ..units import binary_bytes
 from ..workload import Workload
 from .options import resolve_given
-from .render import print_line
+from .render import print_wrapped
 
 # the most data-parallel ranks the advice looks for a ZeRO-3 layout among
 _MAX_DP = 1 << 16
@@ -197,18 +197,18 @@ def render_fit(cfg: GPTConfig, wl: Workload, fit: dict[str, Any], detail: bool) 
     """What fits beside the verdict: the largest micro-batch and sequence, the advice; with
     `detail` the longest inference context too."""
     if fit["max_batch"]:
-        print_line(f"Largest micro-batch {fit['max_batch']:,} at seq_len {wl.seq_len:,}; "
+        bound = (f" (a memory bound: the model's block size is {cfg.block_size:,})"
+                 if fit["max_seq_len"] > cfg.block_size else "")
+        print_wrapped(f"Largest micro-batch {fit['max_batch']:,} at seq_len {wl.seq_len:,}; "
                    f"longest sequence {fit['max_seq_len']:,} tokens at micro-batch "
-                   f"{wl.batch_size}"
-                   + (f" (a memory bound: the model's block size is {cfg.block_size:,})"
-                      if fit["max_seq_len"] > cfg.block_size else ""))
+                   f"{wl.batch_size}{bound}")
     else:
         longest = (f"the longest sequence that fits is {fit['max_seq_len']:,} tokens at "
                    f"micro-batch {wl.batch_size}" if fit["max_seq_len"]
                    else "no sequence fits either")
-        print_line(f"No micro-batch fits at seq_len {wl.seq_len:,}; {longest}")
+        print_wrapped(f"No micro-batch fits at seq_len {wl.seq_len:,}; {longest}")
     if fit["advice"]:
-        print_line("To fit, add one of: " + "; ".join(
+        print_wrapped("To fit, add one of: " + "; ".join(
             f"{a['options']} ({binary_bytes(a['must_hold'])})" for a in fit["advice"]))
     if not detail:
         return
@@ -218,5 +218,5 @@ def render_fit(cfg: GPTConfig, wl: Workload, fit: dict[str, Any], detail: bool) 
         ctx = f"{fit['max_context']:,} tokens"
         if fit["max_context"] > cfg.block_size:
             ctx += f" by memory (the model's block size is {cfg.block_size:,})"
-    print_line(f"Inference in {binary_bytes(fit['budget'])} per device (weights + KV cache in "
+    print_wrapped(f"Inference in {binary_bytes(fit['budget'])} per device (weights + KV cache in "
                f"the serving dtype, batch {wl.batch_size}): longest context {ctx}")

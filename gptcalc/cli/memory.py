@@ -21,7 +21,7 @@ from .fit import device_budget, fit_section, render_fit, verdict_lines
 from .options import (assumptions, click_option, current_recipe, deepspeed_settings,
                       deepspeed_workload, describe, json_option, model_options,
                       training_options, training_setup, world_size_option)
-from .render import emit_json, envelope, print_line, print_table
+from .render import emit_json, envelope, print_table, print_wrapped
 
 # ranks (GPUs) per node, for the host memory a node needs: an 8-GPU server (DGX/HGX)
 DEFAULT_GPUS_PER_NODE = 8
@@ -123,39 +123,85 @@ def _head(cfg, wl, setup: TrainingSetup, fit) -> None:
     """The verdict first (with a card), then the assumptions, the recipe and the model."""
     if fit:
         for line in verdict_lines(fit, setup):
-            print_line(line)
-    print_line(assumptions(cfg, wl, setup))
+            print_wrapped(line)
+    print_wrapped(assumptions(cfg, wl, setup))
     recipe = current_recipe()
     if recipe is not None:
         from ..recipes import recipe_line
 
-        print_line(recipe_line(*recipe))
-    print_line(describe(cfg, wl))
+        print_wrapped(recipe_line(*recipe))
+    print_wrapped(describe(cfg, wl))
+
+
+def _rank_line(setup: TrainingSetup, rep: MemoryReport, judged: bool) -> str:
+    """Every pipeline rank's allocated peak (and reserved bytes) on one line, rank 0 first, and
+    the rank a verdict (`judged`) is on: the one that must hold the most (its reserved bytes
+    where simulated, else its allocated peak); beyond `_RANKS_ON_A_LINE` ranks, the heaviest and
+    the lightest."""
+    stages = rep.stages
+    worst = max(stages, key=lambda s: s.peak if s.reserved is None else s.reserved)
+    head = f"per pipeline rank ({setup.pp_schedule}" + (
+        f"; the verdict is rank {worst.rank}'s)" if judged else ")")
+    if len(stages) > _RANKS_ON_A_LINE:
+        hi = max(stages, key=lambda s: s.peak)
+        lo = min(stages, key=lambda s: s.peak)
+        return (f"{head}: allocated peak from {binary_bytes(lo.peak)} (rank {lo.rank}) to "
+                f"{binary_bytes(hi.peak)} (rank {hi.rank}); --detail: every rank")
+    top = max(max(s.peak, s.reserved or 0) for s in stages)
+    unit, size = next((u, b) for u, b in _UNITS if top >= b or b == 1)
+
+    def figures(values) -> str:
+        return " ".join(f"{v / size:.2f}" for v in values) + f" {unit}"
+    line = f"{head}: allocated peak {figures(s.peak for s in stages)}"
+    if all(s.reserved is not None for s in stages):
+        line += f"; reserved {figures(s.reserved for s in stages)}"
+    return line
+
+
+def _short_terms(lines: dict[str, int]) -> list[list[str]]:
+    """The peak's `_TERMS_SHOWN` largest terms in the step's order, the rest on one row."""
+    terms = [(k, v) for k, v in lines.items() if v]
+    if len(terms) > _TERMS_SHOWN:
+        kept = {k for k, _ in sorted(terms, key=lambda kv: -kv[1])[:_TERMS_SHOWN - 1]}
+        rest = [v for k, v in terms if k not in kept]
+        terms = [(k, v) for k, v in terms if k in kept] + [
+            (f"{len(rest)} smaller terms (--detail: each)", sum(rest))]
+    return [[k, binary_bytes(v)] for k, v in terms]
+
+
+# terms of the peak the one-screen answer lists (more: the largest, then the rest summed)
+_TERMS_SHOWN = 5
+# ranks whose figures one line lists (more: the heaviest and the lightest)
+_RANKS_ON_A_LINE = 16
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
 def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
                   smi: dict[str, int] | None) -> None:
-    """One screen: the verdict, the assumptions, the peak's terms, what fits; --detail prints
-    the rest."""
+    """One screen: the verdict (on the worst pipeline rank), the assumptions, the peak's terms
+    on the most loaded rank, every rank's peak on a line, what fits; --detail prints the
+    rest."""
     _head(cfg, wl, setup, fit)
     stage = ""
     if setup.pp > 1:
-        stage = f"; pipeline rank {pipeline_rank(setup, rep.peak.stage)}, the most loaded"
-    print_table(None, ["the step's peak per device", "bytes", "binary"],
-                _rows(rep.peak.lines),
-                total_row=[f"allocated peak ({rep.peak.phase}{stage})", f"{rep.peak.bytes:,}",
-                           binary_bytes(rep.peak.bytes)])
+        stage = f"; rank {pipeline_rank(setup, rep.peak.stage)}, the most loaded"
+    # binary units only: the exact bytes are in --detail and --json
+    print_table(None, ["the step's peak per device", "bytes"], _short_terms(rep.peak.lines),
+                total_row=[f"allocated peak ({rep.peak.phase}{stage})",
+                           binary_bytes(rep.peak.bytes)], edge=False)
+    if rep.stages:
+        print_wrapped(_rank_line(setup, rep, judged=bool(fit)))
     if smi and not fit:
-        print_line(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
+        print_wrapped(f"reserved {binary_bytes(smi[RESERVED_LINE])}; what nvidia-smi shows: "
                    f"{binary_bytes(sum(smi.values()))} (with the CUDA context and NCCL "
                    "buffers, estimated)")
     elif setup.device == "cuda" and not smi:
-        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
+        print_wrapped(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
     if rep.host:
-        print_line(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
+        print_wrapped(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
                    f"node ({node} ranks) {binary_bytes(rep.host_total * node)}")
     for line, nbytes in rep.unified.items():  # CUDA unified memory: outside peak and reserved
-        print_line(f"{line}: {nbytes:,} B ({binary_bytes(nbytes)}), outside the peak and the "
+        print_wrapped(f"{line}: {nbytes:,} B ({binary_bytes(nbytes)}), outside the peak and the "
                    "reserved bytes")
     if fit:
         render_fit(cfg, wl, fit, detail=False)
@@ -192,11 +238,11 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
                            binary_bytes(rep.peak.bytes)],
                 caption=f"peak at {rep.peak.why}")
     if smi:
-        print_line(f"what nvidia-smi shows: {binary_bytes(sum(smi.values()))} = "
+        print_wrapped(f"what nvidia-smi shows: {binary_bytes(sum(smi.values()))} = "
                    + " + ".join(f"{k} {binary_bytes(v)}" for k, v in smi.items() if v)
                    + " (the CUDA context and NCCL buffers estimated)")
     elif setup.device == "cuda":
-        print_line(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
+        print_wrapped(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
     if rep.host:

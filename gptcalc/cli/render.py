@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Iterable, Sequence
 
 import click
@@ -47,18 +48,22 @@ def envelope(cfg: GPTConfig | None, workload: Workload | None = None,
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
-                caption: str | None = None, total_row: Sequence[Any] | None = None) -> None:
-    """A rich table; the first column is left-aligned, numbers to the right.
+                caption: str | None = None, total_row: Sequence[Any] | None = None,
+                edge: bool = True) -> None:
+    """A rich table; the first column is left-aligned, numbers to the right; `edge` False:
+    no outer frame (two lines fewer, for a one-screen answer).
 
     A number is never cut: every column but the first is as wide as its widest cell and never
     wraps or ellipsizes; the first column (the labels) wraps at spaces instead. When even that
     does not fit the terminal, the table is printed wider than the terminal (its lines wrap on
     screen, the numbers stay whole in the text)."""
+    from rich import box
     from rich.table import Table
 
     rows = [[str(c) for c in row] for row in rows]
     total = None if total_row is None else [str(c) for c in total_row]
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", show_edge=edge,
+                  **({} if edge else {"box": box.SIMPLE_HEAD}))
     for i, name in enumerate(columns):
         cells = [r[i] for r in rows if i < len(r)] + ([total[i]] if total else [])
         widest = max([len(name), *map(len, cells)])
@@ -70,7 +75,8 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     for row in rows:
         table.add_row(*row)
     if total is not None:
-        table.add_section()
+        if edge:
+            table.add_section()
         table.add_row(*(f"[bold]{c}[/bold]" for c in total))
     console = _console()
     # measured without a width to keep to: the labels' longest word, the numbers whole
@@ -81,8 +87,41 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
         print_line(caption)
 
 
-def print_line(text: str) -> None:
-    _console().print(text, soft_wrap=True, highlight=False)
+def print_line(text: str, wrap: bool = False) -> None:
+    """One line of text. `wrap`: at a width to keep to (a terminal's, or COLUMNS), broken at
+    spaces into lines no wider than it, a number never parted from its unit nor an option
+    from its value; piped without COLUMNS, one line whatever its length."""
+    console = _console()
+    if wrap and _fixed_width(console):
+        for line in wrap_text(text, console.width):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
+        return
+    console.print(text, soft_wrap=True, highlight=False)
+
+
+def print_wrapped(text: str) -> None:
+    """`print_line(text, wrap=True)`: broken at spaces to the width there is."""
+    print_line(text, wrap=True)
+
+
+# a space that must not break a line: between a number and its unit ("1.25 GiB", "8,192
+# tokens") and between an option and its value ("--tp 2")
+_NUMBER_UNIT = re.compile(r"(\d) (?=(?:[KMGTPEZ]i?)?B\b|[kMGTPEZ]?FLOP|s\b|ms\b|h\b|days\b"
+                          r"|tokens\b)")
+_OPTION_VALUE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*) (?=[^\s-])")
+
+
+def wrap_text(text: str, width: int) -> list[str]:
+    """`text` broken at spaces into lines of at most `width` characters (a longer word stays
+    whole on its own line), the glued spaces kept; its indent starts every line."""
+    import textwrap
+
+    indent = text[:len(text) - len(text.lstrip(" "))]
+    glued = _OPTION_VALUE.sub("\\1\u00a0", _NUMBER_UNIT.sub("\\1\u00a0", text.strip()))
+    lines = textwrap.wrap(glued, width=max(width, len(indent) + 1), initial_indent=indent,
+                          subsequent_indent=indent, break_long_words=False,
+                          break_on_hyphens=False) or [""]
+    return [line.replace("\u00a0", " ") for line in lines]
 
 
 def _fixed_width(console) -> bool:

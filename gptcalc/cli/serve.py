@@ -26,7 +26,7 @@ from .infer import _ms, serving_json, weights_used
 from ..schema import OPTIONS
 from .options import (ByteSize, click_option, current_setup, describe, float_range,
                       gpu_option, json_option, model_options)
-from .render import emit_json, envelope, print_line, print_table
+from .render import emit_json, envelope, print_table, print_wrapped
 
 
 class ServerChoice(click.Choice):
@@ -263,10 +263,10 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, s
                else f"profile run of {p.max_num_batched_tokens:,} tokens"
                     f"{d('max_num_batched_tokens')} in {seqs:,} sequences (max_num_seqs "
                     f"{p.max_num_seqs:,}{d('max_num_seqs')})")
-    memory = (f"{gpu}'s usable memory, torch.cuda.mem_get_info's total; datasheet "
+    memory = (f"{gpu}: torch.cuda.mem_get_info's total, datasheet "
               f"{binary_bytes(find_gpu(gpu).memory_bytes)}" if datasheet else "given")
     return (f"Assuming {p.release.label}{d('engine_version')} on {tp} x {binary_bytes(total)} "
-            f"({memory}; throughput at {gpu}'s peaks), "
+            f"({memory}; its peaks for throughput), "
             f"weights {weights_label(wd)} ({source}), KV cache {kd}, "
             f"{knob} {p.utilization:g}{d('utilization')}, "
             f"max_model_len {mml:,}{d('max_model_len')}, {profile}, blocks of {p.block_size} "
@@ -363,14 +363,14 @@ def _verdict(cfg: GPTConfig, p: KVPool, conc: dict[str, float], mml: int, gpu: s
         return (f"Fits: {p.kv_blocks:,} blocks of {p.block_size:,} tokens a GPU (attention KV "
                 f"and per-request state), {conc[str(mml)]:,.2f} requests of {mml:,} tokens at "
                 "once.")
-    return (f"Fits: {p.kv_tokens:,} tokens of KV cache a GPU, {conc[str(mml)]:,.2f} requests "
+    return (f"Fits: {p.kv_tokens:,} KV-cache tokens a GPU, {conc[str(mml)]:,.2f} requests "
             f"of {mml:,} tokens at once.")
 
 
 def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: bool) -> None:
-    print_line(_verdict(cfg, p, conc, mml, gpu))
-    print_line(line)
-    print_line(describe(cfg))
+    print_wrapped(_verdict(cfg, p, conc, mml, gpu))
+    print_wrapped(line)
+    print_wrapped(describe(cfg))
     rows = [[f"budget: {binary_bytes(p.gpu_memory_bytes)} x {p.utilization:g}",
              binary_bytes(p.budget)],
             ["weights", binary_bytes(p.weights)]]
@@ -379,9 +379,13 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
     elif p.activation:
         rows += [["activation peak (profile run)", binary_bytes(p.activation_peak)]]
     rows += [[f"LoRA slots: {k[len('lora/'):]}", binary_bytes(v)] for k, v in p.lora.items()]
-    rows += [["non-torch (NCCL, cuBLAS; beyond the CUDA context)",
-              binary_bytes(p.non_torch - p.custom_all_reduce)]]
-    if p.custom_all_reduce:
+    if p.custom_all_reduce and not detail:  # one line: the screen's worth
+        rows += [[f"non-torch (NCCL, cuBLAS, all-reduce "
+                  f"{binary_bytes(p.custom_all_reduce)})", binary_bytes(p.non_torch)]]
+    else:
+        rows += [["non-torch (NCCL, cuBLAS; beyond the CUDA context)",
+                  binary_bytes(p.non_torch - p.custom_all_reduce)]]
+    if p.custom_all_reduce and detail:
         rows += [["non-torch: custom all-reduce buffers", binary_bytes(p.custom_all_reduce)]]
     if p.device_context:
         rows += [["CUDA context (counted by this release)", binary_bytes(p.device_context)]]
@@ -398,11 +402,11 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
     else:  # one line a term, the screen's worth of it
         rows[0][0] = "per GPU, " + rows[0][0]
         for label, value in rows + [["KV cache pool", binary_bytes(p.kv_cache)]]:
-            print_line(f"  {label:<{COMPACT_LABEL}} {value:>{COMPACT_VALUE}}")
-        print_line(f"  = {caption}")
+            print_wrapped(f"  {label:<{COMPACT_LABEL}} {value:>{COMPACT_VALUE}}")
+        print_wrapped(f"  = {caption}")
     if p.cpu_offload:
         n = p.layout["tp"] * p.layout["pp"] * p.layout["dp"]
-        print_line(f"Host memory: {binary_bytes(p.cpu_offload)} of weights per GPU, "
+        print_wrapped(f"Host memory: {binary_bytes(p.cpu_offload)} of weights per GPU, "
                    f"{binary_bytes(p.host_memory)} pinned for the {n} GPUs.")
     if detail and p.stages:
         print_table("Pipeline stages (per GPU)", ["layers", "weights", "activation peak",
@@ -412,18 +416,18 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
                       binary_bytes(st["kv_cache"]), f"{st['kv_blocks']:,}"] for st in p.stages])
     if ctx != mml or detail:
         conc_words = ", ".join(f"{v:,.2f}x at {int(k):,} tokens" for k, v in conc.items())
-        print_line(f"Maximum concurrency: {conc_words}.")
+        print_wrapped(f"Maximum concurrency: {conc_words}.")
     if not p.fits(cfg, mml):
-        print_line(_does_not_fit(p, mml, advice))
+        print_wrapped(_does_not_fit(p, mml, advice))
         if not detail:
             return
     if s is None:
         if conc[str(ctx)] >= 1 and not cfg.hybrid:  # a hybrid's line of assumptions says why
-            print_line("no throughput: the GPU has no peak figure for these weights (a T4 "
+            print_wrapped("no throughput: the GPU has no peak figure for these weights (a T4 "
                        "runs fp16)")
         return
     if not detail:
-        print_line(f"Expected at {s.batch_size:,} requests of {ctx:,} tokens: prefill "
+        print_wrapped(f"Expected at {s.batch_size:,} requests of {ctx:,} tokens: prefill "
                    f"{_ms(s.expected_prefill_seconds)}, decode step "
                    f"{_ms(s.expected_decode_seconds_per_token)}, "
                    f"{s.batch_size / s.expected_decode_seconds_per_token:,.1f} tokens/s "

@@ -19,7 +19,7 @@ from ..training_setup import TrainingSetup
 from ..units import si
 from .options import (assumptions, float_range, describe, gpu_option, json_option,
                       model_options, pop_training, training_options, training_setup)
-from .render import emit_json, envelope, print_line, print_table
+from .render import emit_json, envelope, print_table, print_wrapped
 
 
 def count_option(*names: str, help: str):
@@ -77,13 +77,15 @@ def network(node_size: int | None, intra: float | None, inter: float | None
               help="Measured step time; prints the MFU it achieves (tokens per step below).")
 @count_option("--tokens-per-step", help="Tokens per optimizer step (default B x grad_accum x "
                                         "seq_len x dp).")
+@click.option("--detail", is_flag=True, help="Every figure of the budget and the published "
+              "shorthands' budgets beside the exact count.")
 @json_option()
 @float_range
 def command(model: tuple[GPTConfig, Workload], tokens: int | None, gpu_name: str,
             gpus: int | None, node_size: int | None, intra_node_bandwidth: float | None,
             inter_node_bandwidth: float | None, mfu: float | None, precision: str,
             tokens_per_second: float | None, seconds_per_step: float | None,
-            tokens_per_step: int | None, as_json: bool, **given: Any) -> None:
+            tokens_per_step: int | None, detail: bool, as_json: bool, **given: Any) -> None:
     """One training step's time as the engines spend it (compute, exposed communication by
     kind, the pipeline bubble), tokens/s and the predicted MFU; the time of a token budget by
     the exact FLOP count and by the published shorthands; with a measured throughput, the MFU
@@ -103,7 +105,7 @@ def command(model: tuple[GPTConfig, Workload], tokens: int | None, gpu_name: str
     if as_json:
         emit_json(_json(cfg, wl, setup, t, step, view, measured))
         return
-    _render(cfg, wl, setup, g, t, step, view, measured)
+    _render(cfg, wl, setup, g, t, step, view, measured, detail)
 
 
 def _layout(setup: TrainingSetup, gpus: int | None) -> TrainingSetup:
@@ -190,9 +192,11 @@ def _assumptions(cfg, wl, setup: TrainingSetup, t: TrainingTime, step: StepTime,
 
 
 def _render(cfg, wl, setup: TrainingSetup, g, t: TrainingTime, step: StepTime, view,
-            measured) -> None:
-    print_line(_assumptions(cfg, wl, setup, t, step, view))
-    print_line(describe(cfg, wl))
+            measured, detail: bool) -> None:
+    """The step and the budget's time on one screen; `detail`: every figure of the budget and
+    the published shorthands' budgets."""
+    print_wrapped(_assumptions(cfg, wl, setup, t, step, view))
+    print_wrapped(describe(cfg, wl))
     rows = [["step", f"{view['step_seconds']:,.3f} s", ""]]
     if view["step_parts"]:
         rows += [[f"  {k}", f"{v:,.3f} s", f"{v / view['step_seconds']:.1%}"]
@@ -201,8 +205,26 @@ def _render(cfg, wl, setup: TrainingSetup, g, t: TrainingTime, step: StepTime, v
              ["tokens/s", f"{view['tokens_per_second']:,.0f}",
               f"{view['tokens_per_second'] / t.gpus:,.0f} per GPU"],
              [f"MFU ({view['mfu_source']})", f"{view['mfu']:.3f}", ""]]
-    print_table("One step", ["quantity", "value", "share"], rows,
-                caption="exposed communication only: what compute does not hide")
+    if detail:
+        print_table("One step", ["quantity", "value", "share"], rows,
+                    caption="exposed communication only: what compute does not hide")
+        _render_budget(t)
+    else:
+        print_table(None, ["one step (communication: exposed only)", "value", "share"], rows,
+                    edge=False)
+        print_wrapped(f"Budget: {t.tokens:,} tokens at {t.flops_per_token:,} FLOPs a token, "
+                      f"MFU {t.mfu:.3f}, {t.gpus:,} x {t.gpu}: "
+                      f"{t.days:,.2f} days, {t.gpu_hours:,.0f} GPU-hours (--detail: more)")
+    if measured is not None:
+        step_text = ("" if measured["tokens_per_step"] is None
+                     else f" ({measured['tokens_per_step']:,} tokens per step)")
+        print_wrapped(f"measured {measured['tokens_per_second']:,.0f} tokens/s{step_text}: "
+                      f"achieved MFU {measured['achieved_mfu']:.3f}; the budget takes "
+                      f"{measured['achieved_days']:,.2f} days at that rate")
+
+
+def _render_budget(t: TrainingTime) -> None:
+    """The token budget's time, each figure, and the same budget by each shorthand."""
     rows = [
         ["model FLOPs per token (exact, forward + backward)", f"{t.flops_per_token:,}",
          si(t.flops_per_token, "FLOP")],
@@ -224,9 +246,3 @@ def _render(cfg, wl, setup: TrainingSetup, g, t: TrainingTime, step: StepTime, v
         for k, v in t.conventions.items()]
     print_table(f"The same budget by each shorthand, MFU {t.mfu:.3f}",
                 ["rule", "FLOPs / token", "/ exact", "days"], conv)
-    if measured is not None:
-        step_text = ("" if measured["tokens_per_step"] is None
-                     else f" ({measured['tokens_per_step']:,} tokens per step)")
-        print_line(f"measured {measured['tokens_per_second']:,.0f} tokens/s{step_text}: achieved "
-                   f"MFU {measured['achieved_mfu']:.3f}; the budget takes "
-                   f"{measured['achieved_days']:,.2f} days at that rate")
