@@ -50,7 +50,10 @@ from .params import count_params
 from .gpus import GPU, require_peak
 from .memory import step_peak, validate_setup
 from .memory.verdict import verdict, verdict_floor
-from .memory.peak import step_account
+from .memory.ledger import (GRADIENTS, OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, WEIGHTS,
+                             Phase)
+from .memory.peak import StepAccount, step_account
+from .memory.reserved import nvidia_smi_lines
 from .schedules import stage_hold
 from .memory.engines import engine_named, names
 from .training import resolve_training
@@ -261,6 +264,20 @@ def activations_lower_bound(cfg: GPTConfig, workload: Workload, setup: TrainingS
     return held * tokens * cfg.n_embd * setup.stream_bytes // (setup.tp if setup.sp else 1)
 
 
+# the optimizer step's terms that hold the model's states: none depends on the micro-batch
+STATE_TERMS = (WEIGHTS, OPTIMIZER_STATES, GRADIENTS, OPTIMIZER_TEMPORARIES)
+
+
+def states_at_step(account: StepAccount) -> int:
+    """Bytes of a rank's states at its optimizer step (`memory.peak.step_account`'s ledger,
+    engine and pipeline terms applied): weights, optimizer states, gradients and the
+    optimizer's temporaries. They are the model's states, the same at every micro-batch (a
+    test checks it against every micro-batch's ledger), and the rank's peak is at least
+    their sum: a rank whose states overflow at one micro-batch overflows at all."""
+    terms = account.ledger.terms(Phase.OPTIMIZER_STEP)
+    return sum(terms.get(t, 0) for t in STATE_TERMS)
+
+
 class _Evaluator:
     """Step peaks of layouts, each computed once, and what their failures rule out."""
 
@@ -276,6 +293,8 @@ class _Evaluator:
         self.exact = False  # judge by the whole verdict (a replay each), not its floor
         self.failed: dict[tuple, list[tuple[int, int]]] = {}  # group -> (dp, recompute index)
         self.gates: dict[tuple, bool] = {}
+        self.rooms: dict[TrainingSetup, int] = {}
+        self.overflowing: set[TrainingSetup] = set()  # no micro-batch fits (`rank_exceeds`)
         self.closest: Closest | None = None
         self.missed: list[tuple[Layout, TrainingSetup]] = []  # valid layouts that failed
         self.pruned: list[tuple[Layout, TrainingSetup]] = []  # by the states bound alone
@@ -301,7 +320,8 @@ class _Evaluator:
     def fits(self, setup: TrainingSetup, b: int) -> bool:
         accum = self.batch // (setup.dp * b)
         if (setup, b, accum) not in self.peaks and (
-                self.bound_exceeds(setup, b, accum) or self.rank_exceeds(setup, b, accum)):
+                setup in self.overflowing or self.bound_exceeds(setup, b, accum)
+                or self.rank_exceeds(setup, b, accum)):
             return False
         if self.peak(setup, b) > self.budget or (self.judged and not self.floor(setup, b)):
             return False
@@ -353,25 +373,40 @@ class _Evaluator:
         it saves (`activations_lower_bound`) alone overflow the budget."""
         workload = Workload(b, self.seq_len, accum)
         return (states_lower_bound(self.cfg, setup, gradients=False)
-                + activations_lower_bound(self.cfg, workload, setup)) > self.budget
+                + activations_lower_bound(self.cfg, workload, setup)) > self.room(setup)
 
     def rank_exceeds(self, setup: TrainingSetup, b: int, accum: int) -> bool:
         """Whether the first or the last pipeline rank alone overflows the budget: the step
         peak is the largest over the ranks (`step_peak`), those two among them, so it
-        overflows too; one rank's account instead of every distinct rank's."""
+        overflows too; one rank's account instead of every distinct rank's. A rank whose
+        states alone overflow (`states_at_step`) does so at every micro-batch: the set-up is
+        kept in `overflowing`, and no other micro-batch of it is evaluated."""
         if setup.pp == 1:
             return False
         workload = Workload(b, self.seq_len, accum)
         for stage in ("first", "last"):
             account = step_account(self.cfg, workload, setup, stage)
-            if account.totals[account.peak_phase] > self.budget:
+            if states_at_step(account) > self.room(setup):
+                self.overflowing.add(setup)
+            if account.totals[account.peak_phase] > self.room(setup):
                 return True
         return False
+
+    def room(self, setup: TrainingSetup) -> int:
+        """The most a step peak may be: the budget, less (judged by the verdict) the CUDA
+        context and NCCL's buffers, which the verdict's floor adds to the peak."""
+        if setup not in self.rooms:
+            fixed = 0
+            if self.judged and setup.device == "cuda":
+                smi = nvidia_smi_lines(0, setup)
+                fixed = smi["CUDA context"] + smi["NCCL buffers"]
+            self.rooms[setup] = self.budget - fixed
+        return self.rooms[setup]
 
     def states_exceed(self, setup: TrainingSetup) -> bool:
         """Whether the states alone overflow the budget (`states_lower_bound`): no micro-batch
         fits, and no step peak needs computing."""
-        return states_lower_bound(self.cfg, setup) > self.budget
+        return states_lower_bound(self.cfg, setup) > self.room(setup)
 
     def ruled_out(self, layout: Layout) -> bool:
         """Whether a failure already seen implies this one: the same group at a dp at least
