@@ -456,6 +456,44 @@ def test_a_ranks_states_at_its_optimizer_step_are_the_same_at_every_micro_batch(
             assert 0 < states.pop() <= min(peaks[layout].values()), (layout, stage)
 
 
+def test_without_a_pipeline_the_step_time_does_not_grow_with_the_micro_batch(brute):
+    # the search bounds a layout's time by its whole share's (B = n), and a plan the verdict
+    # moves to a smaller micro-batch by its time at the larger one: both rest on this
+    from gptcalc.time import step_time
+
+    cfg, peaks = brute
+    for layout in [x for x in peaks if x.pp == 1][::3]:
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        times = [step_time(cfg, setup, b, SEQ, n // b, H100).step_seconds
+                 for b in sorted(peaks[layout])]
+        assert times == sorted(times, reverse=True), layout
+
+
+# the verdict adds the CUDA context (500 MiB) and NCCL's buffers to a peak: budgets a little
+# above the smallest peaks, where the verdict moves or refuses the floor's micro-batch
+HEADROOM = (600 << 20) + (1 << 30)
+
+
+@pytest.mark.parametrize("mfu", [None, 0.4])
+def test_judged_plans_hold_the_verdict_in_the_ranking_order(brute, mfu):
+    # the verdict can move a plan to another micro-batch, and with it its step time and peak:
+    # the plans still come by step time, then the tie rule (GPUs, pipeline stages, tensor
+    # parallelism, recomputation, peak), and each holds `memory`'s verdict at its micro-batch
+    from gptcalc.memory.verdict import verdict
+
+    cfg, peaks = brute
+    smallest = sorted(min(p.values()) for p in peaks.values())
+    for q in (0, 7, 9, 12):
+        budget = smallest[len(smallest) * q // 16] + HEADROOM
+        found = _search(cfg, budget, judged=True, mfu=mfu)
+        rule = [(p.step_seconds, p.gpus, p.layout.pp, p.layout.tp,
+                 PLANNED_RECOMPUTE.index(p.layout.recompute), p.peak) for p in found.plans]
+        assert rule == sorted(rule), (q, budget)
+        for p in found.plans:
+            v = verdict(cfg, Workload(p.micro_batch, SEQ, p.grad_accum), p.setup, budget)
+            assert v.fits and v.must_hold == p.must_hold, (p.layout, p.micro_batch)
+
+
 @pytest.mark.parametrize("q", [0, 2, 3])
 def test_the_pruned_search_ranks_as_an_exhaustive_one(brute, q):
     # every layout's peak at every micro-batch (brute force), the plan's micro-batch by the
