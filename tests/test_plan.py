@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -235,6 +236,15 @@ def test_bad_input_is_one_line_naming_the_option(args, option):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and option in lines[0], r.stderr
+
+
+def test_a_recipes_micro_batch_is_refused_naming_its_key():
+    # the planner chooses the micro-batch: a recipe's per-device batch is refused as typed -B is
+    recipe = (Path(__file__).parent / "recipes" / "shipped" / "alignment-handbook" / "recipes"
+              / "smollm2" / "sft" / "config.yaml")
+    r = run("plan", "--recipe", str(recipe), "--gpu", "h100-sxm", "--max-gpus", "8")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "per_device_train_batch_size" in r.stderr and "--global-batch" in r.stderr
 
 
 def test_global_batch_defaults_to_4m_tokens():
