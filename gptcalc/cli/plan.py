@@ -105,8 +105,9 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
             precision: str, as_json: bool, typed: dict[str, Any], **given: Any) -> None:
     """The data, tensor, pipeline and context layouts, engines and recomputation that fit a
     training step in each GPU's memory, ranked by step time (`gptcalc time`'s model); each with
-    the `gptcalc memory` command that reproduces its peak. --gpus N: the layouts of N GPUs;
-    --tokens T --days D: the fewest GPUs that finish T tokens in D days."""
+    the `gptcalc memory` command that reproduces its peak. One screen: the answer first, the
+    five fastest; --detail: ten, every command, the fewest GPUs. --gpus N: the layouts of N
+    GPUs; --tokens T --days D: the fewest GPUs that finish T tokens in D days."""
     cfg, wl = model
     options = _given_model(typed)
     _refuse_workload(options)
@@ -328,8 +329,8 @@ def _answer(cfg: GPTConfig, budget: int, max_gpus: int, line: str, found: PlanSe
             f", {binary_bytes(p.must_hold)} to hold of {binary_bytes(budget)} (margin "
             f"{binary_bytes(budget - p.must_hold)})")
         head = (f"{what}: {p.gpus:,} GPUs as {_words(p.layout)}, {_engine(p.layout)}, "
-                f"recompute {p.layout.recompute}, micro-batch {p.micro_batch} x "
-                f"{p.grad_accum} accumulated: {_seconds(p.step_seconds)} s per step, "
+                f"recompute {p.layout.recompute}, micro-batch {p.micro_batch}, accumulation "
+                f"{p.grad_accum}: {_seconds(p.step_seconds)} s per step, "
                 f"{p.tokens_per_second:,.0f} tokens/s, peak {binary_bytes(p.peak)} per "
                 f"GPU{held}.")
     else:
