@@ -49,8 +49,11 @@ from .flops import count_flops
 from .params import count_params
 from .gpus import GPU, require_peak
 from .memory import step_peak, validate_setup
-from .memory.verdict import verdict, verdict_floor
-from .memory.peak import step_account
+from .memory.verdict import Verdict, verdict, verdict_floor
+from .memory.ledger import (GRADIENTS, OPTIMIZER_STATES, OPTIMIZER_TEMPORARIES, WEIGHTS,
+                             Phase)
+from .memory.peak import StepAccount, step_account
+from .memory.reserved import nvidia_smi_lines
 from .schedules import stage_hold
 from .memory.engines import engine_named, names
 from .training import resolve_training
@@ -115,6 +118,9 @@ class Plan:
     step_seconds: float
     tokens_per_second: float
     mfu: float  # model FLOPs per second over gpus x dense peak, the plan's implied MFU
+    # what the card must hold by `memory`'s verdict (`Verdict.must_hold`); None where the
+    # search fits by the allocated peak alone (not `judged`)
+    must_hold: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -261,6 +267,20 @@ def activations_lower_bound(cfg: GPTConfig, workload: Workload, setup: TrainingS
     return held * tokens * cfg.n_embd * setup.stream_bytes // (setup.tp if setup.sp else 1)
 
 
+# the optimizer step's terms that hold the model's states: none depends on the micro-batch
+STATE_TERMS = (WEIGHTS, OPTIMIZER_STATES, GRADIENTS, OPTIMIZER_TEMPORARIES)
+
+
+def states_at_step(account: StepAccount) -> int:
+    """Bytes of a rank's states at its optimizer step (`memory.peak.step_account`'s ledger,
+    engine and pipeline terms applied): weights, optimizer states, gradients and the
+    optimizer's temporaries. They are the model's states, the same at every micro-batch (a
+    test checks it against every micro-batch's ledger), and the rank's peak is at least
+    their sum: a rank whose states overflow at one micro-batch overflows at all."""
+    terms = account.ledger.terms(Phase.OPTIMIZER_STEP)
+    return sum(terms.get(t, 0) for t in STATE_TERMS)
+
+
 class _Evaluator:
     """Step peaks of layouts, each computed once, and what their failures rule out."""
 
@@ -272,10 +292,12 @@ class _Evaluator:
         self.setups: dict[Layout, TrainingSetup | None] = {}
         self.peaks: dict[tuple, int] = {}
         self.floors: dict[tuple, bool] = {}
-        self.verdicts: dict[tuple, bool] = {}
+        self.verdicts: dict[tuple, Verdict | None] = {}
         self.exact = False  # judge by the whole verdict (a replay each), not its floor
         self.failed: dict[tuple, list[tuple[int, int]]] = {}  # group -> (dp, recompute index)
         self.gates: dict[tuple, bool] = {}
+        self.rooms: dict[TrainingSetup, int] = {}
+        self.overflowing: set[TrainingSetup] = set()  # no micro-batch fits (`rank_exceeds`)
         self.closest: Closest | None = None
         self.missed: list[tuple[Layout, TrainingSetup]] = []  # valid layouts that failed
         self.pruned: list[tuple[Layout, TrainingSetup]] = []  # by the states bound alone
@@ -301,29 +323,33 @@ class _Evaluator:
     def fits(self, setup: TrainingSetup, b: int) -> bool:
         accum = self.batch // (setup.dp * b)
         if (setup, b, accum) not in self.peaks and (
-                self.bound_exceeds(setup, b, accum) or self.rank_exceeds(setup, b, accum)):
+                setup in self.overflowing or self.bound_exceeds(setup, b, accum)
+                or self.rank_exceeds(setup, b, accum)):
             return False
         if self.peak(setup, b) > self.budget or (self.judged and not self.floor(setup, b)):
             return False
         return self.holds(setup, b) if self.exact else True
 
-    def _judge(self, setup: TrainingSetup, b: int, whole: bool) -> bool:
+    def _judge(self, setup: TrainingSetup, b: int, whole: bool) -> Verdict | None:
+        """The verdict (`whole`) or its floor of the step at micro-batch b; None where the
+        rules refuse the workload (`memory` refuses it too)."""
         accum = self.batch // (setup.dp * b)
         workload = Workload(b, self.seq_len, accum)
         try:
             if not whole:
-                return verdict_floor(self.cfg, workload, setup, self.budget).fits
+                return verdict_floor(self.cfg, workload, setup, self.budget)
             return verdict(self.cfg, workload, setup, self.budget,
-                           allocated=self.peak(setup, b)).fits
-        except ConfigError:  # a workload the rules refuse (`memory` refuses it too)
-            return False
+                           allocated=self.peak(setup, b))
+        except ConfigError:
+            return None
 
     def floor(self, setup: TrainingSetup, b: int) -> bool:
         """The verdict's floor (`memory.verdict.verdict_floor`): the allocated peak with the
         CUDA context and NCCL's buffers within the budget; no allocator replay."""
         key = (setup, b)
         if key not in self.floors:
-            self.floors[key] = self._judge(setup, b, whole=False)
+            low = self._judge(setup, b, whole=False)
+            self.floors[key] = low is not None and low.fits
         return self.floors[key]
 
     def holds(self, setup: TrainingSetup, b: int) -> bool:
@@ -333,7 +359,13 @@ class _Evaluator:
         key = (setup, b)
         if key not in self.verdicts:
             self.verdicts[key] = self._judge(setup, b, whole=True)
-        return self.verdicts[key]
+        found = self.verdicts[key]
+        return found is not None and found.fits
+
+    def must_hold(self, setup: TrainingSetup, b: int) -> int | None:
+        """The verdict's bytes (`Verdict.must_hold`) where `holds` has asked it, else None."""
+        found = self.verdicts.get((setup, b))
+        return None if found is None else found.must_hold
 
     def confirmed_micro_batch(self, layout: Layout, b: int) -> int:
         """The plan's micro-batch under the whole verdict: `b` when it holds there, else
@@ -353,25 +385,40 @@ class _Evaluator:
         it saves (`activations_lower_bound`) alone overflow the budget."""
         workload = Workload(b, self.seq_len, accum)
         return (states_lower_bound(self.cfg, setup, gradients=False)
-                + activations_lower_bound(self.cfg, workload, setup)) > self.budget
+                + activations_lower_bound(self.cfg, workload, setup)) > self.room(setup)
 
     def rank_exceeds(self, setup: TrainingSetup, b: int, accum: int) -> bool:
         """Whether the first or the last pipeline rank alone overflows the budget: the step
         peak is the largest over the ranks (`step_peak`), those two among them, so it
-        overflows too; one rank's account instead of every distinct rank's."""
+        overflows too; one rank's account instead of every distinct rank's. A rank whose
+        states alone overflow (`states_at_step`) does so at every micro-batch: the set-up is
+        kept in `overflowing`, and no other micro-batch of it is evaluated."""
         if setup.pp == 1:
             return False
         workload = Workload(b, self.seq_len, accum)
         for stage in ("first", "last"):
             account = step_account(self.cfg, workload, setup, stage)
-            if account.totals[account.peak_phase] > self.budget:
+            if states_at_step(account) > self.room(setup):
+                self.overflowing.add(setup)
+            if account.totals[account.peak_phase] > self.room(setup):
                 return True
         return False
+
+    def room(self, setup: TrainingSetup) -> int:
+        """The most a step peak may be: the budget, less (judged by the verdict) the CUDA
+        context and NCCL's buffers, which the verdict's floor adds to the peak."""
+        if setup not in self.rooms:
+            fixed = 0
+            if self.judged and setup.device == "cuda":
+                smi = nvidia_smi_lines(0, setup)
+                fixed = smi["CUDA context"] + smi["NCCL buffers"]
+            self.rooms[setup] = self.budget - fixed
+        return self.rooms[setup]
 
     def states_exceed(self, setup: TrainingSetup) -> bool:
         """Whether the states alone overflow the budget (`states_lower_bound`): no micro-batch
         fits, and no step peak needs computing."""
-        return states_lower_bound(self.cfg, setup) > self.budget
+        return states_lower_bound(self.cfg, setup) > self.room(setup)
 
     def ruled_out(self, layout: Layout) -> bool:
         """Whether a failure already seen implies this one: the same group at a dp at least
@@ -415,8 +462,9 @@ class _Evaluator:
         else:
             order = (1,)
         b = next((x for x in order if self.fits(setup, x)), 0)
-        if b == 0 and record:
-            self.fail(layout, setup)
+        if b == 0:
+            if record:
+                self.fail(layout, setup)
         elif layout.pp == 1:
             below = [d for d in divisors(n) if d < n]
             lo, hi = 0, len(below)  # below[lo] fits; find the last that does
@@ -496,7 +544,7 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
            lora: bool = False, order: str = "time", engines: tuple[str, ...] | None = None,
            gpus: int | None = None, max_step_seconds: float | None = None,
            max_evaluations: int = DEFAULT_MAX_EVALUATIONS, node: int | None = None,
-           judged: bool = False) -> PlanSearch:
+           judged: bool = False, fewest: bool = True) -> PlanSearch:
     """The plans that fit `budget` bytes per GPU for `batch` sequences of `seq_len` tokens per
     step on `gpu`, best first: by step time, then the tie rule (`order` "time"), or by GPUs,
     then time (`order` "gpus"); the first `top` of them, or every one (None); only those of
@@ -505,8 +553,10 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     gives a layout's TrainingSetup (default: `layout_setup` with the family's usual set-up);
     `engines` limits the engines tried (default every registered one); `mfu` replaces the
     step model by a utilisation of the executed FLOPs (module docstring). `judged`: fit by
-    `memory.verdict` (as `gptcalc plan` answers), else by the allocated peak alone."""
+    `memory.verdict` (as `gptcalc plan` answers), else by the allocated peak alone; `fewest`
+    False leaves the fewest-GPU plan out (None) and its search undone."""
     mfu = _check_search(seq_len, max_gpus, gpus, max_evaluations, mfu, top)
+    want_fewest = fewest
     setup_for = setup_for or (lambda layout: layout_setup(cfg, layout))
     peak_flops = require_peak(gpu, precision)
     flops = {r: count_flops(cfg, Workload(1, seq_len), recompute=r) for r in PLANNED_RECOMPUTE}
@@ -546,7 +596,21 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
         full = dataclasses.replace(layout, recompute=PLANNED_RECOMPUTE[-1])
         if by == "gpus" and full != layout and not ev.micro_batch(full):
             return None  # the least memory at this dp does not fit: rules out the others
-        return build(layout, ev.micro_batch(layout), by)
+        found = build(layout, ev.micro_batch(layout), by)
+        if found is None or not judged:
+            return found
+        return confirm_bound(layout, found[1], by), found[1]
+
+    def confirm_bound(layout: Layout, plan: Plan, by: str) -> tuple:
+        """A lower bound of the plan's key once the verdict confirms it: the verdict may move
+        its micro-batch, down without a pipeline (where the step time does not fall as B
+        shrinks: a test checks it) and up under one (the least step time of the micro-batches
+        from B up), and the peak with it (0 here)."""
+        s = plan.step_seconds
+        if layout.pp > 1:
+            n = batch // layout.dp
+            s = min(seconds(layout, plan.setup, b) for b in divisors(n) if b >= plan.micro_batch)
+        return key(layout, s, 0, by)
 
     def confirm(layout: Layout, plan: Plan, by: str) -> tuple | None:
         """The plan as `memory`'s verdict answers it (`_Evaluator.confirmed_micro_batch`)."""
@@ -562,7 +626,8 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
             return None
         fc = flops[layout.recompute]
         plan = Plan(layout, setup, b, m, peak, s, batch * seq_len / s,
-                    batch * fc.training_total / (s * layout.gpus * peak_flops))
+                    batch * fc.training_total / (s * layout.gpus * peak_flops),
+                    ev.must_hold(setup, b))
         return key(layout, s, peak, by), plan
 
     def bound_key(layout: Layout, by: str) -> tuple:
@@ -601,7 +666,7 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     try:
         plans = ranked(order, top)
         # the fewest GPUs, then the fastest, from the same step peaks
-        fewest = next(iter(ranked("gpus", 1)), None)
+        fewest = next(iter(ranked("gpus", 1)), None) if want_fewest else None
     except _Capped:
         capped = True
     if not plans and not capped:  # the nearest miss among the layouts that failed
@@ -614,15 +679,16 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
 def _best_first(bounds: list, evaluate: Callable, refine: Callable, top: int | None,
                 confirm: Callable | None = None) -> list[Plan]:
     """Pop layouts by a lower bound of their key: a cheap one first, then (`refine`) a tighter
-    one, then the layout's own key once its memory is evaluated (by the verdict's floor),
-    then (`confirm`) its key once the whole verdict is asked; a plan comes out only when
-    nothing left could come before it."""
+    one, then the layout's own key once its memory is evaluated by the verdict's floor (with
+    `confirm`: a lower bound of the key the whole verdict may move it to), then (`confirm`) its
+    key once the whole verdict is asked; a plan comes out only when nothing left could come
+    before it. The plans are returned in the order of their keys, whatever the bounds."""
     heapq.heapify(bounds)
-    out: list[Plan] = []
+    out: list[tuple[tuple, int, Plan]] = []
     while bounds and (top is None or len(out) < top):
         key, i, stage, plan, layout = heapq.heappop(bounds)
         if stage == 3 or (stage == 2 and confirm is None):
-            out.append(plan)
+            out.append((key, i, plan))
             continue
         if stage == 2:
             found = confirm(layout, plan)
@@ -636,12 +702,12 @@ def _best_first(bounds: list, evaluate: Callable, refine: Callable, top: int | N
             heapq.heappush(bounds, (found, i, 1, None, layout))
         else:
             heapq.heappush(bounds, (found[0], i, 2, found[1], layout))
-    return out
+    return [plan for _key, _i, plan in sorted(out, key=lambda x: x[:2])]
 
 
 __all__ = ["CP_SIZES", "DEFAULT_MAX_EVALUATIONS", "DEFAULT_MAX_GPUS", "DEFAULT_TOKENS_PER_STEP",
            "MIN_CP_CHUNK", "PLANNED_RECOMPUTE", "TIE_RULE", "TP_SIZES",
            "Closest", "Layout", "Plan", "PlanSearch", "bubble_fraction", "candidate_layouts",
            "divisors", "engine_stages", "global_batch", "layout_setup", "search",
-           "states_lower_bound", "activations_lower_bound",
+           "states_at_step", "states_lower_bound", "activations_lower_bound",
            "step_seconds"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +21,7 @@ from gptcalc.memory import memory_report
 from gptcalc.plan import (DEFAULT_TOKENS_PER_STEP, PLANNED_RECOMPUTE, candidate_layouts,
                           global_batch, search)
 from gptcalc.training import resolve_training
+from gptcalc.units import binary_bytes
 from gptcalc.workload import Workload
 
 H100 = gpu("h100-sxm")
@@ -97,13 +99,80 @@ def test_lora_plans_are_data_parallel_and_reproduced():
     assert_commands_reproduce(out)
 
 
-def test_text_lists_the_table_the_commands_and_the_fewest():
+def test_detail_lists_the_table_the_commands_and_the_fewest():
     r = run("plan", "--preset", "gpt2", "--seq-len", "512", "--gpu-memory", "6GiB",
-            "--global-batch", "16", "--max-gpus", "8", "--top", "3")
+            "--global-batch", "16", "--max-gpus", "8", "--top", "3", "--detail")
     assert r.exit_code == 0, r.output
     assert "Layouts that fit, fastest first" in r.output
     assert "3: gptcalc memory --preset gpt2 --seq-len 512" in r.output
     assert "Fewest GPUs: 1 " in r.output
+
+
+SCREENS = [
+    ("--preset", "llama3-70b", "--gpu", "h100-sxm", "--seq-len", "4096"),
+    ("--preset", "gpt2", "--seq-len", "512", "--gpu-memory", "6GiB", "--global-batch", "16",
+     "--max-gpus", "8"),
+    ("--preset", "gpt2", "-L", "4", "--seq-len", "128", "--global-batch", "8", "--max-gpus",
+     "16", "--gpus", "4", "--mfu", "0.4"),
+    ("--preset", "gpt2", "-L", "4", "--seq-len", "128", "--global-batch", "8", "--max-gpus",
+     "16", "--tokens", "1e6", "--days", "1"),
+    ("--preset", "llama3-8b", "--seq-len", "4096", "--gpu-memory", "20GiB", "--max-gpus", "2",
+     "--global-batch", "8"),
+]
+
+
+@pytest.mark.parametrize("args", SCREENS)
+def test_the_default_output_is_one_screen_with_the_answer_first(args):
+    r = run("plan", *args)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert len(lines) <= 25 and max(map(len, lines)) <= 80, r.stdout
+    out = run_json("plan", *args, "--top", "1")
+    first = " ".join(lines).split(" Assuming ")[0]  # the answer, before its assumptions
+    if not out["plans"]:
+        assert first.startswith("No layout") and "closest:" in first
+        return
+    best = out["plans"][0]
+    assert first.startswith(("Fastest that fits: ", "Fastest on 4 GPUs: ",
+                             "Fewest GPUs that finish in time: "))
+    held = best["must_hold"]
+    seconds = best["step_seconds"]
+    shown_seconds = f"{seconds:.2f}" if 1 <= seconds < 100 else f"{seconds:.3g}"
+    for figure in (f"{best['gpus']:,} GPUs", f"{shown_seconds} s per step",
+                   f"{best['tokens_per_second']:,.0f} tokens/s",
+                   f"peak {binary_bytes(best['peak'])} per GPU",
+                   f"{binary_bytes(held)} to hold of {binary_bytes(out['budget'])}",
+                   f"(margin {binary_bytes(out['budget'] - held)})"):
+        assert figure in first, (figure, first)
+    # the first row is the answer, and the command under the table reproduces it
+    head = next(i for i, x in enumerate(lines) if x.startswith("#") and "GPUs" in x)
+    row = lines[head + 1].split()
+    assert row[1] == f"{best['gpus']:,}" and row[-1] == shown_seconds
+    start = next(i for i, x in enumerate(lines) if x.startswith("#1: "))
+    end = next(i for i, x in enumerate(lines) if x.startswith("--detail"))
+    shown = " ".join(x.removesuffix("\\").strip() for x in lines[start:end])
+    assert all(len(x) <= 80 for x in lines[start:end])
+    assert shlex.split(shown.removeprefix("#1: ")) == shlex.split(best["command"])
+
+
+def test_detail_keeps_the_full_table():
+    args = ("plan", "--preset", "gpt2", "--seq-len", "512", "--gpu-memory", "6GiB",
+            "--global-batch", "16", "--max-gpus", "8")
+    short, full = run(*args).stdout, run(*args, "--detail").stdout
+    out = run_json(*args)
+    assert len(out["plans"]) == 10 and out["fewest_gpus"] is not None
+    for header in ("B x accum", "peak / GPU"):  # the full table's columns
+        assert header in full and header not in short
+    assert "10: gptcalc memory" in full and "Fewest GPUs:" in full
+    assert "equal step times: fewer GPUs" in full
+    lines = short.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.startswith("#") and "GPUs" in x)
+    rows = lines[head + 1:next(i for i, x in enumerate(lines) if x.startswith("#1: "))]
+    assert len(rows) == 5  # the default screen's plans, the first five of the full list
+    for i, (row, plan) in enumerate(zip(rows, out["plans"]), 1):
+        cells = row.split()
+        assert cells[:2] == [str(i), f"{plan['gpus']:,}"]
+        assert float(cells[-1]) == pytest.approx(plan["step_seconds"], rel=5e-3)
 
 
 def test_engines_limits_the_engines_planned():
@@ -167,6 +236,15 @@ def test_bad_input_is_one_line_naming_the_option(args, option):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and option in lines[0], r.stderr
+
+
+def test_a_recipes_micro_batch_is_refused_naming_its_key():
+    # the planner chooses the micro-batch: a recipe's per-device batch is refused as typed -B is
+    recipe = (Path(__file__).parent / "recipes" / "shipped" / "alignment-handbook" / "recipes"
+              / "smollm2" / "sft" / "config.yaml")
+    r = run("plan", "--recipe", str(recipe), "--gpu", "h100-sxm", "--max-gpus", "8")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "per_device_train_batch_size" in r.stderr and "--global-batch" in r.stderr
 
 
 def test_global_batch_defaults_to_4m_tokens():
@@ -382,7 +460,7 @@ def test_cli_gpus_and_deadline_and_the_tie_rule():
     out = run_json(*base, "--gpus", "4")
     assert out["plans"] and all(p["gpus"] == 4 for p in out["plans"])
     assert "fewer GPUs" in out["tie_rule"]
-    text = run(*base).stdout
+    text = run(*base, "--detail").stdout
     assert "equal step times: fewer GPUs" in text
     slow = run_json(*base, "--tokens", "1e6", "--days", "1")
     assert slow["plans"] and slow["fewest_gpus"]["gpus"] == slow["plans"][0]["gpus"]
@@ -438,6 +516,60 @@ def test_the_first_ranks_bound_never_exceeds_its_peak(brute):
             bound = states_lower_bound(cfg, setup, gradients=False) \
                 + activations_lower_bound(cfg, w, setup)
             assert 0 < bound <= account.totals[account.peak_phase], (layout, b)
+
+
+def test_a_ranks_states_at_its_optimizer_step_are_the_same_at_every_micro_batch(brute):
+    # a pipeline set-up whose first or last rank's states overflow at one micro-batch is ruled
+    # out at every micro-batch: those bytes must not depend on it, and stay below every peak
+    from gptcalc.memory.peak import step_account
+    from gptcalc.plan import states_at_step
+
+    cfg, peaks = brute
+    for layout in [x for x in peaks if x.pp > 1]:
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        for stage in ("first", "last"):
+            states = {states_at_step(step_account(cfg, Workload(b, SEQ, n // b), setup, stage))
+                      for b in peaks[layout]}
+            assert len(states) == 1, (layout, stage, states)
+            assert 0 < states.pop() <= min(peaks[layout].values()), (layout, stage)
+
+
+def test_without_a_pipeline_the_step_time_does_not_grow_with_the_micro_batch(brute):
+    # the search bounds a layout's time by its whole share's (B = n), and a plan the verdict
+    # moves to a smaller micro-batch by its time at the larger one: both rest on this
+    from gptcalc.time import step_time
+
+    cfg, peaks = brute
+    for layout in [x for x in peaks if x.pp == 1][::3]:
+        setup, n = _setup(cfg, layout), BATCH // layout.dp
+        times = [step_time(cfg, setup, b, SEQ, n // b, H100).step_seconds
+                 for b in sorted(peaks[layout])]
+        assert times == sorted(times, reverse=True), layout
+
+
+# the verdict adds the CUDA context (500 MiB) and NCCL's buffers to a peak: budgets a little
+# above the smallest peaks, where the verdict moves or refuses the floor's micro-batch
+HEADROOM = (600 << 20) + (1 << 30)
+
+
+@pytest.mark.parametrize("mfu", [None, 0.4])
+def test_judged_plans_hold_the_verdict_in_the_ranking_order(brute, mfu):
+    # the verdict can move a plan to another micro-batch, and with it its step time and peak:
+    # the plans still come by step time, then the tie rule (GPUs, pipeline stages, tensor
+    # parallelism, recomputation, peak), and each holds `memory`'s verdict at its micro-batch
+    from gptcalc.memory.verdict import verdict
+
+    cfg, peaks = brute
+    smallest = sorted(min(p.values()) for p in peaks.values())
+    for q in (0, 7, 9, 12):
+        budget = smallest[len(smallest) * q // 16] + HEADROOM
+        found = _search(cfg, budget, judged=True, mfu=mfu)
+        rule = [(p.step_seconds, p.gpus, p.layout.pp, p.layout.tp,
+                 PLANNED_RECOMPUTE.index(p.layout.recompute), p.peak) for p in found.plans]
+        assert rule == sorted(rule), (q, budget)
+        for p in found.plans:
+            v = verdict(cfg, Workload(p.micro_batch, SEQ, p.grad_accum), p.setup, budget)
+            assert v.fits and v.must_hold == p.must_hold, (p.layout, p.micro_batch)
 
 
 @pytest.mark.parametrize("q", [0, 2, 3])

@@ -1,10 +1,14 @@
 """`gptcalc plan`: the parallel layouts that fit a GPU, fastest first, each with the
-`gptcalc memory` command that reproduces its peak."""
+`gptcalc memory` command that reproduces its peak. One screen by default: the answer and its
+assumptions first, a short ranked table, the command that reproduces the answer; `--detail`
+adds the full table, every plan's command and the fewest GPUs that fit."""
 
 from __future__ import annotations
 
+import functools
 import shlex
-from typing import Any
+import textwrap
+from typing import Any, Callable
 
 import click
 
@@ -19,7 +23,8 @@ from ..time import check_positive, parse_count
 from ..training import resolve_training
 from ..units import binary_bytes
 from ..workload import Workload
-from .options import ByteSize, click_option, config_section, current_setup, describe, model_options
+from .options import (MODEL_KEYS, ByteSize, click_option, config_section, current_recipe,
+                      current_setup, describe, model_options)
 from .render import emit_json, envelope, print_line, print_table
 
 # the training options a plan keeps as given (its layout, recomputation and micro-batch are
@@ -28,6 +33,18 @@ KEPT = ("mode", "optimizer", "autocast_dtype", "attn", "impl", "overhead", "lora
         "lora_targets", "weights_dtype")
 # model options the planner sets itself, or that write files
 _PLANNED = ("batch_size", "grad_accum", "seq_len", "save_config")
+SHORT_TOP = 5  # plans the default screen lists
+DEFAULT_TOP = 10  # plans --detail and --json list
+SCREEN = 80  # columns of the default screen
+
+
+def _typed_model_options(command: Callable) -> Callable:
+    """Hand the command the model options as given (`typed`, by keyword) beside the resolved
+    model: the commands that reproduce a plan repeat them."""
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        return command(**kwargs, typed={k: kwargs.get(k) for k in MODEL_KEYS})
+    return wrapper
 
 
 def _count(name: str, help: str):
@@ -43,6 +60,7 @@ def _kept_options(command):
 
 
 @click.command("plan")
+@_typed_model_options
 @model_options
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Accelerator (see `gptcalc gpus`): its usable memory (what "
@@ -66,7 +84,12 @@ def _kept_options(command):
 @click.option("--engines", default=None, metavar="LIST",
               help="Engines to plan with, e.g. fsdp2,megatron (default: every engine; see "
                    "`--engine` of `gptcalc memory`).")
-@click.option("--top", type=int, default=10, show_default=True, help="Plans to list.")
+@click.option("--top", type=int, default=None,
+              help=f"Plans to list (default: {SHORT_TOP} on screen, {DEFAULT_TOP} with --detail "
+                   "or --json).")
+@click.option("--detail", is_flag=True,
+              help="Every plan listed with its command, the fewest GPUs that fit, what was "
+                   "searched and the tie rule.")
 @click.option("--mfu", type=float, default=None,
               help="Override: a utilisation of the dense peak by the FLOPs a step executes "
                    "(recomputation included), in (0, 1], instead of the step model (`gptcalc "
@@ -78,14 +101,16 @@ def _kept_options(command):
 def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | None,
             global_batch: int | None, tokens_per_step: int | None, max_gpus: int,
             gpus: int | None, tokens: int | None, days: float | None, max_evaluations: int,
-            engines: str | None, top: int, mfu: float | None, precision: str, as_json: bool,
-            **given: Any) -> None:
+            engines: str | None, top: int | None, detail: bool, mfu: float | None,
+            precision: str, as_json: bool, typed: dict[str, Any], **given: Any) -> None:
     """The data, tensor, pipeline and context layouts, engines and recomputation that fit a
     training step in each GPU's memory, ranked by step time (`gptcalc time`'s model); each with
-    the `gptcalc memory` command that reproduces its peak. --gpus N: the layouts of N GPUs;
-    --tokens T --days D: the fewest GPUs that finish T tokens in D days."""
+    the `gptcalc memory` command that reproduces its peak. One screen: the answer first, the
+    five fastest; --detail: ten, every command, the fewest GPUs. --gpus N: the layouts of N
+    GPUs; --tokens T --days D: the fewest GPUs that finish T tokens in D days."""
     cfg, wl = model
-    _refuse_workload()
+    options = _given_model(typed)
+    _refuse_workload(options)
     g = find_gpu(gpu_name)
     require_peak(g, precision)
     budget = gpu_memory if gpu_memory is not None else usable_memory(g)
@@ -97,21 +122,30 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
         return layout_setup(cfg, layout, kept, _sections(), _from_hf())
 
     resolve_training(cfg, _sections(), kept, _from_hf())  # a bad option fails here, by name
-    found = search(cfg, wl.seq_len, batch, budget, g, precision, mfu, max_gpus, top=top,
+    full = detail or as_json  # the whole answer, not one screen's
+    listed = top if top is not None else DEFAULT_TOP if full else SHORT_TOP
+    found = search(cfg, wl.seq_len, batch, budget, g, precision, mfu, max_gpus, top=listed,
                    setup_for=setup_for, lora=bool(kept.get("lora_rank")),
                    engines=_engines(engines), gpus=gpus, max_step_seconds=deadline,
                    order="gpus" if deadline is not None else "time",
-                   max_evaluations=max_evaluations, judged=True)
+                   max_evaluations=max_evaluations, judged=True, fewest=full)
     line = _assumptions(g.name, budget, precision, mfu, batch, wl.seq_len, max_gpus, gpus,
                         tokens, days)
     device = ["--gpu-memory", _size(gpu_memory)] if gpu_memory is not None else ["--gpu", g.name]
-    commands = [_command(p, wl.seq_len, device, kept) for p in found.plans]
+
+    def command_of(plan: Plan) -> str:
+        return _command(plan, wl.seq_len, device, kept, options)
+    commands = [command_of(p) for p in found.plans]
     fewest = found.fewest
     if as_json:
         emit_json(_json(cfg, wl.seq_len, batch, budget, line, found, commands, fewest,
-                        None if fewest is None else _command(fewest, wl.seq_len, device, kept)))
+                        None if fewest is None else command_of(fewest)))
         return
-    _render(cfg, budget, max_gpus, line, found, commands, fewest, deadline is not None)
+    answer = _answer(cfg, budget, max_gpus, line, found, gpus, deadline is not None)
+    if detail:
+        _render(answer, found, commands, fewest, deadline is not None)
+    else:
+        _screen(answer, found, commands)
 
 
 def _deadline(tokens: int | None, days: float | None, step_tokens: int) -> float | None:
@@ -125,10 +159,21 @@ def _deadline(tokens: int | None, days: float | None, step_tokens: int) -> float
     return days * 86_400 * step_tokens / tokens
 
 
-def _refuse_workload() -> None:
-    params = click.get_current_context().params
+def _given_model(typed: dict[str, Any]) -> dict[str, Any]:
+    """The model options as given: typed, or filled from --recipe's files where not typed."""
+    current = current_recipe()
+    if current is None:
+        return typed
+    from ..recipes import apply_recipe
+
+    recipe, given = current
+    filled = apply_recipe(recipe, given)
+    return {k: filled.get(k, v) for k, v in typed.items()}
+
+
+def _refuse_workload(options: dict[str, Any]) -> None:
     for key in ("batch_size", "grad_accum"):
-        if params.get(key) is not None:
+        if options.get(key) is not None:
             raise ConfigError(key, "the planner chooses the micro-batch and the accumulation; "
                                    "give the global batch (--global-batch or --tokens-per-step)")
 
@@ -155,13 +200,12 @@ def _from_hf() -> bool:
     return bool(s and s.from_hf)
 
 
-def _model_args() -> list[str]:
-    """The model options as typed, for the command that re-runs a plan."""
-    params = click.get_current_context().params
+def _model_args(options: dict[str, Any]) -> list[str]:
+    """The model options as given (`_given_model`), for the command that re-runs a plan."""
     out: list[str] = []
     for name in MODEL_OPTIONS:
         opt = OPTIONS[name]
-        value = params.get(opt.keyword)
+        value = options.get(opt.keyword)
         if name in _PLANNED or value is None or value == ():
             continue
         for item in (value if opt.multiple else (value,)):
@@ -173,10 +217,12 @@ def _size(n: int) -> str:
     return f"{n // 2**30}GiB" if n % 2**30 == 0 else f"{n}B"
 
 
-def _command(plan: Plan, seq_len: int, device: list[str], kept: dict[str, Any]) -> str:
-    """`gptcalc memory ...` with every setting of the plan spelt out."""
+def _command(plan: Plan, seq_len: int, device: list[str], kept: dict[str, Any],
+             options: dict[str, Any]) -> str:
+    """`gptcalc memory ...` with every setting of the plan spelt out; `options`: the model
+    options as given."""
     lay = plan.layout
-    args = ["gptcalc", "memory", *_model_args(), "--seq-len", str(seq_len),
+    args = ["gptcalc", "memory", *_model_args(options), "--seq-len", str(seq_len),
             "-B", str(plan.micro_batch), "--grad-accum", str(plan.grad_accum),
             "--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp),
             "--zero", str(lay.zero), "--engine", lay.engine, "--recompute", lay.recompute,
@@ -187,7 +233,7 @@ def _command(plan: Plan, seq_len: int, device: list[str], kept: dict[str, Any]) 
         args += ["--pp-schedule", lay.schedule, "--pp-virtual", str(lay.virtual)]
     if lay.sp:
         args.append("--sp")
-    elif click.get_current_context().params.get("config"):
+    elif options.get("config"):
         args.append("--no-sp")  # a config file's [parallel] sp must not turn it on
     for name in KEPT:
         if name != "mode" and name in kept:
@@ -227,7 +273,7 @@ def plan_json(plan: Plan, command: str) -> dict[str, Any]:
             "recompute": lay.recompute, "micro_batch": plan.micro_batch,
             "grad_accum": plan.grad_accum, "peak": plan.peak,
             "step_seconds": plan.step_seconds, "tokens_per_second": plan.tokens_per_second,
-            "mfu": plan.mfu}
+            "mfu": plan.mfu, "must_hold": plan.must_hold}
 
 
 def _json(cfg, seq_len, batch, budget, line, found: PlanSearch, commands, fewest, fewest_cmd):
@@ -248,22 +294,46 @@ def _json(cfg, seq_len, batch, budget, line, found: PlanSearch, commands, fewest
 
 def _row(i: int, p: Plan) -> list[str]:
     lay = p.layout
-    shape = f"{lay.dp} x {lay.tp} x {lay.pp}" + (f" x cp {lay.cp}" if lay.cp > 1 else "") + (
-        " sp" if lay.sp else "") + (f" v{lay.virtual}" if lay.virtual > 1 else "")
-    return [str(i), f"{p.gpus:,}", shape,
+    return [str(i), f"{p.gpus:,}", _shape(lay),
             _engine(lay), lay.recompute, f"{p.micro_batch} x {p.grad_accum}",
             binary_bytes(p.peak), f"{p.step_seconds:,.2f}", f"{p.tokens_per_second:,.0f}"]
 
 
-def _render(cfg, budget, max_gpus, line, found: PlanSearch, commands, fewest,
-            deadline: bool) -> None:
-    print_line(line)
-    print_line(describe(cfg))
-    if found.capped:
-        print_line(f"The search stopped after {found.evaluations:,} step peaks "
-                   "(--max-evaluations): the plans below are the best found before it, not "
-                   "necessarily the best")
-    if not found.plans:
+def _seconds(s: float) -> str:
+    """Seconds to three significant figures at least (a small model's step is milliseconds)."""
+    return f"{s:,.0f}" if s >= 100 else f"{s:.2f}" if s >= 1 else f"{s:.3g}"
+
+
+def _shape(lay: Layout) -> str:
+    """dp x tp x pp (x cp), sp and interleaved chunks: how the table writes a layout."""
+    return f"{lay.dp} x {lay.tp} x {lay.pp}" + (f" x cp {lay.cp}" if lay.cp > 1 else "") + (
+        " sp" if lay.sp else "") + (f" v{lay.virtual}" if lay.virtual > 1 else "")
+
+
+def _words(lay: Layout) -> str:
+    """The layout in words, for the answer's sentence."""
+    parts = [f"dp {lay.dp}", f"tp {lay.tp}" + (" (sp)" if lay.sp else ""),
+             f"pp {lay.pp}" + (f" ({lay.schedule}, {lay.virtual} chunks a stage)"
+                               if lay.virtual > 1 else "")]
+    return " x ".join(parts + ([f"cp {lay.cp}"] if lay.cp > 1 else []))
+
+
+def _answer(cfg: GPTConfig, budget: int, max_gpus: int, line: str, found: PlanSearch,
+            gpus: int | None, deadline: bool) -> str:
+    """The answer, then the assumptions it rests on: the first paragraph of the text."""
+    if found.plans:
+        p = found.plans[0]
+        what = ("Fewest GPUs that finish in time" if deadline else
+                f"Fastest on {gpus:,} GPUs" if gpus else "Fastest that fits")
+        held = "" if p.must_hold is None else (
+            f", {binary_bytes(p.must_hold)} to hold of {binary_bytes(budget)} (margin "
+            f"{binary_bytes(budget - p.must_hold)})")
+        head = (f"{what}: {p.gpus:,} GPUs as {_words(p.layout)}, {_engine(p.layout)}, "
+                f"recompute {p.layout.recompute}, micro-batch {p.micro_batch}, accumulation "
+                f"{p.grad_accum}: {_seconds(p.step_seconds)} s per step, "
+                f"{p.tokens_per_second:,.0f} tokens/s, peak {binary_bytes(p.peak)} per "
+                f"GPU{held}.")
+    else:
         c = found.closest
         near = "" if c is None else (
             f"; closest: {c.layout.gpus:,} GPUs, dp {c.layout.dp} x tp {c.layout.tp} x pp "
@@ -271,7 +341,80 @@ def _render(cfg, budget, max_gpus, line, found: PlanSearch, commands, fewest,
             f"{c.micro_batch} x {c.grad_accum}: peak {binary_bytes(c.peak)}, "
             f"{binary_bytes(c.peak - budget)} over")
         what = "finishes in time" if deadline else f"fits {binary_bytes(budget)} per GPU"
-        print_line(f"No layout {what} within {max_gpus:,} GPUs{near}")
+        head = f"No layout {what} within {max_gpus:,} GPUs{near}."
+    return f"{head} {line}; model {describe(cfg)}."
+
+
+def _print_wrapped(text: str, width: int = SCREEN) -> None:
+    for piece in textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False):
+        print_line(piece)
+
+
+def _print_command(label: str, command: str, width: int = SCREEN) -> None:
+    """A shell command over lines of at most `width` columns, continued with a backslash; an
+    option stays on the line of its value."""
+    words: list[str] = []
+    for word in shlex.split(command):
+        quoted = shlex.quote(word)
+        if words and words[-1].startswith("-") and not word.startswith("-"):
+            words[-1] += " " + quoted
+        else:
+            words.append(quoted)
+    lines, current = [], label.rstrip()
+    for word in words:
+        if len(current) + 1 + len(word) > width - 2 and current.strip():
+            lines.append(current + " \\")
+            current = "   "
+        current += " " + word
+    for text in [*lines, current]:
+        print_line(text)
+
+
+def _short_table(plans: list[Plan], width: int = SCREEN) -> list[str]:
+    """The ranked plans as plain columns within `width`: the layout, engine, recomputation,
+    micro-batch, peak and step time (tokens per second are the step's tokens over it)."""
+    head = ["#", "GPUs", "dp x tp x pp", "engine", "recompute", "B x acc", "peak GiB",
+            "step s"]
+    rows = [[str(i), f"{p.gpus:,}", _shape(p.layout), _engine(p.layout), p.layout.recompute,
+             f"{p.micro_batch}x{p.grad_accum}", f"{p.peak / 2**30:.2f}",
+             _seconds(p.step_seconds)] for i, p in enumerate(plans, 1)]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    gap = 2 if sum(widths) + 2 * (len(widths) - 1) <= width else 1
+    left = {2, 3, 4}  # text columns; numbers to the right
+
+    def fmt(row: list[str]) -> str:
+        return (" " * gap).join(c.ljust(w) if i in left else c.rjust(w)
+                                for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+    return [fmt(head), *map(fmt, rows)]
+
+
+def _capped(found: PlanSearch) -> str:
+    return (f"The search stopped after {found.evaluations:,} step peaks (--max-evaluations): "
+            "the plans below are the best found before it, not necessarily the best")
+
+
+def _screen(answer: str, found: PlanSearch, commands: list[str]) -> None:
+    """One screen of at most 80 columns: the answer and its assumptions, the ranked plans,
+    the command that reproduces the first, and what --detail adds."""
+    _print_wrapped(answer)
+    if found.capped:
+        _print_wrapped(_capped(found))
+    if not found.plans:
+        return
+    for text in _short_table(found.plans):
+        print_line(text)
+    _print_command("#1:", commands[0])
+    _print_wrapped("--detail: every plan's command, the fewest GPUs that fit, the search's "
+                   "size and its tie rule")
+
+
+def _render(answer: str, found: PlanSearch, commands: list[str], fewest: Plan | None,
+            deadline: bool) -> None:
+    """--detail: the answer, the full table with every plan's command, the fewest GPUs."""
+    _print_wrapped(answer)
+    if found.capped:
+        print_line(_capped(found))
+    if not found.plans:
         return
     title = ("Layouts that finish in time, fewest GPUs first" if deadline else
              "Layouts that fit, fastest first")
