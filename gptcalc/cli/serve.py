@@ -19,7 +19,6 @@ from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSW
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
 from ..inference.sampler import SAMPLERS
-from ..inference.servers import cuda_graphs_profiled
 from ..inference.weights import WEIGHT_DTYPES, weights_label
 from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
@@ -99,6 +98,14 @@ from .render import emit_json, envelope, print_line, print_table
               default="auto", show_default=True,
               help="Hybrid models: the Mamba / DeltaNet recurrent state's dtype (vLLM's option; "
                    "auto: the model's dtype).")
+@click.option("--enforce-eager", "--disable-cuda-graph", "eager", is_flag=True,
+              help="No CUDA graphs (vLLM's --enforce-eager, SGLang's --disable-cuda-graph): "
+                   "vLLM takes no graph estimate from the pool.")
+@click.option("--cuda-graph-memory", type=ByteSize(exact=False, zero_ok=True), default=None,
+              metavar="SIZE",
+              help="vLLM's CUDA graph estimate from a log (\"Estimated CUDA graph memory: X GiB "
+                   "total\"), taken from the pool from 0.21.0; default: the capture list's "
+                   "graphs at one Llama-3.1-8B log's per-graph figures.")
 @click.option("--detail", is_flag=True,
               help="Every line: the activation peak by tensor, each pipeline stage, the "
                    "throughput table.")
@@ -113,7 +120,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
             max_lora_rank: int | None, sampler: str | None, mamba_ssm_cache_dtype: str,
-            detail: bool,
+            eager: bool, cuda_graph_memory: int | None, detail: bool,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
@@ -147,7 +154,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                 engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
                 lora=lora, pp=pp, dp=dp, expert_parallel=expert_parallel,
                 cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler,
-                mamba_ssm_cache_dtype=mamba_ssm_cache_dtype)
+                mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, enforce_eager=eager,
+                cuda_graph_memory=cuda_graph_memory)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -175,12 +183,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         line += (f"; this release counts everything in use on the device as non-torch memory: "
                  f"its CUDA context {binary_bytes(pool.device_context)} (estimated) counted, "
                  "other processes on the GPU not")
-    if cuda_graphs_profiled(pool.release):
-        line += ("; its CUDA graphs' memory, which this release subtracts from the pool as "
-                 "estimated, not counted (pass --gpu-memory-utilization lower by it)")
-    elif pool.engine == "vllm":
-        line += ("; CUDA graphs not counted: this release captures them after sizing the pool, "
-                 "in the memory gpu_memory_utilization leaves")
+    line += graph_words(pool, cuda_graph_memory is not None)
     if cfg.moe and pool.activation:
         line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
                  + ("; each GPU's own experts, all-to-all buffers not counted)"
@@ -195,6 +198,9 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                    cpu_offload=pool.cpu_offload,
                    host_memory=pool.host_memory,
                    device_context=pool.device_context, stages=list(pool.stages),
+                   cuda_graphs=pool.cuda_graphs, cuda_graphs_in_pool=pool.cuda_graphs_in_pool,
+                   cuda_graphs_charged=pool.charged_graphs,
+                   cuda_graph_sizes=list(pool.graph_sizes),
                    verdict=_verdict(cfg, pool, conc, mml, g.name))
         out.update(weights_dtype=weights_label(weights), weights_source=source)
         if pool.state_groups:  # hybrid: the state pages and the block groups
@@ -293,7 +299,9 @@ def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]
 def _does_not_fit(p: KVPool, mml: int, advice: dict[str, Any]) -> str:
     """Why the engine refuses to start, and each single option that would let it."""
     if p.shortfall:
-        why = (f"does NOT fit: weights, activation peak and non-torch memory exceed the budget "
+        held = ("weights, activation peak, non-torch memory and CUDA graphs" if p.charged_graphs
+                else "weights, activation peak and non-torch memory")
+        why = (f"does NOT fit: {held} exceed the budget "
                f"by {binary_bytes(p.shortfall)}, leaving no KV cache pool")
     else:
         why = (f"does NOT fit: the pool of {binary_bytes(p.kv_cache)} does not hold one request "
@@ -328,6 +336,26 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
                      + ("(V0: one layer's copied in for its forward)" if p.release.engine == "V0"
                         else "(V1: read in place over PCIe)"))
     return "".join(f"; {w}" for w in words)
+
+
+def graph_words(p: KVPool, given: bool) -> str:
+    """The CUDA graphs: how many batch sizes, their memory and whether the pool pays it."""
+    if p.engine == "sglang":
+        if not p.graph_sizes:
+            return "; no CUDA graphs (--disable-cuda-graph)"
+        return (f"; CUDA graphs for {len(p.graph_sizes)} batch sizes up to cuda_graph_max_bs "
+                f"{p.graph_sizes[-1]:,} (default), in the reserve outside mem_fraction_static")
+    if not p.graph_sizes and p.cuda_graphs == 0:
+        return "; no CUDA graphs (--enforce-eager)"
+    if p.cuda_graphs is None:
+        return ("; CUDA graphs not counted: this release captures them after sizing the pool, "
+                "in the memory gpu_memory_utilization leaves (modelled from vLLM 0.19.0)")
+    source = ("--cuda-graph-memory" if given else
+              f"{len(p.graph_sizes)} sizes, a Llama-3.1-8B log's figures")
+    if p.cuda_graphs_in_pool:  # the amount is a line of the memory table
+        return f"; CUDA graphs from the pool ({source})"
+    return (f"; CUDA graphs {binary_bytes(p.cuda_graphs)} ({source}) captured after the pool, in "
+            f"the {binary_bytes(p.gpu_memory_bytes - p.budget)} left")
 
 
 def _hybrid_words(cfg: GPTConfig, p: KVPool) -> str:
@@ -375,6 +403,8 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
         rows += [["non-torch: custom all-reduce buffers", binary_bytes(p.custom_all_reduce)]]
     if p.device_context:
         rows += [["CUDA context (counted by this release)", binary_bytes(p.device_context)]]
+    if p.charged_graphs:
+        rows += [["CUDA graphs (vLLM's estimate)", binary_bytes(p.charged_graphs)]]
     caption = (f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} tokens "
                f"({binary_bytes(p.bytes_per_block)} per block)")
     if p.state_groups:

@@ -27,12 +27,10 @@ the non-torch term includes the CUDA context. Its activations live in the remain
 1 - mem_fraction_static. Pages of one token.
 
 Scope: an MoE block's working set is vLLM's fused-MoE caches (shared experts and the
-router's outputs left out); no CUDA graphs (vLLM captures them after sizing the pool,
-in the headroom left by gpu_memory_utilization, and from 0.21.0 subtracts an estimate of them
-from the pool, which `serve`'s line of assumptions names as not counted:
-`servers.cuda_graphs_profiled`); no multimodal encoder memory (`serve`'s
-line of assumptions says so for such a checkpoint). The scheduler defaults are the release's
-(`servers.scheduler_defaults`).
+router's outputs left out); CUDA graphs as vLLM estimates them (`gptcalc.inference.
+cudagraph`: taken from the pool from 0.21.0, captured after sizing it before); no multimodal
+encoder memory (`serve`'s line of assumptions says so for such a checkpoint). The scheduler
+defaults are the release's (`servers.scheduler_defaults`).
 """
 
 from __future__ import annotations
@@ -49,6 +47,8 @@ from ..layers import (attention_layers, dense_mlp_layers, global_layers, hybrid_
                       moe_layers, sliding_layers)
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
+from .cudagraph import (graphs_charged_to_pool, sglang_capture_bs, sglang_cuda_graph_max_bs,
+                        vllm_capture_sizes, vllm_cuda_graph_bytes)
 from .kv import (SSM_CACHE_DTYPES, hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
                  state_bytes_per_layer, state_layers)
 from .sampler import (SAMPLERS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes, sampler_bytes,
@@ -375,6 +375,12 @@ class KVPool:
     attention_groups: int = 0
     state_groups: int = 0
     state_page: int = 0
+    # CUDA graphs (`gptcalc.inference.cudagraph`): their memory as the engine estimates it (None:
+    # not modelled for the release), whether the release takes it from the pool, and the batch
+    # sizes captured (none with --enforce-eager / --disable-cuda-graph)
+    cuda_graphs: int | None = None
+    cuda_graphs_in_pool: bool = False
+    graph_sizes: tuple[int, ...] = ()
 
     @property
     def host_memory(self) -> int:
@@ -399,7 +405,12 @@ class KVPool:
         """What the engine holds before its KV cache: weights, LoRA slots, activation peak and
         non-torch memory."""
         return (self.weights + self.lora_slots + self.activation_peak + self.non_torch
-                + self.device_context)
+                + self.device_context + self.charged_graphs)
+
+    @property
+    def charged_graphs(self) -> int:
+        """The CUDA graphs' estimate where the release takes it from the pool, else 0."""
+        return (self.cuda_graphs or 0) if self.cuda_graphs_in_pool else 0
 
     @property
     def budget(self) -> int:
@@ -498,7 +509,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             engine_version: str | None = None, max_model_len: int | None = None,
             comm_buffers: bool = True, lora: tuple[int, int] | None = None, pp: int = 1,
             dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0,
-            sampler: str | None = None, mamba_ssm_cache_dtype: str = "auto") -> KVPool:
+            sampler: str | None = None, mamba_ssm_cache_dtype: str = "auto",
+            enforce_eager: bool = False, cuda_graph_memory: int | None = None) -> KVPool:
     """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
     docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
     sglang_mem_fraction_static; the newest release; max_model_len the model's context).
@@ -516,7 +528,10 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     returned pool is the stage with the fewest blocks, `stages` holding each. Only the last
     stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
     memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`).
-    mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`)."""
+    mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`).
+    enforce_eager: vLLM's --enforce-eager, SGLang's --disable-cuda-graph (no CUDA graphs);
+    cuda_graph_memory: vLLM's graph estimate as a log prints it, else `cudagraph.
+    vllm_cuda_graph_bytes`' default (`graph_fields`)."""
     _check_layout(cfg, engine, tp, pp, dp, expert_parallel, cpu_offload)
     partition = pp_partition(cfg.n_layer, pp)
     if non_torch is None:
@@ -555,6 +570,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
     context = CUDA_CONTEXT if early_v1_accounting(rel) else 0
     backend = sampler_backend(rel, sampler) if engine == "vllm" else None
+    graphs = graph_fields(rel, seqs, tokens, gpu_memory_bytes, tp, enforce_eager,
+                          cuda_graph_memory)
     stages = []
     for start in itertools.accumulate((0,) + partition[:-1]):
         end = start + partition[len(stages)]
@@ -586,7 +603,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             layer_block_bytes=layer_block, lora=slots, lora_setting=lora,
             layers=(0, 0) if pp == 1 else layers,
             layout={"tp": tp, "pp": pp, "dp": dp, "expert_parallel": int(expert_parallel)},
-            cpu_offload=offloaded, device_context=context, sampler=backend,
+            cpu_offload=offloaded, device_context=context, sampler=backend, **graphs,
             **(dict(group_size=size, attention_groups=attn_groups, state_groups=st_groups,
                     state_page=state_page) if cfg.hybrid else {})))
     binding = min(stages, key=lambda p: (p.kv_blocks, p.kv_cache))
@@ -597,6 +614,30 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
                      "kv_cache": p.kv_cache, "kv_blocks": p.kv_blocks,
                      "cpu_offload": p.cpu_offload} for p in stages)
     return dataclasses.replace(binding, stages=summary)
+
+
+def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
+                 gpu_memory_bytes: int, tp: int, enforce_eager: bool,
+                 given: int | None) -> dict:
+    """The CUDA graph fields of a pool (`gptcalc.inference.cudagraph`): vLLM's estimate, taken
+    from the pool from 0.21.0, and its capture sizes; SGLang's decode batch sizes (their memory
+    is in the reserve outside mem_fraction_static, never in the pool). Every stage of a
+    pipeline captures its own graphs: each is given the same estimate."""
+    if given is not None and (not isinstance(given, int) or given < 0):
+        raise ConfigError("cuda_graph_memory", f"must be a size of at least 0 bytes, got {given!r}")
+    if r.server != "vllm":
+        if given is not None:
+            raise ConfigError("cuda_graph_memory", "SGLang keeps its CUDA graphs outside "
+                                                   "mem_fraction_static; the option is vLLM's")
+        sizes = () if enforce_eager else tuple(sglang_capture_bs(
+            sglang_cuda_graph_max_bs(gpu_memory_bytes, tp)))
+        return dict(cuda_graphs=None, cuda_graphs_in_pool=False, graph_sizes=sizes)
+    estimate = vllm_cuda_graph_bytes(r, max_num_seqs, max_num_batched_tokens, enforce_eager,
+                                     given)
+    sizes = () if enforce_eager or estimate is None else tuple(
+        vllm_capture_sizes(max_num_seqs, max_num_batched_tokens))
+    return dict(cuda_graphs=estimate, cuda_graphs_in_pool=graphs_charged_to_pool(r),
+                graph_sizes=sizes)
 
 
 def early_v1_accounting(r: Release) -> bool:

@@ -1,0 +1,150 @@
+"""CUDA graphs of the serving engines: which batch sizes they capture, and the memory vLLM
+takes from its KV pool for them.
+
+vLLM (V1, `vllm serve` without --enforce-eager). The capture sizes
+(vllm/config/vllm.py, `VllmConfig._set_cudagraph_sizes`): m = min(2 x max_num_seqs, 512),
+at most max_num_batched_tokens, then
+
+    [1, 2, 4] + range(8, min(m + 1, 256), 8) + range(256, m + 1, 16)     (each <= m)
+
+The default cudagraph_mode FULL_AND_PIECEWISE captures a PIECEWISE graph (prefill and mixed
+batches) at every size and a FULL graph (uniform decode, one token a request) at every size
+of at most max_num_seqs requests; the 0.19.0 log below shows both lists ("Capturing CUDA
+graphs (mixed prefill-decode, PIECEWISE): 51/51", "(decode, FULL): 51/51").
+
+Before sizing the pool vLLM estimates the graphs' memory (vllm-project/vllm pull 30515,
+`GPUModelRunner.profile_cudagraph_memory`): per mode it captures two graphs into a
+throwaway pool, takes the first's memory as shared and the second's as the cost of each
+further graph (at least 1 MiB), and sums
+
+    estimate = max over modes of first-capture + sum over modes of per-graph x (graphs - 1)
+
+(quoted in vllm-project/vllm issue 45178). From 0.21.0 the worker subtracts that estimate
+from the pool by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; gpu_worker.py logs
+"CUDA graph memory profiling is enabled (default since v0.21.0)"); earlier releases log it
+and capture the graphs after sizing the pool, in what gpu_memory_utilization leaves.
+
+The first-capture and per-graph figures are measured by the engine on the device and cannot
+be derived from the configuration: the defaults are one published log's (`LOGGED_SAMPLE`),
+and `--cuda-graph-memory` takes a log's own total.
+
+SGLang (python/sglang/srt/server_args.py, `ServerArgs._handle_gpu_memory_settings` and
+`_generate_cuda_graph_batch_sizes`): decode graphs for the batch sizes up to
+cuda_graph_max_bs, whose default depends on the GPU's memory and tp; their memory lives in
+the reserve outside mem_fraction_static, never in the token pool.
+"""
+
+from __future__ import annotations
+
+from .servers import CUDA_GRAPHS_PROFILED_SINCE, Release, cuda_graphs_profiled, parse_version
+
+MiB = 2**20
+MAX_CAPTURE_SIZE = 512  # vLLM's largest default capture size (`_set_cudagraph_sizes`)
+# vLLM charges the estimate to the pool by default from 0.21.0 (gpu_worker.py's log line,
+# "CUDA graph memory profiling is enabled (default since v0.21.0)"; envs.py
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaulting to "1": "Enabled by default as of v0.21.0")
+CHARGED_SINCE = CUDA_GRAPHS_PROFILED_SINCE
+# The capture list and modes above are the ones a 0.19.0 log prints (`LOGGED_SAMPLE`); the
+# estimate is modelled from that release on, where it is logged (vLLM 0.19.0 says "In v0.19,
+# CUDA graph memory profiling will be enabled by default ... To try it now, set
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1", which 0.21.0 then did)
+MODELLED_SINCE = (0, 19, 0)
+# One log's figures, per mode (first-capture, per-graph) in bytes: vLLM 0.19.0 serving
+# Llama-3.1-8B-Instruct on one H100 (bf16, max_num_seqs 1024, max_num_batched_tokens 8192),
+# llm-d-incubation/llm-d-planner@d3121e05, accuracy/results/v0.19.0/logs/
+# meta-llama-llama-3-1-8b--h100-80gb--tp1pp1dp1--16384.log: "Estimated PIECEWISE CUDA graph
+# memory: 138.00 MiB first-capture + (51-1) x 6.00 MiB per-graph", "Estimated FULL CUDA graph
+# memory: 260.00 MiB first-capture + (51-1) x 6.00 MiB per-graph", "Estimated CUDA graph
+# memory: 0.84 GiB total"; the capture itself then "took 0.91 GiB" ("CUDA graph pool memory:
+# 0.91 GiB (actual), 0.84 GiB (estimated), difference: 0.07 GiB (7.7%)"). Other models hold
+# other figures: the same deployment's logs estimate 0.5 to 1.9 GiB.
+LOGGED_SAMPLE = {"PIECEWISE": (138 * MiB, 6 * MiB), "FULL": (260 * MiB, 6 * MiB)}
+MIN_PER_GRAPH = MiB  # `profile_cudagraph_memory`: per_graph = max(second sample, 1 << 20)
+
+# SGLang's default cuda_graph_max_bs by the GPU's memory in MiB (`_handle_gpu_memory_settings`,
+# sgl-project/sglang pull 10975 and later): (below this many MiB, max_bs at tp < 4, at tp >= 4)
+SGLANG_MAX_BS = ((20 * 1024, 8, 8), (35 * 1024, 24, 80), (60 * 1024, 32, 160),
+                 (90 * 1024, 256, 512), (160 * 1024, 256, 512))
+SGLANG_MAX_BS_ABOVE = 512  # B200, MI300X
+SGLANG_MAX_BS_TP = 4  # the larger max_bs from this tp on
+
+
+def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                       decode_query_len: int = 1) -> list[int]:
+    """vLLM's default CUDA graph capture sizes (module docstring; `decode_query_len` is 1 plus
+    the speculative tokens)."""
+    m = min(max_num_seqs * decode_query_len * 2, MAX_CAPTURE_SIZE, max_num_batched_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= m]
+    if m >= 8:
+        sizes += list(range(8, min(m + 1, 256), 8))
+    if m >= 256:
+        sizes += list(range(256, m + 1, 16))
+    return sizes
+
+
+def vllm_graph_counts(max_num_seqs: int, max_num_batched_tokens: int) -> dict[str, int]:
+    """Graphs of each mode under FULL_AND_PIECEWISE: a PIECEWISE graph at every capture size,
+    a FULL decode graph at every size of at most max_num_seqs one-token requests."""
+    sizes = vllm_capture_sizes(max_num_seqs, max_num_batched_tokens)
+    return {"PIECEWISE": len(sizes), "FULL": sum(1 for s in sizes if s <= max_num_seqs)}
+
+
+def vllm_graph_estimate_bytes(counts: dict[str, int],
+                              samples: dict[str, tuple[int, int]] = LOGGED_SAMPLE) -> int:
+    """vLLM's estimate (`profile_cudagraph_memory`):
+
+        max over modes of first-capture + sum over modes of max(per-graph, 1 MiB) x (n - 1)
+
+    over the modes that capture at least one graph."""
+    modes = [m for m, n in counts.items() if n > 0]
+    if not modes:
+        return 0
+    shared = max(samples[m][0] for m in modes)
+    return shared + sum(max(samples[m][1], MIN_PER_GRAPH) * (counts[m] - 1) for m in modes)
+
+
+def graphs_charged_to_pool(r: Release) -> bool:
+    """vLLM 0.21.0 and later subtract the graphs' estimate from the KV pool (`CHARGED_SINCE`,
+    `servers.cuda_graphs_profiled`)."""
+    return cuda_graphs_profiled(r)
+
+
+def graphs_modelled(r: Release) -> bool:
+    """vLLM releases whose graph estimate is modelled (`MODELLED_SINCE`)."""
+    return r.server == "vllm" and parse_version(r.version) >= MODELLED_SINCE
+
+
+def vllm_cuda_graph_bytes(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
+                          enforce_eager: bool = False, given: int | None = None) -> int | None:
+    """The graphs' memory on one GPU as vLLM estimates it: `given` (a log's "Estimated CUDA
+    graph memory") where given, else `vllm_graph_estimate_bytes` of the default capture list
+    with `LOGGED_SAMPLE`'s figures; 0 with --enforce-eager (no graphs); None where the release
+    is not modelled (before 0.19.0)."""
+    if enforce_eager:
+        return 0
+    if given is not None:
+        return given
+    if not graphs_modelled(r):
+        return None
+    return vllm_graph_estimate_bytes(vllm_graph_counts(max_num_seqs, max_num_batched_tokens))
+
+
+def sglang_cuda_graph_max_bs(gpu_memory_bytes: int, tp: int = 1) -> int:
+    """SGLang's default cuda_graph_max_bs (`SGLANG_MAX_BS`): by the GPU's memory in MiB, the
+    larger figure at tp >= 4."""
+    mib = gpu_memory_bytes / MiB
+    for below, small, large in SGLANG_MAX_BS:
+        if mib < below:
+            return large if tp >= SGLANG_MAX_BS_TP else small
+    return SGLANG_MAX_BS_ABOVE
+
+
+def sglang_capture_bs(max_bs: int) -> list[int]:
+    """SGLang's decode graph batch sizes without speculative decoding
+    (`_generate_cuda_graph_batch_sizes`), each at most max_bs:
+
+        [1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) + range(512, max_bs + 1, 32)
+    """
+    sizes = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+             + list(range(512, max_bs + 1, 32)))
+    return [s for s in sizes if s <= max_bs]
