@@ -213,8 +213,7 @@ def test_cpu_offload_prints_the_host_memory():
     (["--dp", "0"], "--dp"),
     (["--pp", "0"], "--pp"),
     (["--enable-expert-parallel"], "--enable-expert-parallel"),
-    (["--engine", "sglang", "--pp", "2"], "--engine"),
-    (["--engine", "sglang", "--cpu-offload-gb", "1"], "--engine"),
+    (["--engine", "sglang", "--dp", "2", "--enable-dp-attention"], "--enable-dp-attention"),
 ])
 def test_bad_layout_options_are_one_line_naming_the_option(args, option):
     r = run("serve", "--preset", "llama3-8b", *args)

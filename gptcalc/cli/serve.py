@@ -52,6 +52,9 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--enable-expert-parallel", "expert_parallel", is_flag=True,
               help="Expert parallelism: whole experts spread over the tp x dp GPUs instead "
                    "of each expert cut across them (vLLM; SGLang's --ep-size equal to --tp).")
+@click.option("--enable-dp-attention", "dp_attention", is_flag=True,
+              help="SGLang's data-parallel attention within the tp GPUs: not modelled, "
+                   "refused.")
 @click.option("--cpu-offload-gb", type=float, default=0.0, show_default=True, metavar="GIB",
               help="GiB of each GPU's weights vLLM holds in host memory (pinned) and streams "
                    "in, layer by layer from the first.")
@@ -113,6 +116,7 @@ from .render import emit_json, envelope, print_line, print_table
 @float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             gpu_memory: int | None, tp: int, pp: int, dp: int, expert_parallel: bool,
+            dp_attention: bool,
             cpu_offload_gb: float, weights_dtype: str | None, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
             allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
@@ -126,6 +130,10 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
     cfg, wl = model
+    if dp_attention:  # attention split tp/dp ways, dense layers tp ways: not modelled
+        raise ConfigError("enable_dp_attention", "SGLang's DP attention (attention data-parallel "
+                                                 "within the tp GPUs) is not modelled; --dp "
+                                                 "without it is")
     weights, source = weights_used(weights_dtype)
     g = find_gpu(gpu_name)
     total = gpu_memory or gpu_memory_for(g)
@@ -323,18 +331,24 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
                      f"{'/'.join(str(s['layers']) for s in p.stages)} layers (this GPU: "
                      f"layers {p.layers[0]}-{p.layers[1] - 1}, the stage with the fewest "
                      "blocks, which every stage takes)")
+    sglang = p.engine == "sglang"
     if lay.get("dp", 1) > 1:
-        words.append(f"{lay['dp']} data-parallel replicas (attention tensor-parallel within "
-                     "each)")
-    if cfg.moe and (lay.get("dp", 1) > 1 or lay.get("expert_parallel")):
-        n = lay["tp"] * lay["dp"]
+        words.append(f"{lay['dp']} data-parallel replicas (" + (
+            "separate servers, each the whole model)" if sglang
+            else "attention tensor-parallel within each)"))
+    if sglang and p.peer_weights:
+        words.append(f"every stage sized by the least free memory, the heaviest stage's "
+                     f"{binary_bytes(p.weights + p.peer_weights)} of weights")
+    if cfg.moe and ((lay.get("dp", 1) > 1 and not sglang) or lay.get("expert_parallel")):
+        n = lay["tp"] * (1 if sglang else lay["dp"])
         words.append(f"whole experts over {n} GPUs, at most {-(-cfg.n_expert // n)} of "
                      f"{cfg.n_expert} a GPU" if lay.get("expert_parallel")
                      else f"every expert cut over {n} GPUs")
     if p.cpu_offload:
         words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory "
                      + ("(V0: one layer's copied in for its forward)" if p.release.engine == "V0"
-                        else "(V1: read in place over PCIe)"))
+                        else "(copied in for each layer's forward, outside the fraction)"
+                        if sglang else "(V1: read in place over PCIe)"))
     return "".join(f"; {w}" for w in words)
 
 

@@ -122,7 +122,7 @@ def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1) -> float:
     """SGLang's default mem_fraction_static: the GPU's memory less a reserve for activations
     and CUDA graphs, as a share rounded to 3 decimals (sglang/srt/server_args.py,
-    `ServerArgs.__post_init__`, 2025 releases). Reserve, with p = tp: 2.8 + p/10 GiB under
+    `ServerArgs.__post_init__`, 2025 releases). Reserve, with p = tp x pp: 2.8 + p/10 GiB under
     35 GiB (T4, A10, L4, RTX 4090), 9.5 + p/2 GiB under 90 GiB (A100, H100), 12 + p/2 GiB
     under 160 GiB (H20, H200), 32 GiB above (B200, MI300X)."""
     mib = gpu_memory_bytes / 2**20
@@ -375,6 +375,9 @@ class KVPool:
     attention_groups: int = 0
     state_groups: int = 0
     state_page: int = 0
+    # SGLang at pp > 1: the heaviest stage's GPU weights beyond this stage's, which its pool
+    # also leaves out (`sglang_layout`)
+    peer_weights: int = 0
     # CUDA graphs (`gptcalc.inference.cudagraph`): their memory as the engine estimates it (None:
     # not modelled for the release), whether the release takes it from the pool, and the batch
     # sizes captured (none with --enforce-eager / --disable-cuda-graph)
@@ -405,7 +408,7 @@ class KVPool:
         """What the engine holds before its KV cache: weights, LoRA slots, activation peak and
         non-torch memory."""
         return (self.weights + self.lora_slots + self.activation_peak + self.non_torch
-                + self.device_context + self.charged_graphs)
+                + self.device_context + self.charged_graphs + self.peer_weights)
 
     @property
     def charged_graphs(self) -> int:
@@ -470,10 +473,8 @@ def _check_layout(cfg: GPTConfig, engine: str, tp: int, pp: int, dp: int,
         positive_int(name, value)
     # SGLang's expert parallelism: --ep-size equal to --tp-size (sglang/srt/server_args.py,
     # `ServerArgs.__post_init__`: "if self.enable_ep_moe: self.ep_size = self.tp_size"), whole
-    # experts over the tp GPUs, as vLLM's rule at dp 1
-    if engine == "sglang" and (pp > 1 or dp > 1 or cpu_offload):
-        raise ConfigError("engine", "SGLang's pipeline and data parallel layouts and CPU "
-                                    "offload are not modelled (vLLM's are: --engine vllm)")
+    # experts over the tp GPUs, as vLLM's rule at dp 1; its pp, dp and CPU offload:
+    # `sglang_layout`
     if expert_parallel and not cfg.moe:
         raise ConfigError("enable_expert_parallel", "the model has no experts")
     if not isinstance(cpu_offload, int) or cpu_offload < 0:
@@ -535,7 +536,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     _check_layout(cfg, engine, tp, pp, dp, expert_parallel, cpu_offload)
     partition = pp_partition(cfg.n_layer, pp)
     if non_torch is None:
-        non_torch = default_non_torch(gpu_name, tp * pp * dp)
+        # an SGLang replica is its own world of tp x pp GPUs (`sglang_layout`)
+        non_torch = default_non_torch(gpu_name, tp * pp * (dp if engine == "vllm" else 1))
     if cfg.n_head % tp:
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     if not isinstance(non_torch, int) or non_torch < 0:
@@ -550,7 +552,10 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         cfg.sliding_window is not None, cfg.mla)
     tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
-    frac, bs = _fraction_and_block(engine, utilization, block_size, gpu_memory_bytes, tp)
+    # SGLang's reserve grows with parallel_size = tp_size x pp_size (sglang/srt/server_args.py,
+    # `_handle_mem_fraction_static`)
+    frac, bs = _fraction_and_block(engine, utilization, block_size, gpu_memory_bytes,
+                                   tp * pp if engine == "sglang" else tp)
     if block_size is not None:
         positive_int("kv_block_size", block_size)
     state_page = 0
@@ -576,11 +581,12 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     for start in itertools.accumulate((0,) + partition[:-1]):
         end = start + partition[len(stages)]
         layers = (start, end)
-        if pp == 1 and dp == 1 and not expert_parallel:  # the figure pinned by the logs
+        wdp = dp if engine == "vllm" else 1  # SGLang's replicas each hold the whole model
+        if pp == 1 and wdp == 1 and not expert_parallel:  # the figure pinned by the logs
             weights = device_weight_bytes(cfg, weights_dtype, tp)
             blocks = weights - stage_weight_parts(cfg, weights_dtype, tp)["outer"]
         else:
-            parts = stage_weight_parts(cfg, weights_dtype, tp, layers, pp, dp, expert_parallel)
+            parts = stage_weight_parts(cfg, weights_dtype, tp, layers, pp, wdp, expert_parallel)
             weights, blocks = sum(parts.values()), parts["blocks"]
         offloaded = min(cpu_offload, blocks)
         # V0 copies one offloaded layer back for its forward: a whole layer, the stage's mean,
@@ -606,6 +612,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             cpu_offload=offloaded, device_context=context, sampler=backend, **graphs,
             **(dict(group_size=size, attention_groups=attn_groups, state_groups=st_groups,
                     state_page=state_page) if cfg.hybrid else {})))
+    if engine == "sglang" and pp > 1:
+        stages = sglang_layout(stages)
     binding = min(stages, key=lambda p: (p.kv_blocks, p.kv_cache))
     if pp == 1:
         return binding
@@ -614,6 +622,30 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
                      "kv_cache": p.kv_cache, "kv_blocks": p.kv_blocks,
                      "cpu_offload": p.cpu_offload} for p in stages)
     return dataclasses.replace(binding, stages=summary)
+
+
+def sglang_layout(stages: list[KVPool]) -> list[KVPool]:
+    """SGLang's pipeline stages (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py,
+    `profile_max_num_token`; sglang/srt/utils `get_available_gpu_memory(distributed=True)`,
+    an all-reduce MIN over the world group): every GPU of the tp x pp world sizes its pool from
+    the least free memory of any GPU after loading, that of the stage with the most weights on
+    the GPU, over its own layers' KV bytes per token (`num_effective_layers`, its stage's):
+
+        tokens of a stage = (total x mem_fraction_static - heaviest stage's weights - non-torch)
+                            // its own layers' KV bytes per token
+
+    and the stages hold the same count (sgl-project/sglang pull 10214, "KV-cache size mismatch
+    across PP ranks", September 2025), the smallest, as no stage holds more than its own pool.
+    The layer split is vLLM's (`weights.pp_partition`; SGLang's test_pp_single_node.py holds
+    the same table). Data-parallel replicas without DP attention are separate servers of
+    tp x pp GPUs each holding the whole model (sglang/srt/managers/data_parallel_controller.py),
+    so their GPUs hold what one replica's do, experts cut over tp only. --cpu-offload-gb
+    moves the same bytes as vLLM's (`set_cpu_offload_max_bytes(int(cpu_offload_gb * 1024**3))`
+    in ModelRunner, `maybe_offload_to_cpu` in sglang/srt/utils, layer by layer from the
+    stage's first); the copy each forward makes of an offloaded layer is activation memory,
+    which SGLang keeps outside mem_fraction_static."""
+    heaviest = max(s.weights for s in stages)
+    return [dataclasses.replace(s, peer_weights=heaviest - s.weights) for s in stages]
 
 
 def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
