@@ -43,12 +43,13 @@ from .render import emit_json, envelope, print_line, print_table
               help="GPUs in tensor parallel: weights and KV heads split (fewer KV heads than "
                    "GPUs: one replicated per GPU).")
 @click.option("--pp", "--pipeline-parallel-size", "pp", type=int, default=1, show_default=True,
-              help="Pipeline stages (vLLM's split of the layers: even, the remainder on the "
-                   "stages before the last); each stage's tp GPUs hold its layers' weights and "
-                   "KV cache.")
+              help="Pipeline stages (the layers split evenly, the remainder on the stages "
+                   "before the last, in vLLM and SGLang); each stage's tp GPUs hold its "
+                   "layers' weights and KV cache.")
 @click.option("--dp", "--data-parallel-size", "dp", type=int, default=1, show_default=True,
-              help="Data-parallel replicas of tp x pp GPUs (vLLM): attention and dense layers "
-                   "whole in each; an MoE's experts cut across all tp x dp GPUs.")
+              help="Data-parallel replicas of tp x pp GPUs: vLLM cuts an MoE's experts across "
+                   "all tp x dp GPUs; SGLang's replicas are separate servers, each the whole "
+                   "model.")
 @click.option("--enable-expert-parallel", "expert_parallel", is_flag=True,
               help="Expert parallelism: whole experts spread over the tp x dp GPUs instead "
                    "of each expert cut across them (vLLM; SGLang's --ep-size equal to --tp).")
@@ -56,8 +57,8 @@ from .render import emit_json, envelope, print_line, print_table
               help="SGLang's data-parallel attention within the tp GPUs: not modelled, "
                    "refused.")
 @click.option("--cpu-offload-gb", type=float, default=0.0, show_default=True, metavar="GIB",
-              help="GiB of each GPU's weights vLLM holds in host memory (pinned) and streams "
-                   "in, layer by layer from the first.")
+              help="GiB of each GPU's weights the engine holds in host memory (pinned), layer "
+                   "by layer from the first (vLLM and SGLang).")
 @click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
               help="Weights (default: as the --hf-config's quantization_config stores them, "
                    "else bf16).")
