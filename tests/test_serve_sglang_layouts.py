@@ -7,6 +7,7 @@ engine's rule computed here from the independent pieces (`weights.stage_weight_p
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -125,3 +126,21 @@ def test_sglang_layouts_through_serve():
     assert "2 pipeline stages of 16/16 layers" in line
     assert "2 data-parallel replicas (separate servers, each the whole model)" in line
     assert "Host memory: 2.00 GiB of weights per GPU, 8.00 GiB pinned for the 4 GPUs." in r.stdout
+
+
+# --- prefix caching of a hybrid model's states ------------------------------------------------
+
+QWEN3_NEXT = os.path.join(os.path.dirname(__file__), "hybrid", "qwen3-next-80b-a3b-instruct.json")
+
+
+@pytest.mark.parametrize("mode", ["all", "align"])
+def test_prefix_caching_of_states_is_refused_naming_both_engines(mode):
+    r = run("serve", "--hf-config", QWEN3_NEXT, "--tp", "4", "--mamba-cache-mode", mode)
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.output
+    assert "--mamba-cache-mode" in r.stderr and "mamba radix cache" in r.stderr
+
+
+def test_one_state_per_request_is_sized():
+    r = run("serve", "--hf-config", QWEN3_NEXT, "--tp", "4", "--max-model-len", "32768",
+            "--mamba-cache-mode", "none")
+    assert r.exit_code == 0 and r.stdout.startswith("Fits: "), r.output

@@ -28,6 +28,24 @@ from .options import (ByteSize, click_option, current_setup, describe, float_ran
 from .render import emit_json, envelope, print_line, print_table
 
 
+# vLLM's CacheConfig.mamba_cache_mode (vllm/config/cache.py): "none" (prefix caching off: one
+# state per request), "all" (the state at every block boundary), "align" (the state at block
+# boundaries a scheduler step ends on)
+MAMBA_CACHE_MODES = ("none", "all", "align")
+
+
+def check_mamba_cache_mode(mode: str) -> None:
+    """Prefix caching of Mamba / Gated DeltaNet states is refused: vLLM's --mamba-cache-mode
+    all or align keeps a state block per cached block of a request, SGLang's mamba radix
+    cache (MambaRadixCache, sglang/srt/mem_cache) a state per cached prefix node; neither is
+    modelled."""
+    if mode != "none":
+        raise ConfigError("mamba_cache_mode", f"prefix caching of Mamba / DeltaNet states "
+                                              f"(vLLM's --mamba-cache-mode {mode}, SGLang's mamba "
+                                              "radix cache) is not modelled; none is")
+
+
+
 @click.command("serve")
 @model_options
 @click.option("--engine", type=click.Choice(SERVERS), default="vllm", show_default=True,
@@ -102,6 +120,10 @@ from .render import emit_json, envelope, print_line, print_table
               default="auto", show_default=True,
               help="Hybrid models: the Mamba / DeltaNet recurrent state's dtype (vLLM's option; "
                    "auto: the model's dtype).")
+@click.option("--mamba-cache-mode", type=click.Choice(MAMBA_CACHE_MODES), default="none",
+              show_default=True,
+              help="Hybrid models: vLLM's caching of Mamba / DeltaNet states for prefix caching "
+                   "(vllm/config/cache.py); only none (one state per request) is modelled.")
 @click.option("--enforce-eager", "--disable-cuda-graph", "eager", is_flag=True,
               help="No CUDA graphs (vLLM's --enforce-eager, SGLang's --disable-cuda-graph): "
                    "vLLM takes no graph estimate from the pool.")
@@ -125,7 +147,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
             max_lora_rank: int | None, sampler: str | None, mamba_ssm_cache_dtype: str,
-            eager: bool, cuda_graph_memory: int | None, detail: bool,
+            mamba_cache_mode: str, eager: bool, cuda_graph_memory: int | None, detail: bool,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
@@ -135,6 +157,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         raise ConfigError("enable_dp_attention", "SGLang's DP attention (attention data-parallel "
                                                  "within the tp GPUs) is not modelled; --dp "
                                                  "without it is")
+    check_mamba_cache_mode(mamba_cache_mode)
     weights, source = weights_used(weights_dtype)
     g = find_gpu(gpu_name)
     total = gpu_memory or gpu_memory_for(g)
