@@ -112,13 +112,27 @@ def test_a_logged_estimate_replaces_the_default():
 
 
 @pytest.mark.parametrize("gib, tp, max_bs", [
-    (20 - 1 / 1024, 1, 8), (20, 1, 24), (20, 4, 80), (35 - 1 / 1024, 3, 24), (35, 3, 32),
+    (20 - 1 / 1024, 1, 8), (20, 1, 48), (20, 4, 160), (35 - 1 / 1024, 3, 48), (35, 3, 32),
     (35, 4, 160), (60 - 1 / 1024, 1, 32), (60, 1, 256), (60, 4, 512), (90, 3, 256),
     (160 - 1 / 1024, 4, 512), (160, 1, 512)])
 def test_sglang_cuda_graph_max_bs_on_both_sides_of_each_bucket(gib, tp, max_bs):
-    # sglang/srt/server_args.py, `_handle_gpu_memory_settings`: below 20, 35, 60, 90 and 160
-    # GiB (in MiB), the larger figure at tp >= 4
-    assert sglang_cuda_graph_max_bs(int(gib * GiB), tp) == max_bs
+    # SGLang 0.5.23's wheel, sglang/srt/arg_groups/memory_hook.py: below 20, 35, 60, 90 and
+    # 160 GiB (in MiB), the larger figure at tp >= 4
+    assert sglang_cuda_graph_max_bs(int(gib * GiB), tp, "0.5.23") == max_bs
+
+
+@pytest.mark.parametrize("version, small, large", [
+    # the bucket below 35 GiB, read from each release's wheel (sglang/srt/server_args.py,
+    # `_handle_gpu_memory_settings`, then arg_groups/memory_hook.py): none set by the
+    # bucket rule in 0.5.2 (pull 10975 came in 0.5.3)
+    ("0.5.2", None, None), ("0.5.3", 16, 80), ("0.5.4", 16, 80), ("0.5.5", 24, 80),
+    ("0.5.19", 24, 80), ("0.5.20", 48, 160)])
+def test_sglang_small_gpu_max_bs_by_release(version, small, large):
+    l4 = int(22.05 * GiB)
+    assert sglang_cuda_graph_max_bs(l4, 1, version) == small
+    assert sglang_cuda_graph_max_bs(l4, 4, version) == large
+    # the H100 bucket is the same in every modelled release
+    assert sglang_cuda_graph_max_bs(H100, 1, version) == (None if small is None else 256)
 
 
 def test_sglang_capture_batch_sizes():

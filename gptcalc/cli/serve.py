@@ -215,7 +215,7 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         line += (f"; this release counts everything in use on the device as non-torch memory: "
                  f"its CUDA context {binary_bytes(pool.device_context)} (estimated) counted, "
                  "other processes on the GPU not")
-    line += graph_words(pool, cuda_graph_memory is not None)
+    line += graph_words(pool, cuda_graph_memory is not None, eager)
     if cfg.moe and pool.activation:
         line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
                  + ("; each GPU's own experts, all-to-all buffers not counted)"
@@ -376,11 +376,13 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
     return "".join(f"; {w}" for w in words)
 
 
-def graph_words(p: KVPool, given: bool) -> str:
+def graph_words(p: KVPool, given: bool, eager: bool) -> str:
     """The CUDA graphs: how many batch sizes, their memory and whether the pool pays it."""
     if p.engine == "sglang":
         if not p.graph_sizes:
-            return "; no CUDA graphs (--disable-cuda-graph)"
+            return ("; no CUDA graphs (--disable-cuda-graph)" if eager else
+                    "; CUDA graphs in the reserve outside mem_fraction_static (their batch sizes "
+                    "modelled from SGLang 0.5.3)")
         return (f"; CUDA graphs for {len(p.graph_sizes)} batch sizes up to cuda_graph_max_bs "
                 f"{p.graph_sizes[-1]:,} (default), in the reserve outside mem_fraction_static")
     if not p.graph_sizes and p.cuda_graphs == 0:

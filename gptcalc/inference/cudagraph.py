@@ -61,10 +61,16 @@ MODELLED_SINCE = (0, 19, 0)
 LOGGED_SAMPLE = {"PIECEWISE": (138 * MiB, 6 * MiB), "FULL": (260 * MiB, 6 * MiB)}
 MIN_PER_GRAPH = MiB  # `profile_cudagraph_memory`: per_graph = max(second sample, 1 << 20)
 
-# SGLang's default cuda_graph_max_bs by the GPU's memory in MiB (`_handle_gpu_memory_settings`,
-# sgl-project/sglang pull 10975 and later): (below this many MiB, max_bs at tp < 4, at tp >= 4)
-SGLANG_MAX_BS = ((20 * 1024, 8, 8), (35 * 1024, 24, 80), (60 * 1024, 32, 160),
+# SGLang's default cuda_graph_max_bs by the GPU's memory in MiB, from sgl-project/sglang pull
+# 10975 (first released in 0.5.3; 0.5.2 sets it only below 35 GiB): (below this many MiB,
+# max_bs at tp < 4, at tp >= 4). Read from the released wheels' sglang/srt/server_args.py,
+# `_handle_gpu_memory_settings` (0.5.3 to 0.5.19), and sglang/srt/arg_groups/memory_hook.py
+# (0.5.20 on): the bucket below 35 GiB is (16, 80) in 0.5.3 and 0.5.4, (24, 80) from 0.5.5,
+# (48, 160) from 0.5.20; the others are the same in every release from 0.5.3 to 0.5.23
+SGLANG_MAX_BS = ((20 * 1024, 8, 8), (35 * 1024, 48, 160), (60 * 1024, 32, 160),
                  (90 * 1024, 256, 512), (160 * 1024, 256, 512))
+SGLANG_SMALL_GPU_MAX_BS = (((0, 5, 3), (16, 80)), ((0, 5, 5), (24, 80)), ((0, 5, 20), (48, 160)))
+SGLANG_MAX_BS_SINCE = (0, 5, 3)
 SGLANG_MAX_BS_ABOVE = 512  # B200, MI300X
 SGLANG_MAX_BS_TP = 4  # the larger max_bs from this tp on
 
@@ -129,12 +135,19 @@ def vllm_cuda_graph_bytes(r: Release, max_num_seqs: int, max_num_batched_tokens:
     return vllm_graph_estimate_bytes(vllm_graph_counts(max_num_seqs, max_num_batched_tokens))
 
 
-def sglang_cuda_graph_max_bs(gpu_memory_bytes: int, tp: int = 1) -> int:
+def sglang_cuda_graph_max_bs(gpu_memory_bytes: int, tp: int = 1,
+                             version: str = "0.5.23") -> int | None:
     """SGLang's default cuda_graph_max_bs (`SGLANG_MAX_BS`): by the GPU's memory in MiB, the
-    larger figure at tp >= 4."""
+    larger figure at tp >= 4, the bucket below 35 GiB by release (`SGLANG_SMALL_GPU_MAX_BS`);
+    None before 0.5.3 (not modelled)."""
+    v = parse_version(version)
+    if v < SGLANG_MAX_BS_SINCE:
+        return None
     mib = gpu_memory_bytes / MiB
     for below, small, large in SGLANG_MAX_BS:
         if mib < below:
+            if below == 35 * 1024:
+                small, large = [f for since, f in SGLANG_SMALL_GPU_MAX_BS if v >= since][-1]
             return large if tp >= SGLANG_MAX_BS_TP else small
     return SGLANG_MAX_BS_ABOVE
 

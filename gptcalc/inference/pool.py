@@ -661,8 +661,8 @@ def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
         if given is not None:
             raise ConfigError("cuda_graph_memory", "SGLang keeps its CUDA graphs outside "
                                                    "mem_fraction_static; the option is vLLM's")
-        sizes = () if enforce_eager else tuple(sglang_capture_bs(
-            sglang_cuda_graph_max_bs(gpu_memory_bytes, tp)))
+        max_bs = sglang_cuda_graph_max_bs(gpu_memory_bytes, tp, r.version)
+        sizes = () if enforce_eager or max_bs is None else tuple(sglang_capture_bs(max_bs))
         return dict(cuda_graphs=None, cuda_graphs_in_pool=False, graph_sizes=sizes)
     estimate = vllm_cuda_graph_bytes(r, max_num_seqs, max_num_batched_tokens, enforce_eager,
                                      given)
