@@ -740,11 +740,11 @@ def test_qwen2_vl_language_model_counts_as_transformers_builds_it():
 
 
 def test_cuda_graphs_charged_to_the_pool_are_named():
-    # vLLM 0.21.0 and later subtract their CUDA graphs' estimate from the pool, earlier
+    # vLLM 0.20.0 and later subtract their CUDA graphs' estimate from the pool, earlier
     # releases capture the graphs after sizing it (`gptcalc.inference.cudagraph`)
     words = "CUDA graphs from the pool ("
     assert words in run("serve", "--preset", "llama3-8b").stdout.splitlines()[1]
-    assert words in run("serve", "--preset", "llama3-8b", "--engine-version", "0.21.0"
+    assert words in run("serve", "--preset", "llama3-8b", "--engine-version", "0.20.0"
                         ).stdout.splitlines()[1]
-    assert words not in run("serve", "--preset", "llama3-8b", "--engine-version", "0.20.2"
+    assert words not in run("serve", "--preset", "llama3-8b", "--engine-version", "0.19.1"
                             ).stdout.splitlines()[1]

@@ -79,8 +79,11 @@ def test_one_graph_per_mode_holds_only_the_shared_memory():
     assert vllm_graph_estimate_bytes({"PIECEWISE": 3}, {"PIECEWISE": (MiB, 10)}) == 3 * MiB
 
 
-@pytest.mark.parametrize("version, in_pool", [("0.20.2", False), ("0.21.0", True)])
-def test_the_pool_pays_for_the_graphs_from_0_21(version, in_pool):
+@pytest.mark.parametrize("version, in_pool", [("0.19.1", False), ("0.20.0", True),
+                                               ("0.21.0", True)])
+def test_the_pool_pays_for_the_graphs_from_0_20(version, in_pool):
+    # vllm/envs.py, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: default "0" in the 0.19.1 wheel,
+    # "1" in 0.20.0's and 0.21.0's
     cfg = from_name("llama3-8b")
     pool = kv_pool(cfg, H100, engine_version=version, **ARGS)
     eager = kv_pool(cfg, H100, engine_version=version, enforce_eager=True, **ARGS)
@@ -102,6 +105,31 @@ def test_the_estimate_is_modelled_from_0_19(version, modelled):
     pool = kv_pool(from_name("llama3-8b"), H100, engine_version=version, **ARGS)
     assert (pool.cuda_graphs is not None) is modelled
     assert bool(pool.graph_sizes) is modelled
+
+
+@pytest.mark.parametrize("version, preset, weights, nothing", [
+    # each release's vllm/config/vllm.py, `_is_default_v2_model_runner_model` and
+    # DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, read from its wheel; Model Runner V2's
+    # profile_cudagraph_memory returns 0 from 0.22.0 to 0.28.x
+    ("0.21.0", "llama3-8b", "bf16", False),   # no default V2 runner yet
+    ("0.22.0", "llama3-8b", "bf16", False),   # only Qwen3ForCausalLM listed
+    ("0.22.0", "qwen3-8b", "bf16", True),
+    ("0.23.0", "llama3-8b", "bf16", True),    # Llama listed, dense, unquantised
+    ("0.23.0", "llama3-8b", "fp8", False),    # quantised: V1
+    ("0.24.0", "llama3-8b", "fp8", True),     # listed is enough
+    ("0.24.0", "qwen3-30b-a3b", "bf16", False),  # Qwen3MoeForCausalLM not listed
+    ("0.24.0", "deepseek-v2-lite", "bf16", True),
+    ("0.25.0", "qwen3-30b-a3b", "bf16", False),  # MoE, not listed
+    ("0.25.0", "gpt2", "bf16", True),         # any dense model
+    ("0.28.0", "llama3-8b", "bf16", True),
+    ("0.29.0", "llama3-8b", "bf16", False),   # the V2 runner estimates
+])
+def test_model_runner_v2_takes_nothing_from_the_pool_until_0_29(version, preset, weights,
+                                                                nothing):
+    cfg = from_name(preset)
+    pool = kv_pool(cfg, H100, engine_version=version, weights_dtype=weights, **ARGS)
+    assert (pool.cuda_graphs == 0) is nothing
+    assert pool.cuda_graphs_in_pool and bool(pool.graph_sizes)
 
 
 def test_a_logged_estimate_replaces_the_default():
@@ -153,10 +181,10 @@ def test_sglang_graphs_live_outside_the_pool():
 
 
 def test_the_cli_names_the_graphs_and_refuses_sglang_estimates():
-    out = serve_json("--preset", "llama3-8b", "--engine-version", "0.21.0")
+    out = serve_json("--preset", "llama3-8b", "--engine-version", "0.20.0")
     assert out["cuda_graphs"] == 860 * MiB and out["cuda_graphs_in_pool"]
     assert "CUDA graphs from the pool (51 sizes" in out["assumptions"]
-    eager = serve_json("--preset", "llama3-8b", "--engine-version", "0.21.0", "--enforce-eager")
+    eager = serve_json("--preset", "llama3-8b", "--engine-version", "0.20.0", "--enforce-eager")
     assert eager["kv_cache"] - out["kv_cache"] == 860 * MiB
     assert "no CUDA graphs (--enforce-eager)" in eager["assumptions"]
     res = run("serve", "--preset", "llama3-8b", "--engine", "sglang", "--cuda-graph-memory", "1GiB")

@@ -13,16 +13,22 @@ of at most max_num_seqs requests; the 0.19.0 log below shows both lists ("Captur
 graphs (mixed prefill-decode, PIECEWISE): 51/51", "(decode, FULL): 51/51").
 
 Before sizing the pool vLLM estimates the graphs' memory (vllm-project/vllm pull 30515,
-`GPUModelRunner.profile_cudagraph_memory`): per mode it captures two graphs into a
-throwaway pool, takes the first's memory as shared and the second's as the cost of each
-further graph (at least 1 MiB), and sums
+`GPUModelRunner.profile_cudagraph_memory`, vllm/v1/worker/gpu_model_runner.py): per mode it
+captures two graphs into a throwaway pool, takes the first's memory as shared and the
+second's as the cost of each further graph (at least 1 MiB), and sums
 
     estimate = max over modes of first-capture + sum over modes of per-graph x (graphs - 1)
 
-(quoted in vllm-project/vllm issue 45178). From 0.21.0 the worker subtracts that estimate
-from the pool by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; gpu_worker.py logs
-"CUDA graph memory profiling is enabled (default since v0.21.0)"); earlier releases log it
-and capture the graphs after sizing the pool, in what gpu_memory_utilization leaves.
+From 0.20.0 the worker subtracts that estimate from the pool by default: vllm/envs.py reads
+VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS with default "0" in the 0.19.0 and 0.19.1 wheels,
+"1" in 0.20.0 and every later one (its log line says "default since v0.21.0"); before, the
+graphs are captured after sizing the pool, in what gpu_memory_utilization leaves. From 0.22.0
+some models run on Model Runner V2 by default (`VllmConfig.use_v2_model_runner`), whose
+`profile_cudagraph_memory` returns 0 until 0.29.0 (vllm/v1/worker/gpu/model_runner.py: "It is
+TBD whether we keep this API or not"; vllm-project/vllm issue 49224): those releases take
+nothing from the pool for those models (`v2_runner_estimates_nothing`). From 0.29.0 the V2
+runner estimates too (vllm/v1/worker/gpu/cudagraph_utils.py, PIECEWISE graphs captured in
+full, FULL ones extrapolated from the largest two); `serve` gives it the same figures.
 
 The first-capture and per-graph figures are measured by the engine on the device and cannot
 be derived from the configuration: the defaults are one published log's (`LOGGED_SAMPLE`),
@@ -40,10 +46,34 @@ from .servers import CUDA_GRAPHS_PROFILED_SINCE, Release, cuda_graphs_profiled, 
 
 MiB = 2**20
 MAX_CAPTURE_SIZE = 512  # vLLM's largest default capture size (`_set_cudagraph_sizes`)
-# vLLM charges the estimate to the pool by default from 0.21.0 (gpu_worker.py's log line,
-# "CUDA graph memory profiling is enabled (default since v0.21.0)"; envs.py
-# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaulting to "1": "Enabled by default as of v0.21.0")
+# vLLM charges the estimate to the pool by default from 0.20.0 (`servers.cuda_graphs_profiled`)
 CHARGED_SINCE = CUDA_GRAPHS_PROFILED_SINCE
+# Model Runner V2's placeholder estimate (0) in the releases where some models default to it:
+# 0.22.0 (`_is_default_v2_model_runner_model` first in vllm/config/vllm.py) to 0.28.x (0.29.0's
+# runner calls `_profile_cudagraph_memory`), read from each release's wheel
+V2_RUNNER_DEFAULT_SINCE = (0, 22, 0)
+V2_RUNNER_ESTIMATES_SINCE = (0, 29, 0)
+# DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES of each release (vllm/config/vllm.py), the entries that
+# `serve`'s model types name, and the rule `_is_default_v2_model_runner_model` applies:
+#   "dense-listed": listed, not MoE and not quantised; "listed": listed;
+#   "listed-or-dense": listed or not MoE, a hybrid model only when listed (0.25 and 0.26 never)
+V2_DEFAULT_RULES = (
+    ((0, 22, 0), frozenset({"Qwen3ForCausalLM"}), "dense-listed"),
+    ((0, 23, 0), frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
+     "dense-listed"),
+    ((0, 24, 0), frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                            "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
+     "listed"),
+    ((0, 25, 0), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                            "GraniteMoeForCausalLM"}), "listed-or-dense"),
+    ((0, 28, 0), frozenset({"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM",
+                            "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}), "listed-or-dense"),
+)
+# transformers model_type -> the architecture vLLM registers for it
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
+                 "deepseek_v4": "DeepseekV4ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "granitemoe": "GraniteMoeForCausalLM"}
 # The capture list and modes above are the ones a 0.19.0 log prints (`LOGGED_SAMPLE`); the
 # estimate is modelled from that release on, where it is logged (vLLM 0.19.0 says "In v0.19,
 # CUDA graph memory profiling will be enabled by default ... To try it now, set
@@ -110,7 +140,7 @@ def vllm_graph_estimate_bytes(counts: dict[str, int],
 
 
 def graphs_charged_to_pool(r: Release) -> bool:
-    """vLLM 0.21.0 and later subtract the graphs' estimate from the KV pool (`CHARGED_SINCE`,
+    """vLLM 0.20.0 and later subtract the graphs' estimate from the KV pool (`CHARGED_SINCE`,
     `servers.cuda_graphs_profiled`)."""
     return cuda_graphs_profiled(r)
 
@@ -120,11 +150,33 @@ def graphs_modelled(r: Release) -> bool:
     return r.server == "vllm" and parse_version(r.version) >= MODELLED_SINCE
 
 
+def v2_runner_estimates_nothing(r: Release, model_type: str, moe: bool, quantised: bool,
+                                hybrid: bool) -> bool:
+    """The release runs the model on Model Runner V2 by default and that runner estimates its
+    graphs as 0 (`V2_RUNNER_DEFAULT_SINCE` to `V2_RUNNER_ESTIMATES_SINCE`, `V2_DEFAULT_RULES`).
+    The runner's fallbacks to V1 for features `serve` does not model (speculative decoding,
+    sequence parallelism, dual batch overlap) are not followed."""
+    v = parse_version(r.version) if r.server == "vllm" else (0,)
+    if not V2_RUNNER_DEFAULT_SINCE <= v < V2_RUNNER_ESTIMATES_SINCE:
+        return False
+    _, listed, rule = [x for x in V2_DEFAULT_RULES if v >= x[0]][-1]
+    is_listed = ARCHITECTURES.get(model_type) in listed
+    if rule == "dense-listed":
+        return is_listed and not moe and not quantised
+    if rule == "listed":
+        return is_listed
+    if hybrid and (v < (0, 27, 0) or not is_listed):
+        return False
+    return is_listed or not moe
+
+
 def vllm_cuda_graph_bytes(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
-                          enforce_eager: bool = False, given: int | None = None) -> int | None:
+                          enforce_eager: bool = False, given: int | None = None,
+                          v2_nothing: bool = False) -> int | None:
     """The graphs' memory on one GPU as vLLM estimates it: `given` (a log's "Estimated CUDA
     graph memory") where given, else `vllm_graph_estimate_bytes` of the default capture list
-    with `LOGGED_SAMPLE`'s figures; 0 with --enforce-eager (no graphs); None where the release
+    with `LOGGED_SAMPLE`'s figures; 0 with --enforce-eager (no graphs) or where Model Runner
+    V2 estimates nothing (`v2_nothing`, `v2_runner_estimates_nothing`); None where the release
     is not modelled (before 0.19.0)."""
     if enforce_eager:
         return 0
@@ -132,6 +184,8 @@ def vllm_cuda_graph_bytes(r: Release, max_num_seqs: int, max_num_batched_tokens:
         return given
     if not graphs_modelled(r):
         return None
+    if v2_nothing:
+        return 0
     return vllm_graph_estimate_bytes(vllm_graph_counts(max_num_seqs, max_num_batched_tokens))
 
 

@@ -48,7 +48,7 @@ from ..layers import (attention_layers, dense_mlp_layers, global_layers, hybrid_
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
 from .cudagraph import (graphs_charged_to_pool, sglang_capture_bs, sglang_cuda_graph_max_bs,
-                        vllm_capture_sizes, vllm_cuda_graph_bytes)
+                        v2_runner_estimates_nothing, vllm_capture_sizes, vllm_cuda_graph_bytes)
 from .kv import (SSM_CACHE_DTYPES, hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
                  state_bytes_per_layer, state_layers)
 from .sampler import (SAMPLERS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes, sampler_bytes,
@@ -575,8 +575,11 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
     context = CUDA_CONTEXT if early_v1_accounting(rel) else 0
     backend = sampler_backend(rel, sampler) if engine == "vllm" else None
+    v2_nothing = v2_runner_estimates_nothing(
+        rel, cfg.hf_model_type, cfg.moe, weights_dtype not in ("bf16", "fp16", "fp32"),
+        cfg.hybrid)
     graphs = graph_fields(rel, seqs, tokens, gpu_memory_bytes, tp, enforce_eager,
-                          cuda_graph_memory)
+                          cuda_graph_memory, v2_nothing)
     stages = []
     for start in itertools.accumulate((0,) + partition[:-1]):
         end = start + partition[len(stages)]
@@ -650,11 +653,12 @@ def sglang_layout(stages: list[KVPool]) -> list[KVPool]:
 
 def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
                  gpu_memory_bytes: int, tp: int, enforce_eager: bool,
-                 given: int | None) -> dict:
+                 given: int | None, v2_nothing: bool = False) -> dict:
     """The CUDA graph fields of a pool (`gptcalc.inference.cudagraph`): vLLM's estimate, taken
     from the pool from 0.21.0, and its capture sizes; SGLang's decode batch sizes (their memory
     is in the reserve outside mem_fraction_static, never in the pool). Every stage of a
-    pipeline captures its own graphs: each is given the same estimate."""
+    pipeline captures its own graphs: each is given the same estimate. `v2_nothing`: the
+    release's default Model Runner V2 estimates 0 (`cudagraph.v2_runner_estimates_nothing`)."""
     if given is not None and (not isinstance(given, int) or given < 0):
         raise ConfigError("cuda_graph_memory", f"must be a size of at least 0 bytes, got {given!r}")
     if r.server != "vllm":
@@ -665,7 +669,7 @@ def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
         sizes = () if enforce_eager or max_bs is None else tuple(sglang_capture_bs(max_bs))
         return dict(cuda_graphs=None, cuda_graphs_in_pool=False, graph_sizes=sizes)
     estimate = vllm_cuda_graph_bytes(r, max_num_seqs, max_num_batched_tokens, enforce_eager,
-                                     given)
+                                     given, v2_nothing)
     sizes = () if enforce_eager or estimate is None else tuple(
         vllm_capture_sizes(max_num_seqs, max_num_batched_tokens))
     return dict(cuda_graphs=estimate, cuda_graphs_in_pool=graphs_charged_to_pool(r),

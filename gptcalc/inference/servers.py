@@ -95,15 +95,16 @@ def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_mod
     return 2048, 256
 
 
-# vLLM subtracts an estimate of its CUDA graphs' memory from the pool by default from 0.21.0
-# (vllm/v1/worker/gpu_worker.py logs "CUDA graph memory profiling is enabled (default since
-# v0.21.0)" with the utilization it is equivalent to without it)
-CUDA_GRAPHS_PROFILED_SINCE = (0, 21, 0)
+# vLLM subtracts an estimate of its CUDA graphs' memory from the pool by default from 0.20.0:
+# vllm/envs.py's VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "0" in the 0.19.1 wheel,
+# "1" in 0.20.0's (vllm/v1/worker/gpu_worker.py then logs "CUDA graph memory profiling is
+# enabled (default since v0.21.0)", a release late)
+CUDA_GRAPHS_PROFILED_SINCE = (0, 20, 0)
 
 
 def cuda_graphs_profiled(r: Release) -> bool:
-    """The release charges its CUDA graphs' estimated memory to the pool, which the pool
-    model leaves out (vLLM 0.21.0 and later)."""
+    """The release charges its CUDA graphs' estimated memory to the pool (vLLM 0.20.0 and
+    later, `gptcalc.inference.cudagraph`)."""
     return r.server == "vllm" and parse_version(r.version) >= CUDA_GRAPHS_PROFILED_SINCE
 
 
