@@ -46,21 +46,45 @@ def test_the_capture_sizes_are_the_logged_ones():
 @pytest.mark.parametrize("seqs, largest", [(3, 4), (4, 8), (127, 248), (128, 256),
                                            (255, 496), (256, 512), (1024, 512)])
 def test_the_largest_capture_size_on_both_sides_of_each_step(seqs, largest):
-    # m = min(2 x max_num_seqs, 512): 8 first at m = 8, 256 first at m = 256
-    assert vllm_capture_sizes(seqs, 8192)[-1] == largest
+    # m = min(2 x max_num_seqs, 512): 8 first at m = 8, 256 first at m = 256 (0.20.0: no
+    # sizes appended)
+    assert vllm_capture_sizes(seqs, 8192, "0.20.0")[-1] == largest
 
 
 @pytest.mark.parametrize("tokens, largest", [(255, 248), (256, 256), (511, 496), (512, 512)])
 def test_max_num_batched_tokens_caps_the_capture_sizes(tokens, largest):
-    assert vllm_capture_sizes(1024, tokens)[-1] == largest
+    assert vllm_capture_sizes(1024, tokens, "0.20.0")[-1] == largest
 
 
 @pytest.mark.parametrize("seqs, full", [(255, 34), (256, 35)])
 def test_full_decode_graphs_stop_at_max_num_seqs(seqs, full):
     # 256 and 255 sequences both capture PIECEWISE up to 512 (m 512, 510 -> 496); FULL decode
     # graphs only up to max_num_seqs one-token requests, 256 included at 256
-    counts = vllm_graph_counts(seqs, 8192)
+    counts = vllm_graph_counts(seqs, 8192, "0.30.0")
     assert counts["FULL"] == full
+
+
+@pytest.mark.parametrize("version, appended", [("0.20.0", False), ("0.20.1", True)])
+def test_max_num_batched_tokens_is_captured_from_0_20_1(version, appended):
+    # vllm/config/vllm.py: "ensure max_num_tokens is captured if within max capture size"
+    assert (300 in vllm_capture_sizes(1024, 300, version)) is appended
+    assert vllm_capture_sizes(1024, 300, version)[-1] == (300 if appended else 288)
+
+
+@pytest.mark.parametrize("version, largest, count", [("0.27.0", 512, 51), ("0.28.0", 1024, 83)])
+def test_a_b200_captures_up_to_1024_from_0_28(version, largest, count):
+    # default_max_graph_size = 1024 if current_platform.is_device_capability_family(100)
+    sizes = vllm_capture_sizes(1024, 8192, version, sm100=True)
+    assert (sizes[-1], len(sizes)) == (largest, count)
+    assert vllm_capture_sizes(1024, 8192, version)[-1] == 512  # not on an H100
+
+
+@pytest.mark.parametrize("version, appended", [("0.30.0", False), ("0.31.0", True)])
+def test_max_num_seqs_is_captured_from_0_31(version, appended):
+    # uniform_decode_sizes = [max_num_seqs] when it is at most the capture ceiling
+    sizes = vllm_capture_sizes(100, 8192, version)
+    assert (100 in sizes) is appended
+    assert vllm_graph_counts(100, 8192, version)["FULL"] == 3 + 12 + appended  # 1, 2, 4, 8..96
 
 
 def test_the_estimate_is_the_logged_total():

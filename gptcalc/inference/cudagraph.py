@@ -7,6 +7,10 @@ at most max_num_batched_tokens, then
 
     [1, 2, 4] + range(8, min(m + 1, 256), 8) + range(256, m + 1, 16)     (each <= m)
 
+and, as each release's wheel shows: from 0.20.1 max_num_batched_tokens itself when it is at
+most m; from 0.28.0 m = min(2 x max_num_seqs, 1,024) on compute capability 10.x (B200); from
+0.31.0 max_num_seqs itself (the largest uniform decode batch) when it is at most m.
+
 The default cudagraph_mode FULL_AND_PIECEWISE captures a PIECEWISE graph (prefill and mixed
 batches) at every size and a FULL graph (uniform decode, one token a request) at every size
 of at most max_num_seqs requests; the 0.19.0 log below shows both lists ("Capturing CUDA
@@ -46,6 +50,11 @@ from .servers import CUDA_GRAPHS_PROFILED_SINCE, Release, cuda_graphs_profiled, 
 
 MiB = 2**20
 MAX_CAPTURE_SIZE = 512  # vLLM's largest default capture size (`_set_cudagraph_sizes`)
+SM100_MAX_CAPTURE_SIZE = 1024  # on compute capability 10.x, from 0.28.0
+SM100_SINCE = (0, 28, 0)
+ADDS_BATCHED_TOKENS_SINCE = (0, 20, 1)  # "ensure max_num_tokens is captured"
+ADDS_MAX_NUM_SEQS_SINCE = (0, 31, 0)  # uniform_decode_sizes = [max_num_seqs]
+SM100_GPUS = ("b200",)  # the catalogue's compute capability 10.x cards
 # vLLM charges the estimate to the pool by default from 0.20.0 (`servers.cuda_graphs_profiled`)
 CHARGED_SINCE = CUDA_GRAPHS_PROFILED_SINCE
 # Model Runner V2's placeholder estimate (0) in the releases where some models default to it:
@@ -106,22 +115,32 @@ SGLANG_MAX_BS_TP = 4  # the larger max_bs from this tp on
 
 
 def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
-                       decode_query_len: int = 1) -> list[int]:
-    """vLLM's default CUDA graph capture sizes (module docstring; `decode_query_len` is 1 plus
-    the speculative tokens)."""
-    m = min(max_num_seqs * decode_query_len * 2, MAX_CAPTURE_SIZE, max_num_batched_tokens)
+                       version: str = "0.33.0", sm100: bool = False) -> list[int]:
+    """vLLM's default CUDA graph capture sizes without speculative decoding (module docstring);
+    `sm100`: a compute capability 10.x GPU (`SM100_GPUS`)."""
+    v = parse_version(version)
+    ceiling = SM100_MAX_CAPTURE_SIZE if sm100 and v >= SM100_SINCE else MAX_CAPTURE_SIZE
+    uncapped = min(max_num_seqs * 2, ceiling)
+    m = min(uncapped, max_num_batched_tokens)
     sizes = [s for s in (1, 2, 4) if s <= m]
     if m >= 8:
         sizes += list(range(8, min(m + 1, 256), 8))
     if m >= 256:
         sizes += list(range(256, m + 1, 16))
-    return sizes
+    if v >= ADDS_BATCHED_TOKENS_SINCE and max_num_batched_tokens <= m:
+        sizes.append(max_num_batched_tokens)
+    if v >= ADDS_MAX_NUM_SEQS_SINCE and max_num_seqs <= uncapped and \
+            max_num_seqs <= max_num_batched_tokens:
+        sizes.append(max_num_seqs)
+    return sorted(set(sizes))
 
 
-def vllm_graph_counts(max_num_seqs: int, max_num_batched_tokens: int) -> dict[str, int]:
+def vllm_graph_counts(max_num_seqs: int, max_num_batched_tokens: int, version: str = "0.33.0",
+                      sm100: bool = False) -> dict[str, int]:
     """Graphs of each mode under FULL_AND_PIECEWISE: a PIECEWISE graph at every capture size,
-    a FULL decode graph at every size of at most max_num_seqs one-token requests."""
-    sizes = vllm_capture_sizes(max_num_seqs, max_num_batched_tokens)
+    a FULL decode graph at every size of at most max_num_seqs one-token requests
+    (vllm/v1/cudagraph_dispatcher.py: `x <= uniform_decode_query_len * max_num_seqs`)."""
+    sizes = vllm_capture_sizes(max_num_seqs, max_num_batched_tokens, version, sm100)
     return {"PIECEWISE": len(sizes), "FULL": sum(1 for s in sizes if s <= max_num_seqs)}
 
 
@@ -172,7 +191,7 @@ def v2_runner_estimates_nothing(r: Release, model_type: str, moe: bool, quantise
 
 def vllm_cuda_graph_bytes(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
                           enforce_eager: bool = False, given: int | None = None,
-                          v2_nothing: bool = False) -> int | None:
+                          v2_nothing: bool = False, sm100: bool = False) -> int | None:
     """The graphs' memory on one GPU as vLLM estimates it: `given` (a log's "Estimated CUDA
     graph memory") where given, else `vllm_graph_estimate_bytes` of the default capture list
     with `LOGGED_SAMPLE`'s figures; 0 with --enforce-eager (no graphs) or where Model Runner
@@ -186,7 +205,8 @@ def vllm_cuda_graph_bytes(r: Release, max_num_seqs: int, max_num_batched_tokens:
         return None
     if v2_nothing:
         return 0
-    return vllm_graph_estimate_bytes(vllm_graph_counts(max_num_seqs, max_num_batched_tokens))
+    return vllm_graph_estimate_bytes(vllm_graph_counts(max_num_seqs, max_num_batched_tokens,
+                                                       r.version, sm100))
 
 
 def sglang_cuda_graph_max_bs(gpu_memory_bytes: int, tp: int = 1,

@@ -47,7 +47,8 @@ from ..layers import (attention_layers, dense_mlp_layers, global_layers, hybrid_
                       moe_layers, sliding_layers)
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
-from .cudagraph import (graphs_charged_to_pool, sglang_capture_bs, sglang_cuda_graph_max_bs,
+from .cudagraph import (SM100_GPUS, graphs_charged_to_pool, sglang_capture_bs,
+                        sglang_cuda_graph_max_bs,
                         v2_runner_estimates_nothing, vllm_capture_sizes, vllm_cuda_graph_bytes)
 from .kv import (SSM_CACHE_DTYPES, hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
                  state_bytes_per_layer, state_layers)
@@ -579,7 +580,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         rel, cfg.hf_model_type, cfg.moe, weights_dtype not in ("bf16", "fp16", "fp32"),
         cfg.hybrid)
     graphs = graph_fields(rel, seqs, tokens, gpu_memory_bytes, tp, enforce_eager,
-                          cuda_graph_memory, v2_nothing)
+                          cuda_graph_memory, v2_nothing, gpu_name in SM100_GPUS)
     stages = []
     for start in itertools.accumulate((0,) + partition[:-1]):
         end = start + partition[len(stages)]
@@ -653,7 +654,7 @@ def sglang_layout(stages: list[KVPool]) -> list[KVPool]:
 
 def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
                  gpu_memory_bytes: int, tp: int, enforce_eager: bool,
-                 given: int | None, v2_nothing: bool = False) -> dict:
+                 given: int | None, v2_nothing: bool = False, sm100: bool = False) -> dict:
     """The CUDA graph fields of a pool (`gptcalc.inference.cudagraph`): vLLM's estimate, taken
     from the pool from 0.21.0, and its capture sizes; SGLang's decode batch sizes (their memory
     is in the reserve outside mem_fraction_static, never in the pool). Every stage of a
@@ -669,9 +670,9 @@ def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
         sizes = () if enforce_eager or max_bs is None else tuple(sglang_capture_bs(max_bs))
         return dict(cuda_graphs=None, cuda_graphs_in_pool=False, graph_sizes=sizes)
     estimate = vllm_cuda_graph_bytes(r, max_num_seqs, max_num_batched_tokens, enforce_eager,
-                                     given, v2_nothing)
+                                     given, v2_nothing, sm100)
     sizes = () if enforce_eager or estimate is None else tuple(
-        vllm_capture_sizes(max_num_seqs, max_num_batched_tokens))
+        vllm_capture_sizes(max_num_seqs, max_num_batched_tokens, r.version, sm100))
     return dict(cuda_graphs=estimate, cuda_graphs_in_pool=graphs_charged_to_pool(r),
                 graph_sizes=sizes)
 
