@@ -638,8 +638,11 @@ def sglang_layout(stages: list[KVPool]) -> list[KVPool]:
         tokens of a stage = (total x mem_fraction_static - heaviest stage's weights - non-torch)
                             // its own layers' KV bytes per token
 
-    and the stages hold the same count (sgl-project/sglang pull 10214, "KV-cache size mismatch
-    across PP ranks", September 2025), the smallest, as no stage holds more than its own pool.
+    and the stages hold the same count, the smallest (sgl-project/sglang pull 10214, "KV-cache
+    size mismatch across PP ranks", September 2025; in the 0.5.23 wheel
+    sglang/srt/mem_cache/kv_cache_configurator.py, `_profile_available_bytes` takes the free
+    memory with `distributed=launch_world_size > 1` and `_apply_token_constraints` all-reduces
+    the token count with ReduceOp.MIN "across PP ranks").
     The layer split is vLLM's (`weights.pp_partition`; SGLang's test_pp_single_node.py holds
     the same table). Data-parallel replicas without DP attention are separate servers of
     tp x pp GPUs each holding the whole model (sglang/srt/managers/data_parallel_controller.py),
