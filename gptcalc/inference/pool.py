@@ -647,10 +647,12 @@ def sglang_layout(stages: list[KVPool]) -> list[KVPool]:
     the same table). Data-parallel replicas without DP attention are separate servers of
     tp x pp GPUs each holding the whole model (sglang/srt/managers/data_parallel_controller.py),
     so their GPUs hold what one replica's do, experts cut over tp only. --cpu-offload-gb
-    moves the same bytes as vLLM's (`set_cpu_offload_max_bytes(int(cpu_offload_gb * 1024**3))`
-    in ModelRunner, `maybe_offload_to_cpu` in sglang/srt/utils, layer by layer from the
-    stage's first); the copy each forward makes of an offloaded layer is activation memory,
-    which SGLang keeps outside mem_fraction_static."""
+    moves the same bytes as vLLM's (the 0.5.23 wheel's sglang/srt/utils/offloader.py,
+    `OffloaderV1(cpu_offload_max_bytes=int(cpu_offload_gb * 1024**3))`, parameter by
+    parameter from the stage's first layer; earlier releases `set_cpu_offload_max_bytes` and
+    `maybe_offload_to_cpu` in sglang/srt/utils; MLA's kv_b_proj, which 0.5.23 keeps resident,
+    is not followed); the copy each forward makes of an offloaded layer (`functional_call`)
+    is activation memory, which SGLang keeps outside mem_fraction_static."""
     heaviest = max(s.weights for s in stages)
     return [dataclasses.replace(s, peer_weights=heaviest - s.weights) for s in stages]
 
