@@ -645,7 +645,8 @@ def sglang_layout(stages: list[KVPool]) -> list[KVPool]:
     the token count with ReduceOp.MIN "across PP ranks").
     The layer split is vLLM's (`weights.pp_partition`; SGLang's test_pp_single_node.py holds
     the same table). Data-parallel replicas without DP attention are separate servers of
-    tp x pp GPUs each holding the whole model (sglang/srt/managers/data_parallel_controller.py),
+    tp x pp GPUs each holding the whole model (sglang/srt/managers/data_parallel_controller.py,
+    `launch_dp_schedulers`: per replica its own NCCL port and tp x pp GPUs),
     so their GPUs hold what one replica's do, experts cut over tp only. --cpu-offload-gb
     moves the same bytes as vLLM's (the 0.5.23 wheel's sglang/srt/utils/offloader.py,
     `OffloaderV1(cpu_offload_max_bytes=int(cpu_offload_gb * 1024**3))`, parameter by
