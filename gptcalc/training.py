@@ -14,6 +14,7 @@ from .dsconfig import read_ds_config
 from .schema import byte_size
 from .errors import ConfigError
 from .families import family_of
+from .optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from .training_setup import DEFAULT_BNB_VERSION, DEFAULT_LOSS_CHUNKS, ZERO_STAGES, TrainingSetup
 
 # The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's
@@ -74,7 +75,7 @@ PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "pp_schedule": "1f1b"
 def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, Any]:
     """The [training] table's keys and their values when nothing sets them."""
     family = training_defaults(cfg, hf=from_hf)
-    return {"mode": family["mode"], "optimizer": "adamw", "autocast_dtype": "bf16",
+    return {"mode": family["mode"], "optimizer": DEFAULT_OPTIMIZER, "autocast_dtype": "bf16",
             "recompute": "none", "attn": family["attn"], "device": family["device"],
             "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
             "keep_logits": family["keep_logits"], "optimizer_in_backward": False,

@@ -6,8 +6,10 @@ memory, outside the device's peak, on their own line."""
 
 from __future__ import annotations
 
+import ast
 import math
 import warnings
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -209,3 +211,79 @@ def test_paged_adamw_update_temporaries_equal_the_allocator(dtype, rows):
     predicted = optimizer_named("paged_adamw").update_temporaries(n, "cpu", pb)
     # beside the formula: what the adamw8bit twin finds after its peak (test_optimizers)
     assert measured - predicted in range(0, 16)
+
+
+# Where a default optimizer may be written: the registry itself (`optimizers.DEFAULT`) and the
+# recipe readers, which map a framework's optimizer names onto gptcalc's.
+NAMING_PACKAGES = ("optimizers", "recipes")
+
+
+def optimizer_defaults(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every optimizer name written as a default in `source`: a `default=`
+    or `optimizer=` keyword, a parameter's default, an `"optimizer": ...` dict entry, or a
+    class field or assignment named `optimizer`."""
+    known = set(names())
+
+    def named(node: ast.AST | None) -> str | None:
+        ok = isinstance(node, ast.Constant) and node.value in known
+        return node.value if ok else None
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        values: list[ast.AST | None] = []
+        if isinstance(node, ast.keyword) and node.arg in ("default", "optimizer"):
+            values = [node.value]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            values = [*node.args.defaults, *node.args.kw_defaults]
+        elif isinstance(node, ast.Dict):
+            values = [v for k, v in zip(node.keys, node.values)
+                      if isinstance(k, ast.Constant) and k.value == "optimizer"]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and "optimizer" in t.id.lower() for t in targets):
+                values = [node.value]
+        found += [(v.lineno, n) for v in values if (n := named(v))]
+    return found
+
+
+def test_the_default_optimizer_is_written_in_the_registry_only():
+    package = Path(__file__).resolve().parent.parent / "gptcalc"
+    written = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).parts
+        if parts[0] in NAMING_PACKAGES:
+            continue
+        for line, name in optimizer_defaults(path.read_text()):
+            written[f"{'/'.join(parts)}:{line}"] = name
+    assert written == {}, "read gptcalc.optimizers.DEFAULT instead"
+
+
+@pytest.mark.parametrize("source", [
+    'click.option("--optimizer", default="adamw")',
+    'def f(optimizer="sgd"): pass',
+    'd = {"optimizer": "adamw", "mode": "bf16"}',
+    'class S:\n    optimizer: str = "lion"',
+    'DEFAULT_OPTIMIZER = "adamw"',
+    'TrainingSetup(optimizer="muon")',
+])
+def test_the_default_check_finds_a_written_default(source):
+    assert [name for _, name in optimizer_defaults(source)] != []
+
+
+@pytest.mark.parametrize("source", [
+    'click.option("--optimizer", default=DEFAULT)',
+    'if setup.optimizer != "adamw": pass',  # a fact of AdamW, not a default
+    'd = {"optimizer": DEFAULT, "mode": "adamw"}',
+])
+def test_the_default_check_passes_a_default_read_from_the_registry(source):
+    assert optimizer_defaults(source) == []
+
+
+def test_the_defaults_read_the_registry():
+    from gptcalc.optimizers import DEFAULT
+    from gptcalc.training import training_table_defaults
+    from gptcalc.cli.verify import command as verify
+    assert names()[0] == DEFAULT == "adamw"  # the optimizer most training runs use
+    assert training_table_defaults(CFG)["optimizer"] == DEFAULT
+    assert TrainingSetup().optimizer == DEFAULT
+    assert next(p for p in verify.params if p.name == "optimizer").default == DEFAULT

@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 from gptcalc import from_name
 from gptcalc.cli import cli
 from gptcalc.hf import config_from_hf
-from gptcalc.inference.pool import CUDA_CONTEXT, cpu_offload_bytes, early_v1_accounting, kv_pool
+from gptcalc.inference.pool import cpu_offload_bytes, kv_pool
+from gptcalc.inference.vllm import CUDA_CONTEXT, early_v1_accounting
 from gptcalc.inference.servers import release
 from gptcalc.inference.weights import (device_weight_bytes, pp_partition, stage_weight_bytes,
                                        stage_weight_parts)

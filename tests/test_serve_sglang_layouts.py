@@ -15,7 +15,8 @@ from hypothesis import given, settings, strategies as st
 from gptcalc import from_name
 from gptcalc.inference.kv import kv_bytes_per_token_layer
 from gptcalc.inference.pool import (DEFAULT_NON_TORCH, TP_NVSWITCH_NON_TORCH, cpu_offload_bytes,
-                                    kv_pool, sglang_mem_fraction_static)
+                                    kv_pool)
+from gptcalc.inference.sglang import sglang_mem_fraction_static
 from gptcalc.inference.weights import pp_partition, stage_weight_parts
 from tests.test_serve import run
 

@@ -150,15 +150,15 @@ def _culprit(opt, message: str, given: dict[str, Any], ctx: click.Context) -> st
 
 def _from_file(ctx: click.Context, opt) -> str | None:
     """"FILE: key (--option value)" where --recipe or --config gave `opt`'s value."""
-    from .options import _RECIPE_KEY, current_setup
+    from .options import current_recipe, current_setup
 
-    recipe = ctx.meta.get(_RECIPE_KEY)
+    recipe = current_recipe(ctx)
     if recipe is not None:
         for key, setting in recipe[0].read:
             if setting.split(" ", 1)[0] == opt.cli:
                 return f"--recipe: {recipe[0].path}: {key} ({setting})"
     path = ctx.params.get("config")
-    setup = current_setup()
+    setup = current_setup(ctx)
     if path and setup is not None and opt.table:
         table = dict(setup.sections).get(opt.table, {})
         if opt.name in table:
@@ -168,15 +168,15 @@ def _from_file(ctx: click.Context, opt) -> str | None:
 
 def _file_key(ctx: click.Context, message: str) -> str | None:
     """"FILE: key (--option value)" of the --recipe or --config value the message quotes."""
-    from .options import _RECIPE_KEY, current_setup
+    from .options import current_recipe, current_setup
 
     words = {w.lower() for w in re.findall(r"[\w.\-/]+", message)}
-    recipe = ctx.meta.get(_RECIPE_KEY)
+    recipe = current_recipe(ctx)
     if recipe is not None:
         for key, setting in recipe[0].read:
             if setting.split(" ", 1)[-1].lower() in words:
                 return f"--recipe: {recipe[0].path}: {key} ({setting})"
-    path, setup = ctx.params.get("config"), current_setup()
+    path, setup = ctx.params.get("config"), current_setup(ctx)
     if path and setup is not None:
         for table, values in dict(setup.sections).items():
             for key, value in dict(values).items():
@@ -189,15 +189,15 @@ def _default_of(ctx: click.Context, opt) -> Any:
     """The value `opt` took without being given: what the command recorded, else the defaults
     of its table; None when not known."""
     from ..training import PARALLEL_DEFAULTS, training_table_defaults
-    from .options import _SECTIONS_KEY, current_setup
+    from .options import current_setup, recorded_sections
 
-    recorded = ctx.meta.get(_SECTIONS_KEY, {}).get(opt.table or "", {})
+    recorded = recorded_sections(ctx).get(opt.table or "", {})
     if opt.name in recorded and opt.table in ("training", "parallel"):
         return recorded[opt.name]
     if opt.table == "parallel":
         return PARALLEL_DEFAULTS.get(opt.name) if PARALLEL_DEFAULTS.get(opt.name) != "" else None
     if opt.table == "training":
-        setup = current_setup()
+        setup = current_setup(ctx)
         if setup is not None:
             value = training_table_defaults(setup.config, setup.from_hf).get(opt.name)
             return value if value not in ("", None) else None

@@ -11,7 +11,7 @@ from ..workload import Workload
 from ..flops import (NONMATMUL_COST, RECOMPUTE, FlopCount, count_flops, inference_flops,
                      published_estimates)
 from ..units import si
-from .options import describe, model_options
+from .options import describe, json_option, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -26,7 +26,7 @@ from .render import emit_json, envelope, print_line, print_table
               help="Prefill prompt length (default seq-len).")
 @click.option("--context", type=click.IntRange(min=1), default=None,
               help="Context of the decoded token, cached keys plus itself (default seq-len).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def command(model: tuple[GPTConfig, Workload], causal: bool, recompute: str,
             prompt_len: int | None, context: int | None, as_json: bool) -> None:
     """Matmul FLOPs (2 per multiply-accumulate) of training and inference, exact."""

@@ -8,11 +8,12 @@ import click
 
 from ..gpus import GPUS, PRECISIONS
 from ..units import binary_bytes
+from .options import json_option
 from .render import emit_json, envelope, print_table
 
 
 @click.command("gpus")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def command(as_json: bool) -> None:
     """Accelerators: memory (datasheet and usable), dense peak FLOP/s per precision (never
     sparsity figures), memory bandwidth, SMs, node size, intra- and inter-node bandwidth, and

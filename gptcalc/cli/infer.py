@@ -8,21 +8,20 @@ import click
 
 from ..config import GPTConfig
 from ..workload import Workload
-from ..gpus import DEFAULT_GPU, gpu as find_gpu
+from ..gpus import gpu as find_gpu
 from ..inference.kv import KV_DTYPES
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving,
                                   serving)
 from ..inference.quant import quantization_from_hf
 from ..inference.weights import GROUP_SIZE, WEIGHT_DTYPES, WeightsDtype, weights_label
 from ..units import binary_bytes, si
-from .options import current_setup, describe, float_range, model_options
+from .options import current_setup, describe, float_range, gpu_option, json_option, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("infer")
 @model_options
-@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
-              help="Accelerator (see `gptcalc gpus`).")
+@gpu_option()
 @click.option("--tp", "--gpus", "tp", type=int, default=1, show_default=True,
               help="GPUs in tensor parallel: weights and KV heads split this many ways "
                    "(fewer KV heads than GPUs: one replicated per GPU).")
@@ -40,7 +39,7 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--bandwidth-efficiency", type=float, default=DEFAULT_BANDWIDTH_EFFICIENCY,
               show_default=True, help="Share of peak bandwidth reached (default: gpt-fast's "
                                       "Llama-2-7B on an A100-80GB).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 @float_range
 def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_len: int | None,
             gen_len: int | None, weights_dtype: str | None, kv_dtype: str, flops_efficiency: float,

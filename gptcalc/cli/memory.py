@@ -19,8 +19,8 @@ from ..units import binary_bytes
 from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit, verdict_lines
 from .options import (assumptions, click_option, current_recipe, deepspeed_settings,
-                      deepspeed_workload, describe, model_options, training_options,
-                      training_setup, world_size_option)
+                      deepspeed_workload, describe, json_option, model_options,
+                      training_options, training_setup, world_size_option)
 from .render import emit_json, envelope, print_line, print_table
 
 # ranks (GPUs) per node, for the host memory a node needs: an 8-GPU server (DGX/HGX)
@@ -38,7 +38,7 @@ DEFAULT_GPUS_PER_NODE = 8
               help="KV-cache context in tokens (default seq-len).")
 @click.option("--detail", is_flag=True, help="Every quantity: the full table, the peak's terms, "
               "each saved tensor, the stages, the paper's figures for comparison.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes).")
+@json_option("Machine-readable output (bytes).")
 def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_node, context,
             detail, as_json, **given) -> None:
     """Memory per device of one training step, and the KV cache of an inference run.

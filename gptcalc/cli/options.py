@@ -14,6 +14,7 @@ from ..api import Setup
 from ..coerce import coerce_field, field_kinds
 from ..config import GPTConfig
 from ..errors import ConfigError
+from ..gpus import DEFAULT_GPU
 from ..layers import HYBRID_COMMANDS, hybrid_refusal
 from ..workload import Workload
 from ..configfile import FORMATS, write_config_file
@@ -21,9 +22,17 @@ from ..presets import PRESETS
 from ..schema import MODEL_OPTIONS, OPTIONS, TRAINING_OPTIONS, Option, byte_size, cli_spelling
 from ..training import PARALLEL_DEFAULTS
 
+# What `model_options` and `world_size_option` resolve once per command, kept in the command's
+# context; the functions below take that context as a parameter where their caller holds it,
+# and read the running command's (`running`) only where it does not.
 _SECTIONS_KEY = "gptcalc.config_sections"
 _SETUP_KEY = "gptcalc.setup"
 _RECIPE_KEY = "gptcalc.recipe"
+
+
+def running(ctx: click.Context | None = None) -> click.Context | None:
+    """`ctx` when given, else the running command's context (None outside a command)."""
+    return ctx if ctx is not None else click.get_current_context(silent=True)
 
 
 def option_for(field: str) -> str:
@@ -80,22 +89,34 @@ def click_option(opt: Option) -> Callable:
 _MODEL_OPTIONS = [click_option(OPTIONS[name]) for name in MODEL_OPTIONS]
 
 
+def gpu_option(help: str = "Accelerator (see `gptcalc gpus`).") -> Callable:
+    """--gpu NAME (the command's `gpu_name`), a catalogue card, DEFAULT_GPU when not given;
+    `help` says what the command reads of it."""
+    return click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True,
+                        metavar="NAME", help=help)
+
+
+def json_option(help: str = "Machine-readable output.") -> Callable:
+    """--json (the command's `as_json`): the command's answer as one JSON document."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
 def model_options(command: Callable) -> Callable:
     """Add the model and workload options; the command receives `model=(cfg, workload)`."""
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
+        ctx = click.get_current_context()
         picked = {k: kwargs.pop(k) for k in MODEL_KEYS}
         recipe = picked.pop("recipe")
         if recipe:
-            _with_recipe(recipe, picked, kwargs)
-        _with_world(kwargs)
+            _with_recipe(ctx, recipe, picked, kwargs)
+        _with_world(ctx, kwargs)
         save_to = picked.pop("save_config")
         if save_to is not None and not str(save_to).lower().endswith(FORMATS):
             raise ConfigError("save_config", f"{save_to}: the file name must end in .toml or .json")
         try:
             setup = resolve_setup(**picked)
-            ctx = click.get_current_context()
             if setup.config.hybrid and ctx.info_name not in HYBRID_COMMANDS:
                 source = next((k for k in ("hf_config", "config", "sets") if picked.get(k)),
                               "hf_config")
@@ -104,7 +125,7 @@ def model_options(command: Callable) -> Callable:
             ctx.meta[_SETUP_KEY] = setup
             result = command(model=(setup.config, setup.workload), **kwargs)
         except ConfigError as e:
-            raise _recipe_error(e) from None
+            raise _recipe_error(e, ctx) from None
         if save_to is not None:  # after the command, so it can record its own sections
             write_config_file(save_to, setup.config, setup.workload, ctx.meta[_SECTIONS_KEY])
         return result
@@ -114,17 +135,16 @@ def model_options(command: Callable) -> Callable:
     return wrapper
 
 
-def _with_recipe(paths: tuple[str, ...], picked: dict[str, Any],
+def _with_recipe(ctx: click.Context, paths: tuple[str, ...], picked: dict[str, Any],
                  kwargs: dict[str, Any]) -> None:
     """Fill the options not typed from --recipe's files (`gptcalc.recipes`), in place, and in
-    the context's parameters as if typed; the command's own options only."""
+    the parameters of the command `ctx` as if typed; the command's own options only."""
     from ..recipes import apply_recipe, read_recipes
 
     if picked.get("config") is not None:
         raise ConfigError("recipe", "give --recipe or --config, not both")
-    ctx = click.get_current_context()
     # a command without the parallel layout answers the same on any world: one rank stands in
-    world = typed_gpus() if _GPUS_KEY in ctx.meta or "dp" in kwargs else 1
+    world = typed_gpus(ctx) if _GPUS_KEY in ctx.meta or "dp" in kwargs else 1
     given = {**picked, **kwargs, "gpus": world}
     recipe = read_recipes(paths, {k: v for k, v in given.items() if v not in (None, ())})
     ctx.meta[_RECIPE_KEY] = (recipe, dict(given))
@@ -156,19 +176,17 @@ def world_size_option(command: Callable) -> Callable:
                              "given.")(wrapper)
 
 
-def typed_gpus() -> int | None:
-    """--gpus of the running command, or None."""
-    ctx = click.get_current_context(silent=True)
-    return ctx.meta.get(_GPUS_KEY) if ctx else None
+def typed_gpus(ctx: click.Context) -> int | None:
+    """--gpus of the command `ctx`, or None."""
+    return ctx.meta.get(_GPUS_KEY)
 
 
-def _with_world(kwargs: dict[str, Any]) -> None:
+def _with_world(ctx: click.Context, kwargs: dict[str, Any]) -> None:
     """--gpus N as the data-parallel size when neither --dp nor a recipe gave one: N over the
     other degrees; with --dp given, their product must be N."""
-    gpus = typed_gpus()
+    gpus = typed_gpus(ctx)
     if gpus is None or "dp" not in kwargs:
         return
-    ctx = click.get_current_context()
     others = 1
     for name in ("tp", "pp", "cp"):
         value = kwargs.get(name)
@@ -181,9 +199,9 @@ def _with_world(kwargs: dict[str, Any]) -> None:
         raise ConfigError("gpus", f"{gpus} is not dp x tp x pp x cp = {kwargs['dp'] * others}")
 
 
-def _recipe_error(error: ConfigError) -> ConfigError:
+def _recipe_error(error: ConfigError, ctx: click.Context) -> ConfigError:
     """An error about a value --recipe set, naming the recipe's file and key."""
-    current = current_recipe()
+    current = current_recipe(ctx)
     if current is None:
         return error
     from ..recipes import recipe_error
@@ -191,9 +209,10 @@ def _recipe_error(error: ConfigError) -> ConfigError:
     return recipe_error(current[0], current[1], error)
 
 
-def current_recipe() -> tuple[Any, dict[str, Any]] | None:
-    """The running command's --recipe (the Recipe, and the options typed beside it), or None."""
-    ctx = click.get_current_context(silent=True)
+def current_recipe(ctx: click.Context | None = None) -> tuple[Any, dict[str, Any]] | None:
+    """The --recipe of the command `ctx` (default the running one): the Recipe, and the
+    options typed beside it; None without one."""
+    ctx = running(ctx)
     return ctx.meta.get(_RECIPE_KEY) if ctx else None
 
 
@@ -231,25 +250,33 @@ def resolve_setup(preset: str | None = None, arch: str | None = None,
                              grad_accum=grad_accum)
 
 
-def current_setup() -> Setup | None:
-    """The resolved model of the running command (None outside a command)."""
-    ctx = click.get_current_context(silent=True)
+def current_setup(ctx: click.Context | None = None) -> Setup | None:
+    """The resolved model of the command `ctx` (default the running one; None outside a
+    command)."""
+    ctx = running(ctx)
     return ctx.meta.get(_SETUP_KEY) if ctx else None
 
 
-def config_section(name: str) -> dict[str, Any]:
-    """A section of the running command's --config file (e.g. "training"), or {} if none.
+def recorded_sections(ctx: click.Context | None = None) -> dict[str, dict[str, Any]]:
+    """The sections --save-config writes for the command `ctx` (default the running one): the
+    --config file's, then what the command recorded (`record_section`)."""
+    ctx = running(ctx)
+    return ctx.meta.get(_SECTIONS_KEY, {}) if ctx else {}
+
+
+def config_section(name: str, ctx: click.Context | None = None) -> dict[str, Any]:
+    """A section of the --config file of the command `ctx` (default the running one; e.g.
+    "training"), or {} if none.
 
     Commands that add their own settings (training, parallelism) read their defaults here and
     call `record_section` with their effective values so --save-config writes them."""
-    ctx = click.get_current_context(silent=True)
-    sections = ctx.meta.get(_SECTIONS_KEY, {}) if ctx else {}
-    return dict(sections.get(name, {}))
+    return dict(recorded_sections(ctx).get(name, {}))
 
 
-def record_section(name: str, values: dict[str, Any]) -> None:
-    """Make `values` the section `name` that --save-config writes for the running command."""
-    ctx = click.get_current_context(silent=True)
+def record_section(name: str, values: dict[str, Any], ctx: click.Context | None = None) -> None:
+    """Make `values` the section `name` that --save-config writes for the command `ctx`
+    (default the running one)."""
+    ctx = running(ctx)
     if ctx is not None:
         ctx.meta.setdefault(_SECTIONS_KEY, {})[name] = dict(values)
 
@@ -328,25 +355,29 @@ def pop_training(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in TRAINING_OPTIONS if k in kwargs}
 
 
-def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
-    """The TrainingSetup of the running command (`gptcalc.training.resolve_training`: options >
-    the --config file's [training] and [parallel] tables > the family's defaults), recorded so
-    --save-config writes it. `ds`: --deepspeed-config's settings, read once by the command
-    (`deepspeed_settings`)."""
-    setup, tables = resolve_given(cfg, given, ds)
+def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None,
+                   ctx: click.Context | None = None):
+    """The TrainingSetup of the command `ctx` (default the running one;
+    `gptcalc.training.resolve_training`: options > the --config file's [training] and
+    [parallel] tables > the family's defaults), recorded so --save-config writes it. `ds`:
+    --deepspeed-config's settings, read once by the command (`deepspeed_settings`)."""
+    ctx = running(ctx)
+    setup, tables = resolve_given(cfg, given, ds, ctx)
     for name, table in tables.items():
-        record_section(name, table)
+        record_section(name, table, ctx)
     return setup
 
 
-def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None):
-    """The TrainingSetup and the effective [training] and [parallel] tables of the running
-    command for the options `given`, recording nothing (`training_setup` records them): what a
-    command would resolve to with other options, as the fit advice asks."""
+def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None,
+                  ctx: click.Context | None = None):
+    """The TrainingSetup and the effective [training] and [parallel] tables of the command
+    `ctx` (default the running one) for the options `given`, recording nothing
+    (`training_setup` records them): what a command would resolve to with other options, as
+    the fit advice asks."""
     from ..training import resolve_training
 
-    s = current_setup()
-    ctx = click.get_current_context(silent=True)
+    ctx = running(ctx)
+    s = current_setup(ctx)
     path = ctx.params.get("config") if ctx else None
     # the --config file's own tables, not those a first resolution recorded for --save-config
     sections = dict(s.sections) if s is not None else {}
@@ -355,11 +386,12 @@ def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | No
                             where=f"{path}: " if path else "", ds=ds)
 
 
-def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] | None:
+def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any],
+                       ctx: click.Context | None = None) -> dict[str, Any] | None:
     """--deepspeed-config's settings (`gptcalc.dsconfig.read_ds_config`), None without it: a
     command reads the file once, here, and hands the settings to `deepspeed_workload` and
     `training_setup`."""
-    path = _ds_path(given)
+    path = _ds_path(given, ctx)
     if not path:
         return None
     from ..dsconfig import read_ds_config
@@ -367,27 +399,29 @@ def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any]) -> dict[str, Any] 
     return read_ds_config(path, cfg)
 
 
-def _ds_path(given: dict[str, Any]) -> str | None:
+def _ds_path(given: dict[str, Any], ctx: click.Context | None = None) -> str | None:
     """--deepspeed-config, else the --config file's [parallel] deepspeed_config (as
-    --save-config writes it)."""
+    --save-config writes it) of the command `ctx` (default the running one)."""
     path = given.get("deepspeed_config")
     if not path:
-        path = config_section("parallel").get("deepspeed_config")
+        path = config_section("parallel", ctx).get("deepspeed_config")
     return path if isinstance(path, str) and path else None
 
 
 def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
-                       ds: dict[str, Any] | None = None) -> Workload:
+                       ds: dict[str, Any] | None = None,
+                       ctx: click.Context | None = None) -> Workload:
     """The workload with --deepspeed-config's micro-batch and accumulation where the file
-    sets them (not "auto"); -B and --grad-accum given explicitly must agree with it."""
-    path = _ds_path(given)
+    sets them (not "auto"); -B and --grad-accum given explicitly (to the command `ctx`,
+    default the running one) must agree with it."""
+    ctx = running(ctx)
+    path = _ds_path(given, ctx)
     if not path:
         return wl
     from ..training import ds_agreed
 
     if ds is None:
-        ds = deepspeed_settings(cfg, given)
-    ctx = click.get_current_context(silent=True)
+        ds = deepspeed_settings(cfg, given, ctx)
     changes = ds_agreed(path, ds, ctx.params if ctx else {}, ("batch_size", "grad_accum"))
     return dataclasses.replace(wl, **changes) if changes else wl
 

@@ -10,7 +10,7 @@ from ..workload import Workload
 from ..lora import TARGETS_HELP, lora_params, parse_targets
 from ..params import count_params
 from ..units import si
-from .options import describe, model_options
+from .options import describe, json_option, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -20,7 +20,7 @@ from .render import emit_json, envelope, print_line, print_table
               help="LoRA rank: adapters of r x (in + out) parameters on the targets.")
 @click.option("--lora-targets", default=None, metavar="LIST",
               help=TARGETS_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targets: str | None,
             as_json: bool) -> None:
     """Exact parameter count (a tied weight once) and its breakdown by component."""

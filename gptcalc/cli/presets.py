@@ -9,11 +9,12 @@ import click
 from ..params import count_params
 from ..presets import PRESETS, from_name
 from ..units import si
+from .options import json_option
 from .render import emit_json, envelope, print_table
 
 
 @click.command("presets")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def command(as_json: bool) -> None:
     """List the presets with their sizes and exact parameter counts."""
     rows = []

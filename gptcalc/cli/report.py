@@ -8,11 +8,11 @@ import click
 
 from ..config import GPTConfig
 from ..workload import Workload
-from ..gpus import DEFAULT_GPU, gpu as find_gpu
+from ..gpus import gpu as find_gpu
 from ..units import si
 from .extras import require
-from .options import (assumptions, model_name, model_options, out_dir_given, pop_training,
-                      training_options, training_setup)
+from .options import (assumptions, gpu_option, model_name, model_options, out_dir_given,
+                      pop_training, training_options, training_setup)
 from .render import print_line
 
 
@@ -23,8 +23,7 @@ from .render import print_line
               help="Directory for report.md, report.html and the PNG plots.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where the reference model is measured (auto: CUDA if any).")
-@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
-              help="Accelerator for the time and serving section (see `gptcalc gpus`).")
+@gpu_option("Accelerator for the time and serving section (see `gptcalc gpus`).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 @training_options(with_device=False)
 @click.pass_context
@@ -40,7 +39,7 @@ def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path
     cfg, wl = model
     training = pop_training(given)
     training["device"] = None if device == "auto" else device
-    setup = training_setup(cfg, training)
+    setup = training_setup(cfg, training, ctx=ctx)
     print_line(assumptions(cfg, wl, setup))
     name = model_name(ctx)
     find_gpu(gpu_name)  # an unknown name fails here, before the slow part

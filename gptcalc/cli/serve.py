@@ -9,13 +9,14 @@ import click
 from ..config import GPTConfig
 from ..errors import ConfigError, positive_int
 from ..workload import Workload
-from ..gpus import DEFAULT_GPU, gpu as find_gpu
+from ..gpus import gpu as find_gpu
 from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from ..inference.kv import KV_DTYPES, SSM_CACHE_DTYPES
 from ..layers import hybrid_layer_words
 from ..inference.fit import to_fit
-from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, SERVERS, TP_NVSWITCH_NON_TORCH,
-                              KVPool, cpu_offload_bytes, gpu_memory, kv_pool)
+from ..inference import servers
+from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, TP_NVSWITCH_NON_TORCH, KVPool,
+                              cpu_offload_bytes, gpu_memory, kv_pool)
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
 from ..inference.sampler import SAMPLERS
@@ -24,7 +25,7 @@ from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
 from ..schema import OPTIONS
 from .options import (ByteSize, click_option, current_setup, describe, float_range,
-                      model_options)
+                      gpu_option, json_option, model_options)
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -45,13 +46,27 @@ def check_mamba_cache_mode(mode: str) -> None:
                                               "radix cache) is not modelled; none is")
 
 
+class ServerChoice(click.Choice):
+    """One of the registered serving engines (`gptcalc.inference.servers`), read when the
+    option is parsed (an engine registered after import is a choice too)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return servers.names()
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click.Choice.__init__ assigns it; the registry decides
+        pass
+
 
 @click.command("serve")
 @model_options
-@click.option("--engine", type=click.Choice(SERVERS), default="vllm", show_default=True,
+@click.option("--engine", type=ServerChoice(), default=servers.DEFAULT, show_default=True,
               help="Serving engine whose KV pool is sized.")
-@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
-              help="Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
+@gpu_option("Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
 @click.option("--gpu-memory", type=ByteSize(exact=False), default=None, metavar="SIZE",
               help="Total memory of one GPU as the engine reads it, torch.cuda.mem_get_info's "
                    "total (e.g. 79.22GiB); default the --gpu's usable figure (`gptcalc gpus`). "
@@ -130,12 +145,12 @@ def check_mamba_cache_mode(mode: str) -> None:
 @click.option("--cuda-graph-memory", type=ByteSize(exact=False, zero_ok=True), default=None,
               metavar="SIZE",
               help="vLLM's CUDA graph estimate from a log (\"Estimated CUDA graph memory: X GiB "
-                   "total\"), taken from the pool from 0.21.0; default: the capture list's "
+                   "total\"), taken from the pool from 0.20.0; default: the capture list's "
                    "graphs at one Llama-3.1-8B log's per-graph figures.")
 @click.option("--detail", is_flag=True,
               help="Every line: the activation peak by tensor, each pipeline stage, the "
                    "throughput table.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 @float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             gpu_memory: int | None, tp: int, pp: int, dp: int, expert_parallel: bool,
@@ -215,7 +230,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         line += (f"; this release counts everything in use on the device as non-torch memory: "
                  f"its CUDA context {binary_bytes(pool.device_context)} (estimated) counted, "
                  "other processes on the GPU not")
-    line += graph_words(pool, cuda_graph_memory is not None, eager)
+    line += servers.server_named(pool.engine).cuda_graph_words(
+        pool, cuda_graph_memory is not None, eager)
     if cfg.moe and pool.activation:
         line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
                  + ("; each GPU's own experts, all-to-all buffers not counted)"
@@ -282,11 +298,12 @@ def _assumptions(p: KVPool, gpu: str, total: int, tp: int, weights: tuple[Any, s
         return " (default)" if name in defaults else ""
 
     wd, source = weights
-    knob = "mem_fraction_static" if p.engine == "sglang" else "gpu_memory_utilization"
+    server = servers.server_named(p.engine)
+    knob = server.fraction_option
     comm = (f" + custom all-reduce {binary_bytes(p.custom_all_reduce)} (NVLink assumed)"
             if p.custom_all_reduce else "")
     seqs = min(p.max_num_seqs, p.max_num_batched_tokens)
-    profile = ("no profile run (activations live outside the fraction)" if p.engine == "sglang"
+    profile = ("no profile run (activations live outside the fraction)" if not server.profile_run
                else f"profile run of {p.max_num_batched_tokens:,} tokens"
                     f"{d('max_num_batched_tokens')} in {seqs:,} sequences (max_num_seqs "
                     f"{p.max_num_seqs:,}{d('max_num_seqs')})")
@@ -355,50 +372,24 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
                      f"{'/'.join(str(s['layers']) for s in p.stages)} layers (this GPU: "
                      f"layers {p.layers[0]}-{p.layers[1] - 1}, the stage with the fewest "
                      "blocks, which every stage takes)")
-    sglang = p.engine == "sglang"
+    server = servers.server_named(p.engine)
+    separate = server.separate_replicas  # each replica the whole model
     if lay.get("dp", 1) > 1:
         words.append(f"{lay['dp']} data-parallel replicas (" + (
-            "separate servers, each the whole model)" if sglang
+            "separate servers, each the whole model)" if separate
             else "attention tensor-parallel within each)"))
-    if sglang and p.peer_weights:
+    if p.peer_weights:
         words.append(f"every stage sized by the least free memory, the heaviest stage's "
                      f"{binary_bytes(p.weights + p.peer_weights)} of weights")
-    if cfg.moe and ((lay.get("dp", 1) > 1 and not sglang) or lay.get("expert_parallel")):
-        n = lay["tp"] * (1 if sglang else lay["dp"])
+    if cfg.moe and ((lay.get("dp", 1) > 1 and not separate) or lay.get("expert_parallel")):
+        n = lay["tp"] * (1 if separate else lay["dp"])
         words.append(f"whole experts over {n} GPUs, at most {-(-cfg.n_expert // n)} of "
                      f"{cfg.n_expert} a GPU" if lay.get("expert_parallel")
                      else f"every expert cut over {n} GPUs")
     if p.cpu_offload:
-        words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory "
-                     + ("(V0: one layer's copied in for its forward)" if p.release.engine == "V0"
-                        else "(copied in for each layer's forward, outside the fraction)"
-                        if sglang else "(V1: read in place over PCIe)"))
+        words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory"
+                     + server.offload_words(p.release))
     return "".join(f"; {w}" for w in words)
-
-
-def graph_words(p: KVPool, given: bool, eager: bool) -> str:
-    """The CUDA graphs: how many batch sizes, their memory and whether the pool pays it."""
-    if p.engine == "sglang":
-        if not p.graph_sizes:
-            return ("; no CUDA graphs (--disable-cuda-graph)" if eager else
-                    "; CUDA graphs in the reserve outside mem_fraction_static (their batch sizes "
-                    "modelled from SGLang 0.5.3)")
-        return (f"; CUDA graphs for {len(p.graph_sizes)} batch sizes up to cuda_graph_max_bs "
-                f"{p.graph_sizes[-1]:,} (default), in the reserve outside mem_fraction_static")
-    if not p.graph_sizes and p.cuda_graphs == 0:
-        return "; no CUDA graphs (--enforce-eager)"
-    if p.cuda_graphs == 0 and p.graph_sizes:  # captured, estimated as nothing
-        return ("; CUDA graphs estimated as 0 by this release's Model Runner V2 (none taken "
-                "from the pool; vllm-project/vllm issue 49224)")
-    if p.cuda_graphs is None:
-        return ("; CUDA graphs not counted: this release captures them after sizing the pool, "
-                "in the memory gpu_memory_utilization leaves (modelled from vLLM 0.19.0)")
-    source = ("--cuda-graph-memory" if given else
-              f"{len(p.graph_sizes)} sizes, a Llama-3.1-8B log's figures")
-    if p.cuda_graphs_in_pool:  # the amount is a line of the memory table
-        return f"; CUDA graphs from the pool ({source})"
-    return (f"; CUDA graphs {binary_bytes(p.cuda_graphs)} ({source}) captured after the pool, in "
-            f"the {binary_bytes(p.gpu_memory_bytes - p.budget)} left")
 
 
 def _hybrid_words(cfg: GPTConfig, p: KVPool) -> str:
@@ -447,7 +438,8 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
     if p.device_context:
         rows += [["CUDA context (counted by this release)", binary_bytes(p.device_context)]]
     if p.charged_graphs:
-        rows += [["CUDA graphs (vLLM's estimate)", binary_bytes(p.charged_graphs)]]
+        rows += [[f"CUDA graphs ({servers.server_named(p.engine).title}'s estimate)",
+                  binary_bytes(p.charged_graphs)]]
     caption = (f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} tokens "
                f"({binary_bytes(p.bytes_per_block)} per block)")
     if p.state_groups:

@@ -12,13 +12,13 @@ import dataclasses
 from ..config import GPTConfig
 from ..errors import ConfigError, positive_int
 from ..workload import Workload
-from ..gpus import DEFAULT_GPU, gpu as find_gpu
+from ..gpus import gpu as find_gpu
 from ..time import (StepTime, TrainingTime, achieved_mfu, check_fraction, check_positive,
                     parse_count, step_time, training_time)
 from ..training_setup import TrainingSetup
 from ..units import si
-from .options import (assumptions, float_range, describe, model_options, pop_training,
-                      training_options, training_setup)
+from .options import (assumptions, float_range, describe, gpu_option, json_option,
+                      model_options, pop_training, training_options, training_setup)
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -60,8 +60,7 @@ def network(node_size: int | None, intra: float | None, inter: float | None
 @training_options()
 @count_option("--tokens", help="Training tokens, e.g. 300e9 (default: 20 per parameter, "
                                "Chinchilla).")
-@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
-              help="Accelerator (see `gptcalc gpus`).")
+@gpu_option()
 @click.option("--gpus", type=int, default=None,
               help="Number of GPUs (default: the layout's dp x tp x pp x cp; without --dp, the "
                    "data-parallel replicas are --gpus / (tp x pp x cp)).")
@@ -78,7 +77,7 @@ def network(node_size: int | None, intra: float | None, inter: float | None
               help="Measured step time; prints the MFU it achieves (tokens per step below).")
 @count_option("--tokens-per-step", help="Tokens per optimizer step (default B x grad_accum x "
                                         "seq_len x dp).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 @float_range
 def command(model: tuple[GPTConfig, Workload], tokens: int | None, gpu_name: str,
             gpus: int | None, node_size: int | None, intra_node_bandwidth: float | None,

@@ -12,9 +12,10 @@ from ..errors import ConfigError, nonneg_int, positive_int
 from ..training_setup import PP_SCHEDULES
 from ..workload import Workload
 from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
+from ..optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from .extras import require
 from .engines import EngineChoice, engine_help
-from .options import describe, model_options
+from .options import describe, json_option, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -30,7 +31,8 @@ from .render import emit_json, envelope, print_line, print_table
                    "real when the model fits and runs in seconds.")
 @click.option("--mode", type=click.Choice(MODES), default="fp32", show_default=True,
               help="Precision of the memory checks' training steps (amp: 16-bit autocast).")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
+              show_default=True)
 @click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
               help="Activation recomputation in the memory checks (torch.utils.checkpoint).")
 @click.option("--max-layers", type=int, default=None,
@@ -59,7 +61,7 @@ from .render import emit_json, envelope, print_line, print_table
               show_default=True,
               help="The model trained by a distributed verify: this project's reference "
                    "model or the transformers model of the same config.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def command(model: tuple[GPTConfig, Workload], device: str, attn: str, tensors: str,
             mode: str, optimizer: str, recompute: str, max_layers: int | None,
             dp: int, zero: int, engine: str | None, deepspeed_config: str | None, tp: int,

@@ -42,11 +42,15 @@ SGLang (python/sglang/srt/server_args.py, `ServerArgs._handle_gpu_memory_setting
 `_generate_cuda_graph_batch_sizes`): decode graphs for the batch sizes up to
 cuda_graph_max_bs, whose default depends on the GPU's memory and tp; their memory lives in
 the reserve outside mem_fraction_static, never in the token pool.
+
+The functions here take a release of the engine they are named for; the engines' registry
+entries (`gptcalc.inference.vllm`, `gptcalc.inference.sglang`, `Server.cuda_graphs`) call
+them.
 """
 
 from __future__ import annotations
 
-from .servers import CUDA_GRAPHS_PROFILED_SINCE, Release, cuda_graphs_profiled, parse_version
+from .servers import Release, parse_version
 
 MiB = 2**20
 MAX_CAPTURE_SIZE = 512  # vLLM's largest default capture size (`_set_cudagraph_sizes`)
@@ -55,8 +59,11 @@ SM100_SINCE = (0, 28, 0)
 ADDS_BATCHED_TOKENS_SINCE = (0, 20, 1)  # "ensure max_num_tokens is captured"
 ADDS_MAX_NUM_SEQS_SINCE = (0, 31, 0)  # uniform_decode_sizes = [max_num_seqs]
 SM100_GPUS = ("b200",)  # the catalogue's compute capability 10.x cards
-# vLLM charges the estimate to the pool by default from 0.20.0 (`servers.cuda_graphs_profiled`)
-CHARGED_SINCE = CUDA_GRAPHS_PROFILED_SINCE
+# vLLM subtracts the estimate from the pool by default from 0.20.0: vllm/envs.py's
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "0" in the 0.19.1 wheel, "1" in 0.20.0's
+# (vllm/v1/worker/gpu_worker.py then logs "CUDA graph memory profiling is enabled (default
+# since v0.21.0)", a release late)
+CHARGED_SINCE = (0, 20, 0)
 # Model Runner V2's placeholder estimate (0) in the releases where some models default to it:
 # 0.22.0 (`_is_default_v2_model_runner_model` first in vllm/config/vllm.py) to 0.28.x (0.29.0's
 # runner calls `_profile_cudagraph_memory`), read from each release's wheel
@@ -159,14 +166,13 @@ def vllm_graph_estimate_bytes(counts: dict[str, int],
 
 
 def graphs_charged_to_pool(r: Release) -> bool:
-    """vLLM 0.20.0 and later subtract the graphs' estimate from the KV pool (`CHARGED_SINCE`,
-    `servers.cuda_graphs_profiled`)."""
-    return cuda_graphs_profiled(r)
+    """vLLM 0.20.0 and later subtract the graphs' estimate from the KV pool (`CHARGED_SINCE`)."""
+    return parse_version(r.version) >= CHARGED_SINCE
 
 
 def graphs_modelled(r: Release) -> bool:
     """vLLM releases whose graph estimate is modelled (`MODELLED_SINCE`)."""
-    return r.server == "vllm" and parse_version(r.version) >= MODELLED_SINCE
+    return parse_version(r.version) >= MODELLED_SINCE
 
 
 def v2_runner_estimates_nothing(r: Release, model_type: str, moe: bool, quantised: bool,
@@ -175,7 +181,7 @@ def v2_runner_estimates_nothing(r: Release, model_type: str, moe: bool, quantise
     graphs as 0 (`V2_RUNNER_DEFAULT_SINCE` to `V2_RUNNER_ESTIMATES_SINCE`, `V2_DEFAULT_RULES`).
     The runner's fallbacks to V1 for features `serve` does not model (speculative decoding,
     sequence parallelism, dual batch overlap) are not followed."""
-    v = parse_version(r.version) if r.server == "vllm" else (0,)
+    v = parse_version(r.version)
     if not V2_RUNNER_DEFAULT_SINCE <= v < V2_RUNNER_ESTIMATES_SINCE:
         return False
     _, listed, rule = [x for x in V2_DEFAULT_RULES if v >= x[0]][-1]

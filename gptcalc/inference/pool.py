@@ -1,4 +1,6 @@
-"""Serving engines' KV-cache pools: how vLLM and SGLang size them, per GPU.
+"""Serving engines' KV-cache pools: how vLLM and SGLang size them, per GPU. The pool asks
+the engine (`servers.server_named`: `vllm`, `sglang`, or any registered `servers.Server`) for
+its release, defaults, checks and profile run, and names none.
 
 vLLM (vllm/v1/worker/gpu_worker.py, `determine_available_memory`; vllm/utils/mem_utils.py,
 `memory_profiling`): after loading the weights it runs one profile forward of
@@ -16,7 +18,7 @@ replicated head per GPU when tp exceeds them; MLA's whole latent on every GPU).
 
 the LoRA slots with --enable-lora (`gptcalc.inference.adapters`), non-torch being what the
 process holds outside PyTorch's allocator beyond its CUDA context (NCCL and cuBLAS handles, the
-custom all-reduce's buffers at tp > 1: `gptcalc.inference.servers`). It logs "Available KV
+custom all-reduce's buffers at tp > 1: `gptcalc.inference.vllm`). It logs "Available KV
 cache memory", "GPU KV cache size: N tokens" (blocks x block_size) and "Maximum concurrency
 for C tokens per request" (blocks over the blocks one request of C tokens needs).
 
@@ -27,10 +29,11 @@ the non-torch term includes the CUDA context. Its activations live in the remain
 1 - mem_fraction_static. Pages of one token.
 
 Scope: an MoE block's working set is vLLM's fused-MoE caches (shared experts and the
-router's outputs left out); CUDA graphs as vLLM estimates them (`gptcalc.inference.
-cudagraph`: taken from the pool from 0.21.0, captured after sizing it before); no multimodal
-encoder memory (`serve`'s line of assumptions says so for such a checkpoint). The scheduler
-defaults are the release's (`servers.scheduler_defaults`).
+router's outputs left out); CUDA graphs as the engine captures them (`Server.cuda_graphs`,
+`gptcalc.inference.cudagraph`: vLLM's estimate taken from the pool from 0.20.0, captured
+after sizing it before); no multimodal encoder memory (`serve`'s line of assumptions says so
+for such a checkpoint). The scheduler defaults are the release's
+(`Server.scheduler_defaults`).
 """
 
 from __future__ import annotations
@@ -47,21 +50,15 @@ from ..layers import (attention_layers, dense_mlp_layers, global_layers, hybrid_
                       moe_layers, sliding_layers)
 from ..time import check_fraction
 from .adapters import lora_slot_bytes
-from .cudagraph import (SM100_GPUS, graphs_charged_to_pool, sglang_capture_bs,
-                        sglang_cuda_graph_max_bs,
-                        v2_runner_estimates_nothing, vllm_capture_sizes, vllm_cuda_graph_bytes)
 from .kv import (SSM_CACHE_DTYPES, hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
                  state_bytes_per_layer, state_layers)
-from .sampler import (SAMPLERS, TRITON_SAMPLER_SINCE, flashinfer_sampler_bytes, sampler_bytes,
-                      sm_count, sort_free_sampler_bytes)
-from .servers import (Release, custom_all_reduce_bytes, parse_version, release,
-                      scheduler_defaults)
+from .sampler import flashinfer_sampler_bytes, sampler_bytes, sort_free_sampler_bytes
+from .servers import DEFAULT as DEFAULT_SERVER
+from .servers import Release, Server, server_named
 from .weights import (device_weight_bytes, pp_partition, stage_weight_parts,
                       unquantised_bytes)
 
-SERVERS = ("vllm", "sglang")  # the serving engines whose pools are modelled
 GiB = 2**30
-DEFAULT_BLOCK_SIZE = 16  # vLLM's --block-size on CUDA (vllm/config/cache.py)
 # Non-torch memory the engine subtracts, beyond the CUDA context: vLLM logs 0.16 GiB for
 # Llama-3.2-11B on one H100 (https://github.com/vllm-project/vllm/pull/12126) and 0.20 GiB per
 # worker at tp > 1 on 24 GiB GPUs (https://github.com/vllm-project/vllm/pull/14447).
@@ -71,7 +68,7 @@ DEFAULT_NON_TORCH = GiB // 5
 # accuracy/results/v0.19.0 logs), vLLM 0.9.2 2.21 GiB at tp 4
 # (https://github.com/vllm-project/vllm/issues/21348) and an SGLang rank 2.01 GB at tp 4
 # (https://github.com/sgl-project/sglang/issues/11716). The smallest of them,
-# less vLLM's custom all-reduce buffers (`servers.custom_all_reduce_bytes`, counted apart).
+# less vLLM's custom all-reduce buffers (`vllm.custom_all_reduce_bytes`, counted apart).
 TP_NVSWITCH_NON_TORCH = int(2.07 * GiB) - 24 * 2**20
 # the catalogue's cards on NVSwitch baseboards (HGX) with NCCL's NVLink SHARP and channel
 # buffers logged (`gptcalc.gpus`' nvlink_sharp)
@@ -96,46 +93,6 @@ KEPT_STREAMS = 4
 # vllm/envs.py; the chunk loop of `fused_experts_impl`, vllm/model_executor/layers/fused_moe/
 # fused_moe.py)
 FUSED_MOE_CHUNK = 32768
-MOE_WORKSPACE_KEPT_SINCE = (0, 19, 0)  # see `persistent_moe_workspace`
-# V1 measures non-torch memory from start-up, as V0 does, from vllm-project/vllm pulls 18974
-# and 19312 ("[V1] Reuse V0's memory_profiling util for gpu worker memory profiling", June 2025)
-MEMORY_PROFILING_V1_SINCE = (0, 9, 2)
-# The CUDA context of one process, which early V1 counts as non-torch memory: an estimate, not
-# measured here, the figure the training model uses (gptcalc.memory.reserved, which this package
-# may not import): with CUDA's lazy module loading PyTorch's maintainers put the bare context at
-# about 300 MB, and the worker then loads its cuBLAS, attention and NCCL kernels. It moves the
-# pool by its own size.
-CUDA_CONTEXT = 500 * 2**20
-# vLLM runs hybrid models (Mamba / Gated DeltaNet layers beside attention) in its V1 engine
-# from vllm-project/vllm pull 20016 ("Enable V1 for Hybrid SSM/Attention Models", June 2025),
-# first released in 0.10.0; earlier releases ran them in V0 with a separate Mamba cache of
-# max_num_seqs state slots, which is not modelled
-HYBRID_V1_SINCE = (0, 10, 0)
-
-
-def vllm_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) of the newest vLLM release's `vllm serve`
-    (`servers.scheduler_defaults`): 8192 and 1024 on a GPU of at least 70 GiB that is not an
-    A100, else 2048 and 256."""
-    return scheduler_defaults(release("vllm"), gpu_memory_bytes, gpu_name, 0)
-
-
-def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1) -> float:
-    """SGLang's default mem_fraction_static: the GPU's memory less a reserve for activations
-    and CUDA graphs, as a share rounded to 3 decimals (sglang/srt/server_args.py,
-    `ServerArgs.__post_init__`, 2025 releases). Reserve, with p = tp x pp: 2.8 + p/10 GiB under
-    35 GiB (T4, A10, L4, RTX 4090), 9.5 + p/2 GiB under 90 GiB (A100, H100), 12 + p/2 GiB
-    under 160 GiB (H20, H200), 32 GiB above (B200, MI300X)."""
-    mib = gpu_memory_bytes / 2**20
-    if mib < 35 * 1024:
-        reserve = (2.8 + tp / 10) * 1024
-    elif mib < 90 * 1024:
-        reserve = (9.5 + tp / 2) * 1024
-    elif mib < 160 * 1024:
-        reserve = (12 + tp / 2) * 1024
-    else:
-        reserve = 32 * 1024
-    return round((mib - reserve) / mib, 3)
 
 
 def layer_blocks_per_request(cfg: GPTConfig, context: int, block_size: int,
@@ -215,55 +172,6 @@ def hybrid_stage_layers(cfg: GPTConfig, start: int, end: int) -> tuple[int, int]
         return attention_layers(cut), state_layers(cut)
     (a1, s1), (a0, s0) = upto(end), upto(start)
     return a1 - a0, s1 - s0
-
-
-def check_hybrid(cfg: GPTConfig, engine: str, r: Release,
-                 lora: tuple[int, int] | None = None) -> None:
-    """Hybrid models are sized for vLLM's V1 engine from 0.10.0 (`HYBRID_V1_SINCE`) only, and
-    without LoRA slots."""
-    if not cfg.hybrid:
-        return
-    if lora is not None:
-        raise ConfigError("enable_lora", f"LoRA slots for the model's {hybrid_layer_words(cfg)} "
-                                         "are not modelled")
-    if engine != "vllm":
-        raise ConfigError("engine", f"SGLang's pools for the model's {hybrid_layer_words(cfg)} "
-                                    "are not modelled (vLLM's are: --engine vllm)")
-    if parse_version(r.version) < HYBRID_V1_SINCE:
-        raise ConfigError("engine_version", f"vLLM {r.version} runs the model's "
-                                            f"{hybrid_layer_words(cfg)} in its V0 engine, whose "
-                                            "Mamba cache is not modelled; hybrid models are "
-                                            "sized from vLLM 0.10.0 (V1)")
-
-
-def sort_free_sampler(r: Release) -> bool:
-    """vLLM masks top-k/top-p without sorting from 0.17.0 (`sampler` module docstring)."""
-    return r.server == "vllm" and parse_version(r.version) >= TRITON_SAMPLER_SINCE
-
-
-def sampler_backend(r: Release, sampler: str | None = None) -> str:
-    """The sampler backend of vLLM's profile run (`sampler.SAMPLERS`): `sampler` as given, else
-    the release's PyTorch-native path, which sorts before 0.17.0 and runs the Triton kernel from
-    0.17.0 (`sort_free_sampler`). FlashInfer's is taken only when asked for: whether it runs
-    depends on the install (FlashInfer present, more than 16 SMs, a supported compute
-    capability) and on VLLM_USE_FLASHINFER_SAMPLER (vllm/v1/sample/ops/topk_topp_sampler.py,
-    `flashinfer_sampler_supported`), which no option of the calculator can see."""
-    if sampler is None:
-        return "triton" if sort_free_sampler(r) else "sort"
-    one_of("sampler", sampler, SAMPLERS)
-    if sampler == "triton" and not sort_free_sampler(r):
-        raise ConfigError("sampler", f"the Triton top-k/top-p kernel first shipped in vLLM "
-                                     f"0.17.0; {r.label} sorts (--sampler sort or flashinfer)")
-    return sampler
-
-
-def persistent_moe_workspace(r: Release) -> bool:
-    """vLLM keeps the fused MoE's workspace after the forward (`fused_moe_workspace_bytes`,
-    `modular`) in the releases measured holding it: 0.19.0 and later (the activation peaks
-    llm-d-incubation/llm-d-planner logs for Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, DeepSeek-V2-Lite
-    and Mixtral-8x7B on an H100, accuracy/results/v0.19.0). Earlier releases are modelled
-    freeing it after each layer."""
-    return r.server == "vllm" and parse_version(r.version) >= MOE_WORKSPACE_KEPT_SINCE
 
 
 def profile_activation_bytes(cfg: GPTConfig, tokens: int, seqs: int, tp: int = 1,
@@ -376,11 +284,11 @@ class KVPool:
     attention_groups: int = 0
     state_groups: int = 0
     state_page: int = 0
-    # SGLang at pp > 1: the heaviest stage's GPU weights beyond this stage's, which its pool
-    # also leaves out (`sglang_layout`)
+    # a pipeline stage sized by the heaviest stage's free memory (SGLang): that stage's GPU
+    # weights beyond this stage's, which its pool also leaves out (`Server.pipeline_stages`)
     peer_weights: int = 0
-    # CUDA graphs (`gptcalc.inference.cudagraph`): their memory as the engine estimates it (None:
-    # not modelled for the release), whether the release takes it from the pool, and the batch
+    # CUDA graphs (`Server.cuda_graphs`): their memory as the engine estimates it (None: not
+    # modelled for the release), whether the release takes it from the pool, and the batch
     # sizes captured (none with --enforce-eager / --disable-cuda-graph)
     cuda_graphs: int | None = None
     cuda_graphs_in_pool: bool = False
@@ -452,7 +360,8 @@ class KVPool:
                            + self.state_groups)
             return self.kv_blocks / per_request
         layer_pages = self.kv_cache // self.layer_block_bytes
-        chunk = None if self.engine == "sglang" else self.max_num_batched_tokens
+        chunk = (self.max_num_batched_tokens if server_named(self.engine).chunked_admission
+                 else None)
         start, end = self.layers if self.layers != (0, 0) else (0, cfg.n_layer)
         pages = layer_blocks_per_request(cfg.replace(n_layer=end), context, self.block_size,
                                          chunk)
@@ -466,44 +375,19 @@ class KVPool:
         return self.kv_cache > 0 and self.max_concurrency(cfg, max_model_len) >= 1
 
 
-def _check_layout(cfg: GPTConfig, engine: str, tp: int, pp: int, dp: int,
+def _check_layout(cfg: GPTConfig, server: Server, tp: int, pp: int, dp: int,
                   expert_parallel: bool, cpu_offload: int) -> None:
     """The serving layout's options, each refused in one line naming it."""
-    one_of("engine", engine, SERVERS)
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         positive_int(name, value)
-    # SGLang's expert parallelism: --ep-size equal to --tp-size (sglang/srt/server_args.py,
-    # `ServerArgs.__post_init__`: "if self.enable_ep_moe: self.ep_size = self.tp_size"), whole
-    # experts over the tp GPUs, as vLLM's rule at dp 1; its pp, dp and CPU offload:
-    # `sglang_layout`
+    server.check_layout(cfg, pp, dp, cpu_offload)
     if expert_parallel and not cfg.moe:
         raise ConfigError("enable_expert_parallel", "the model has no experts")
     if not isinstance(cpu_offload, int) or cpu_offload < 0:
         raise ConfigError("cpu_offload_gb", f"must be at least 0, got {cpu_offload!r}")
 
 
-def _fraction_and_block(engine: str, utilization: float | None, block_size: int | None,
-                        gpu_memory_bytes: int, tp: int) -> tuple[float, int]:
-    """The engine's memory fraction (vLLM's gpu_memory_utilization, default 0.9; SGLang's
-    mem_fraction_static, by default from the GPU's memory) and its block size (vLLM's 16
-    tokens, SGLang's 1), each the given value where one is given."""
-    if engine == "sglang":
-        name = "mem_fraction_static"
-        frac = (sglang_mem_fraction_static(gpu_memory_bytes, tp) if utilization is None
-                else utilization)
-        if utilization is None and not 0 < frac <= 1:  # the default, from the GPU's memory
-            raise ConfigError("gpu_memory", f"SGLang's default mem_fraction_static for "
-                                            f"{gpu_memory_bytes / 2**30:.2f} GiB is {frac:.3g}: "
-                                            "too little memory for SGLang's reserve")
-        bs = 1 if block_size is None else block_size
-    else:
-        name = "gpu_memory_utilization"
-        frac = 0.9 if utilization is None else utilization
-        bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    return check_fraction(frac, name), bs
-
-
-def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int = 1,
+def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER, tp: int = 1,
             weights_dtype: str = "bf16", kv_dtype: str = "bf16",
             utilization: float | None = None, max_num_batched_tokens: int | None = None,
             max_num_seqs: int | None = None, block_size: int | None = None,
@@ -513,12 +397,12 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0,
             sampler: str | None = None, mamba_ssm_cache_dtype: str = "auto",
             enforce_eager: bool = False, cuda_graph_memory: int | None = None) -> KVPool:
-    """The KV pool of `engine` on each of tp GPUs of `gpu_memory_bytes`; see the module
-    docstring. None takes the engine's default (the release's `servers.scheduler_defaults`,
-    sglang_mem_fraction_static; the newest release; max_model_len the model's context).
-    `comm_buffers`: add the release's custom all-reduce buffers at tp (`servers.
-    custom_all_reduce_bytes`) to `non_torch`, the figure logged beyond them. `lora`:
-    (max_loras, max_lora_rank) of vLLM's --enable-lora, whose slots it reserves
+    """The KV pool of `engine` (a registered `servers.Server`) on each of tp GPUs of
+    `gpu_memory_bytes`; see the module docstring. None takes the engine's default (the
+    release's `Server.scheduler_defaults`, `Server.fraction`; the newest release;
+    max_model_len the model's context). `comm_buffers`: add the release's own all-reduce
+    buffers at tp (`Server.custom_all_reduce_bytes`) to `non_torch`, the figure logged beyond
+    them. `lora`: (max_loras, max_lora_rank) of vLLM's --enable-lora, whose slots it reserves
     (`adapters.lora_slot_bytes`); None: no LoRA. `non_torch` None: `default_non_torch` at
     the world size tp x pp x dp.
 
@@ -529,34 +413,40 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
     `unify_kv_cache_configs`; V0's executor the minimum of its workers' blocks), so the
     returned pool is the stage with the fewest blocks, `stages` holding each. Only the last
     stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
-    memory (`cpu_offload_bytes`). sampler: the sampler backend (`sampler_backend`).
+    memory (`cpu_offload_bytes`). sampler: the sampler backend (`Server.sampler_backend`).
     mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`).
     enforce_eager: vLLM's --enforce-eager, SGLang's --disable-cuda-graph (no CUDA graphs);
-    cuda_graph_memory: vLLM's graph estimate as a log prints it, else `cudagraph.
-    vllm_cuda_graph_bytes`' default (`graph_fields`)."""
-    _check_layout(cfg, engine, tp, pp, dp, expert_parallel, cpu_offload)
+    cuda_graph_memory: vLLM's graph estimate as a log prints it, else the engine's default
+    (`Server.cuda_graphs`). An engine whose data-parallel replicas are separate servers
+    (`Server.separate_replicas`) holds the whole model in each replica, its world tp x pp;
+    its pipeline stages may be sized together (`Server.pipeline_stages`)."""
+    server = server_named(engine)
+    _check_layout(cfg, server, tp, pp, dp, expert_parallel, cpu_offload)
     partition = pp_partition(cfg.n_layer, pp)
+    # the GPUs holding one copy of the model's experts, and one world's GPUs
+    wdp = 1 if server.separate_replicas else dp
     if non_torch is None:
-        # an SGLang replica is its own world of tp x pp GPUs (`sglang_layout`)
-        non_torch = default_non_torch(gpu_name, tp * pp * (dp if engine == "vllm" else 1))
+        non_torch = default_non_torch(gpu_name, tp * pp * wdp)
     if cfg.n_head % tp:
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     if not isinstance(non_torch, int) or non_torch < 0:
         raise ConfigError("non_torch", f"must be a size of at least 0 bytes, got {non_torch!r}")
     if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
         raise ConfigError("gpu_memory", "must be a positive size (this GPU has no memory figure)")
-    rel = release(engine, engine_version)
-    check_hybrid(cfg, engine, rel, lora)
+    rel = server.release(engine_version)
+    if cfg.hybrid:  # sized without LoRA slots, by the engines that model their state pages
+        if lora is not None:
+            raise ConfigError("enable_lora", f"LoRA slots for the model's "
+                                             f"{hybrid_layer_words(cfg)} are not modelled")
+        server.check_hybrid(hybrid_layer_words(cfg), rel)
     mml = cfg.block_size if max_model_len is None else max_model_len
-    tokens_default, seqs_default = scheduler_defaults(
-        rel if engine == "vllm" else release("vllm"), gpu_memory_bytes, gpu_name, mml,
-        cfg.sliding_window is not None, cfg.mla)
+    tokens_default, seqs_default = server.scheduler_defaults(
+        rel, gpu_memory_bytes, gpu_name, mml, cfg.sliding_window is not None, cfg.mla)
     tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
-    # SGLang's reserve grows with parallel_size = tp_size x pp_size (sglang/srt/server_args.py,
-    # `_handle_mem_fraction_static`)
-    frac, bs = _fraction_and_block(engine, utilization, block_size, gpu_memory_bytes,
-                                   tp * pp if engine == "sglang" else tp)
+    frac = check_fraction(server.fraction(utilization, gpu_memory_bytes, tp, pp=pp),
+                          server.fraction_option)
+    bs = server.default_block_size if block_size is None else block_size
     if block_size is not None:
         positive_int("kv_block_size", block_size)
     state_page = 0
@@ -568,24 +458,23 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
         state_page = state_bytes_per_layer(cfg, tp, state_bytes, ssm)
     positive_int("kv_block_size", bs)
     layer_block = bs * kv_bytes_per_token_layer(cfg, tp, kv_dtype)
-    comm = custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
-    if lora is not None and engine == "sglang":
-        raise ConfigError("enable_lora", "SGLang's LoRA memory pool is not modelled (vLLM's "
-                                         "slots are: --engine vllm)")
+    comm = server.custom_all_reduce_bytes(rel, tp) if comm_buffers else 0
+    if lora is not None:
+        server.check_lora()
     slots = {} if lora is None else lora_slot_bytes(
         cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
-    context = CUDA_CONTEXT if early_v1_accounting(rel) else 0
-    backend = sampler_backend(rel, sampler) if engine == "vllm" else None
-    v2_nothing = v2_runner_estimates_nothing(
-        rel, cfg.hf_model_type, cfg.moe, weights_dtype not in ("bf16", "fp16", "fp32"),
-        cfg.hybrid)
-    graphs = graph_fields(rel, seqs, tokens, gpu_memory_bytes, tp, enforce_eager,
-                          cuda_graph_memory, v2_nothing, gpu_name in SM100_GPUS)
+    context = server.device_context(rel)
+    backend = server.sampler_backend(rel, sampler)
+    if cuda_graph_memory is not None and (not isinstance(cuda_graph_memory, int)
+                                          or cuda_graph_memory < 0):
+        raise ConfigError("cuda_graph_memory", f"must be a size of at least 0 bytes, got "
+                                               f"{cuda_graph_memory!r}")
+    graphs = server.cuda_graphs(rel, cfg, weights_dtype, gpu_memory_bytes, gpu_name, tp, seqs,
+                                tokens, enforce_eager, cuda_graph_memory)
     stages = []
     for start in itertools.accumulate((0,) + partition[:-1]):
         end = start + partition[len(stages)]
         layers = (start, end)
-        wdp = dp if engine == "vllm" else 1  # SGLang's replicas each hold the whole model
         if pp == 1 and wdp == 1 and not expert_parallel:  # the figure pinned by the logs
             weights = device_weight_bytes(cfg, weights_dtype, tp)
             blocks = weights - stage_weight_parts(cfg, weights_dtype, tp)["outer"]
@@ -593,16 +482,10 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             parts = stage_weight_parts(cfg, weights_dtype, tp, layers, pp, wdp, expert_parallel)
             weights, blocks = sum(parts.values()), parts["blocks"]
         offloaded = min(cpu_offload, blocks)
-        # V0 copies one offloaded layer back for its forward: a whole layer, the stage's mean,
-        # or all that is offloaded when that is less
-        streamed = (min(offloaded, math.ceil(blocks / (end - start)))
-                    if offloaded and rel.engine == "V0" else 0)
-        act = {} if engine == "sglang" else profile_activation_bytes(
-            cfg, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype),
-            engine=rel.engine, sort_free=backend == "triton", sms=sm_count(gpu_name),
-            moe_kept=persistent_moe_workspace(rel), last_stage=end == cfg.n_layer,
-            moe_tp=1 if expert_parallel else tp * dp, streamed=streamed,
-            flashinfer=backend == "flashinfer")
+        act = server.profile_activation(
+            cfg, rel, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), backend,
+            gpu_name, last_stage=end == cfg.n_layer, moe_tp=1 if expert_parallel else tp * wdp,
+            offloaded=offloaded, layer_weights=math.ceil(blocks / (end - start)))
         size, attn_groups, st_groups = hybrid_groups(*hybrid_stage_layers(cfg, start, end))
         per_block = size * layer_block if cfg.hybrid else (end - start) * layer_block
         stages.append(KVPool(
@@ -616,8 +499,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
             cpu_offload=offloaded, device_context=context, sampler=backend, **graphs,
             **(dict(group_size=size, attention_groups=attn_groups, state_groups=st_groups,
                     state_page=state_page) if cfg.hybrid else {})))
-    if engine == "sglang" and pp > 1:
-        stages = sglang_layout(stages)
+    if pp > 1:
+        stages = server.pipeline_stages(stages)
     binding = min(stages, key=lambda p: (p.kv_blocks, p.kv_cache))
     if pp == 1:
         return binding
@@ -626,77 +509,6 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = "vllm", tp: int
                      "kv_cache": p.kv_cache, "kv_blocks": p.kv_blocks,
                      "cpu_offload": p.cpu_offload} for p in stages)
     return dataclasses.replace(binding, stages=summary)
-
-
-def sglang_layout(stages: list[KVPool]) -> list[KVPool]:
-    """SGLang's pipeline stages (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py,
-    `profile_max_num_token`; sglang/srt/utils `get_available_gpu_memory(distributed=True)`,
-    an all-reduce MIN over the world group): every GPU of the tp x pp world sizes its pool from
-    the least free memory of any GPU after loading, that of the stage with the most weights on
-    the GPU, over its own layers' KV bytes per token (`num_effective_layers`, its stage's):
-
-        tokens of a stage = (total x mem_fraction_static - heaviest stage's weights - non-torch)
-                            // its own layers' KV bytes per token
-
-    and the stages hold the same count, the smallest (sgl-project/sglang pull 10214, "KV-cache
-    size mismatch across PP ranks", September 2025; in the 0.5.23 wheel
-    sglang/srt/mem_cache/kv_cache_configurator.py, `_profile_available_bytes` takes the free
-    memory with `distributed=launch_world_size > 1` and `_apply_token_constraints` all-reduces
-    the token count with ReduceOp.MIN "across PP ranks").
-    The layer split is vLLM's (`weights.pp_partition`; SGLang's test_pp_single_node.py holds
-    the same table). Data-parallel replicas without DP attention are separate servers of
-    tp x pp GPUs each holding the whole model (sglang/srt/managers/data_parallel_controller.py,
-    `launch_dp_schedulers`: per replica its own NCCL port and tp x pp GPUs),
-    so their GPUs hold what one replica's do, experts cut over tp only. --cpu-offload-gb
-    moves the same bytes as vLLM's (the 0.5.23 wheel's sglang/srt/utils/offloader.py,
-    `OffloaderV1(cpu_offload_max_bytes=int(cpu_offload_gb * 1024**3))`, parameter by
-    parameter from the stage's first layer; earlier releases `set_cpu_offload_max_bytes` and
-    `maybe_offload_to_cpu` in sglang/srt/utils; MLA's kv_b_proj, which 0.5.23 keeps resident,
-    is not followed); the copy each forward makes of an offloaded layer (`functional_call`)
-    is activation memory, which SGLang keeps outside mem_fraction_static."""
-    heaviest = max(s.weights for s in stages)
-    return [dataclasses.replace(s, peer_weights=heaviest - s.weights) for s in stages]
-
-
-def graph_fields(r: Release, max_num_seqs: int, max_num_batched_tokens: int,
-                 gpu_memory_bytes: int, tp: int, enforce_eager: bool,
-                 given: int | None, v2_nothing: bool = False, sm100: bool = False) -> dict:
-    """The CUDA graph fields of a pool (`gptcalc.inference.cudagraph`): vLLM's estimate, taken
-    from the pool from 0.21.0, and its capture sizes; SGLang's decode batch sizes (their memory
-    is in the reserve outside mem_fraction_static, never in the pool). Every stage of a
-    pipeline captures its own graphs: each is given the same estimate. `v2_nothing`: the
-    release's default Model Runner V2 estimates 0 (`cudagraph.v2_runner_estimates_nothing`)."""
-    if given is not None and (not isinstance(given, int) or given < 0):
-        raise ConfigError("cuda_graph_memory", f"must be a size of at least 0 bytes, got {given!r}")
-    if r.server != "vllm":
-        if given is not None:
-            raise ConfigError("cuda_graph_memory", "SGLang keeps its CUDA graphs outside "
-                                                   "mem_fraction_static; the option is vLLM's")
-        max_bs = sglang_cuda_graph_max_bs(gpu_memory_bytes, tp, r.version)
-        sizes = () if enforce_eager or max_bs is None else tuple(sglang_capture_bs(max_bs))
-        return dict(cuda_graphs=None, cuda_graphs_in_pool=False, graph_sizes=sizes)
-    estimate = vllm_cuda_graph_bytes(r, max_num_seqs, max_num_batched_tokens, enforce_eager,
-                                     given, v2_nothing, sm100)
-    sizes = () if enforce_eager or estimate is None else tuple(
-        vllm_capture_sizes(max_num_seqs, max_num_batched_tokens, r.version, sm100))
-    return dict(cuda_graphs=estimate, cuda_graphs_in_pool=graphs_charged_to_pool(r),
-                graph_sizes=sizes)
-
-
-def early_v1_accounting(r: Release) -> bool:
-    """vLLM's V1 worker before vllm-project/vllm pull 19312 (first in 0.9.2) counted as
-    non-torch memory everything in use on the device less torch's allocations
-    (vllm/v1/worker/gpu_worker.py, `determine_available_memory`: `total_allocated_bytes =
-    mem_get_info()[1] - mem_get_info()[0]`, `non_torch_allocations = total_allocated_bytes -
-    torch_allocated_bytes`): the CUDA context too, and any other process on the GPU (the pull
-    request's words: "V1's memory profiling incorrectly counts memory used by other processes
-    as non_torch_allocations"; vllm-project/vllm pull 18974, "[V1] Fix memory profiling bug",
-    traces it to V1's first worker, pull 10528). Pull 18974 measured from the free memory at
-    start-up and pull 19312 then moved V1 onto `memory_profiling` (vllm/utils.py), as V0 has
-    used since pull 10511; both merged in June 2025, and 0.9.2 is the first release holding
-    both (0.9.1 may already hold the first)."""
-    return (r.server == "vllm" and r.engine == "V1"
-            and parse_version(r.version) < MEMORY_PROFILING_V1_SINCE)
 
 
 def cpu_offload_bytes(gib: float) -> int:

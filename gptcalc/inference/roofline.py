@@ -47,10 +47,10 @@ from ..flops import inference_flops, matmul_flops
 from ..gpus import GPU, require_bandwidth, require_peak
 from ..time import check_fraction
 from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
-from .pool import (gpu_memory, persistent_moe_workspace, profile_activation_bytes,
-                   sort_free_sampler, vllm_defaults)
+from .pool import gpu_memory, profile_activation_bytes
 from .sampler import sm_count
 from .servers import release
+from .vllm import persistent_moe_workspace, sort_free_sampler, vllm_defaults
 from .weights import device_weight_bytes, unquantised_bytes, weight_bytes
 
 ACT_BYTES = 2  # 16-bit activations

@@ -1,40 +1,43 @@
-"""Serving-engine releases: which engine a release runs, and the scheduler defaults its profile
-run is sized with.
+"""The serving-engine interface and its registry, and a release of an engine.
 
-vLLM: releases before 0.8.0 run the V0 engine by default, 0.8.0 and later the V1 engine (V1 became
-the default in 0.8.0; the V0 engine's own defaults are `EngineArgs._set_default_args_v0` in
-vllm/engine/arg_utils.py and `SchedulerConfig.__post_init__` in vllm/config.py, 0.7.3). Both
-run the sampler over the profile run's last tokens: V0 inside its profile forward
-(vllm/worker/model_runner.py, `profile_run`: top-p 0.99, top-k V - 1), V1 since 0.8.0 in
-`_dummy_sampler_run` (vllm/v1/worker/gpu_model_runner.py, added by vllm-project/vllm pull 13594
-before V1 became the default).
+A serving engine is one module of `gptcalc.inference` that defines a subclass of `Server` and
+registers one instance with `register`; the package imports it, so the pool
+(`gptcalc.inference.pool.kv_pool`), `KVPool` and `gptcalc serve` ask the registry
+(`server_named`, `names`) and never name an engine. `vllm` and `sglang` are the two modelled.
 
-SGLang: no profile run; its mem_fraction_static default is the 2025 releases' (see
-`pool.sglang_mem_fraction_static`). The version is recorded and printed.
+A serving engine answers a fixed set of questions; the defaults here are an engine that sizes
+its pool from a share of the GPU's memory with no profile run (SGLang's rule):
+
+- `release`: the engine generation a release runs (`Release`); `label`: its words;
+- `scheduler_defaults`: (max_num_batched_tokens, max_num_seqs) when none are given;
+- `fraction`, `fraction_option`, `default_block_size`: its share of the GPU's memory and its
+  pages;
+- `check_layout`, `check_hybrid`, `check_lora`: the layouts and models it is modelled for,
+  else ConfigError naming the option;
+- `profile_activation`, `sampler_backend`, `device_context`, `custom_all_reduce_bytes`: what
+  its profile run and its process hold besides the weights (none by default);
+- `chunked_admission`: a sliding-window layer admits a request with a chunk of
+  max_num_batched_tokens beyond its window (vLLM), rather than the window alone;
+- `separate_replicas`, `pipeline_stages`: how its data-parallel replicas and its pipeline
+  stages share the GPUs' memory (by default as vLLM's: an MoE's experts cut across every
+  replica, each stage sized by itself);
+- `cuda_graphs`: the CUDA graphs it captures and the memory it takes from the pool for them
+  (none modelled by default);
+- `offload_words`, `cuda_graph_words`: what the line of assumptions says of its CPU offload
+  and its CUDA graphs.
+
+Every function here is pure.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
-from ..errors import ConfigError
+from ..config import GPTConfig
+from ..errors import ConfigError, one_of
 
-# the newest releases on PyPI (pip index versions vllm / sglang, November 2026)
-DEFAULT_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
-V1_DEFAULT_SINCE = (0, 8, 0)  # vLLM's first release with the V1 engine as the default
-V0_CHUNKED_ABOVE = 32768  # V0 chunks prefills by default above this max_model_len
-V0_MAX_NUM_SEQS = 256  # V0's default max_num_seqs
-V1_SEQS_REVERTED_SINCE = (0, 8, 4)  # V1's max_num_seqs back to 256 below H100-class cards
-MIN_BATCHED_TOKENS = 2048  # V0's max_num_batched_tokens floor, and its chunk when chunking
-GiB = 2**30
-MiB = 2**20
-# vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py,
-# `CustomAllreduce.__init__`), on by default since 0.4.1 (vllm-project/vllm pull 4040)
-CUSTOM_AR_SINCE = (0, 4, 1)
-CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)  # its _SUPPORTED_WORLD_SIZES
-CUSTOM_AR_MAX_SIZE = 8192 * 1024  # max_size: the largest tensor it reduces
-CUSTOM_AR_RANK_DATA = 8 * 1024 * 1024  # rank_data: the registered pointers' table
 _VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:\.?post\d+|\.\d+)?")
 
 
@@ -44,12 +47,13 @@ class Release:
 
     server: str
     version: str
-    engine: str  # "V0", "V1" (vLLM) or "sglang"
+    engine: str  # the generation: "V0", "V1" (vLLM), else the server's own name
 
     @property
     def label(self) -> str:
+        """"vllm 0.8.0 (V1 engine)"; the generation named where the server has several."""
         return f"{self.server} {self.version}" + (f" ({self.engine} engine)"
-                                                  if self.server == "vllm" else "")
+                                                  if self.engine != self.server else "")
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -61,72 +65,166 @@ def parse_version(version: str) -> tuple[int, ...]:
     return tuple(int(x or 0) for x in m.groups())
 
 
+class Server:
+    """A serving engine: how it sizes its KV pool on one GPU. Subclasses set the class
+    attributes and override the methods whose default does not hold for them."""
+
+    name: ClassVar[str]  # --engine's value
+    title: ClassVar[str]  # its name in prose ("vLLM")
+    default_version: ClassVar[str]  # its newest release, taken when none is given
+    fraction_option: ClassVar[str] = "mem_fraction_static"  # its share's option
+    default_block_size: ClassVar[int] = 1  # tokens per page
+    profile_run: ClassVar[bool] = False  # its activations are inside its share of memory
+    chunked_admission: ClassVar[bool] = False
+    # its data-parallel replicas are separate servers, each holding the whole model on its own
+    # tp x pp GPUs (SGLang without DP attention); False: one world of tp x pp x dp GPUs, an
+    # MoE's experts cut across all tp x dp of them (vLLM)
+    separate_replicas: ClassVar[bool] = False
+    default_fraction: ClassVar[float]  # its share of the GPU's memory when none is given
+    # (max_num_batched_tokens, max_num_seqs) of `scheduler_defaults`, where they are fixed
+    batch_defaults: ClassVar[tuple[int, int]]
+
+    def release(self, version: str | None = None) -> Release:
+        """The release `version` (default `default_version`) and the generation it runs."""
+        v = self.default_version if version is None else version
+        parse_version(v)
+        return Release(self.name, v, self.name)
+
+    def scheduler_defaults(self, r: Release, gpu_memory_bytes: int, gpu_name: str,
+                           max_model_len: int, sliding: bool = False,
+                           mla: bool = False) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) where none are given."""
+        return self.batch_defaults
+
+    def fraction(self, utilization: float | None, gpu_memory_bytes: int, tp: int,
+                 pp: int = 1) -> float:
+        """Its share of the GPU's memory: `utilization` where given (the pool checks it), else
+        `default_fraction` (an engine whose default grows with the layout reads tp and pp)."""
+        return self.default_fraction if utilization is None else utilization
+
+    def check_layout(self, cfg: GPTConfig, pp: int, dp: int, cpu_offload: int) -> None:
+        """Raise ConfigError for a pipeline or data-parallel layout or a CPU offload that is
+        not modelled; none is by default."""
+        if pp > 1 or dp > 1 or cpu_offload:
+            raise ConfigError("engine", f"{self.title}'s pipeline and data parallel layouts "
+                                        "and CPU offload are not modelled")
+
+    def check_hybrid(self, words: str, r: Release) -> None:
+        """Raise ConfigError where the release's pools for a hybrid model's `words` (its
+        Mamba / DeltaNet layers) are not modelled; they are not by default."""
+        raise ConfigError("engine", f"{self.title}'s pools for the model's {words} are not "
+                                    "modelled")
+
+    def check_lora(self) -> None:
+        """Raise ConfigError where its LoRA memory (--enable-lora) is not modelled."""
+        raise ConfigError("enable_lora", f"{self.title}'s LoRA memory pool is not modelled")
+
+    def sampler_backend(self, r: Release, sampler: str | None) -> str | None:
+        """The sampler backend of its profile run (`sampler.SAMPLERS`); None: no profile run."""
+        return None
+
+    def profile_activation(self, cfg: GPTConfig, r: Release, tokens: int, seqs: int, tp: int,
+                           act_bytes: int, backend: str | None, gpu_name: str,
+                           last_stage: bool, moe_tp: int, offloaded: int,
+                           layer_weights: int) -> dict[str, int]:
+        """The activation peak its pool is sized after, by line; {} when it has no profile
+        run. `offloaded`: weight bytes of the stage held in host memory, `layer_weights`
+        one of its layers' on the GPU."""
+        return {}
+
+    def device_context(self, r: Release) -> int:
+        """Bytes of its CUDA context it charges to the pool as non-torch memory (0: none)."""
+        return 0
+
+    def custom_all_reduce_bytes(self, r: Release, tp: int) -> int:
+        """Its own communication buffers on each GPU of a tensor-parallel group of tp."""
+        return 0
+
+    def pipeline_stages(self, stages: list) -> list:
+        """The pipeline's stages (`pool.KVPool`, one each) as the engine sizes them together,
+        before every worker takes the fewest blocks; by default each sized by itself."""
+        return stages
+
+    def cuda_graphs(self, r: Release, cfg: GPTConfig, weights_dtype: str,
+                    gpu_memory_bytes: int, gpu_name: str, tp: int, max_num_seqs: int,
+                    max_num_batched_tokens: int, enforce_eager: bool,
+                    given: int | None) -> dict:
+        """`pool.KVPool`'s CUDA graph fields: `cuda_graphs` (their memory as the engine
+        estimates it, None where not modelled), `cuda_graphs_in_pool` (the release takes it
+        from the pool) and `graph_sizes` (the batch sizes captured; none with `enforce_eager`).
+        `given`: an estimate a log printed (--cuda-graph-memory, at least 0), refused by an
+        engine that takes nothing from its pool for its graphs. None modelled by default."""
+        if given is not None:
+            raise ConfigError("cuda_graph_memory", f"{self.title}'s CUDA graph memory is not "
+                                                   "modelled")
+        return dict(cuda_graphs=None, cuda_graphs_in_pool=False, graph_sizes=())
+
+    def offload_words(self, r: Release) -> str:
+        """How the release reads weights held in host memory (" (...)"), "" for nothing."""
+        return ""
+
+    def cuda_graphs_profiled(self, r: Release) -> bool:
+        """The release subtracts its CUDA graphs' estimated memory from the pool."""
+        return False
+
+    def cuda_graph_words(self, p, given: bool, eager: bool) -> str:
+        """What the line of assumptions says of the CUDA graphs of pool `p` (`pool.KVPool`,
+        its `cuda_graphs`, `graph_sizes`), `given` whether --cuda-graph-memory was, `eager`
+        whether graphs are off ("; ..."); "" for nothing."""
+        return ""
+
+
+_REGISTRY: dict[str, Server] = {}
+DEFAULT = "vllm"  # the engine most deployments serve with: first among the names, --engine's
+
+
+def register(server: Server) -> Server:
+    """Make `server` known by its name; a name taken twice raises."""
+    if server.name in _REGISTRY:
+        raise ValueError(f"a serving engine named {server.name!r} is registered already")
+    _REGISTRY[server.name] = server
+    return server
+
+
+def unregister(name: str) -> None:
+    """Forget the serving engine `name` (tests that register one of their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """Every registered serving engine's name, the default first, then as registered."""
+    return tuple(sorted(_REGISTRY, key=lambda n: n != DEFAULT))
+
+
+def server_named(name: str) -> Server:
+    """The serving engine `name`; an unknown name is ConfigError("engine")."""
+    return _REGISTRY[one_of("engine", name, names())]
+
+
 def release(server: str, version: str | None = None) -> Release:
-    """The release `version` of `server` (default its newest, DEFAULT_VERSIONS)."""
-    v = DEFAULT_VERSIONS[server] if version is None else version
-    parsed = parse_version(v)
-    if server != "vllm":
-        return Release(server, v, server)
-    return Release(server, v, "V1" if parsed >= V1_DEFAULT_SINCE else "V0")
+    """The release `version` of `server` (default its newest, `Server.default_version`)."""
+    return server_named(server).release(version)
 
 
 def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_model_len: int,
                        sliding: bool = False, mla: bool = False) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` as the release sets them.
-
-    V1: chunked prefill always; 8,192 tokens and 1,024 sequences on a GPU of at least 70 GiB
-    that is not an A100, else 2,048 and 256 (vllm/engine/arg_utils.py,
-    `EngineArgs.get_batch_defaults`, earlier `_set_default_args_v1`, usage context
-    OPENAI_API_SERVER), as the current release sets them for every V1 release.
-    V1 before 0.8.4: 1,024 sequences on every GPU (V1 raised V0's 256 to 1,024; vllm-project/
-    vllm pull 16158, "Revert the default `max_num_seqs` to V0 values for most hardware", April
-    2025, after 0.8.3, brought 256 back below H100-class cards).
-    V0: 256 sequences; max(max_model_len, 2,048) tokens, or 2,048 when it chunks prefills,
-    which it does by default above a max_model_len of 32,768 unless the model has a sliding
-    window or MLA (`_set_default_args_v0`, `SchedulerConfig.__post_init__`)."""
-    if r.engine == "V0":
-        chunked = max_model_len > V0_CHUNKED_ABOVE and not sliding and not mla
-        tokens = MIN_BATCHED_TOKENS if chunked else max(max_model_len, MIN_BATCHED_TOKENS)
-        return tokens, V0_MAX_NUM_SEQS
-    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
-        return 8192, 1024
-    if parse_version(r.version) < V1_SEQS_REVERTED_SINCE:
-        return 2048, 1024
-    return 2048, 256
-
-
-# vLLM subtracts an estimate of its CUDA graphs' memory from the pool by default from 0.20.0:
-# vllm/envs.py's VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "0" in the 0.19.1 wheel,
-# "1" in 0.20.0's (vllm/v1/worker/gpu_worker.py then logs "CUDA graph memory profiling is
-# enabled (default since v0.21.0)", a release late)
-CUDA_GRAPHS_PROFILED_SINCE = (0, 20, 0)
+    """(max_num_batched_tokens, max_num_seqs) as release `r` sets them
+    (`Server.scheduler_defaults`)."""
+    return server_named(r.server).scheduler_defaults(r, gpu_memory_bytes, gpu_name,
+                                                     max_model_len, sliding, mla)
 
 
 def cuda_graphs_profiled(r: Release) -> bool:
-    """The release charges its CUDA graphs' estimated memory to the pool (vLLM 0.20.0 and
-    later, `gptcalc.inference.cudagraph`)."""
-    return r.server == "vllm" and parse_version(r.version) >= CUDA_GRAPHS_PROFILED_SINCE
+    """The release charges its CUDA graphs' estimated memory to the pool
+    (`Server.cuda_graphs_profiled`, `gptcalc.inference.cudagraph`)."""
+    return server_named(r.server).cuda_graphs_profiled(r)
 
 
 def custom_all_reduce_bytes(r: Release, tp: int) -> int:
-    """What vLLM's custom all-reduce holds on each GPU of a tensor-parallel group of tp:
-
-        2 x max_size + rank data = 2 x 8 MiB + 8 MiB = 24 MiB
-
-    two buffers it cudaMallocs and shares with its peers (the intermediate results beside its
-    synchronisation flags, and the buffer inputs are copied into) and a tensor of 8 MiB for
-    the peers' pointers, at tp 2, 4, 6 or 8 within one node, with NVLink between every pair
-    beyond two GPUs (`CustomAllreduce.__init__`); 0 otherwise, under SGLang (whose pool
-    formula counts whatever the process holds) and before vLLM 0.4.1. The flags themselves
-    (`meta_size()`, a few KiB) are not counted; nor are NCCL's buffers, which grow with the
-    channels NCCL opens for the topology (the logged non-torch figure holds them)."""
-    if r.server != "vllm" or parse_version(r.version) < CUSTOM_AR_SINCE:
-        return 0
-    if tp not in CUSTOM_AR_WORLD_SIZES:
-        return 0
-    return 2 * CUSTOM_AR_MAX_SIZE + CUSTOM_AR_RANK_DATA
+    """The release's own all-reduce buffers on each GPU of tp (`Server.custom_all_reduce_bytes`)."""
+    return server_named(r.server).custom_all_reduce_bytes(r, tp)
 
 
-__all__ = ["CUDA_GRAPHS_PROFILED_SINCE", "DEFAULT_VERSIONS", "Release", "cuda_graphs_profiled",
-           "custom_all_reduce_bytes", "parse_version", "release",
-           "scheduler_defaults"]
+__all__ = ["DEFAULT", "Release", "Server", "cuda_graphs_profiled", "custom_all_reduce_bytes",
+           "names", "parse_version", "register", "release", "scheduler_defaults", "server_named",
+           "unregister"]
