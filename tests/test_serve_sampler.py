@@ -215,7 +215,7 @@ def test_enable_lora_through_serve():
     assert base["lora_slots"] == 0 and base["lora"] == {}
     budget = int(lora["gpu_memory_bytes"] * lora["utilization"])
     assert lora["weights"] + lora["lora_slots"] + lora["activation_peak"] + \
-        lora["non_torch"] + lora["kv_cache"] == budget
+        lora["non_torch"] + lora["cuda_graphs_charged"] + lora["kv_cache"] == budget
     first = CliRunner().invoke(cli, ["serve", "--preset", "llama3-8b", "--enable-lora"]
                                ).stdout.splitlines()[1]
     assert "LoRA slots: max_loras 1 (default) of rank 16 (default)" in first

@@ -148,3 +148,20 @@ def test_a_toy_declaring_an_engine_refuses_as_it(toys, engine, kwargs):
             return e.field, str(e).replace(name, "ENGINE")
         return None
     assert refusal(f"toy-{engine}") == refusal(engine)
+
+
+def test_a_toy_has_no_cuda_graphs_and_sizes_each_stage_by_itself(toys):
+    # the interface's defaults: no graphs modelled (a log's estimate refused), every pipeline
+    # stage's pool from its own weights, data-parallel replicas in one world
+    code, out = serve("--preset", "llama3-8b", "--engine", "toy-server", "--json")
+    got = json.loads(out)
+    assert code == 0 and got["cuda_graphs"] is None and got["cuda_graph_sizes"] == []
+    assert got["cuda_graphs_charged"] == 0
+    code, out = serve("--preset", "llama3-8b", "--engine", "toy-server",
+                      "--cuda-graph-memory", "1GiB")
+    assert code == 2 and "--cuda-graph-memory" in out and "Toy" in out
+    cfg = from_name("llama3-8b")
+    staged = kv_pool(cfg, 80 * GiB, engine="toy-server", pp=2)
+    assert staged.peer_weights == 0
+    assert [s["kv_cache"] for s in staged.stages] == [
+        int(80 * GiB * 0.8) - s["weights"] - DEFAULT_NON_TORCH for s in staged.stages]

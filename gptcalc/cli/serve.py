@@ -29,6 +29,23 @@ from .options import (ByteSize, click_option, current_setup, describe, float_ran
 from .render import emit_json, envelope, print_table, print_wrapped
 
 
+# vLLM's CacheConfig.mamba_cache_mode (vllm/config/cache.py): "none" (prefix caching off: one
+# state per request), "all" (the state at every block boundary), "align" (the state at block
+# boundaries a scheduler step ends on)
+MAMBA_CACHE_MODES = ("none", "all", "align")
+
+
+def check_mamba_cache_mode(mode: str) -> None:
+    """Prefix caching of Mamba / Gated DeltaNet states is refused: vLLM's --mamba-cache-mode
+    all or align keeps a state block per cached block of a request, SGLang's mamba radix
+    cache (MambaRadixCache, sglang/srt/mem_cache) a state per cached prefix node; neither is
+    modelled."""
+    if mode != "none":
+        raise ConfigError("mamba_cache_mode", f"prefix caching of Mamba / DeltaNet states "
+                                              f"(vLLM's --mamba-cache-mode {mode}, SGLang's mamba "
+                                              "radix cache) is not modelled; none is")
+
+
 class ServerChoice(click.Choice):
     """One of the registered serving engines (`gptcalc.inference.servers`), read when the
     option is parsed (an engine registered after import is a choice too)."""
@@ -59,18 +76,22 @@ class ServerChoice(click.Choice):
               help="GPUs in tensor parallel: weights and KV heads split (fewer KV heads than "
                    "GPUs: one replicated per GPU).")
 @click.option("--pp", "--pipeline-parallel-size", "pp", type=int, default=1, show_default=True,
-              help="Pipeline stages (vLLM's split of the layers: even, the remainder on the "
-                   "stages before the last); each stage's tp GPUs hold its layers' weights and "
-                   "KV cache.")
+              help="Pipeline stages (the layers split evenly, the remainder on the stages "
+                   "before the last, in vLLM and SGLang); each stage's tp GPUs hold its "
+                   "layers' weights and KV cache.")
 @click.option("--dp", "--data-parallel-size", "dp", type=int, default=1, show_default=True,
-              help="Data-parallel replicas of tp x pp GPUs (vLLM): attention and dense layers "
-                   "whole in each; an MoE's experts cut across all tp x dp GPUs.")
+              help="Data-parallel replicas of tp x pp GPUs: vLLM cuts an MoE's experts across "
+                   "all tp x dp GPUs; SGLang's replicas are separate servers, each the whole "
+                   "model.")
 @click.option("--enable-expert-parallel", "expert_parallel", is_flag=True,
               help="Expert parallelism: whole experts spread over the tp x dp GPUs instead "
                    "of each expert cut across them (vLLM; SGLang's --ep-size equal to --tp).")
+@click.option("--enable-dp-attention", "dp_attention", is_flag=True,
+              help="SGLang's data-parallel attention within the tp GPUs: not modelled, "
+                   "refused.")
 @click.option("--cpu-offload-gb", type=float, default=0.0, show_default=True, metavar="GIB",
-              help="GiB of each GPU's weights vLLM holds in host memory (pinned) and streams "
-                   "in, layer by layer from the first.")
+              help="GiB of each GPU's weights the engine holds in host memory (pinned), layer "
+                   "by layer from the first (vLLM and SGLang).")
 @click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
               help="Weights (default: as the --hf-config's quantization_config stores them, "
                    "else bf16).")
@@ -114,6 +135,18 @@ class ServerChoice(click.Choice):
               default="auto", show_default=True,
               help="Hybrid models: the Mamba / DeltaNet recurrent state's dtype (vLLM's option; "
                    "auto: the model's dtype).")
+@click.option("--mamba-cache-mode", type=click.Choice(MAMBA_CACHE_MODES), default="none",
+              show_default=True,
+              help="Hybrid models: vLLM's caching of Mamba / DeltaNet states for prefix caching "
+                   "(vllm/config/cache.py); only none (one state per request) is modelled.")
+@click.option("--enforce-eager", "--disable-cuda-graph", "eager", is_flag=True,
+              help="No CUDA graphs (vLLM's --enforce-eager, SGLang's --disable-cuda-graph): "
+                   "vLLM takes no graph estimate from the pool.")
+@click.option("--cuda-graph-memory", type=ByteSize(exact=False, zero_ok=True), default=None,
+              metavar="SIZE",
+              help="vLLM's CUDA graph estimate from a log (\"Estimated CUDA graph memory: X GiB "
+                   "total\"), taken from the pool from 0.20.0; default: the capture list's "
+                   "graphs at one Llama-3.1-8B log's per-graph figures.")
 @click.option("--detail", is_flag=True,
               help="Every line: the activation peak by tensor, each pipeline stage, the "
                    "throughput table.")
@@ -121,6 +154,7 @@ class ServerChoice(click.Choice):
 @float_range
 def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             gpu_memory: int | None, tp: int, pp: int, dp: int, expert_parallel: bool,
+            dp_attention: bool,
             cpu_offload_gb: float, weights_dtype: str | None, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
             allow_long_max_model_len: bool, max_num_batched_tokens: int | None,
@@ -128,12 +162,17 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
             kv_block_size: int | None, context: int | None, gen_len: int, non_torch: int | None,
             engine_version: str | None, enable_lora: bool | None, max_loras: int | None,
             max_lora_rank: int | None, sampler: str | None, mamba_ssm_cache_dtype: str,
-            detail: bool,
+            mamba_cache_mode: str, eager: bool, cuda_graph_memory: int | None, detail: bool,
             as_json: bool) -> None:
     """The engine's memory per GPU (weights, profile-run activation peak, non-torch, KV pool),
     its blocks and tokens, the requests of --max-model-len and --context tokens it holds at
     once, and prefill/decode throughput at that concurrency (infer's roofline)."""
     cfg, wl = model
+    if dp_attention:  # attention split tp/dp ways, dense layers tp ways: not modelled
+        raise ConfigError("enable_dp_attention", "SGLang's DP attention (attention data-parallel "
+                                                 "within the tp GPUs) is not modelled; --dp "
+                                                 "without it is")
+    check_mamba_cache_mode(mamba_cache_mode)
     weights, source = weights_used(weights_dtype)
     g = find_gpu(gpu_name)
     total = gpu_memory or gpu_memory_for(g)
@@ -162,7 +201,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                 engine_version=engine_version, max_model_len=mml, comm_buffers=nt is None,
                 lora=lora, pp=pp, dp=dp, expert_parallel=expert_parallel,
                 cpu_offload=cpu_offload_bytes(cpu_offload_gb), sampler=sampler,
-                mamba_ssm_cache_dtype=mamba_ssm_cache_dtype)
+                mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, enforce_eager=eager,
+                cuda_graph_memory=cuda_graph_memory)
     pool = kv_pool(cfg, total, **args)
     advice = to_fit(cfg, pool, mml, total, args)
     conc = {str(mml): pool.max_concurrency(cfg, mml), str(ctx): pool.max_concurrency(cfg, ctx)}
@@ -190,7 +230,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         line += (f"; this release counts everything in use on the device as non-torch memory: "
                  f"its CUDA context {binary_bytes(pool.device_context)} (estimated) counted, "
                  "other processes on the GPU not")
-    line += servers.server_named(pool.engine).cuda_graph_words(pool.release)
+    line += servers.server_named(pool.engine).cuda_graph_words(
+        pool, cuda_graph_memory is not None, eager)
     if cfg.moe and pool.activation:
         line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
                  + ("; each GPU's own experts, all-to-all buffers not counted)"
@@ -205,6 +246,9 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                    cpu_offload=pool.cpu_offload,
                    host_memory=pool.host_memory,
                    device_context=pool.device_context, stages=list(pool.stages),
+                   cuda_graphs=pool.cuda_graphs, cuda_graphs_in_pool=pool.cuda_graphs_in_pool,
+                   cuda_graphs_charged=pool.charged_graphs,
+                   cuda_graph_sizes=list(pool.graph_sizes),
                    verdict=_verdict(cfg, pool, conc, mml, g.name))
         out.update(weights_dtype=weights_label(weights), weights_source=source)
         if pool.state_groups:  # hybrid: the state pages and the block groups
@@ -304,7 +348,9 @@ def _json(cfg, wl, p: KVPool, conc, mml, ctx, s, line, advice) -> dict[str, Any]
 def _does_not_fit(p: KVPool, mml: int, advice: dict[str, Any]) -> str:
     """Why the engine refuses to start, and each single option that would let it."""
     if p.shortfall:
-        why = (f"does NOT fit: weights, activation peak and non-torch memory exceed the budget "
+        held = ("weights, activation peak, non-torch memory and CUDA graphs" if p.charged_graphs
+                else "weights, activation peak and non-torch memory")
+        why = (f"does NOT fit: {held} exceed the budget "
                f"by {binary_bytes(p.shortfall)}, leaving no KV cache pool")
     else:
         why = (f"does NOT fit: the pool of {binary_bytes(p.kv_cache)} does not hold one request "
@@ -326,17 +372,23 @@ def _layout_words(cfg: GPTConfig, p: KVPool) -> str:
                      f"{'/'.join(str(s['layers']) for s in p.stages)} layers (this GPU: "
                      f"layers {p.layers[0]}-{p.layers[1] - 1}, the stage with the fewest "
                      "blocks, which every stage takes)")
+    server = servers.server_named(p.engine)
+    separate = server.separate_replicas  # each replica the whole model
     if lay.get("dp", 1) > 1:
-        words.append(f"{lay['dp']} data-parallel replicas (attention tensor-parallel within "
-                     "each)")
-    if cfg.moe and (lay.get("dp", 1) > 1 or lay.get("expert_parallel")):
-        n = lay["tp"] * lay["dp"]
+        words.append(f"{lay['dp']} data-parallel replicas (" + (
+            "separate servers, each the whole model)" if separate
+            else "attention tensor-parallel within each)"))
+    if p.peer_weights:
+        words.append(f"every stage sized by the least free memory, the heaviest stage's "
+                     f"{binary_bytes(p.weights + p.peer_weights)} of weights")
+    if cfg.moe and ((lay.get("dp", 1) > 1 and not separate) or lay.get("expert_parallel")):
+        n = lay["tp"] * (1 if separate else lay["dp"])
         words.append(f"whole experts over {n} GPUs, at most {-(-cfg.n_expert // n)} of "
                      f"{cfg.n_expert} a GPU" if lay.get("expert_parallel")
                      else f"every expert cut over {n} GPUs")
     if p.cpu_offload:
         words.append(f"{binary_bytes(p.cpu_offload)} of weights per GPU in host memory"
-                     + servers.server_named(p.engine).offload_words(p.release))
+                     + server.offload_words(p.release))
     return "".join(f"; {w}" for w in words)
 
 
@@ -389,6 +441,9 @@ def _render(cfg, p: KVPool, conc, mml, ctx, s, line, advice, gpu: str, detail: b
         rows += [["non-torch: custom all-reduce buffers", binary_bytes(p.custom_all_reduce)]]
     if p.device_context:
         rows += [["CUDA context (counted by this release)", binary_bytes(p.device_context)]]
+    if p.charged_graphs:
+        rows += [[f"CUDA graphs ({servers.server_named(p.engine).title}'s estimate)",
+                  binary_bytes(p.charged_graphs)]]
     caption = (f"{p.kv_blocks:,} blocks of {p.block_size} tokens = {p.kv_tokens:,} tokens "
                f"({binary_bytes(p.bytes_per_block)} per block)")
     if p.state_groups:

@@ -7,6 +7,8 @@
   (`Release`: the engine generation it runs);
 - `sampler`: the bytes of vLLM's sampler pass over the profile run's last tokens;
 - `adapters`: the LoRA slots vLLM reserves with --enable-lora;
+- `cudagraph`: the serving engines' CUDA graph capture sizes and vLLM's graph estimate by
+  release;
 - `pool`: the KV pool of a registered serving engine, and the activation peak of a profile
   run;
 - `vllm`, `sglang`: the two serving engines, one module each, registered when this package

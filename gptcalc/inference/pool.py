@@ -29,11 +29,10 @@ the non-torch term includes the CUDA context. Its activations live in the remain
 1 - mem_fraction_static. Pages of one token.
 
 Scope: an MoE block's working set is vLLM's fused-MoE caches (shared experts and the
-router's outputs left out); no CUDA graphs (vLLM captures them after sizing the pool,
-in the headroom left by gpu_memory_utilization, and from 0.21.0 subtracts an estimate of them
-from the pool, which `serve`'s line of assumptions names as not counted:
-`Server.cuda_graphs_profiled`); no multimodal encoder memory (`serve`'s
-line of assumptions says so for such a checkpoint). The scheduler defaults are the release's
+router's outputs left out); CUDA graphs as the engine captures them (`Server.cuda_graphs`,
+`gptcalc.inference.cudagraph`: vLLM's estimate taken from the pool from 0.20.0, captured
+after sizing it before); no multimodal encoder memory (`serve`'s line of assumptions says so
+for such a checkpoint). The scheduler defaults are the release's
 (`Server.scheduler_defaults`).
 """
 
@@ -285,6 +284,15 @@ class KVPool:
     attention_groups: int = 0
     state_groups: int = 0
     state_page: int = 0
+    # a pipeline stage sized by the heaviest stage's free memory (SGLang): that stage's GPU
+    # weights beyond this stage's, which its pool also leaves out (`Server.pipeline_stages`)
+    peer_weights: int = 0
+    # CUDA graphs (`Server.cuda_graphs`): their memory as the engine estimates it (None: not
+    # modelled for the release), whether the release takes it from the pool, and the batch
+    # sizes captured (none with --enforce-eager / --disable-cuda-graph)
+    cuda_graphs: int | None = None
+    cuda_graphs_in_pool: bool = False
+    graph_sizes: tuple[int, ...] = ()
 
     @property
     def host_memory(self) -> int:
@@ -309,7 +317,12 @@ class KVPool:
         """What the engine holds before its KV cache: weights, LoRA slots, activation peak and
         non-torch memory."""
         return (self.weights + self.lora_slots + self.activation_peak + self.non_torch
-                + self.device_context)
+                + self.device_context + self.charged_graphs + self.peer_weights)
+
+    @property
+    def charged_graphs(self) -> int:
+        """The CUDA graphs' estimate where the release takes it from the pool, else 0."""
+        return (self.cuda_graphs or 0) if self.cuda_graphs_in_pool else 0
 
     @property
     def budget(self) -> int:
@@ -382,7 +395,8 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
             engine_version: str | None = None, max_model_len: int | None = None,
             comm_buffers: bool = True, lora: tuple[int, int] | None = None, pp: int = 1,
             dp: int = 1, expert_parallel: bool = False, cpu_offload: int = 0,
-            sampler: str | None = None, mamba_ssm_cache_dtype: str = "auto") -> KVPool:
+            sampler: str | None = None, mamba_ssm_cache_dtype: str = "auto",
+            enforce_eager: bool = False, cuda_graph_memory: int | None = None) -> KVPool:
     """The KV pool of `engine` (a registered `servers.Server`) on each of tp GPUs of
     `gpu_memory_bytes`; see the module docstring. None takes the engine's default (the
     release's `Server.scheduler_defaults`, `Server.fraction`; the newest release;
@@ -400,12 +414,19 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
     returned pool is the stage with the fewest blocks, `stages` holding each. Only the last
     stage runs the head and the sampler. cpu_offload: bytes of weights per GPU held in host
     memory (`cpu_offload_bytes`). sampler: the sampler backend (`Server.sampler_backend`).
-    mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`)."""
+    mamba_ssm_cache_dtype: a hybrid model's recurrent state dtype (`kv.SSM_CACHE_DTYPES`).
+    enforce_eager: vLLM's --enforce-eager, SGLang's --disable-cuda-graph (no CUDA graphs);
+    cuda_graph_memory: vLLM's graph estimate as a log prints it, else the engine's default
+    (`Server.cuda_graphs`). An engine whose data-parallel replicas are separate servers
+    (`Server.separate_replicas`) holds the whole model in each replica, its world tp x pp;
+    its pipeline stages may be sized together (`Server.pipeline_stages`)."""
     server = server_named(engine)
     _check_layout(cfg, server, tp, pp, dp, expert_parallel, cpu_offload)
     partition = pp_partition(cfg.n_layer, pp)
+    # the GPUs holding one copy of the model's experts, and one world's GPUs
+    wdp = 1 if server.separate_replicas else dp
     if non_torch is None:
-        non_torch = default_non_torch(gpu_name, tp * pp * dp)
+        non_torch = default_non_torch(gpu_name, tp * pp * wdp)
     if cfg.n_head % tp:
         raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
     if not isinstance(non_torch, int) or non_torch < 0:
@@ -423,7 +444,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
         rel, gpu_memory_bytes, gpu_name, mml, cfg.sliding_window is not None, cfg.mla)
     tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
-    frac = check_fraction(server.fraction(utilization, gpu_memory_bytes, tp),
+    frac = check_fraction(server.fraction(utilization, gpu_memory_bytes, tp, pp=pp),
                           server.fraction_option)
     bs = server.default_block_size if block_size is None else block_size
     if block_size is not None:
@@ -444,20 +465,26 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
         cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
     context = server.device_context(rel)
     backend = server.sampler_backend(rel, sampler)
+    if cuda_graph_memory is not None and (not isinstance(cuda_graph_memory, int)
+                                          or cuda_graph_memory < 0):
+        raise ConfigError("cuda_graph_memory", f"must be a size of at least 0 bytes, got "
+                                               f"{cuda_graph_memory!r}")
+    graphs = server.cuda_graphs(rel, cfg, weights_dtype, gpu_memory_bytes, gpu_name, tp, seqs,
+                                tokens, enforce_eager, cuda_graph_memory)
     stages = []
     for start in itertools.accumulate((0,) + partition[:-1]):
         end = start + partition[len(stages)]
         layers = (start, end)
-        if pp == 1 and dp == 1 and not expert_parallel:  # the figure pinned by the logs
+        if pp == 1 and wdp == 1 and not expert_parallel:  # the figure pinned by the logs
             weights = device_weight_bytes(cfg, weights_dtype, tp)
             blocks = weights - stage_weight_parts(cfg, weights_dtype, tp)["outer"]
         else:
-            parts = stage_weight_parts(cfg, weights_dtype, tp, layers, pp, dp, expert_parallel)
+            parts = stage_weight_parts(cfg, weights_dtype, tp, layers, pp, wdp, expert_parallel)
             weights, blocks = sum(parts.values()), parts["blocks"]
         offloaded = min(cpu_offload, blocks)
         act = server.profile_activation(
             cfg, rel, tokens, min(seqs, tokens), tp, unquantised_bytes(weights_dtype), backend,
-            gpu_name, last_stage=end == cfg.n_layer, moe_tp=1 if expert_parallel else tp * dp,
+            gpu_name, last_stage=end == cfg.n_layer, moe_tp=1 if expert_parallel else tp * wdp,
             offloaded=offloaded, layer_weights=math.ceil(blocks / (end - start)))
         size, attn_groups, st_groups = hybrid_groups(*hybrid_stage_layers(cfg, start, end))
         per_block = size * layer_block if cfg.hybrid else (end - start) * layer_block
@@ -469,9 +496,11 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
             layer_block_bytes=layer_block, lora=slots, lora_setting=lora,
             layers=(0, 0) if pp == 1 else layers,
             layout={"tp": tp, "pp": pp, "dp": dp, "expert_parallel": int(expert_parallel)},
-            cpu_offload=offloaded, device_context=context, sampler=backend,
+            cpu_offload=offloaded, device_context=context, sampler=backend, **graphs,
             **(dict(group_size=size, attention_groups=attn_groups, state_groups=st_groups,
                     state_page=state_page) if cfg.hybrid else {})))
+    if pp > 1:
+        stages = server.pipeline_stages(stages)
     binding = min(stages, key=lambda p: (p.kv_blocks, p.kv_cache))
     if pp == 1:
         return binding

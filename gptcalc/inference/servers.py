@@ -18,6 +18,11 @@ its pool from a share of the GPU's memory with no profile run (SGLang's rule):
   its profile run and its process hold besides the weights (none by default);
 - `chunked_admission`: a sliding-window layer admits a request with a chunk of
   max_num_batched_tokens beyond its window (vLLM), rather than the window alone;
+- `separate_replicas`, `pipeline_stages`: how its data-parallel replicas and its pipeline
+  stages share the GPUs' memory (by default as vLLM's: an MoE's experts cut across every
+  replica, each stage sized by itself);
+- `cuda_graphs`: the CUDA graphs it captures and the memory it takes from the pool for them
+  (none modelled by default);
 - `offload_words`, `cuda_graph_words`: what the line of assumptions says of its CPU offload
   and its CUDA graphs.
 
@@ -71,6 +76,10 @@ class Server:
     default_block_size: ClassVar[int] = 1  # tokens per page
     profile_run: ClassVar[bool] = False  # its activations are inside its share of memory
     chunked_admission: ClassVar[bool] = False
+    # its data-parallel replicas are separate servers, each holding the whole model on its own
+    # tp x pp GPUs (SGLang without DP attention); False: one world of tp x pp x dp GPUs, an
+    # MoE's experts cut across all tp x dp of them (vLLM)
+    separate_replicas: ClassVar[bool] = False
     default_fraction: ClassVar[float]  # its share of the GPU's memory when none is given
     # (max_num_batched_tokens, max_num_seqs) of `scheduler_defaults`, where they are fixed
     batch_defaults: ClassVar[tuple[int, int]]
@@ -87,9 +96,10 @@ class Server:
         """(max_num_batched_tokens, max_num_seqs) where none are given."""
         return self.batch_defaults
 
-    def fraction(self, utilization: float | None, gpu_memory_bytes: int, tp: int) -> float:
+    def fraction(self, utilization: float | None, gpu_memory_bytes: int, tp: int,
+                 pp: int = 1) -> float:
         """Its share of the GPU's memory: `utilization` where given (the pool checks it), else
-        `default_fraction`."""
+        `default_fraction` (an engine whose default grows with the layout reads tp and pp)."""
         return self.default_fraction if utilization is None else utilization
 
     def check_layout(self, cfg: GPTConfig, pp: int, dp: int, cpu_offload: int) -> None:
@@ -130,6 +140,25 @@ class Server:
         """Its own communication buffers on each GPU of a tensor-parallel group of tp."""
         return 0
 
+    def pipeline_stages(self, stages: list) -> list:
+        """The pipeline's stages (`pool.KVPool`, one each) as the engine sizes them together,
+        before every worker takes the fewest blocks; by default each sized by itself."""
+        return stages
+
+    def cuda_graphs(self, r: Release, cfg: GPTConfig, weights_dtype: str,
+                    gpu_memory_bytes: int, gpu_name: str, tp: int, max_num_seqs: int,
+                    max_num_batched_tokens: int, enforce_eager: bool,
+                    given: int | None) -> dict:
+        """`pool.KVPool`'s CUDA graph fields: `cuda_graphs` (their memory as the engine
+        estimates it, None where not modelled), `cuda_graphs_in_pool` (the release takes it
+        from the pool) and `graph_sizes` (the batch sizes captured; none with `enforce_eager`).
+        `given`: an estimate a log printed (--cuda-graph-memory, at least 0), refused by an
+        engine that takes nothing from its pool for its graphs. None modelled by default."""
+        if given is not None:
+            raise ConfigError("cuda_graph_memory", f"{self.title}'s CUDA graph memory is not "
+                                                   "modelled")
+        return dict(cuda_graphs=None, cuda_graphs_in_pool=False, graph_sizes=())
+
     def offload_words(self, r: Release) -> str:
         """How the release reads weights held in host memory (" (...)"), "" for nothing."""
         return ""
@@ -138,8 +167,10 @@ class Server:
         """The release subtracts its CUDA graphs' estimated memory from the pool."""
         return False
 
-    def cuda_graph_words(self, r: Release) -> str:
-        """What the line of assumptions says of its CUDA graphs ("; ..."), "" for nothing."""
+    def cuda_graph_words(self, p, given: bool, eager: bool) -> str:
+        """What the line of assumptions says of the CUDA graphs of pool `p` (`pool.KVPool`,
+        its `cuda_graphs`, `graph_sizes`), `given` whether --cuda-graph-memory was, `eager`
+        whether graphs are off ("; ..."); "" for nothing."""
         return ""
 
 
@@ -184,8 +215,8 @@ def scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, max_mod
 
 
 def cuda_graphs_profiled(r: Release) -> bool:
-    """The release charges its CUDA graphs' estimated memory to the pool, which the pool
-    model leaves out (`Server.cuda_graphs_profiled`)."""
+    """The release charges its CUDA graphs' estimated memory to the pool
+    (`Server.cuda_graphs_profiled`, `gptcalc.inference.cudagraph`)."""
     return server_named(r.server).cuda_graphs_profiled(r)
 
 

@@ -1,6 +1,7 @@
 """vLLM, a serving engine (`servers.Server`): its releases, its scheduler defaults, and its
 pool sized after a profile run (`pool.profile_activation_bytes`, the sampler's pass over the
-last tokens, its custom all-reduce and early V1's accounting of the CUDA context).
+last tokens, its custom all-reduce and early V1's accounting of the CUDA context) and, from
+0.20.0, after its CUDA graphs' estimate (`gptcalc.inference.cudagraph`).
 
 Releases before 0.8.0 run the V0 engine by default, 0.8.0 and later the V1 engine (V1 became
 the default in 0.8.0; the V0 engine's own defaults are `EngineArgs._set_default_args_v0` in
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 from ..config import GPTConfig
 from ..errors import ConfigError, one_of
+from ..units import binary_bytes
+from .cudagraph import (CHARGED_SINCE, SM100_GPUS, graphs_charged_to_pool,
+                        v2_runner_estimates_nothing, vllm_capture_sizes, vllm_cuda_graph_bytes)
 from .pool import profile_activation_bytes
 from .sampler import SAMPLERS, TRITON_SAMPLER_SINCE, sm_count
 from .servers import Release, Server, parse_version, register
@@ -32,10 +36,9 @@ CUSTOM_AR_SINCE = (0, 4, 1)
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)  # its _SUPPORTED_WORLD_SIZES
 CUSTOM_AR_MAX_SIZE = 8192 * 1024  # max_size: the largest tensor it reduces
 CUSTOM_AR_RANK_DATA = 8 * 1024 * 1024  # rank_data: the registered pointers' table
-# vLLM subtracts an estimate of its CUDA graphs' memory from the pool by default from 0.21.0
-# (vllm/v1/worker/gpu_worker.py logs "CUDA graph memory profiling is enabled (default since
-# v0.21.0)" with the utilization it is equivalent to without it)
-CUDA_GRAPHS_PROFILED_SINCE = (0, 21, 0)
+# vLLM subtracts an estimate of its CUDA graphs' memory from the pool by default from 0.20.0
+# (`cudagraph.CHARGED_SINCE`, read from the wheels)
+CUDA_GRAPHS_PROFILED_SINCE = CHARGED_SINCE
 MOE_WORKSPACE_KEPT_SINCE = (0, 19, 0)  # see `persistent_moe_workspace`
 # V1 measures non-torch memory from start-up, as V0 does, from vllm-project/vllm pulls 18974
 # and 19312 ("[V1] Reuse V0's memory_profiling util for gpu worker memory profiling", June 2025)
@@ -79,9 +82,9 @@ def vllm_scheduler_defaults(r: Release, gpu_memory_bytes: int, gpu_name: str, ma
 
 
 def cuda_graphs_profiled(r: Release) -> bool:
-    """The release charges its CUDA graphs' estimated memory to the pool, which the pool
-    model leaves out (vLLM 0.21.0 and later)."""
-    return parse_version(r.version) >= CUDA_GRAPHS_PROFILED_SINCE
+    """The release charges its CUDA graphs' estimated memory to the pool (vLLM 0.20.0 and
+    later, `cudagraph.graphs_charged_to_pool`)."""
+    return graphs_charged_to_pool(r)
 
 
 def custom_all_reduce_bytes(r: Release, tp: int) -> int:
@@ -215,12 +218,44 @@ class VLLM(Server):
     def cuda_graphs_profiled(self, r: Release) -> bool:
         return cuda_graphs_profiled(r)
 
-    def cuda_graph_words(self, r: Release) -> str:
-        if cuda_graphs_profiled(r):
-            return ("; its CUDA graphs' memory, which this release subtracts from the pool as "
-                    "estimated, not counted (pass --gpu-memory-utilization lower by it)")
-        return ("; CUDA graphs not counted: this release captures them after sizing the pool, "
-                "in the memory gpu_memory_utilization leaves")
+    def cuda_graphs(self, r: Release, cfg: GPTConfig, weights_dtype: str,
+                    gpu_memory_bytes: int, gpu_name: str, tp: int, max_num_seqs: int,
+                    max_num_batched_tokens: int, enforce_eager: bool,
+                    given: int | None) -> dict:
+        """vLLM's estimate (`cudagraph.vllm_cuda_graph_bytes`: `given`, else the default
+        capture list at one log's per-graph figures; 0 where the release's default Model
+        Runner V2 estimates nothing, `cudagraph.v2_runner_estimates_nothing`), taken from the
+        pool from 0.20.0 (`cudagraph.graphs_charged_to_pool`), and its capture sizes
+        (`cudagraph.vllm_capture_sizes`, the 1,024 ceiling on `cudagraph.SM100_GPUS`). Every
+        stage of a pipeline captures its own graphs: each is given the same estimate."""
+        sm100 = gpu_name in SM100_GPUS
+        v2_nothing = v2_runner_estimates_nothing(
+            r, cfg.hf_model_type, cfg.moe, weights_dtype not in ("bf16", "fp16", "fp32"),
+            cfg.hybrid)
+        estimate = vllm_cuda_graph_bytes(r, max_num_seqs, max_num_batched_tokens,
+                                         enforce_eager, given, v2_nothing, sm100)
+        sizes = () if enforce_eager or estimate is None else tuple(
+            vllm_capture_sizes(max_num_seqs, max_num_batched_tokens, r.version, sm100))
+        return dict(cuda_graphs=estimate, cuda_graphs_in_pool=graphs_charged_to_pool(r),
+                    graph_sizes=sizes)
+
+    def cuda_graph_words(self, p, given: bool, eager: bool) -> str:
+        """How many capture sizes, the estimate's source and whether the pool pays it."""
+        if not p.graph_sizes and p.cuda_graphs == 0:
+            return "; no CUDA graphs (--enforce-eager)"
+        if p.cuda_graphs == 0 and p.graph_sizes:  # captured, estimated as nothing
+            return ("; CUDA graphs estimated as 0 by this release's Model Runner V2 (none taken "
+                    "from the pool; vllm-project/vllm issue 49224)")
+        if p.cuda_graphs is None:
+            return ("; CUDA graphs not counted: this release captures them after sizing the "
+                    "pool, in the memory gpu_memory_utilization leaves (modelled from vLLM "
+                    "0.19.0)")
+        source = ("--cuda-graph-memory" if given else
+                  f"{len(p.graph_sizes)} sizes, a Llama-3.1-8B log's figures")
+        if p.cuda_graphs_in_pool:  # the amount is a line of the memory table
+            return f"; CUDA graphs from the pool ({source})"
+        return (f"; CUDA graphs {binary_bytes(p.cuda_graphs)} ({source}) captured after the "
+                f"pool, in the {binary_bytes(p.gpu_memory_bytes - p.budget)} left")
 
 
 register(VLLM())
