@@ -21,7 +21,8 @@ def _split(cfg, wl, setup):
 
 
 @settings(max_examples=20, deadline=None)
-@given(arch=st.sampled_from(["llama", "gpt2"]), mode=st.sampled_from(["fp32", "bf16", "mixed"]),
+@given(arch=st.sampled_from(["llama", "gpt2"]),
+       mode=st.sampled_from(["fp32", "bf16", "mixed", "amp"]),
        b=st.integers(1, 2), S=st.integers(2, 40), E=st.sampled_from([16, 32]),
        recompute=st.sampled_from(["none", "op", "full", "selective"]))
 def test_offloaded_bytes_exact_cpu(arch, mode, b, S, E, recompute):
@@ -49,6 +50,24 @@ def test_threshold_both_sides(S, offloaded):
     device, host = offload_split(cfg, setup, saved_activations(cfg, wl, setup))
     assert ("layer/ln_1/input" in host) == offloaded
     assert S * 16 * 2 >= MIN_OFFLOAD_BYTES or not offloaded
+    m = measure_offload(cfg, wl, setup)
+    assert (sum(device.values()), sum(host.values())) == (m.device, m.host)
+
+
+@pytest.mark.parametrize("d_ff, offloaded", [(31, False), (32, True)])
+def test_weight_copy_threshold_is_per_matrix(d_ff, offloaded):
+    # amp: autocast's bf16 copy of mlp.c_fc's weight is d_ff x E x 2 bytes, one tensor per
+    # block: 32 x 16 x 2 = 1,024 (offloaded), 31 x 16 x 2 = 992 (stays), though the line over
+    # both blocks holds twice that; the lm_head's copy, made under NoOpManager, always stays
+    from reference_model.offload import measure_offload
+
+    cfg = from_name("debug", arch="llama", n_layer=2, n_embd=16, n_head=2, block_size=64,
+                    vocab_size=64, d_ff=d_ff)
+    wl, setup = Workload(1, 8), TrainingSetup(mode="amp", attn_impl="sdpa",
+                                              offload_activations=True)
+    device, host = offload_split(cfg, setup, saved_activations(cfg, wl, setup))
+    assert ("weight_copy/mlp/fc" in host) == offloaded
+    assert "weight_copy/lm_head" in device
     m = measure_offload(cfg, wl, setup)
     assert (sum(device.values()), sum(host.values())) == (m.device, m.host)
 

@@ -106,6 +106,42 @@ def test_each_moment_of_the_replay_is_the_ledgers(cfg, wl, setup):
     assert set(marked(events)) == set(ledger.phases)
 
 
+@settings(max_examples=25, deadline=None)
+@given(models, st.builds(Workload, st.integers(1, 4), st.sampled_from([64, 256, 1024])),
+       st.sampled_from([dict(mode="amp"), dict(mode="bf16"),
+                        dict(mode="mixed", dp=4, zero=3, engine="fsdp2")]),
+       st.sampled_from(["none", "selective", "op", "full"]))
+def test_offloaded_activations_leave_the_device_in_the_replay(cfg, wl, layout, recompute):
+    """--offload-activations: the forward copies the offloaded lines to the host and frees
+    them, the ledger's stash and brought-back terms stand for those still (or again) on the
+    device, and the embeddings' offloaded inputs come back for their backward; so at each
+    mark the replay holds the ledger's total as without offloading (the same two exceptions),
+    and never keeps an offloaded line from the forward to its block's backward."""
+    setup = cuda(**layout, recompute=recompute, offload_activations=True)
+    drawn(cfg, wl, setup)
+    ledger = stage_ledger(cfg, wl, setup, "first")
+    events = step_events(cfg, wl, setup)
+    tensors = sum(1 for e in events if e[0] == "alloc")
+    kept = ledger.get(Phase.BACKWARD_START, LOGITS)
+    for phase, live in marked(events).items():
+        want = ledger.total(phase) + (kept if phase == Phase.BACKWARD_LAST_BLOCK else 0)
+        low = 0 if phase == Phase.REDUCE_SCATTER else want - tensors
+        assert low <= live <= want, phase
+    assert set(marked(events)) == set(ledger.phases)
+
+
+def test_offloading_llama3_8b_replays_no_offloaded_line_on_the_device():
+    """The case that showed the defect: llama3-8b at 8,192 tokens, amp, offloaded. The replay
+    once kept every offloaded line on the device beside the stash and the brought-back block,
+    holding 76 GiB more than the ledger at the forward's end (193.4 against 117.1 GiB)."""
+    cfg, wl = from_name("llama3-8b"), Workload(1, 8192)
+    setup = cuda(mode="amp", offload_activations=True)
+    events = step_events(cfg, wl, setup)
+    ledger = stage_ledger(cfg, wl, setup, "first")
+    assert marked(events)[Phase.FORWARD_END] <= ledger.total(Phase.FORWARD_END)
+    assert live_peak(events) <= step_peak(cfg, wl, setup).bytes
+
+
 # With gradient accumulation the replay makes the first micro-batch's gradients block by block
 # and accumulates the second's into them, where the ledger's moments count an engine's
 # buffers whole or not at all (FSDP2's reduce-scatter input and, at its reduce-scatter, the

@@ -7,16 +7,17 @@ torchtune (torchtune/training/_activation_offloading.py, `OffloadActivations`, a
 - `pack_tensor` copies a saved tensor to pinned host memory when it is on the accelerator, is
   not a Parameter or Buffer, and holds at least `min_offload_size` bytes (element size x
   elements; default 1,024); smaller ones stay on the device;
-- the output head runs under a `NoOpManager` (its saved input stays on the device), and the
-  loss is computed after the model has returned, outside the context: its saved tensors stay;
+- the output head runs under a `NoOpManager` (its saved input, and under autocast its weight's
+  16-bit copy, stay on the device), and the loss is computed after the model has returned, outside the context: its saved tensors stay;
 - with streams (the default) the last `max_fwd_stash_size` (5) offloaded tensors are kept on
   the device until the copy of a later one starts (`fwd_stash`): they are alive at the
   forward's end; in backward each tensor comes back when its autograd node unpacks it and is
   freed after the node has run.
 
 Scope: dense blocks; a line of the saved-tensor profile (one block's share of a `layer/` line
-over the equal tensors it holds, or a line outside the blocks) is taken as its tensors' size
-at the threshold. torchtune copies a tensor
+over the equal tensors it holds, a block's autocast weight copies as its component's largest
+matrix, or a line outside the blocks) is taken as its tensors' size at the threshold.
+torchtune copies a tensor
 each time an op saves it, so a storage two ops save (RMSNorm's input, saved by pow and by
 mul) goes to the host twice: the host lines count each storage once, what the host needs at
 least. CUDA only: torchtune refuses to offload without an accelerator.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from ..config import GPTConfig
 from ..errors import ConfigError
+from ..inventory import inventory
 from ..training_setup import TrainingSetup
 from .compiled import COMPILED_HIDDEN
 from .profile_reference_modern import HIDDEN_SAVED
@@ -37,8 +39,9 @@ MIN_OFFLOAD_BYTES = 1024
 FORWARD_STASH = 5
 # saved outside the offloading context: the output head's input (NoOpManager) and the loss's
 # tensors and the targets it reads (computed after the model returns; Liger's fused loss holds
-# the head's gradients)
-_STAY = ("final/lm_head_input", "final/head_input_gradient", "cross_entropy/", "input/targets")
+# the head's gradients); autocast's copy of the lm_head's weight, saved inside the head
+_STAY = ("final/lm_head_input", "final/head_input_gradient", "cross_entropy/", "input/targets",
+         "weight_copy/lm_head")
 
 
 def check_offload(setup: TrainingSetup) -> None:
@@ -60,12 +63,23 @@ def _tensors_per_block(cfg: GPTConfig, setup: TrainingSetup, key: str) -> int:
     return 1
 
 
+def _weight_copy_bytes(cfg: GPTConfig, setup: TrainingSetup, component: str) -> int:
+    """autocast's 16-bit copy of the largest weight matrix of a block's `component` on one
+    tensor-parallel rank (`states.autocast_weight_copies`: one copy per matrix)."""
+    return max((2 * t.shard(setup.tp) for t in inventory(cfg)
+                if t.role == "matrix" and t.place == "block" and t.component == component),
+               default=0)
+
+
 def line_tensor_bytes(cfg: GPTConfig, setup: TrainingSetup, key: str, nbytes: int,
                       held_layers: int | None = None) -> int:
     """The size of one tensor of a saved line on one device: a `layer/` line's share of one
     block (the line sums `held_layers` block-micro-batches, `schedules.stage_hold`; default
-    the L blocks of one micro-batch) over the tensors it holds there (`_tensors_per_block`),
-    else the line."""
+    the L blocks of one micro-batch) over the tensors it holds there (`_tensors_per_block`);
+    a block's `weight_copy/` line (one copy per weight matrix of every block) its component's
+    largest copy (`_weight_copy_bytes`); else the line."""
+    if key.startswith("weight_copy/") and key != "weight_copy/lm_head":
+        return _weight_copy_bytes(cfg, setup, key.split("/", 1)[1])
     if key.startswith("layer/"):
         blocks = max(1, cfg.n_layer if held_layers is None else held_layers)
         return nbytes // blocks // _tensors_per_block(cfg, setup, key)

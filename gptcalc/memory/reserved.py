@@ -14,6 +14,12 @@ included, and its saved-tensor lines), in the order a step makes them:
   from the last: the recomputed block and the block's gradients in flight beside its saved
   tensors, which are then freed, and the block's parameter gradients; what the end of backward
   adds (the embeddings' gradients, an engine's reduced root gradients);
+- activation offloading (`memory.offload`): an offloaded line is made in the forward and
+  freed at once (copied to the host); the forward stash (the ledger's term, the last offloaded
+  tensors) is made after the blocks and alive at the forward's end and again at backward's
+  start; each block's backward holds the ledger's brought-back block beside it; the
+  embeddings' offloaded inputs come back at the end of backward. The copy stream's own pool
+  (torchtune brings tensors back on a second stream) is not replayed, as below;
 - the optimizer step: in the first step each tensor's states (created lazily, as
   torch.optim does), in every step the update's temporaries (one per tensor, as the foreach
   path makes them), then `zero_grad(set_to_none=True)` frees the gradients.
@@ -55,7 +61,7 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .allocator import simulate
 from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACCUMULATING,
-                     LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY, OPTIMIZER_STATES,
+                     LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY, OFFLOAD_STASH, OPTIMIZER_STATES,
                      OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
                      SAVED_TO_ATTENTION_CORE, ATTENTION_CORE_TRANSIENTS, STEADY_PHASES, TARGETS,
                      TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger, Phase)
@@ -142,9 +148,15 @@ class _Replay:
         account = step_account(cfg, workload, setup, stage)
         self.ledger = ledger = account.ledger
         self.acts = account.activations
+        # what activation offloading moves to the host: made in the forward and copied out,
+        # not kept (`forward`); the ledger's stash and brought-back terms hold them on the device
+        self.offloaded = account.offloaded
         self.ts = _tensors(cfg, account.setup, stage)
         self.n = self.ts.blocks if blocks is None else blocks
         self.held, self.moments = _engine_terms(ledger)
+        # activation offloading's forward stash: the last offloaded tensors, alive once the
+        # blocks have run (made after them, not with the forward end's other terms)
+        self.stash = self.moments.get(Phase.FORWARD_END, {}).pop(OFFLOAD_STASH, 0)
         self.open: dict = {}  # the engine's terms alive, by term: their bytes
         opt = ledger.get(Phase.OPTIMIZER_STEP, OPTIMIZER_STATES)
         # the optimizer's state tensors per parameter tensor (`Optimizer.state_tensors`)
@@ -208,11 +220,26 @@ class _Replay:
         self.free(*head, "embedding gradients", "rest of the gradients", *(
             ("gradients", "block", b, i) for b in range(self.n) for i in range(len(self.ts.block))))
 
-    def lines(self, place: str, b=None) -> list[tuple]:
-        """The saved lines of `place` (a block's share of a `layer` line) as (key, bytes)."""
+    def lines(self, place: str, b=None, offloaded: bool | None = False) -> list[tuple]:
+        """The saved lines of `place` (a block's share of a `layer` line) as (key, bytes): those
+        the device keeps, those activation offloading moves to the host (`offloaded`), or
+        (None) all, in the profile's order."""
         per = self.ts.blocks if place in ("layer", "weight_copy") else 1
         return [(("saved", k, b), v // per) for k, v in self.acts.items()
-                if k.split("/", 1)[0] == place and v]
+                if k.split("/", 1)[0] == place and v
+                and offloaded in (None, k in self.offloaded)]
+
+    def made(self, lines: list[tuple]) -> None:
+        """Saved lines as the forward makes them: kept, or (offloaded) copied to the host and
+        freed at once (the forward stash, the ledger's term, stands for those still alive)."""
+        for key, v in lines:
+            self.alloc(key, v)
+            if key[1] in self.offloaded:
+                self.free(key)
+
+    def places(self, *places: str, b=None) -> list[tuple]:
+        """All `lines` of `places`, kept and offloaded."""
+        return [line for place in places for line in self.lines(place, b, None)]
 
     def moment(self, phase: Phase, start: bool) -> None:
         """Open (or close) the engine's terms of `phase`: inside another open moment only what
@@ -240,22 +267,20 @@ class _Replay:
             self.each_tensor("gradients")
 
     def forward(self) -> None:
-        for key, v in self.lines("input") + self.lines("embedding"):
-            self.alloc(key, v)
+        self.made(self.places("input", "embedding"))
         self.moment(Phase.FORWARD_END, True)
         for b in range(self.n):
             if b == self.n - 1:  # FSDP2's all-gather of the last block
                 self.moment(Phase.FORWARD_GATHER, True)
                 self.mark(Phase.FORWARD_GATHER)
                 self.moment(Phase.FORWARD_GATHER, False)
-            for key, v in self.lines("layer", b) + self.lines("weight_copy", b):
-                self.alloc(key, v)
-        for key, v in self.lines("final") + self.lines("cross_entropy"):
-            self.alloc(key, v)
+            self.made(self.places("layer", "weight_copy", b=b))
+        self.alloc("forward stash", self.stash)
+        self.made(self.places("final", "cross_entropy"))
         self.alloc("logits", self.get(Phase.FORWARD_END, LOGITS))
         self.alloc("loss copy", self.get(Phase.FORWARD_END, LOSS_LOGITS_COPY))
         self.mark(Phase.FORWARD_END)
-        self.free("loss copy")
+        self.free("loss copy", "forward stash")
         self.moment(Phase.FORWARD_END, False)
         if not self.get(Phase.BACKWARD_START, LOGITS):
             self.free("logits")
@@ -299,8 +324,12 @@ class _Replay:
             self.alloc("embedding gradients", self.grads["embedding"])
         self.moment(Phase.BACKWARD_END, True)
         self.alloc("tied gradient", self.get(Phase.BACKWARD_END, TIED_EMBEDDING_GRADIENT))
+        # the embeddings' offloaded inputs, brought back for their backward
+        for key, v in self.lines("input", offloaded=True) + self.lines("embedding",
+                                                                       offloaded=True):
+            self.alloc(key, v)
         self.mark(Phase.BACKWARD_END)
-        early = self.lines("input") + self.lines("embedding")
+        early = self.places("input", "embedding")
         self.free("tied gradient", *(key for key, _v in early))
         if self.get(Phase.BACKWARD_START, LOGITS):
             self.free("logits")
