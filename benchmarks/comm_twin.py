@@ -251,11 +251,13 @@ def twin_cases():
     compute; FSDP2 reduces in fp32), FSDP2 at --zero 2 and 3, DeepSpeed at stages 1-3 with its
     default buckets, with reduce_bucket_size exactly the model's gradient elements (one bucket,
     full) and one element fewer (the last gradient, the token embedding's, goes alone), and
-    two micro-batches of accumulation."""
+    two micro-batches of accumulation; then a three-block GPT-2-shaped model (tied head)."""
     from gptcalc import TrainingSetup, Workload, from_name
 
     cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
                     vocab_size=1601, block_size=32)
+    gpt2 = from_name("debug", arch="gpt2", n_embd=64, n_head=4, vocab_size=1601,
+                     block_size=32, n_layer=3)
     one, two = Workload(2, 32), Workload(2, 32, grad_accum=2)
     total = sum(p.numel() for p in _parameter_sizes(cfg))
 
@@ -276,6 +278,12 @@ def twin_cases():
         ("DeepSpeed ZeRO-1, 2 micro-batches", cfg, two, ds(1)),
         ("DeepSpeed ZeRO-2, 2 micro-batches", cfg, two, ds(2)),
         ("DeepSpeed ZeRO-3", cfg, one, ds(3)),
+        # GPT-2-shaped: biases, learned positions, the head tied to the token embedding
+        ("GPT-2 shape, FSDP2 --zero 3", gpt2, one,
+         TrainingSetup(dp=2, zero=3, mode="mixed", engine="fsdp2")),
+        ("GPT-2 shape, DeepSpeed ZeRO-2", gpt2, one, ds(2)),
+        ("GPT-2 shape, DeepSpeed ZeRO-1, fp32", gpt2, one,
+         TrainingSetup(dp=2, zero=1, engine="deepspeed")),
     ]
 
 

@@ -60,7 +60,9 @@ def twin_counts():
 EQUAL_CASES = ["FSDP2 --zero 3", "FSDP2 --zero 2", "FSDP2 --zero 3, fp32", "DeepSpeed ZeRO-1",
                "DeepSpeed ZeRO-2", f"DeepSpeed ZeRO-2, reduce_bucket_size {TWIN_TOTAL:,} (full)",
                f"DeepSpeed ZeRO-2, reduce_bucket_size {TWIN_TOTAL - 1:,} (one over)",
-               "DeepSpeed ZeRO-1, 2 micro-batches", "DeepSpeed ZeRO-2, 2 micro-batches"]
+               "DeepSpeed ZeRO-1, 2 micro-batches", "DeepSpeed ZeRO-2, 2 micro-batches",
+               "GPT-2 shape, FSDP2 --zero 3", "GPT-2 shape, DeepSpeed ZeRO-2",
+               "GPT-2 shape, DeepSpeed ZeRO-1, fp32"]
 
 
 @pytest.mark.slow

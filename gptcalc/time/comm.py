@@ -249,9 +249,11 @@ def deepspeed_reduce_buckets(sizes: list[int], bucket: int) -> list[int]:
     return out + ([acc] if acc else [])
 
 
-# DeepSpeed ZeRO 1-2's step: the overflow flag all-reduced (a 1-byte tensor, `has_overflow`)
-# and the gradient norm (one fp32, `get_grad_norm_direct`), deepspeed 0.19 stage_1_and_2.py
-DEEPSPEED_STEP_SCALARS = (1, 4)
+# DeepSpeed ZeRO 1-2's step (deepspeed 0.19 stage_1_and_2.py): the gradient norm all-reduced
+# (one fp32, `get_grad_norm_direct`) and, under bf16 or fp16 (`check_grad_overflow`,
+# runtime/engine.py), the overflow flag (a 1-byte tensor, `has_overflow`)
+DEEPSPEED_GRAD_NORM_BYTES = 4
+DEEPSPEED_OVERFLOW_FLAG_BYTES = 1
 
 
 def _deepspeed_zero12(cfg: GPTConfig, setup: TrainingSetup, m: int, g: int, w: int,
@@ -262,7 +264,7 @@ def _deepspeed_zero12(cfg: GPTConfig, setup: TrainingSetup, m: int, g: int, w: i
     under stage 1; after the step, the updated 16-bit flat buffer all-gathered in one call
     (`all_gather_into_tensor_dp_groups`: allgather_bucket_size is unused when the backend has
     all_gather_into_tensor), padded to a multiple of 2 x dp (`flat_group_elements`); and the
-    step's two scalars (DEEPSPEED_STEP_SCALARS)."""
+    step's scalars: the gradient norm, and the overflow flag in mode mixed."""
     from ..memory.engines.deepspeed import _sizes, flat_group_elements, zero_settings
 
     sizes = _sizes(cfg, setup, 0)
@@ -270,9 +272,11 @@ def _deepspeed_zero12(cfg: GPTConfig, setup: TrainingSetup, m: int, g: int, w: i
     buckets = deepspeed_reduce_buckets(sizes[::-1], zero_settings(setup)["reduce_bucket_size"])
     out = [c("all-reduce", n * g, times * buckets.count(n)) for n in dict.fromkeys(buckets)]
     out.append(c("all-gather", flat_group_elements(sum(sizes), setup.dp) * w, 1))
-    return out + [c("all-reduce", b, 1) for b in DEEPSPEED_STEP_SCALARS]
+    scalars = [DEEPSPEED_GRAD_NORM_BYTES] + (
+        [DEEPSPEED_OVERFLOW_FLAG_BYTES] if setup.mode == "mixed" else [])
+    return out + [c("all-reduce", b, 1) for b in scalars]
 
 
-__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "KINDS", "Collective",
-           "DEEPSPEED_STEP_SCALARS", "collective_seconds", "collectives", "ddp_buckets",
-           "deepspeed_reduce_buckets", "placement"]
+__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEEPSPEED_GRAD_NORM_BYTES",
+           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "KINDS", "Collective", "collective_seconds",
+           "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "placement"]
