@@ -1,11 +1,22 @@
-"""DDP's gradient all-reduces counted on gloo (2 ranks, a stack of Linears), against
-`gptcalc.time.comm.ddp_buckets`: a communication hook sees every bucket DDP all-reduces, with its
-bytes. tests/test_time_twin.py runs it at both sides of a bucket boundary."""
+"""The collectives of one training step counted on gloo (2 ranks), against
+`gptcalc.time.comm`:
+
+- `count_ddp`: DDP's gradient all-reduces on a stack of Linears, seen by a communication hook
+  (every bucket DDP all-reduces, with its bytes);
+- `count_collectives`: FSDP2 (`fully_shard` per block and at the root, as
+  reference_model.distributed builds it) and DeepSpeed ZeRO 1-3 (reference_model.deepspeed_twin,
+  its CPU accelerator) on the reference model: torch.distributed's collective functions
+  wrapped in each rank (`CollectiveLog`), every call recorded with its kind, bytes and group.
+
+tests/test_time_twin.py runs both; `python benchmarks/comm_twin.py` prints the table of
+docs/time.md."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
+import time
 
 
 def _port() -> int:
@@ -57,5 +68,259 @@ def count_ddp(layers: int, width: int, cap_bytes: int, world: int = 2) -> list[i
     return out[0]
 
 
+
+
+# ------------------------------------------------------------------ FSDP2 and DeepSpeed ZeRO
+
+# torch.distributed's collectives an engine may call, by the kind gptcalc names them; the
+# deprecated and coalesced spellings too, so that nothing an engine issues goes uncounted
+KINDS = {"all_reduce": "all-reduce", "all_reduce_coalesced": "all-reduce",
+         "all_gather": "all-gather", "all_gather_into_tensor": "all-gather",
+         "_all_gather_base": "all-gather", "all_gather_single": "all-gather",
+         "all_gather_coalesced": "all-gather", "all_gather_object": "all-gather",
+         "reduce_scatter": "reduce-scatter", "reduce_scatter_tensor": "reduce-scatter",
+         "_reduce_scatter_base": "reduce-scatter", "reduce_scatter_single": "reduce-scatter",
+         "reduce": "reduce", "broadcast": "broadcast", "broadcast_object_list": "broadcast",
+         "all_to_all": "all-to-all", "all_to_all_single": "all-to-all",
+         "send": "send/recv", "recv": "send/recv", "isend": "send/recv", "irecv": "send/recv",
+         "batch_isend_irecv": "send/recv", "barrier": "barrier", "monitored_barrier": "barrier"}
+
+
+def _nbytes(x) -> int:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+def _size(name: str, args: tuple, kwargs: dict) -> int:
+    """nccl-tests' size of the call: the all-reduced (broadcast, reduced, sent) tensor, the
+    gathered output, the scattered input."""
+    def arg(i, *keys):
+        for k in keys:
+            if k in kwargs:
+                return kwargs[k]
+        return args[i] if len(args) > i else None
+
+    if name in ("reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single",
+                "reduce_scatter"):
+        return _nbytes(arg(1, "input", "input_list"))
+    if name in ("all_to_all", "all_to_all_single"):
+        return _nbytes(arg(1, "input", "input_tensor_list"))
+    if name == "batch_isend_irecv":
+        return sum(_nbytes(op.tensor) for op in arg(0, "p2p_op_list"))
+    if name in ("barrier", "monitored_barrier", "all_gather_object", "broadcast_object_list"):
+        return 0
+    return _nbytes(arg(0, "tensor", "output_tensor", "output", "tensor_list", "tensors",
+                       "output_tensor_lists"))
+
+
+class CollectiveLog:
+    """Wraps torch.distributed's collective functions in this process: while `on`, each
+    outermost call (one that torch.distributed does not issue from inside another) is recorded
+    as (kind, nccl-tests bytes, group size)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.on, self.calls, self._depth = False, [], 0
+        for name in KINDS:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                setattr(dist, name, self._wrap(name, fn, dist))
+
+    def _wrap(self, name, fn, dist):
+        def call(*args, **kwargs):
+            if self.on and self._depth == 0:
+                group = kwargs.get("group")
+                self.calls.append((KINDS[name], _size(name, args, kwargs),
+                                   dist.get_world_size(group)))
+            self._depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+        return call
+
+
+def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, int, int]]:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    log = CollectiveLog()  # before any engine is imported or built: DeepSpeed keeps references
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    from reference_model import distributed as rd
+
+    setup = spec["setup"]
+    engine = rd.engine_of(setup)
+    torch.manual_seed(0)
+    meshes = rd._meshes(setup)
+    if engine == "deepspeed":
+        from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
+    else:
+        runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1}[engine]
+    runner = runner_class(spec["cfg"], spec["workload"], setup, "reference", rank, world)
+    runner.meshes = meshes
+    runner.build()
+    # DeepSpeed's runner steps one micro-batch per call and the optimizer at the boundary of
+    # gradient_accumulation_steps; the others step the optimizer on every call
+    calls = spec["workload"].grad_accum if engine == "deepspeed" else 1
+    for _ in range(calls * spec.get("warmup", 1)):  # optimizer states made, buckets rebuilt
+        runner.step()
+    log.on = True
+    for _ in range(calls):
+        runner.step()
+    log.on = False
+    dist.destroy_process_group()
+    return log.calls
+
+
+def _count_rank(rank: int, world: int, jobs: list, queue) -> None:
+    """One rank: imports once, forks a child per job so each starts from a clean process."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch  # noqa: F401 - imported once, before the forks
+
+    for case, (port, spec) in enumerate(jobs):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                torch.set_num_threads(1)
+                queue.put((case, rank, _count_job(rank, world, port, spec)))
+                code = 0
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                queue.put((case, rank, f"{type(e).__name__}: {e}"))
+            finally:
+                os._exit(code)
+        os.waitpid(pid, 0)
+
+
+def count_collectives(cases, world: int = 2, warmup: int = 1,
+                      deadline_s: float = 600) -> list[list[tuple[str, int, int]]]:
+    """Every collective one rank issues in one optimizer step (after `warmup` steps) of each
+    set-up, as (kind, bytes, group size) in issue order, by `CollectiveLog` (torch's
+    CommDebugMode does not run on gloo inside the spawned ranks); every rank's list is checked
+    to hold the same collectives. FSDP2 and DDP run one micro-batch; DeepSpeed runs the
+    workload's grad_accum micro-batches."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()  # written through at once: a forked child leaves by os._exit
+    jobs = [(_port(), dict(cfg=cfg, workload=wl, setup=s, warmup=warmup)) for cfg, wl, s in cases]
+    procs = [ctx.Process(target=_count_rank, args=(r, world, jobs, queue), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out: dict[tuple[int, int], list] = {}
+    end = time.monotonic() + deadline_s
+    try:
+        while len(out) < world * len(cases):
+            if time.monotonic() > end:
+                raise RuntimeError(f"collective count did not finish within {deadline_s} s")
+            if queue.empty():
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a rank exited with code {dead[0]}")
+                time.sleep(0.05)
+                continue
+            case, rank, calls = queue.get()
+            if isinstance(calls, str):
+                raise RuntimeError(f"rank {rank} failed in set-up {case}: {calls}")
+            out[case, rank] = calls
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    result = []
+    for case in range(len(cases)):
+        ranks = [sorted(out[case, r]) for r in range(world)]
+        assert all(r == ranks[0] for r in ranks), (cases[case][2], ranks)
+        result.append(out[case, 0])
+    return result
+
+
+def twin_cases():
+    """(label, model, workload, set-up) of the table in docs/time.md and of
+    tests/test_time_twin.py: a two-block Llama-shaped model on 2 ranks, mode mixed (bf16
+    compute; FSDP2 reduces in fp32), FSDP2 at --zero 2 and 3, DeepSpeed at stages 1-3 with its
+    default buckets, with reduce_bucket_size exactly the model's gradient elements (one bucket,
+    full) and one element fewer (the last gradient, the token embedding's, goes alone), and
+    two micro-batches of accumulation; then a three-block GPT-2-shaped model (tied head)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)
+    gpt2 = from_name("debug", arch="gpt2", n_embd=64, n_head=4, vocab_size=1601,
+                     block_size=32, n_layer=3)
+    one, two = Workload(2, 32), Workload(2, 32, grad_accum=2)
+    total = sum(p.numel() for p in _parameter_sizes(cfg))
+
+    def ds(zero, **zero_opt):
+        return TrainingSetup(dp=2, zero=zero, mode="mixed", engine="deepspeed",
+                             engine_settings=tuple(zero_opt.items()))
+
+    return [
+        ("FSDP2 --zero 3", cfg, one, TrainingSetup(dp=2, zero=3, mode="mixed", engine="fsdp2")),
+        ("FSDP2 --zero 2", cfg, one, TrainingSetup(dp=2, zero=2, mode="mixed", engine="fsdp2")),
+        ("FSDP2 --zero 3, fp32", cfg, one, TrainingSetup(dp=2, zero=3, engine="fsdp2")),
+        ("DeepSpeed ZeRO-1", cfg, one, ds(1)),
+        ("DeepSpeed ZeRO-2", cfg, one, ds(2)),
+        (f"DeepSpeed ZeRO-2, reduce_bucket_size {total:,} (full)", cfg, one,
+         ds(2, reduce_bucket_size=total)),
+        (f"DeepSpeed ZeRO-2, reduce_bucket_size {total - 1:,} (one over)", cfg, one,
+         ds(2, reduce_bucket_size=total - 1)),
+        ("DeepSpeed ZeRO-1, 2 micro-batches", cfg, two, ds(1)),
+        ("DeepSpeed ZeRO-2, 2 micro-batches", cfg, two, ds(2)),
+        ("DeepSpeed ZeRO-3", cfg, one, ds(3)),
+        # GPT-2-shaped: biases, learned positions, the head tied to the token embedding
+        ("GPT-2 shape, FSDP2 --zero 3", gpt2, one,
+         TrainingSetup(dp=2, zero=3, mode="mixed", engine="fsdp2")),
+        ("GPT-2 shape, DeepSpeed ZeRO-2", gpt2, one, ds(2)),
+        ("GPT-2 shape, DeepSpeed ZeRO-1, fp32", gpt2, one,
+         TrainingSetup(dp=2, zero=1, engine="deepspeed")),
+    ]
+
+
+def _parameter_sizes(cfg):
+    from reference_model.model import build_model
+
+    return list(build_model(cfg, "manual").parameters())
+
+
+def modelled(cfg, workload, setup) -> list[tuple[str, int, int]]:
+    """gptcalc's collectives of the set-up, one (kind, bytes, group) per call."""
+    from gptcalc.time.comm import collectives
+
+    return [(c.kind, int(c.size), c.group) for c in collectives(
+        cfg, setup, workload.batch_size, workload.seq_len, workload.grad_accum, 8)
+        for _ in range(c.count)]
+
+
+def summary(calls: list[tuple[str, int, int]]) -> str:
+    """'kind count x bytes' per distinct collective, as the table prints them."""
+    from collections import Counter
+
+    return "; ".join(f"{k} {n} x {b:,} B" for (k, b, _), n in sorted(Counter(calls).items()))
+
+
 if __name__ == "__main__":
-    print(count_ddp(5, 32, 4 * 32 * 32 * 4))
+    cases = twin_cases()
+    # DeepSpeed ZeRO-3 prefetches from the trace its first step records and its second
+    # checks: its steady state is the third step
+    steady = [c for c in cases if c[0] == "DeepSpeed ZeRO-3"]
+    rest = [c for c in cases if c not in steady]
+    by_label = dict(zip([c[0] for c in rest], count_collectives([c[1:] for c in rest])))
+    by_label.update(zip([c[0] for c in steady],
+                        count_collectives([c[1:] for c in steady], warmup=2)))
+    counted = [by_label[c[0]] for c in cases]
+    print("| engine, layout | gptcalc | counted | equal |\n|---|---|---|---|")
+    for (label, cfg, wl, setup), calls in zip(cases, counted):
+        model = modelled(cfg, wl, setup)
+        print(f"| {label} | {summary(model)} | {summary(calls)} | "
+              f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")

@@ -18,6 +18,21 @@ Sources (each row names its table):
   eaea6f6a2fa940f03a10906be1df3489cf30af85, Tables 1-5 (Llama 3.1 8B/70B/405B on Grand Teton
   H100s: 96GB HBM2e at 2.4 TB/s, 500 W, 400 Gb/s per GPU; "the actual peak TFLOPs number is
   between SXM and NVL": taken as the SXM's, as that document does).
+- Megatron-LM: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+  Clusters Using Megatron-LM" (arXiv 2104.04473), Table 1 (weak scaling, 1.7B-1T on up to 3,072
+  A100 80GB of Selene): heads, hidden, layers, t, p, GPUs, batch and achieved teraFLOP/s per
+  GPU; GPT-2-shaped models, vocabulary 51,200, sequence 2,048, activation recomputation (the
+  paper's equation 3 counts its extra forward). The paper's FLOPs per token, equation 3,
+  96 l h^2 (1 + s/6h + V/16lh), turn its TFLOP/s into tokens/s. Not in the table and assumed:
+  micro-batch 1, the non-interleaved 1F1B schedule, no sequence parallelism (it came a year
+  later), attention unfused (FlashAttention came a year later: `attn_impl` manual).
+- BLOOM-176B: BigScience, bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm
+  at commit e726b15982fa088fb6d9a4c869c19c3d4dbc84a7 (TP 4, PP 12, micro-batch 2, global batch
+  2,048, sequence 2,048, 70 layers, hidden 14,336, 112 heads, vocabulary padded to 250,880,
+  ALiBi, embedding LayerNorm, --checkpoint-activations, bf16) on 384 A100 80GB (48 nodes: the
+  BigScience 176B model page, bigscience.notion.site, "384 A100 GPU with 80 Gb of memory each",
+  "training throughput: about 150 TFLOPs"); the TFLOP/s as Megatron-DeepSpeed counts them
+  (equation 3 with recomputation's factor 4).
 """
 
 from __future__ import annotations
@@ -66,6 +81,8 @@ class Run:
     compile: str = "none"
     float8: str = "none"
     mode: str = "amp"
+    attn: str = "sdpa"
+    sp: bool | None = None  # sequence parallel; None: with tensor parallel (Megatron's default)
 
     @property
     def dp(self) -> int:
@@ -85,7 +102,39 @@ LLAMA2 = {"llama2-13b": dict(n_layer=40, n_head=40, n_embd=5120, d_ff=13824),
           "llama2-70b": dict(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192, d_ff=28672)}
 
 
+# Narayanan et al. 2021, Table 1: (heads, hidden, layers, t, p, GPUs, batch, TFLOP/s per GPU),
+# by the parameter count the table prints
+MEGATRON_TABLE_1 = {"1.7b": (24, 2304, 24, 1, 1, 32, 512, 137),
+                    "3.6b": (32, 3072, 30, 2, 1, 64, 512, 138),
+                    "7.5b": (32, 4096, 36, 4, 1, 128, 512, 142),
+                    "18.4b": (48, 6144, 40, 8, 1, 256, 1024, 135),
+                    "39.1b": (64, 8192, 48, 8, 2, 512, 1536, 138),
+                    "76.1b": (80, 10240, 60, 8, 4, 1024, 1792, 140),
+                    "145.6b": (96, 12288, 80, 8, 8, 1536, 2304, 148),
+                    "310.1b": (128, 16384, 96, 8, 16, 1920, 2160, 155),
+                    "529.6b": (128, 20480, 105, 8, 35, 2520, 2520, 163),
+                    "1008.0b": (160, 25600, 128, 8, 64, 3072, 3072, 163)}
+MEGATRON_VOCAB = 51200
+BLOOM = dict(n_layer=70, n_head=112, n_embd=14336, vocab_size=250880, pos_embedding="alibi",
+             embd_norm=True, mlp="gelu")
+
+
+def megatron_tokens_per_s(tflops: float, layers: int, hidden: int, seq_len: int,
+                          vocab: int) -> float:
+    """Tokens per second per GPU behind a Megatron-LM teraFLOP/s figure: the paper's equation 3
+    per token, 96 l h^2 (1 + s/6h + V/16lh) with activation recomputation (Narayanan et al.
+    2021, sec. 5.1; Megatron-DeepSpeed's throughput log counts the same)."""
+    l, h, s, V = layers, hidden, seq_len, vocab
+    return tflops * 1e12 / (96 * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)))
+
+
 def config(run: Run) -> GPTConfig:
+    if run.model.startswith("megatron-"):
+        heads, hidden, layers = MEGATRON_TABLE_1[run.model[9:]][:3]
+        return GPTConfig(block_size=run.seq_len, vocab_size=MEGATRON_VOCAB, n_layer=layers,
+                         n_head=heads, n_embd=hidden, mlp="gelu")
+    if run.model == "bloom-176b":
+        return GPTConfig(block_size=run.seq_len, **BLOOM)
     if run.model.startswith("mpt-"):
         return mpt_config(run.model[4:], run.seq_len)
     if run.model in LLAMA2:
@@ -95,9 +144,9 @@ def config(run: Run) -> GPTConfig:
 
 
 def setup(run: Run) -> TrainingSetup:
-    return TrainingSetup(mode=run.mode, recompute=run.recompute, attn_impl="sdpa",
+    return TrainingSetup(mode=run.mode, recompute=run.recompute, attn_impl=run.attn,
                          device="cuda", dp=run.dp, zero=run.zero, tp=run.tp, pp=run.pp,
-                         sp=run.tp > 1, cp=run.cp, engine=run.engine,
+                         sp=run.tp > 1 if run.sp is None else run.sp, cp=run.cp, engine=run.engine,
                          pp_schedule=run.pp_schedule, pp_virtual=run.pp_virtual,
                          compile=run.compile, float8=run.float8)
 
@@ -230,7 +279,24 @@ TORCHTITAN_H100 = [
         pp_schedule="interleaved-1f1b", pp_virtual=2),
 ]
 
-RUNS = MPT_H100 + MPT_H100_FP8 + MPT_A100 + TORCHTITAN_A100 + TORCHTITAN_H100
+_MEGATRON = "Narayanan et al. 2021 (arXiv 2104.04473), Table 1"
+MEGATRON = [
+    Run("Megatron A100", _MEGATRON, f"megatron-{size}", 2048, gpus, 1,
+        batch // (gpus // (tp * pp)), "full",
+        megatron_tokens_per_s(tflops, layers, hidden, 2048, MEGATRON_VOCAB),
+        gpu="a100-sxm-80gb", engine="megatron", zero=0, tp=tp, pp=pp, mode="mixed",
+        attn="manual", sp=False)
+    for size, (heads, hidden, layers, tp, pp, gpus, batch, tflops) in MEGATRON_TABLE_1.items()]
+_BLOOM = "bigscience tr11-176B-ml.slurm @e726b15; 176B model page: 384 GPUs, ~150 TFLOP/s"
+BLOOM_RUNS = [
+    # global batch 2,048 = dp 8 x micro-batch 2 x 128 micro-batches
+    Run("Megatron A100", _BLOOM, "bloom-176b", 2048, 384, 2, 128, "full",
+        megatron_tokens_per_s(150, 70, 14336, 2048, 250880), gpu="a100-sxm-80gb",
+        engine="megatron", zero=0, tp=4, pp=12, mode="mixed", attn="manual", sp=False),
+]
+
+RUNS = (MPT_H100 + MPT_H100_FP8 + MPT_A100 + TORCHTITAN_A100 + TORCHTITAN_H100 + MEGATRON
+        + BLOOM_RUNS)
 
 
 def fit_rows(table: list[Run]) -> list[Run]:
@@ -240,7 +306,7 @@ def fit_rows(table: list[Run]) -> list[Run]:
 
 # the runs no constant was fitted on
 HELD_OUT = ([r for t in (MPT_H100, MPT_A100) for r in t if r not in fit_rows(t)]
-            + MPT_H100_FP8 + TORCHTITAN_A100 + TORCHTITAN_H100)
+            + MPT_H100_FP8 + TORCHTITAN_A100 + TORCHTITAN_H100 + MEGATRON + BLOOM_RUNS)
 
 
 def summary(runs: list[Run]) -> dict[str, tuple[int, float, float]]:

@@ -184,7 +184,11 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     def c(kind, size, count, part="dp"):
         return Collective(part, kind, size, n, count, crosses, k)
 
-    if setup.zero == 3 or (setup.zero == 2 and setup.engine == "fsdp2"):
+    if setup.engine == "fsdp2" and setup.zero in (2, 3):
+        return _fsdp2(cfg, setup, m, blocks, g, w, c)
+    if setup.engine == "deepspeed" and setup.zero in (1, 2):
+        return _deepspeed_zero12(cfg, setup, m, g, w, c)
+    if setup.zero == 3:
         block = params / blocks  # per block (embeddings and head folded in)
         gathers = 2 if setup.zero == 3 else 1
         return [c("all-gather", block * w, m * blocks * gathers, "fsdp"),
@@ -199,5 +203,80 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     return [ddp]
 
 
-__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "KINDS", "Collective",
-           "collective_seconds", "collectives", "ddp_buckets", "placement"]
+def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w: int,
+           c) -> list[Collective]:
+    """FSDP2 with `fully_shard` on every block and at the root (torchtitan's wrapping): per
+    micro-batch each group is all-gathered before its forward and, resharded after forward
+    (--zero 3; torch 2.13 reshards the root too), again before its backward, and its
+    gradients reduce-scattered after its backward. A group's bytes are its parameters, each
+    padded on dim 0 to a multiple of dp (`fsdp2_unsharded_elements`), in the gather's dtype
+    and the reduction's. The root's collectives come first: its gather opens the forward, its
+    reduce-scatter (the embeddings' gradients) closes the backward."""
+    from ..memory.engines.fsdp2 import fsdp2_gradient_elements, fsdp2_unsharded_elements
+
+    gathered, reduced = fsdp2_unsharded_elements(cfg, setup), fsdp2_gradient_elements(cfg, setup)
+    gathers = m * (2 if setup.zero == 3 else 1)
+    out = []
+    for group, n in (("root", 1), ("block", blocks)):
+        if gathered[group]:
+            out.append(c("all-gather", gathered[group] * w, gathers * n, "fsdp"))
+    for group, n in (("root", 1), ("block", blocks)):
+        if reduced[group]:
+            out.append(c("reduce-scatter", reduced[group] * g, m * n, "fsdp"))
+    return out
+
+
+def deepspeed_reduce_buckets(sizes: list[int], bucket: int) -> list[int]:
+    """Elements of each gradient all-reduce of DeepSpeed ZeRO 1-2 over gradients of `sizes`
+    elements in the order backward produces them: a gradient that would take the bucket past
+    `bucket` (reduce_bucket_size) elements first sends the bucket (`if bucket.elements +
+    param.numel() > self.reduce_bucket_size`, stage_1_and_2.py,
+    `reduce_independent_p_g_buckets_and_remove_grads`); one larger than the bucket goes alone;
+    what is left goes at the end of backward. Each bucket is one all-reduce
+    (`use_multi_rank_bucket_allreduce`, the default, all-reduces it instead of reducing each
+    rank's slice to its owner)."""
+    out, acc = [], 0
+    for n in sizes:
+        if n == 0:
+            continue
+        if acc + n > bucket and acc:
+            out.append(acc)
+            acc = 0
+        if n > bucket:
+            out.append(n)
+        else:
+            acc += n
+    return out + ([acc] if acc else [])
+
+
+# DeepSpeed ZeRO 1-2's step (deepspeed 0.19 stage_1_and_2.py): the gradient norm all-reduced
+# (one fp32, `get_grad_norm_direct`) and, under bf16 or fp16 (`check_grad_overflow`,
+# runtime/engine.py), the overflow flag (a 1-byte tensor, `has_overflow`)
+DEEPSPEED_GRAD_NORM_BYTES = 4
+DEEPSPEED_OVERFLOW_FLAG_BYTES = 1
+
+
+def _deepspeed_zero12(cfg: GPTConfig, setup: TrainingSetup, m: int, g: int, w: int,
+                      c) -> list[Collective]:
+    """DeepSpeed ZeRO 1-2: the gradients all-reduced in reduce_bucket_size buckets
+    (`deepspeed_reduce_buckets`, the tensors in backward's order: the inventory's reversed) at
+    every micro-batch under stage 2 (the gradient hooks reduce as they fire), once per step
+    under stage 1; after the step, the updated 16-bit flat buffer all-gathered in one call
+    (`all_gather_into_tensor_dp_groups`: allgather_bucket_size is unused when the backend has
+    all_gather_into_tensor), padded to a multiple of 2 x dp (`flat_group_elements`); and the
+    step's scalars: the gradient norm, and the overflow flag in mode mixed."""
+    from ..memory.engines.deepspeed import _sizes, flat_group_elements, zero_settings
+
+    sizes = _sizes(cfg, setup, 0)
+    times = m if setup.zero == 2 else 1
+    buckets = deepspeed_reduce_buckets(sizes[::-1], zero_settings(setup)["reduce_bucket_size"])
+    out = [c("all-reduce", n * g, times * buckets.count(n)) for n in dict.fromkeys(buckets)]
+    out.append(c("all-gather", flat_group_elements(sum(sizes), setup.dp) * w, 1))
+    scalars = [DEEPSPEED_GRAD_NORM_BYTES] + (
+        [DEEPSPEED_OVERFLOW_FLAG_BYTES] if setup.mode == "mixed" else [])
+    return out + [c("all-reduce", b, 1) for b in scalars]
+
+
+__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEEPSPEED_GRAD_NORM_BYTES",
+           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "KINDS", "Collective", "collective_seconds",
+           "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "placement"]
