@@ -232,7 +232,7 @@ def step_order_pairs(cfg: GPTConfig, setup: TrainingSetup, stage: Stage,
     (`model.parameters()`, which `torch.optim` keeps): the embeddings, each block's tensors
     in the inventory's order (a module a block holds several copies of, module by module),
     the final norm and the head; with LoRA each adapted Linear's lora_A then lora_B (PEFT's
-    order), block by block. Two or more blocks give the pairs across a block boundary (the
+    order; DoRA's magnitude after them), block by block. Two or more blocks give the pairs across a block boundary (the
     last tensor of one block, the first of the next); the pairs do not grow with L. `size(t)`
     gives a tensor's elements on the device (default: its tensor-parallel shard). Blocks whose
     kinds differ (MoE on some blocks, hybrid mixers) are taken as if each held every kind."""
@@ -243,7 +243,7 @@ def step_order_pairs(cfg: GPTConfig, setup: TrainingSetup, stage: Stage,
         adapters = selected(cfg, setup.lora_targets)
         for a in adapters:
             r = setup.lora_rank * a.rank_mult
-            sizes += [r * a.in_features, r * a.out_features]
+            sizes += [r * a.in_features, r * a.out_features] + [a.out_features] * setup.dora
         return consecutive_pairs(sizes * (2 if any(a.count > 1 for a in adapters) else 1))
     size = size or (lambda t: t.shard(setup.tp))
     tensors = stage_tensors(cfg, setup, stage)
