@@ -1,5 +1,5 @@
 """LoRA under the data-parallel engines (FSDP2, DDP, ZeroRedundancyOptimizer, DeepSpeed's ZeRO
-1-2): a frozen base has
+1-3): a frozen base has
 no gradients, so no engine buffers, reduce-scatters or keeps gradients for it. gptcalc's states
 and step peak against the engines run on 2 gloo ranks over the reference model with PEFT-shaped
 adapters."""
