@@ -165,6 +165,15 @@ def test_dora_outside_its_twin_is_refused_naming_the_option(args, names, tmp_pat
     assert "\n" not in line and line.startswith("Error: --dora: ") and names in line, line
 
 
+def test_dora_outside_the_measured_families_is_refused():
+    # GPT-2's Conv1D blocks: PEFT transposes their weights for the norm, not measured
+    r = CliRunner().invoke(cli, ["memory", "--preset", "gpt2", "--impl", "transformers",
+                                 "--mode", "fp32", "--device", "cpu", "--lora-rank", "4",
+                                 "--lora-targets", "qkv", "--dora"])
+    assert r.exit_code == 2 and r.stderr.strip().startswith("Error: --dora: "), r.output
+    assert "gpt2" in r.stderr
+
+
 def test_dora_on_experts_is_refused(tmp_path):
     raw = {"model_type": "mixtral", "num_hidden_layers": 2, "intermediate_size": 96,
            "num_local_experts": 4, "num_experts_per_tok": 2, **_TINY}

@@ -112,3 +112,14 @@ def check_dora(cfg: GPTConfig, setup: TrainingSetup) -> None:
     if model:
         raise ConfigError("dora", "--dora is modelled on dense blocks, not with experts, "
                                   "latent attention or hybrid mixers")
+    from .profile_transformers import transformers_family
+
+    family = transformers_family(cfg)
+    if family not in DORA_FAMILIES:
+        raise ConfigError("dora", f"--dora is measured on transformers' "
+                                  f"{' and '.join(DORA_FAMILIES)} blocks, not {family}'s")
+
+
+# the transformers model types DoRA's twin runs (tests/test_dora.py): Llama's block (separate
+# projections) and Phi-3's (fused qkv_proj and gate_up_proj)
+DORA_FAMILIES = ("llama", "phi3")
