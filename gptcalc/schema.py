@@ -208,6 +208,9 @@ _TRAINING = (
     Option("lora_rank", "--lora-rank", "int", "LoRA fine-tuning at this rank: a frozen base, "
            "trainable adapters (default 0: full training).", "training"),
     Option("lora_targets", "--lora-targets", "text", TARGETS_HELP, "training", metavar="LIST"),
+    Option("dora", "--dora", "flag", "DoRA (PEFT's LoraConfig(use_dora=True)): each adapted "
+           "Linear also trains a magnitude vector of its output width; with --lora-rank.",
+           "training"),
     Option("weights_dtype", "--weights-dtype", "choice", "The frozen base under LoRA: bf16 "
            "(default); nf4 = bitsandbytes' NF4 with an fp32 absmax per 64 weights; nf4-dq "
            "(or int4) = QLoRA's NF4 with double-quantised constants.", "training",

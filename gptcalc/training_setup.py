@@ -147,6 +147,7 @@ class TrainingSetup:
     overhead: int = 0
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
+    dora: bool = False  # DoRA (PEFT's use_dora): a trained magnitude per adapted Linear
     base_dtype: str = "same"
     double_quant: bool = True
     bnb_version: str = DEFAULT_BNB_VERSION
@@ -184,6 +185,9 @@ class TrainingSetup:
         nonneg_int("lora_rank", self.lora_rank)
         if self.lora_rank and not self.lora_targets:
             raise ConfigError("lora_targets", "a LoRA rank needs targets, e.g. q,v")
+        boolean("dora", self.dora)
+        if self.dora and not self.lora_rank:
+            raise ConfigError("dora", "DoRA decomposes LoRA's adapted weights: give --lora-rank")
         one_of("base_dtype", self.base_dtype, ("same", "nf4"))
         boolean("double_quant", self.double_quant)
         bnb_version_tuple(self.bnb_version)
@@ -249,7 +253,8 @@ class TrainingSetup:
                 keeps = "keeps each 4-bit Linear's input" if matmul4bit_keeps_input(self) \
                     else "4-bit Linears keep no input"
                 base += f", bitsandbytes {self.bnb_version}: {keeps})"
-            tune = (f", LoRA r={self.lora_rank} on {','.join(self.lora_targets)} over "
+            kind = "DoRA" if self.dora else "LoRA"
+            tune = (f", {kind} r={self.lora_rank} on {','.join(self.lora_targets)} over "
                     f"{base} base")
         optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")
         alloc = ("expandable segments" if self.allocator == "expandable" else

@@ -380,6 +380,29 @@ def test_phase_model_tiny_attention_bound_cpu():
     assert abs(predicted - measured) <= 0.10 * measured, (predicted, measured)
 
 
+# The optimizer step's peak under torch.optim.AdamW on CPU, exact, from the phase model
+# (gptcalc.memory.step_peak, not the replay): its single-tensor loop holds the previous tensor's
+# `denom` beside this tensor's two temporaries (gptcalc.optimizers.adamw; the consecutive
+# tensors from gptcalc.memory.states.step_order_pairs). MemTracker's "Buffer" category (the
+# causal mask, rotary tables) is the test model's, left out of the phase model. Before the
+# previous tensor's temporary was counted, every draw read low (by the model's largest
+# tensor whose predecessor is as large: the MLP's up matrix after the gate's, a per-head
+# module after its sibling). One token row of four and E >= 48 keep the step the peak.
+@settings(max_examples=16, deadline=None)
+@given(arch=st.sampled_from(["tutorial", "gpt2", "notes", "llama"]),
+       qkv=st.sampled_from(["fused", "separate", "per_head"]), tie=st.booleans(),
+       mode=st.sampled_from(["fp32", "bf16", "amp", "mixed"]), E=st.sampled_from([48, 64]),
+       V=st.sampled_from([64, 128]), L=st.integers(1, 3))
+def test_adamw_step_peak_exact_cpu(arch, qkv, tie, mode, E, V, L):
+    cfg = from_name("debug", arch=arch, qkv_layout=qkv, tie_embeddings=tie, n_layer=L,
+                    n_embd=E, n_head=2, vocab_size=V, block_size=8, dropout=0.0)
+    wl, setup = Workload(1, 4), TrainingSetup(mode=mode, attn_impl="manual", device="cpu")
+    measured = measure_step_peak_cpu(cfg, wl, setup)
+    predicted = memory_report(cfg, wl, setup).peak
+    assert predicted.phase == "optimizer step"
+    assert predicted.bytes + measured.by_category["Buffer"] == measured.peak_bytes
+
+
 # Muon (torch.optim.Muon on the blocks' 2-D matrices, torch.optim.AdamW on the rest, as
 # reference_model.memory.MuonWithAdamW runs them): the states exact in every mode
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -51,7 +51,8 @@ class ThreeMoments(Optimizer):
 
 class AdamWAgain(Optimizer):
     """A toy that declares what AdamW declares (fp32 moments, a float32 step, the foreach
-    temporaries on CUDA, two tensors of the largest on CPU), under another name."""
+    temporaries on CUDA; on CPU, one tensor at a time, the previous tensor's temporary beside
+    this one's two), under another name."""
 
     name = "toy-adamw"
     help = "a test's optimizer"
@@ -67,7 +68,7 @@ class AdamWAgain(Optimizer):
     def step_temporaries(self, step) -> int:
         if step.device == "cuda":
             return self.update_temporaries(step.stepped, "cuda", step.param_bytes)
-        return self.update_temporaries(step.largest_param(), "cpu", step.param_bytes)
+        return max(prev + 2 * n for prev, n in step.pairs()) * step.param_bytes
 
 
 @pytest.fixture

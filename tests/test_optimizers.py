@@ -153,3 +153,31 @@ def test_update_temporaries_equal_the_allocator(optimizer, dtype, rows):
         # allocation (measured 4 (R + C) there, 4 (R + C + 1) alone)
         extra = measured - adafactor_update_temporaries(n, pb)
         assert extra in (4 * (rows + 64), 4 * (rows + 64 + 1))
+
+
+# CPU AdamW steps one tensor at a time and holds the previous tensor's `denom` beside this
+# one's two temporaries: the consecutive pairs of the model's parameter order decide its peak.
+# gptcalc's pairs (from the inventory, O(1) in L) against the reference model's own
+# `model.parameters()` (and its LoRA adapters'), over families and switches.
+@settings(max_examples=30, deadline=None)
+@given(arch=st.sampled_from(["tutorial", "gpt2", "notes", "llama"]),
+       qkv=st.sampled_from(["fused", "separate", "per_head"]), tie=st.booleans(),
+       final_norm=st.booleans(), n_layer=st.integers(1, 3), lora=st.sampled_from([0, 2]))
+def test_step_order_pairs_equal_the_models_parameter_order(arch, qkv, tie, final_norm, n_layer,
+                                                           lora):
+    from gptcalc import from_name
+    from gptcalc.lora import covered
+    from gptcalc.memory.states import consecutive_pairs, step_order_pairs
+    from reference_model.lora import apply_lora
+    from reference_model.memory import build_for
+
+    cfg = from_name("debug", arch=arch, qkv_layout=qkv, tie_embeddings=tie,
+                    final_norm=final_norm, n_layer=n_layer, n_head=2, n_embd=16,
+                    vocab_size=40, block_size=8)
+    # o and down: every qkv layout has them (q and v are one fused module in some)
+    setup = TrainingSetup(lora_rank=lora, lora_targets=("o", "down") if lora else ())
+    model = build_for(cfg, setup)
+    if lora:
+        apply_lora(model, lora, tuple(covered(cfg, setup.lora_targets)))
+    sizes = [p.numel() for p in model.parameters() if p.requires_grad]
+    assert step_order_pairs(cfg, setup, "first") == consecutive_pairs(sizes)

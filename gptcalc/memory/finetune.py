@@ -3,7 +3,9 @@
 LoRA (Hu et al. 2021) as PEFT adds it: a target Linear(in, out) keeps its weight frozen and gains
 lora_A = Linear(in, r) and lora_B = Linear(r, out) without bias (`gptcalc.lora`); every other
 parameter is frozen. QLoRA (Dettmers et al. 2023) stores the frozen block Linears in NF4
-(`gptcalc.lora.qlora_base_bytes`).
+(`gptcalc.lora.qlora_base_bytes`). DoRA (Liu et al. 2024, PEFT's use_dora) adds a trained
+magnitude vector per adapted Linear (`dora_magnitude_params`) and what its forward saves
+(`dora_saved`).
 
 States: the frozen base in its dtype (the mode's; NF4 with `base_dtype="nf4"`), the adapters in
 the mode's weight dtype (fp32 under fp32 and amp: PEFT keeps adapters in fp32), and gradients and
@@ -69,14 +71,61 @@ def lora_on_transformers(cfg: GPTConfig, setup: TrainingSetup) -> bool:
 
 
 def adapter_tensors(cfg: GPTConfig, setup: TrainingSetup) -> int:
-    """Adapter parameter tensors (lora_A and lora_B per adapted Linear): AdamW's step counters."""
-    return sum(2 * a.count for a in selected(cfg, setup.lora_targets))
+    """Adapter parameter tensors (lora_A and lora_B per adapted Linear, and DoRA's magnitude):
+    AdamW's step counters."""
+    return sum((3 if setup.dora else 2) * a.count for a in selected(cfg, setup.lora_targets))
 
 
 def adapter_sizes(cfg: GPTConfig, setup: TrainingSetup) -> list[int]:
-    """Elements of each distinct adapter matrix (lora_A r x in, lora_B out x r)."""
-    return [setup.lora_rank * a.rank_mult * f for a in selected(cfg, setup.lora_targets)
-            for f in (a.in_features, a.out_features)]
+    """Elements of each distinct adapter tensor (lora_A r x in, lora_B out x r; DoRA's
+    magnitude, out)."""
+    return [n for a in selected(cfg, setup.lora_targets)
+            for n in [setup.lora_rank * a.rank_mult * a.in_features,
+                      setup.lora_rank * a.rank_mult * a.out_features]
+            + ([a.out_features] if setup.dora else [])]
+
+
+def dora_magnitude_params(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """DoRA's trained magnitudes (Liu et al. 2024, eq. 5; PEFT's `lora_magnitude_vector`, peft/
+    tuners/lora/dora.py `DoraLinearLayer.update_layer`): one vector of out_features per
+    adapted Linear, the column norms of W + B A; none without DoRA."""
+    if not setup.dora:
+        return 0
+    return sum(a.count * a.out_features for a in selected(cfg, setup.lora_targets))
+
+
+def dora_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict[str, int]:
+    """What DoRA's forward (PEFT 0.21, peft/tuners/lora/dora.py `DoraLinearLayer.forward`, in
+    training: dropout 0, no cache) saves per adapted Linear beyond LoRA's lines, by key
+    `lora/<name>/dora`: `mag_norm_scale = magnitude / weight_norm` saves the detached norm
+    (out, the weight's dtype) and its output is saved by `mag_norm_scale * lora_result`, with
+    `lora_result` (N out); `(mag_norm_scale - 1) * base_result` saves the base Linear's output
+    (N out) and, where that output needs a gradient, `mag_norm_scale - 1` (out). In the first
+    block an adapted Linear's input needs no gradient unless an adapter sits ahead of it in the
+    block (the embeddings and the norms are frozen): q, k, v never; o after q, k or v; the MLP
+    after an attention adapter (in a parallel block only after the MLP's own); down after up
+    or gate too; the head after any block adapter. The norm's graph (W + s B A, and B A made
+    from an identity matrix through lora_A and lora_B) is freed before the forward returns.
+    Sizes in the activation dtype; measured on transformers' Llama and Phi-3 wrapped by PEFT
+    with use_dora, fp32 (tests/test_lora_peak.py)."""
+    if not setup.dora:
+        return {}
+    N, a, w = workload.tokens, setup.act_bytes, setup.weight_bytes
+    chosen = selected(cfg, setup.lora_targets)
+    covered_all = {c for ad in chosen for c in ad.covers}
+    attention = covered_all & set(ATTN_INPUT_TARGETS)
+    ahead = {"o": bool(attention),
+             "up": False if cfg.parallel_residual else bool(covered_all & ATTENTION_TARGETS),
+             "lm_head": bool(covered_all - {"lm_head"})}
+    ahead["gate"] = ahead["up"]
+    ahead["down"] = ahead["up"] or bool(covered_all & set(UP_TARGETS))
+    out: dict[str, int] = {}
+    for ad in chosen:
+        o = ad.out_features
+        first = all(ahead.get(c, False) for c in ad.covers)  # the first block's Linear
+        out[f"lora/{ad.name}/dora"] = (ad.count * (2 * N * o * a + o * w + o * 4)
+                                       + (ad.count - (0 if first else 1)) * o * 4)
+    return out
 
 
 def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
@@ -97,7 +146,8 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
     from .states import (optimizer_of, flat_optimizer_bytes, optimizer_fixed_bytes,
                          step_counter_bytes, tensor_optimizer_bytes)
 
-    n_lora = sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
+    n_lora = (sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
+              + dora_magnitude_params(cfg, setup))
     n_total = count_params(cfg).total
     d, z = setup.dp, setup.zero
 
@@ -115,6 +165,8 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
                              + tensor_optimizer_bytes(setup, (a.out_features, r)))
                   for a in selected(cfg, setup.lora_targets)
                   for r in [setup.lora_rank * a.rank_mult])
+        opt += sum(a.count * tensor_optimizer_bytes(setup, (a.out_features,))
+                   for a in selected(cfg, setup.lora_targets) if setup.dora)
         opt += optimizer_fixed_bytes(setup, adapter_sizes(cfg, setup))
     else:  # ZeRO 1-3: one flat partition, as DeepSpeed gives it to the optimizer
         opt = flat_optimizer_bytes(setup, [shard(n_lora, 1)])
@@ -181,6 +233,7 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             key = f"lora/{a.name}/lora_B_input"
             nbytes = a.count * N * a.rank_mult * setup.lora_rank * setup.act_bytes
         out[key] = out.get(key, 0) + nbytes
+    out.update(dora_saved(cfg, workload, setup))
     if matmul4bit_keeps_input(setup):
         out.update(matmul4bit_inputs(cfg, workload, setup))
     return out

@@ -243,7 +243,8 @@ def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) 
     """Bytes the optimizer's update allocates beside the states: its own step's temporaries
     (`Optimizer.step_temporaries` over the device's tensors: AdamW's foreach path on CUDA over
     its ZeRO partition, one tensor at a time elsewhere, the largest it steps, as the engine
-    gives it: `Engine.largest_optimizer_tensor`, a DeepSpeed flat partition is one), in the
+    gives it: `Engine.largest_optimizer_tensor`, a DeepSpeed flat partition is one; on CPU
+    AdamW's previous tensor's temporary too, `Engine.optimizer_step_pairs`), in the
     dtype of the weights the optimizer steps (fp32 master weights in mode mixed), and in mode
     mixed the fp32 master weights' gradients, as the engine keeps them
     (`Engine.master_gradient_bytes`).
@@ -257,7 +258,8 @@ def optimizer_temporaries(cfg: GPTConfig, setup: TrainingSetup, st: StateBytes) 
         stepped=shard if engine.optimizer_sharded(setup) else st.params,
         largest_stepped=lambda: engine.largest_optimizer_tensor(cfg, setup, st.params),
         largest_param=lambda: largest_tensor(cfg, setup),
-        tensors=lambda: stage_tensors(cfg, setup, "first"))
+        tensors=lambda: stage_tensors(cfg, setup, "first"),
+        pairs=lambda: engine.optimizer_step_pairs(cfg, setup, st.stage))
     return masters + optimizer_of(setup).step_temporaries(view)
 
 

@@ -77,4 +77,49 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
     if setup.ep > 1 and (not cfg.moe or cfg.n_expert % setup.ep):
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")
+    check_dora(cfg, setup)
     check_profile(cfg, setup)
+
+
+def check_dora(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """DoRA is modelled where its twin runs: PEFT's use_dora on a transformers model of dense
+    blocks (no experts, latent attention or hybrid mixers), fp32, on one device, without
+    recomputation, compile, float8, offload or another loss; anything else is refused naming
+    the option."""
+    if not setup.dora:
+        return
+    beside = [(setup.impl != "transformers", f"--impl {setup.impl}"),
+              (setup.mode != "fp32", f"--mode {setup.mode}"),
+              (setup.base_dtype == "nf4", "--weights-dtype nf4"),
+              (setup.dp > 1, f"--dp {setup.dp}"), (setup.tp > 1, f"--tp {setup.tp}"),
+              (setup.pp > 1, f"--pp {setup.pp}"), (setup.cp > 1, f"--cp {setup.cp}"),
+              (setup.recompute != "none", f"--recompute {setup.recompute}"),
+              (setup.compile != "none", f"--compile {setup.compile}"),
+              (setup.float8 != "none", f"--float8 {setup.float8}"),
+              (setup.offload_activations, "--offload-activations"),
+              (setup.optimizer_in_backward, "--optimizer-in-backward"),
+              (setup.loss != "standard", f"--loss {setup.loss}")]
+    model = cfg.moe or cfg.mla or cfg.hybrid
+    for refused, what in beside:
+        if refused:
+            raise ConfigError("dora", f"--dora with {what} is not modelled: DoRA is measured "
+                                      "on transformers' models wrapped by PEFT, --mode fp32, "
+                                      "one device, no recompute, compile, float8 or offload")
+    if "lm_head" in setup.lora_targets:
+        raise ConfigError("dora", "--dora with --lora-targets lm_head is not modelled: DoRA on "
+                                  "the head keeps two more logits-sized tensors and its "
+                                  "backward's, which are not measured")
+    if model:
+        raise ConfigError("dora", "--dora is modelled on dense blocks, not with experts, "
+                                  "latent attention or hybrid mixers")
+    from .profile_transformers import transformers_family
+
+    family = transformers_family(cfg)
+    if family not in DORA_FAMILIES:
+        raise ConfigError("dora", f"--dora is measured on transformers' "
+                                  f"{' and '.join(DORA_FAMILIES)} blocks, not {family}'s")
+
+
+# the transformers model types DoRA's twin runs (tests/test_dora.py): Llama's block (separate
+# projections) and Phi-3's (fused qkv_proj and gate_up_proj)
+DORA_FAMILIES = ("llama", "phi3")

@@ -196,6 +196,64 @@ def largest_tensor(cfg: GPTConfig, setup: TrainingSetup) -> int:
     return largest
 
 
+def consecutive_pairs(sizes: Iterable[int]) -> set[tuple[int, int]]:
+    """The (previous, this) element counts of consecutive tensors of `sizes`, in order; the
+    first tensor's previous is 0."""
+    out: set[tuple[int, int]] = set()
+    prev = 0
+    for n in sizes:
+        out.add((prev, n))
+        prev = n
+    return out
+
+
+def _unrolled(tensors: list[ParamTensor], size) -> list[int]:
+    """The sizes of `tensors` (one block's, or the embeddings' or the head's) in the order a
+    module registers them: the entries of one module (a weight and its bias) that a block holds
+    `copies` of (per-head modules, routed experts) come module by module, weight, bias, weight,
+    bias; two copies give every pair more would."""
+    out: list[int] = []
+    i = 0
+    while i < len(tensors):
+        module, copies = tensors[i].name.rsplit(".", 1)[0], tensors[i].copies
+        j = i
+        while (j < len(tensors) and tensors[j].copies == copies
+               and tensors[j].name.rsplit(".", 1)[0] == module):
+            j += 1
+        out += [size(t) for t in tensors[i:j]] * min(copies, 2)
+        i = j
+    return out
+
+
+def step_order_pairs(cfg: GPTConfig, setup: TrainingSetup, stage: Stage,
+                     size=None) -> set[tuple[int, int]]:
+    """The (previous, this) element counts of the consecutive tensors an optimizer steps one
+    at a time over `stage`'s trainable parameters, in the order the model registers them
+    (`model.parameters()`, which `torch.optim` keeps): the embeddings, each block's tensors
+    in the inventory's order (a module a block holds several copies of, module by module),
+    the final norm and the head; with LoRA each adapted Linear's lora_A then lora_B (PEFT's
+    order; DoRA's magnitude after them), block by block. Two or more blocks give the pairs across a block boundary (the
+    last tensor of one block, the first of the next); the pairs do not grow with L. `size(t)`
+    gives a tensor's elements on the device (default: its tensor-parallel shard). Blocks whose
+    kinds differ (MoE on some blocks, hybrid mixers) are taken as if each held every kind."""
+    if setup.lora_rank:
+        from ..lora import selected
+
+        sizes: list[int] = []
+        adapters = selected(cfg, setup.lora_targets)
+        for a in adapters:
+            r = setup.lora_rank * a.rank_mult
+            sizes += [r * a.in_features, r * a.out_features] + [a.out_features] * setup.dora
+        return consecutive_pairs(sizes * (2 if any(a.count > 1 for a in adapters) else 1))
+    size = size or (lambda t: t.shard(setup.tp))
+    tensors = stage_tensors(cfg, setup, stage)
+    blocks = [t for t in tensors if t.place == "block"]
+    twice = any(t.layers > 1 for t in blocks)
+    return consecutive_pairs(_unrolled([t for t in tensors if t.place == "embedding"], size)
+                             + _unrolled(blocks, size) * (2 if twice else 1)
+                             + _unrolled([t for t in tensors if t.place == "head"], size))
+
+
 def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
     """16-bit copies of fp32 weights that torch.autocast makes and autograd saves (mode amp).
 
@@ -224,7 +282,7 @@ def autocast_weight_copies(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, in
 
 __all__ = ["BNB_BLOCKSIZE", "BNB_MIN_8BIT_SIZE", "BNB_QMAP_BYTES", "STAGES", "STEP_COUNTER_BYTES",
            "StateBytes", "adafactor_state_bytes", "autocast_weight_copies",
-           "bnb_8bit_state_bytes", "flat_optimizer_bytes", "largest_tensor",
+           "bnb_8bit_state_bytes", "consecutive_pairs", "flat_optimizer_bytes", "largest_tensor",
            "optimizer_bytes_per_param", "optimizer_fixed_bytes", "optimizer_of",
-           "partnered_optimizer_bytes", "stage_params", "stage_tensors", "step_counter_bytes",
+           "partnered_optimizer_bytes", "stage_params", "stage_tensors", "step_order_pairs", "step_counter_bytes",
            "tensor_optimizer_bytes", "unified_optimizer_bytes", "zero_bytes_per_param"]

@@ -31,9 +31,16 @@ class AdamW(Optimizer):
 
     def step_temporaries(self, step: StepView) -> int:
         """CUDA: the foreach path over every tensor the device steps at once (its ZeRO
-        partition when sharded); CPU: one tensor at a time, the device's largest parameter."""
+        partition when sharded). CPU: `_single_tensor_adam` (torch/optim/adam.py) one tensor
+        at a time, `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: the loop
+        rebinds `denom` only once the new one exists, so the previous tensor's denom is alive
+        beside this tensor's two, max over consecutive tensors of (prev + 2 this) x
+        param_bytes (`StepView.pairs`; without them, two of the device's largest parameter)."""
         if step.device == "cuda":
             return self.update_temporaries(step.stepped, "cuda", step.param_bytes)
+        pairs = list(step.pairs())
+        if pairs:
+            return max(prev + 2 * n for prev, n in pairs) * step.param_bytes
         return self.update_temporaries(step.largest_param(), "cpu", step.param_bytes)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar, Iterable, Protocol
 
 from ..errors import one_of
 
@@ -35,6 +35,9 @@ class StepView:
     largest_stepped: Callable[[], int]  # elements of the largest tensor it steps
     largest_param: Callable[[], int]  # elements of the largest parameter tensor the device holds
     tensors: Callable[[], list]  # the device's parameter tensors (`states.stage_tensors`)
+    # the (previous, this) elements of consecutive tensors it steps one at a time, in its order
+    # (`states.step_order_pairs`); empty: not known
+    pairs: Callable[[], Iterable[tuple[int, int]]] = lambda: ()
 
 
 class Optimizer:

@@ -54,7 +54,7 @@ class Muon(Optimizer):
         largest = max((t.numel for t in rest), default=0)
         rest_step = replace(step, stepped=sum(t.numel * t.count for t in rest),
                             largest_stepped=lambda: largest, largest_param=lambda: largest,
-                            tensors=lambda: rest)
+                            tensors=lambda: rest, pairs=lambda: ())
         return max(muon, optimizer_named(self.partner).step_temporaries(rest_step))
 
 

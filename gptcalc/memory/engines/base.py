@@ -15,6 +15,7 @@ data-parallel engine that replicates every state (one device, DistributedDataPar
   the most loaded rank, and what it keeps between steps;
 - `resident`: what a rank keeps between optimizer steps;
 - `optimizer_sharded`, `master_gradient_bytes`, `largest_optimizer_tensor`,
+  `optimizer_step_pairs`,
   `head_gradient_sharded`: how the step's own terms (the optimizer's temporaries, the head's
   gradient) depend on its layout;
 - `adjust`: its own terms at each moment of the step peak, added to or replacing the step's
@@ -35,7 +36,7 @@ from ...errors import ConfigError, one_of
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import Ledger, Term
-from ..states import largest_tensor
+from ..states import largest_tensor, step_order_pairs
 from .shards import RankStates, first_rank, tp_rank_states
 
 
@@ -150,6 +151,12 @@ class Engine:
         """Elements of the largest tensor the optimizer steps on a rank holding `params`
         parameters: the largest parameter tensor (`states.largest_tensor`)."""
         return largest_tensor(cfg, setup)
+
+    def optimizer_step_pairs(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                             ) -> set[tuple[int, int]]:
+        """The (previous, this) elements of consecutive tensors the rank's optimizer steps
+        one at a time: its parameters in the model's order (`states.step_order_pairs`)."""
+        return step_order_pairs(cfg, setup, stage)
 
     def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
         """Whether the lm_head's gradient is reduced to a 1/dp partition as backward makes it

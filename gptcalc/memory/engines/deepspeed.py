@@ -177,19 +177,54 @@ def deepspeed_lora_states(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int
     DeepSpeed flattens only them); the adapters are one flat 16-bit group padded as
     `flat_group_elements` pads it, their gradients whole (stage 1) or one partition (stage 2),
     and the optimizer the fp32 master partition with its states over flat / dp elements
-    (`_optimizer_bytes`) and one step counter. Stage 3: `finetune_state_bytes`."""
+    (`_optimizer_bytes`) and one step counter. Stage 3: `deepspeed_stage3_lora_states`."""
     from ..finetune import finetune_state_bytes
     from ...lora import lora_params
 
     lines = finetune_state_bytes(cfg, setup)
     if setup.zero >= 3:
-        return lines
+        return deepspeed_stage3_lora_states(cfg, setup, lines)
     n = sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
     wb, dp = setup.weight_bytes, setup.dp
     flat = flat_group_elements(n, dp)
     return {**lines, "adapter/weights": wb * flat,
             "adapter/gradients": wb * (flat // dp if setup.zero >= 2 else n),
             "adapter/optimizer": _optimizer_bytes(setup, [flat // dp]) + step_counters(setup, 1)}
+
+
+def deepspeed_stage3_lora_states(cfg: GPTConfig, setup: TrainingSetup,
+                                 lines: dict[str, int]) -> dict[str, int]:
+    """LoRA under ZeRO-3, by `finetune.finetune_state_bytes`' lines (`lines`): ZeRO-3
+    partitions every parameter of the module, the frozen base too, and keeps whole those of at
+    most stage3_param_persistence_threshold elements (`_persistent`, over the base's tensors
+    then the adapters'); the client optimizer holds the adapters only, so the flat 16-bit
+    partition buffer (`lp_param_buffer`), the gradient partitions, the fp32 master partitions
+    with their states and the step counters (one per sub-group) are the adapters'. base: the
+    persistent tensors whole and each other one's padded 1/dp partition; adapters: the
+    persistent ones whole beside every adapter's partition in the flat buffer
+    (`stage3_partition_elements`), gradients wb x those partitions, optimizer
+    `_optimizer_bytes` over their sub-groups (DeepSpeed's fp32 copy in mode fp32). Measured on
+    the CPU accelerator (DeepSpeed 0.19, 2 gloo ranks, the default and small thresholds).
+    An NF4 base keeps `lines`' own base line."""
+    from ...lora import selected
+
+    base = _sizes(cfg, setup, 0)
+    adapters = [n for a in selected(cfg, setup.lora_targets)
+                for n in [setup.lora_rank * a.rank_mult * a.in_features,
+                          setup.lora_rank * a.rank_mult * a.out_features] * a.count]
+    whole = _persistent(base + adapters, setup)
+    dp, wb = setup.dp, setup.weight_bytes
+    part = stage3_partition_elements(adapters, dp)
+    groups = stage3_sub_group_elements(adapters, setup)
+    kept = sum(n for n, k in zip(adapters, whole[len(base):]) if k)
+    out = {**lines, "adapter/weights": wb * (kept + part), "adapter/gradients": wb * part,
+           "adapter/optimizer": _optimizer_bytes(setup, groups)
+           + step_counters(setup, len(groups))}
+    if setup.base_dtype != "nf4":
+        wbase = 2 if setup.mode == "amp" else wb
+        out["base/weights"] = wbase * sum(n if k else -(-n // dp)
+                                          for n, k in zip(base, whole))
+    return out
 
 
 def _offloaded(setup: TrainingSetup) -> str:
@@ -713,6 +748,6 @@ def describe_buffers(setup: TrainingSetup) -> str:
 
 
 __all__ = ["DeepSpeed", "ZERO_DEFAULTS", "deepspeed_adjust", "deepspeed_buffers",
-           "deepspeed_host", "deepspeed_lora_states", "deepspeed_rank_states", "deepspeed_resident", "offload_devices", "describe_buffers",
+           "deepspeed_host", "deepspeed_lora_states", "deepspeed_stage3_lora_states", "deepspeed_rank_states", "deepspeed_resident", "offload_devices", "describe_buffers",
            "flat_group_elements", "stage3_partition_elements", "stage3_persistent_elements",
            "zero_settings"]

@@ -24,7 +24,7 @@ from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ...inventory import ParamTensor
 from ..ledger import GRADIENTS, LOGITS, SAVED, Ledger, Phase, Term
-from ..states import optimizer_bytes_per_param, stage_tensors
+from ..states import optimizer_bytes_per_param, stage_tensors, step_order_pairs
 from .base import Engine, Step, register
 from .shards import (RankStates, chunk_rows, coords, first_rank, optimizer_over, padded_rows,
                      rows_times_rest, stage_list, step_counters, tp_local_shape)
@@ -446,6 +446,15 @@ class FSDP2(Engine):
         return max(rows_times_rest(shape, padded_rows(shape[0], setup.dp))
                    for t in stage_list(cfg, setup, 0)
                    for shape in [tp_local_shape(t, setup.tp, 0)])
+
+    def optimizer_step_pairs(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                             ) -> set[tuple[int, int]]:
+        """The local shards (ceil(rows / dp) rows of each tensor's tp shard), model order."""
+        if setup.lora_rank:
+            return super().optimizer_step_pairs(cfg, setup, stage)
+        return step_order_pairs(cfg, setup, stage, lambda t: rows_times_rest(
+            tp_local_shape(t, setup.tp, 0), padded_rows(tp_local_shape(t, setup.tp, 0)[0],
+                                                        setup.dp)))
 
     def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
         """FSDP2 keeps the root's gradients unsharded until the root's reduce-scatter."""

@@ -128,6 +128,29 @@ def zero1_lora_states(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
     return {**lines, "adapter/optimizer": opt}
 
 
+def zero1_step_pairs(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
+                     ) -> set[tuple[int, int]]:
+    """The consecutive tensors the most loaded rank's local optimizer steps: its own tensors
+    in `zero1_owned`'s order, largest first (`_partition_parameters` hands each rank its
+    parameters in the sorted order, and the local optimizer keeps it); with LoRA, the
+    adapters' lora_A and lora_B tensors."""
+    from ..states import consecutive_pairs
+
+    if setup.lora_rank:
+        from ...lora import selected
+
+        sizes_list: list[int] = []
+        for a in selected(cfg, setup.lora_targets):
+            r = setup.lora_rank * a.rank_mult
+            sizes_list += [r * a.in_features, r * a.out_features] * a.count
+        sizes = tuple(sizes_list)
+    else:
+        sizes = _zero1_sizes(cfg, setup, stage)
+    owned = zero1_owned(sizes, setup.dp)
+    rank = max(sorted(owned), key=lambda r: sum(sizes[i] for i in owned[r]), default=0)
+    return consecutive_pairs(sizes[i] for i in owned.get(rank, ()))
+
+
 class ZeroRedundancy(Engine):
     """PyTorch's ZeroRedundancyOptimizer: ZeRO-1 over whole tensors."""
 
@@ -150,8 +173,12 @@ class ZeroRedundancy(Engine):
     def finetune_states(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
         return zero1_lora_states(cfg, setup)
 
+    def optimizer_step_pairs(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                             ) -> set[tuple[int, int]]:
+        return zero1_step_pairs(cfg, setup, stage)
+
 
 register(ZeroRedundancy())
 
 __all__ = ["ZeroRedundancy", "zero1_lora_states", "zero1_most_loaded", "zero1_owned", "zero1_partition", "zero1_peak_rank", "zero1_rank_states",
-           "zero1_resident"]
+           "zero1_resident", "zero1_step_pairs"]
