@@ -204,23 +204,129 @@ def test_sliding_window_layers_hold_only_their_window():
     assert layer_blocks_per_request(cfg, 1000, 16, 2048) == 16 * 63 + 16 * 64
 
 
-@pytest.mark.parametrize("name,tp,fraction", [
-    # (memory - reserve) / memory in MiB: 24 GiB less 2.9 GiB; 48 GiB less 10 (tp 1) and 11.5
-    # GiB (tp 4); 141 GiB less 12.5; 192 GiB less 32
-    ("l4", 1, 0.879), ("l40s", 1, 0.792), ("l40s", 4, 0.76), ("h200", 1, 0.911),
-    ("mi300x", 8, 0.833)])
-def test_sglang_default_fraction(name, tp, fraction):
+# SGLang's default reserve in MiB, hand-computed from the released wheels' source.
+# Before 0.5.3 (sglang/srt/server_args.py at 0.5.2, `__post_init__`), p = tp x pp:
+#   "reserved_mem = (2.8 + parallel_size / 10) * 1024" under 35 GiB, "(9.5 + parallel_size / 2)
+#   * 1024" under 90 GiB, "(12 + parallel_size / 2) * 1024" under 160 GiB, "32 * 1024" above.
+# From 0.5.3 (`_handle_gpu_memory_settings`): "reserved_mem = 512", "+= max(self.chunked_
+#   prefill_size, 2048) * 1.5", "+= self.cuda_graph_max_bs * 2", "+= self.tp_size *
+#   self.pp_size / 8 * 1024"; chunked_prefill_size 2,048 under 35 GiB (4,096 from 0.5.20's
+#   arg_groups/memory_hook.py), 8,192 under 160 GiB; cuda_graph_max_bs 16 under 35 GiB at
+#   tp < 4 (24 from 0.5.5, 48 from 0.5.20), 256 under 160 GiB at tp < 4.
+# From 0.5.10 (piecewise CUDA graphs on by default): "reserved_mem +=
+#   len(self.piecewise_cuda_graph_tokens) * 8", the tokens of
+#   `_generate_piecewise_cuda_graph_tokens` up to chunked_prefill_size: 2,048 -> 8 (4..32)
+#   + 14 (48..256) + 8 (288..512) + 8 (576..1024) + 4 (1280..2048) = 42; 4,096 -> 50;
+#   8,192 -> 50 + 8 (4608..8192) = 58. "reserved_mem += 1.5 * 1024" instead with MLA.
+_H100, _H200, _L4 = 80 * 1024, 141 * 1024, 24 * 1024  # MiB (gptcalc's table)
+
+
+def _frac(mib, reserve):
+    # "round((gpu_mem - reserved_mem) / gpu_mem, 3)"
+    return round((mib - reserve) / mib, 3)
+
+
+@pytest.mark.parametrize("name,tp,version,fraction", [
+    # the 0.5.2 | 0.5.3 boundary
+    ("h100-sxm", 1, "0.5.2", _frac(_H100, (9.5 + 1 / 2) * 1024)),
+    ("h100-sxm", 2, "0.5.2", _frac(_H100, (9.5 + 2 / 2) * 1024)),
+    ("h100-sxm", 1, "0.5.3", _frac(_H100, 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024)),
+    ("h100-sxm", 2, "0.5.3", _frac(_H100, 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024)),
+    ("h200", 1, "0.5.2", _frac(_H200, (12 + 1 / 2) * 1024)),
+    ("h200", 2, "0.5.2", _frac(_H200, (12 + 2 / 2) * 1024)),
+    ("h200", 1, "0.5.3", _frac(_H200, 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024)),
+    ("h200", 2, "0.5.3", _frac(_H200, 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024)),
+    ("l4", 1, "0.5.2", _frac(_L4, (2.8 + 1 / 10) * 1024)),
+    ("a10", 2, "0.5.2", _frac(_L4, (2.8 + 2 / 10) * 1024)),
+    ("l4", 1, "0.5.3", _frac(_L4, 512 + 2048 * 1.5 + 16 * 2 + 1 / 8 * 1024)),
+    ("a10", 2, "0.5.3", _frac(_L4, 512 + 2048 * 1.5 + 16 * 2 + 2 / 8 * 1024)),
+    # the 0.5.9 | 0.5.10 boundary: prefill graphs' 8 MiB a token count
+    ("h100-sxm", 1, "0.5.9", _frac(_H100, 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024)),
+    ("h100-sxm", 2, "0.5.9", _frac(_H100, 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024)),
+    ("h100-sxm", 1, "0.5.10", _frac(_H100, 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024 + 58 * 8)),
+    ("h100-sxm", 2, "0.5.10", _frac(_H100, 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024 + 58 * 8)),
+    ("h200", 1, "0.5.9", _frac(_H200, 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024)),
+    ("h200", 2, "0.5.9", _frac(_H200, 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024)),
+    ("h200", 1, "0.5.10", _frac(_H200, 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024 + 58 * 8)),
+    ("h200", 2, "0.5.10", _frac(_H200, 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024 + 58 * 8)),
+    ("l4", 1, "0.5.9", _frac(_L4, 512 + 2048 * 1.5 + 24 * 2 + 1 / 8 * 1024)),
+    ("a10", 2, "0.5.9", _frac(_L4, 512 + 2048 * 1.5 + 24 * 2 + 2 / 8 * 1024)),
+    ("l4", 1, "0.5.10", _frac(_L4, 512 + 2048 * 1.5 + 24 * 2 + 1 / 8 * 1024 + 42 * 8)),
+    ("a10", 2, "0.5.10", _frac(_L4, 512 + 2048 * 1.5 + 24 * 2 + 2 / 8 * 1024 + 42 * 8)),
+    # the 0.5.19 | 0.5.20 boundary under 35 GiB: chunked_prefill_size 4,096, max_bs 48
+    ("l4", 1, "0.5.19", _frac(_L4, 512 + 2048 * 1.5 + 24 * 2 + 1 / 8 * 1024 + 42 * 8)),
+    ("l4", 1, "0.5.20", _frac(_L4, 512 + 4096 * 1.5 + 48 * 2 + 1 / 8 * 1024 + 50 * 8)),
+    # the newest release (the default)
+    ("h100-sxm", 1, "0.5.23", _frac(_H100, 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024 + 58 * 8)),
+    ("mi300x", 8, "0.5.2", _frac(192 * 1024, 32 * 1024)),
+    # 180 GiB: chunked_prefill_size 16,384, max_bs 512; 50 + 24 (4608..16384) token counts
+    ("b200", 8, "0.5.23", _frac(180 * 1024, 512 + 16384 * 1.5 + 512 * 2 + 8 / 8 * 1024
+                                + (50 + 24) * 8)),
+])
+def test_sglang_default_fraction(name, tp, version, fraction):
     from gptcalc.inference import sglang_mem_fraction_static
 
-    assert sglang_mem_fraction_static(gpu(name).memory_bytes, tp) == fraction
+    assert sglang_mem_fraction_static(gpu(name).memory_bytes, tp, version=version) == fraction
+
+
+@pytest.mark.parametrize("version,kw,reserve", [
+    # --disable-cuda-graph: both graph terms stay until 0.5.13; 0.5.14 sets the prefill
+    # backend DISABLED ("if self.disable_cuda_graph: _set(Phase.PREFILL, "backend",
+    # Backend.DISABLED)"), which drops "len(prefill_cuda_graph_config.bs) * 8"; 0.5.15 skips
+    # the decode term ("and decode_cuda_graph_config.backend != Backend.DISABLED")
+    ("0.5.13", dict(eager=True), 512 + 8192 * 1.5 + 256 * 2 + 128 + 58 * 8),
+    ("0.5.14", dict(eager=True), 512 + 8192 * 1.5 + 256 * 2 + 128),
+    ("0.5.15", dict(eager=True), 512 + 8192 * 1.5 + 128),
+    # MLA: "reserved_mem += 1.5 * 1024" in place of the token counts
+    ("0.5.9", dict(mla=True), 512 + 8192 * 1.5 + 256 * 2 + 128),
+    ("0.5.10", dict(mla=True), 512 + 8192 * 1.5 + 256 * 2 + 128 + 1.5 * 1024),
+    # pp > 1 and --cpu-offload-gb turn torch.compile piecewise graphs off (0.5.10's
+    # `_handle_piecewise_cuda_graph`, 0.5.14's `_disable_tc_piecewise_cudagraph_if_incompatible`)
+    ("0.5.10", dict(pp=2), 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024),
+    ("0.5.10", dict(cpu_offload=True), 512 + 8192 * 1.5 + 256 * 2 + 128),
+    ("0.5.14", dict(pp=2), 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024),
+    ("0.5.14", dict(cpu_offload=True), 512 + 8192 * 1.5 + 256 * 2 + 128),
+    # 0.5.15's default prefill backend on CUDA, "Backend.BREAKABLE if is_cuda()"
+    # (model_executor/cuda_graph_config.py), is not turned off by either, but by MLA
+    # ("MLA attention" in `_disable_breakable_cudagraph_if_incompatible`) until 0.5.17
+    ("0.5.15", dict(pp=2), 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024 + 58 * 8),
+    ("0.5.15", dict(cpu_offload=True), 512 + 8192 * 1.5 + 256 * 2 + 128 + 58 * 8),
+    ("0.5.17", dict(mla=True), 512 + 8192 * 1.5 + 256 * 2 + 128),
+    ("0.5.18", dict(mla=True), 512 + 8192 * 1.5 + 256 * 2 + 128 + 1.5 * 1024),
+    # 0.5.19 (arg_groups/cuda_graph_hook.py): "if cfg.pp_size > 1 and
+    # cfg.cuda_graph_config.prefill.backend == Backend.BREAKABLE" -> DISABLED
+    ("0.5.18", dict(pp=2), 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024 + 58 * 8),
+    ("0.5.19", dict(pp=2), 512 + 8192 * 1.5 + 256 * 2 + 2 / 8 * 1024),
+    ("0.5.23", dict(cpu_offload=True), 512 + 8192 * 1.5 + 256 * 2 + 128 + 58 * 8),
+])
+def test_sglang_reserve_by_release_and_setting(version, kw, reserve):
+    from gptcalc.inference import sglang_mem_fraction_static
+
+    got = sglang_mem_fraction_static(80 * GiB, 1, version=version, **kw)
+    assert got == _frac(_H100, reserve)
+
+
+def test_sglang_chunked_prefill_by_memory_and_release():
+    # `_handle_gpu_memory_settings` buckets, each side of each edge (MiB)
+    from gptcalc.inference.sglang import sglang_chunked_prefill_size
+
+    mib = 2**20
+    for below, tokens in ((20 * 1024, 2048), (60 * 1024, 4096), (160 * 1024, 8192)):
+        assert sglang_chunked_prefill_size((below - 1) * mib, "0.5.3") == tokens
+    assert sglang_chunked_prefill_size((35 * 1024 - 1) * mib, "0.5.19") == 2048
+    assert sglang_chunked_prefill_size((35 * 1024 - 1) * mib, "0.5.20") == 4096
+    assert sglang_chunked_prefill_size(35 * 1024 * mib, "0.5.20") == 4096  # the next bucket
+    assert sglang_chunked_prefill_size((60 * 1024) * mib, "0.5.3") == 8192
+    assert sglang_chunked_prefill_size((160 * 1024) * mib, "0.5.3") == 16384
 
 
 def test_sglang_has_no_profile_run_and_pages_of_one_token():
     g = gpu("h100-sxm")
     p = kv_pool(LLAMA3, g.memory_bytes, "sglang", gpu_name=g.name)
-    # 80 GiB = 81,920 MiB less a reserve of 9.5 + 1/2 GiB: round(71,680 / 81,920, 3) = 0.875
-    assert p.activation == {} and p.block_size == 1 and p.utilization == 0.875
-    assert p.kv_cache == int(g.memory_bytes * 0.875) - p.weights - p.non_torch
+    # 80 GiB = 81,920 MiB less 0.5.23's reserve (`test_sglang_default_fraction`): 512 +
+    # 1.5 x 8,192 + 2 x 256 + 128 + 58 x 8 = 13,904 MiB; round(68,016 / 81,920, 3) = 0.83
+    assert p.activation == {} and p.block_size == 1 and p.utilization == 0.83
+    assert p.kv_cache == int(g.memory_bytes * 0.83) - p.weights - p.non_torch
     assert p.kv_tokens == p.kv_cache // (32 * 2 * 8 * 128 * 2)  # Llama-3-8B: 128 KiB per token
 
 

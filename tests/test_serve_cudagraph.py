@@ -198,8 +198,11 @@ def test_sglang_capture_batch_sizes():
 
 def test_sglang_graphs_live_outside_the_pool():
     cfg = from_name("llama3-8b")
-    with_graphs = kv_pool(cfg, H100, engine="sglang", gpu_name="h100-sxm")
-    without = kv_pool(cfg, H100, engine="sglang", gpu_name="h100-sxm", enforce_eager=True)
+    # at one fraction: --disable-cuda-graph changes the default fraction itself from 0.5.14
+    # (tests/test_serve.py, `test_sglang_reserve_by_release_and_setting`), never the pool
+    with_graphs = kv_pool(cfg, H100, engine="sglang", gpu_name="h100-sxm", utilization=0.83)
+    without = kv_pool(cfg, H100, engine="sglang", gpu_name="h100-sxm", enforce_eager=True,
+                      utilization=0.83)
     assert with_graphs.kv_cache == without.kv_cache
     assert with_graphs.graph_sizes[-1] == 256 and without.graph_sizes == ()
 

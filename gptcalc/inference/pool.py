@@ -444,8 +444,9 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
         rel, gpu_memory_bytes, gpu_name, mml, cfg.sliding_window is not None, cfg.mla)
     tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
-    frac = check_fraction(server.fraction(utilization, gpu_memory_bytes, tp, pp=pp),
-                          server.fraction_option)
+    frac = check_fraction(server.fraction(utilization, gpu_memory_bytes, tp, pp=pp, r=rel,
+                                          mla=cfg.mla, enforce_eager=enforce_eager,
+                                          cpu_offload=cpu_offload), server.fraction_option)
     bs = server.default_block_size if block_size is None else block_size
     if block_size is not None:
         positive_int("kv_block_size", block_size)

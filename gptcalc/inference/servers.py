@@ -97,9 +97,11 @@ class Server:
         return self.batch_defaults
 
     def fraction(self, utilization: float | None, gpu_memory_bytes: int, tp: int,
-                 pp: int = 1) -> float:
+                 pp: int = 1, r: Release | None = None, mla: bool = False,
+                 enforce_eager: bool = False, cpu_offload: int = 0) -> float:
         """Its share of the GPU's memory: `utilization` where given (the pool checks it), else
-        `default_fraction` (an engine whose default grows with the layout reads tp and pp)."""
+        `default_fraction` (an engine whose default depends on the layout, the release, the
+        model's attention, --enforce-eager or CPU offload reads them)."""
         return self.default_fraction if utilization is None else utilization
 
     def check_layout(self, cfg: GPTConfig, pp: int, dp: int, cpu_offload: int) -> None:

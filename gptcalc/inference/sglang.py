@@ -1,7 +1,7 @@
 """SGLang, a serving engine (`servers.Server`): no profile run; its token pool is what is
 left of total x mem_fraction_static after the weights and everything else the process holds
 (python/sglang/srt/model_executor/model_runner.py, `profile_max_num_token`), pages of one
-token. Its mem_fraction_static default is the 2025 releases' (`sglang_mem_fraction_static`).
+token. Its mem_fraction_static default is the release's (`sglang_mem_fraction_static`).
 Its pipeline stages are sized together (`sglang_layout`), its data-parallel replicas are
 separate servers, and its CUDA graphs live in the reserve outside mem_fraction_static
 (`gptcalc.inference.cudagraph`). The version is recorded and printed.
@@ -14,27 +14,139 @@ import dataclasses
 from ..config import GPTConfig
 from ..errors import ConfigError
 from .cudagraph import sglang_capture_bs, sglang_cuda_graph_max_bs
-from .servers import Release, Server, register
+from .servers import Release, Server, parse_version, register
 from .vllm import vllm_defaults
 
 NEWEST = "0.5.23"  # the newest release on PyPI (pip index versions sglang, November 2026)
 
 
-def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1) -> float:
-    """SGLang's default mem_fraction_static: the GPU's memory less a reserve for activations
-    and CUDA graphs, as a share rounded to 3 decimals (sglang/srt/server_args.py,
-    `ServerArgs.__post_init__`, 2025 releases). Reserve, with p = tp x pp: 2.8 + p/10 GiB under
-    35 GiB (T4, A10, L4, RTX 4090), 9.5 + p/2 GiB under 90 GiB (A100, H100), 12 + p/2 GiB
-    under 160 GiB (H20, H200), 32 GiB above (B200, MI300X)."""
+# the reserve's rule by release (`sglang_reserve_mib`): from 0.5.3 the activation and graph
+# terms (sgl-project/sglang pull 10975); from 0.5.10 the prefill graphs on by default (0.5.9
+# has them opt-in, `enable_piecewise_cuda_graph: bool = False`), torch.compile piecewise
+# graphs until 0.5.14, off at pp > 1 and with --cpu-offload-gb; from 0.5.15 breakable graphs
+# on CUDA (sglang/srt/model_executor/cuda_graph_config.py, `default_prefill_backend`), which
+# neither turns off (`_disable_breakable_cudagraph_if_incompatible`) but which MLA turns off
+# until 0.5.17; from 0.5.19 pp > 1 turns them off again (arg_groups/cuda_graph_hook.py: "PP
+# prefill graph replay is opt-in"). From 0.5.14 --disable-cuda-graph turns the prefill graphs'
+# reserve off, from 0.5.15 the decode graphs'
+RESERVE_RULE_SINCE = (0, 5, 3)
+PREFILL_GRAPHS_SINCE = (0, 5, 10)
+BREAKABLE_SINCE = (0, 5, 15)
+BREAKABLE_MLA_SINCE = (0, 5, 18)
+BREAKABLE_PP_OFF_SINCE = (0, 5, 19)
+EAGER_DROPS_PREFILL_SINCE = (0, 5, 14)
+EAGER_DROPS_DECODE_SINCE = (0, 5, 15)
+
+
+def sglang_prefill_graphs(version: str, pp: int = 1, mla: bool = False, eager: bool = False,
+                          cpu_offload: bool = False) -> bool:
+    """Whether SGLang captures prefill graphs by default, and reserves memory for them, on a
+    CUDA GPU (the release rules above)."""
+    v = parse_version(version)
+    if v < PREFILL_GRAPHS_SINCE or (eager and v >= EAGER_DROPS_PREFILL_SINCE):
+        return False
+    if v < BREAKABLE_SINCE:
+        return pp == 1 and not cpu_offload
+    if mla and v < BREAKABLE_MLA_SINCE:
+        return False
+    return pp == 1 or v < BREAKABLE_PP_OFF_SINCE
+
+
+# chunked_prefill_size by the GPU's memory in MiB (`_handle_gpu_memory_settings`): (below
+# this many MiB, tokens); the bucket below 35 GiB is 4,096 from 0.5.20 (arg_groups/memory_hook.py)
+SGLANG_CHUNKED_PREFILL = ((20 * 1024, 2048), (35 * 1024, 2048), (60 * 1024, 4096),
+                          (90 * 1024, 8192), (160 * 1024, 8192))
+SGLANG_CHUNKED_PREFILL_ABOVE = 16384
+SGLANG_SMALL_GPU_CHUNKED_SINCE = ((0, 5, 20), 4096)
+
+
+def sglang_chunked_prefill_size(gpu_memory_bytes: int, version: str = NEWEST) -> int:
+    """SGLang's default chunked_prefill_size by the GPU's memory in MiB
+    (`SGLANG_CHUNKED_PREFILL`, sglang/srt/server_args.py `_handle_gpu_memory_settings`, 0.5.3
+    to 0.5.19; sglang/srt/arg_groups/memory_hook.py `handle_gpu_memory_settings`, 0.5.20 on)."""
     mib = gpu_memory_bytes / 2**20
-    if mib < 35 * 1024:
-        reserve = (2.8 + tp / 10) * 1024
-    elif mib < 90 * 1024:
-        reserve = (9.5 + tp / 2) * 1024
-    elif mib < 160 * 1024:
-        reserve = (12 + tp / 2) * 1024
-    else:
-        reserve = 32 * 1024
+    for below, tokens in SGLANG_CHUNKED_PREFILL:
+        if mib < below:
+            since, small = SGLANG_SMALL_GPU_CHUNKED_SINCE
+            if below == 35 * 1024 and parse_version(version) >= since:
+                return small
+            return tokens
+    return SGLANG_CHUNKED_PREFILL_ABOVE
+
+
+def sglang_prefill_graph_tokens(max_tokens: int) -> list[int]:
+    """The token counts of SGLang's prefill (piecewise) CUDA graphs, each at most max_tokens
+    (`_generate_piecewise_cuda_graph_tokens`, 0.5.10; `generate_prefill_cuda_graph_batch_sizes`,
+    0.5.23's arg_groups/cuda_graph_hook.py):
+
+        range(4, 33, 4) + range(48, 257, 16) + range(288, 513, 32) + range(576, 1025, 64)
+        + range(1280, 4097, 256) + range(4608, max_tokens + 1, 512)
+    """
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
+             + list(range(4608, max_tokens + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
+
+
+def sglang_reserve_mib(gpu_memory_bytes: int, tp: int = 1, pp: int = 1,
+                       version: str = NEWEST, mla: bool = False, eager: bool = False,
+                       cpu_offload: bool = False) -> float:
+    """SGLang's reserve outside mem_fraction_static in MiB, by release.
+
+    Before 0.5.3 (sglang/srt/server_args.py at v0.5.2, `ServerArgs.__post_init__`), with
+    p = tp x pp: 2.8 + p/10 GiB under 35 GiB (T4, A10, L4, RTX 4090), 9.5 + p/2 GiB under
+    90 GiB (A100, H100), 12 + p/2 GiB under 160 GiB (H20, H200), 32 GiB above (B200, MI300X).
+
+    From 0.5.3 (sgl-project/sglang pull 10975; the released wheels' sglang/srt/server_args.py,
+    `_handle_gpu_memory_settings`, 0.5.3 to 0.5.19, and sglang/srt/arg_groups/memory_hook.py,
+    `handle_gpu_memory_settings` and `reserve_for_graph_mb`, 0.5.20 to 0.5.23):
+
+        512 + 1.5 x max(chunked_prefill_size, 2048) + 2 x cuda_graph_max_bs
+            + tp x pp / 8 x 1024 [+ prefill graphs]          at least 10,240 above 60 GiB
+
+    chunked_prefill_size by memory (`sglang_chunked_prefill_size`), cuda_graph_max_bs by
+    memory and tp (`cudagraph.sglang_cuda_graph_max_bs`). From 0.5.10 the prefill graphs,
+    where captured (`sglang_prefill_graphs`: 0.5.10's `_handle_piecewise_cuda_graph`, later
+    the prefill backend's incompatibility rules), add 8 MiB a captured token count
+    (`sglang_prefill_graph_tokens` up to chunked_prefill_size), 1.5 GiB flat with MLA, before
+    the 10 GiB floor. `eager` (--disable-cuda-graph) drops the prefill graphs' term from
+    0.5.14 and the decode graphs' from 0.5.15; earlier releases reserve both anyway.
+    Not followed: the architectures SGLang keeps off prefill graphs
+    (`is_piecewise_cuda_graph_disabled_model`; from 0.5.15 DeepSeek-V4, from 0.5.17 NemotronH;
+    0.5.17 keeps DSA models' graphs under MLA), multimodal checkpoints, a "llama-2" model path
+    (prefill graphs capped at 4,096 tokens), AMD GPUs (no prefill graphs under ROCm),
+    speculative decoding, DP attention and
+    SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (off by default)."""
+    mib = gpu_memory_bytes / 2**20
+    v = parse_version(version)
+    if v < RESERVE_RULE_SINCE:
+        p = tp * pp
+        if mib < 35 * 1024:
+            return (2.8 + p / 10) * 1024
+        if mib < 90 * 1024:
+            return (9.5 + p / 2) * 1024
+        if mib < 160 * 1024:
+            return (12 + p / 2) * 1024
+        return 32 * 1024
+    chunk = sglang_chunked_prefill_size(gpu_memory_bytes, version)
+    reserve = 512 + max(chunk, 2048) * 1.5 + tp * pp / 8 * 1024
+    if not (eager and v >= EAGER_DROPS_DECODE_SINCE):
+        reserve += sglang_cuda_graph_max_bs(gpu_memory_bytes, tp, version) * 2
+    if sglang_prefill_graphs(version, pp, mla, eager, cpu_offload):
+        reserve += 1.5 * 1024 if mla else len(sglang_prefill_graph_tokens(chunk)) * 8
+    if mib > 60 * 1024:
+        reserve = max(reserve, 10 * 1024)
+    return reserve
+
+
+def sglang_mem_fraction_static(gpu_memory_bytes: int, tp: int = 1, pp: int = 1,
+                               version: str = NEWEST, mla: bool = False, eager: bool = False,
+                               cpu_offload: bool = False) -> float:
+    """SGLang's default mem_fraction_static: the GPU's memory in MiB less the release's
+    reserve for activations and CUDA graphs (`sglang_reserve_mib`), as a share rounded to 3
+    decimals: round((memory - reserve) / memory, 3)."""
+    mib = gpu_memory_bytes / 2**20
+    reserve = sglang_reserve_mib(gpu_memory_bytes, tp, pp, version, mla, eager, cpu_offload)
     return round((mib - reserve) / mib, 3)
 
 
@@ -88,13 +200,15 @@ class SGLang(Server):
         return vllm_defaults(gpu_memory_bytes, gpu_name)
 
     def fraction(self, utilization: float | None, gpu_memory_bytes: int, tp: int,
-                 pp: int = 1) -> float:
-        """mem_fraction_static as given, else `sglang_mem_fraction_static` of the GPU's
-        memory at parallel_size = tp x pp (sglang/srt/server_args.py,
-        `_handle_mem_fraction_static`), refused where the reserve leaves nothing."""
+                 pp: int = 1, r: Release | None = None, mla: bool = False,
+                 enforce_eager: bool = False, cpu_offload: int = 0) -> float:
+        """mem_fraction_static as given, else the release's `sglang_mem_fraction_static` of
+        the GPU's memory at tp and pp, refused where the reserve leaves nothing."""
         if utilization is not None:
             return utilization
-        frac = sglang_mem_fraction_static(gpu_memory_bytes, tp * pp)
+        frac = sglang_mem_fraction_static(gpu_memory_bytes, tp, pp,
+                                          NEWEST if r is None else r.version, mla,
+                                          enforce_eager, cpu_offload > 0)
         if not 0 < frac <= 1:
             raise ConfigError("gpu_memory", f"SGLang's default mem_fraction_static for "
                                             f"{gpu_memory_bytes / 2**30:.2f} GiB is {frac:.3g}: "
@@ -147,4 +261,6 @@ class SGLang(Server):
 
 register(SGLang())
 
-__all__ = ["NEWEST", "SGLang", "sglang_layout", "sglang_mem_fraction_static"]
+__all__ = ["NEWEST", "SGLang", "sglang_chunked_prefill_size", "sglang_layout",
+           "sglang_mem_fraction_static", "sglang_prefill_graph_tokens", "sglang_prefill_graphs",
+           "sglang_reserve_mib"]
