@@ -44,11 +44,10 @@ import math
 from dataclasses import dataclass, field
 
 from ..config import GPTConfig
-from ..errors import ConfigError, one_of, positive_int
+from ..errors import ConfigError, fraction, one_of, positive_int
 from ..gpus import GPU, GPUS, usable_memory
 from ..layers import (attention_layers, dense_mlp_layers, global_layers, hybrid_layer_words,
                       moe_layers, sliding_layers)
-from ..time import check_fraction
 from .adapters import lora_slot_bytes
 from .kv import (SSM_CACHE_DTYPES, hybrid_block_size, hybrid_groups, kv_bytes_per_token_layer,
                  state_bytes_per_layer, state_layers)
@@ -444,9 +443,9 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
         rel, gpu_memory_bytes, gpu_name, mml, cfg.sliding_window is not None, cfg.mla)
     tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = seqs_default if max_num_seqs is None else max_num_seqs
-    frac = check_fraction(server.fraction(utilization, gpu_memory_bytes, tp, pp=pp, r=rel,
-                                          mla=cfg.mla, enforce_eager=enforce_eager,
-                                          cpu_offload=cpu_offload), server.fraction_option)
+    frac = fraction(server.fraction_option,
+                    server.fraction(utilization, gpu_memory_bytes, tp, pp=pp, r=rel, mla=cfg.mla,
+                                    enforce_eager=enforce_eager, cpu_offload=cpu_offload))
     bs = server.default_block_size if block_size is None else block_size
     if block_size is not None:
         positive_int("kv_block_size", block_size)

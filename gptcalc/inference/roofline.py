@@ -42,10 +42,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ..config import GPTConfig
-from ..errors import ConfigError, positive_int
+from ..errors import ConfigError, fraction, positive_int
 from ..flops import inference_flops, matmul_flops
 from ..gpus import GPU, require_bandwidth, require_peak
-from ..time import check_fraction
 from .kv import kv_cache_bytes, kv_dtype_bytes, kv_heads_per_device
 from .pool import gpu_memory, profile_activation_bytes
 from .sampler import sm_count
@@ -206,8 +205,8 @@ def serving(cfg: GPTConfig, gpu: GPU, batch_size: int = 1, prompt_len: int = 128
         raise ConfigError("prompt_len" if prompt_len >= cfg.block_size else "gen_len",
                           f"prompt {prompt_len} + {gen_len} generated tokens exceed "
                           f"block_size {cfg.block_size}")
-    fe = check_fraction(flops_efficiency, "flops_efficiency")
-    be = check_fraction(bandwidth_efficiency, "bandwidth_efficiency")
+    fe = fraction("flops_efficiency", flops_efficiency)
+    be = fraction("bandwidth_efficiency", bandwidth_efficiency)
     precision = compute_precision(weights_dtype)
     if gpu.peak_flops(precision) is None and gpu.peak_flops("fp16") is not None:
         raise ConfigError("weights_dtype", f"{gpu.name} has no {precision} peak (its tensor "
