@@ -538,6 +538,21 @@ def _plan_key(layout: Layout, s: float, peak: int, by: str) -> tuple:
     return (s, layout.gpus, *ties) if by == "time" else (layout.gpus, s, *ties)
 
 
+def _search_space(cfg: GPTConfig, seq_len: int, batch: int, max_gpus: int, lora: bool,
+                  engines: tuple[str, ...] | None, gpus: int | None) -> tuple:
+    """`search`'s space: the FLOPs of one sequence by planned recomputation, the candidate
+    layouts, and the most replicas of each layout group (its gate). An unknown engine name
+    is ConfigError("engine")."""
+    flops = {r: count_flops(cfg, Workload(1, seq_len), recompute=r) for r in PLANNED_RECOMPUTE}
+    for name in engines or ():
+        engine_named(name)
+    layouts = candidate_layouts(cfg, seq_len, batch, max_gpus, lora, engines, gpus)
+    largest: dict[tuple, int] = {}
+    for layout in layouts:
+        largest[layout.group] = max(largest.get(layout.group, 0), layout.dp)
+    return flops, layouts, largest
+
+
 def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
            precision: str = "bf16", mfu: float | None = None, max_gpus: int = DEFAULT_MAX_GPUS,
            top: int | None = None, setup_for: Callable[[Layout], TrainingSetup] | None = None,
@@ -556,16 +571,9 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
     `memory.verdict` (as `gptcalc plan` answers), else by the allocated peak alone; `fewest`
     False leaves the fewest-GPU plan out (None) and its search undone."""
     mfu = _check_search(seq_len, max_gpus, gpus, max_evaluations, mfu, top)
-    want_fewest = fewest
     setup_for = setup_for or (lambda layout: layout_setup(cfg, layout))
     peak_flops = require_peak(gpu, precision)
-    flops = {r: count_flops(cfg, Workload(1, seq_len), recompute=r) for r in PLANNED_RECOMPUTE}
-    for name in engines or ():
-        engine_named(name)  # an unknown name is ConfigError("engine")
-    layouts = candidate_layouts(cfg, seq_len, batch, max_gpus, lora, engines, gpus)
-    largest: dict[tuple, int] = {}
-    for layout in layouts:
-        largest[layout.group] = max(largest.get(layout.group, 0), layout.dp)
+    flops, layouts, largest = _search_space(cfg, seq_len, batch, max_gpus, lora, engines, gpus)
     ev = _Evaluator(cfg, seq_len, batch, budget, setup_for, judged)
     probe = next((x for x in (ev.setup(y) for y in layouts) if x is not None), None)
     bound = _lower_bound(cfg, seq_len, gpu, precision,
@@ -662,18 +670,24 @@ def search(cfg: GPTConfig, seq_len: int, batch: int, budget: int, gpu: GPU,
 
     candidates = [layout for layout in layouts if max_step_seconds is None or (
         mfu is not None or bound(layout, batch) <= max_step_seconds)]
-    capped, plans, fewest = False, [], None
+    return _answer(ev, len(layouts), ranked, order, top, fewest)
+
+
+def _answer(ev: "_Evaluator", n_layouts: int, ranked: Callable, order: str, top: int | None,
+            fewest: bool) -> PlanSearch:
+    """`search`'s answer: the plans ranked by `order`, the fastest on the fewest GPUs (when
+    `fewest`) from the same step peaks, or the nearest miss when nothing fits."""
+    capped, plans, least = False, [], None
     try:
         plans = ranked(order, top)
-        # the fewest GPUs, then the fastest, from the same step peaks
-        fewest = next(iter(ranked("gpus", 1)), None) if want_fewest else None
+        least = next(iter(ranked("gpus", 1)), None) if fewest else None
     except _Capped:
         capped = True
     if not plans and not capped:  # the nearest miss among the layouts that failed
         for layout, setup in ev.missed + ev.pruned:
             ev.nearest(layout, setup)
-    return PlanSearch(plans, None if plans else ev.closest, len(layouts), len(ev.peaks),
-                      fewest, capped)
+    return PlanSearch(plans, None if plans else ev.closest, n_layouts, len(ev.peaks), least,
+                      capped)
 
 
 def _best_first(bounds: list, evaluate: Callable, refine: Callable, top: int | None,

@@ -41,13 +41,17 @@ TARGETS = {"llama": ["q_proj,v_proj", "all", "o_proj", "k_proj,down_proj", "up_p
                      "o_proj,gate_proj"],
            "phi3": ["qkv_proj", "all", "o_proj", "gate_up_proj"]}
 # Measured with torch 2.13, transformers 5.24, PEFT 0.21.2 over the 30 cells of TARGETS x
-# (B, S) in (4, 64), (1, 16), (2, 48): from -7.43% (llama k_proj,down_proj, B 1, S 16) to +1.12%.
-# The saved tensors and the states are exact; what is not modelled is DoRA's forward
-# transients: each adapted Linear makes B A by running lora_A and lora_B over an in x in
-# identity, and W + s B A twice (out x in), and MemTracker still holds the last adapter's
-# identity at the step's peak (it is freed some ops after its Linear returns; -102,400 B of
-# the -7.43% is down_proj's 160 x 160 fp32 identity). The bound is the worst with a margin.
-DORA_PEAK_TOLERANCE = 0.10
+# (B, S) in (4, 64), (1, 16), (2, 48), each step after a full collection
+# (transformers_twin.measure_step_peak): down to -9.58% (llama k_proj,down_proj, B 1, S 16),
+# up to +1.12%. The saved tensors and the states are exact; what is not modelled is DoRA's
+# forward transients: each adapted Linear makes B A by running lora_A and lora_B over an
+# in x in identity, and W + s B A twice (out x in), and the step's peak still holds the last
+# adapter's identity (-102,400 B there is down_proj's 160 x 160 fp32 identity). PEFT's DoRA
+# also leaves reference cycles, freed when Python's cyclic collector runs: with the collector
+# off the same cells measure down to -20%, and without the collection first the figure moved
+# with what the process ran before (-10.9% within the whole suite). Bound: the worst with a
+# margin, 12%
+DORA_PEAK_TOLERANCE = 0.12
 
 
 def predicted(raw: dict, targets: str, B: int, S: int, tmp_path, *extra: str) -> dict:

@@ -162,7 +162,7 @@ def test_serve_and_infer_size_against_the_usable_figure_and_say_so():
                                  "--json"])
     out = json.loads(r.stdout)
     assert out["gpu_memory_bytes"] == GPUS["h100-sxm"].usable_memory_bytes
-    assert "79.22 GiB (h100-sxm's usable memory" in out["assumptions"]
+    assert "79.22 GiB (h100-sxm: torch.cuda.mem_get_info's total" in out["assumptions"]
     assert "datasheet 80.00 GiB" in out["assumptions"]
     r = CliRunner().invoke(cli, ["infer", "--preset", "llama3-8b", "--gpu", "l4", "--json"])
     assert json.loads(r.stdout)["memory_bytes"] == GPUS["l4"].usable_memory_bytes

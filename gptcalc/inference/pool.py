@@ -386,6 +386,22 @@ def _check_layout(cfg: GPTConfig, server: Server, tp: int, pp: int, dp: int,
         raise ConfigError("cpu_offload_gb", f"must be at least 0, got {cpu_offload!r}")
 
 
+def _check_sizes(cfg: GPTConfig, tp: int, non_torch: int, gpu_memory_bytes: int | None,
+                 cuda_graph_memory: int | None) -> None:
+    """kv_pool's sizes: tp divides the query heads; non-torch and a given CUDA graph figure
+    are sizes of at least 0 bytes; the GPU has a positive memory figure."""
+    if cfg.n_head % tp:
+        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
+    if not isinstance(non_torch, int) or non_torch < 0:
+        raise ConfigError("non_torch", f"must be a size of at least 0 bytes, got {non_torch!r}")
+    if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
+        raise ConfigError("gpu_memory", "must be a positive size (this GPU has no memory figure)")
+    if cuda_graph_memory is not None and (not isinstance(cuda_graph_memory, int)
+                                          or cuda_graph_memory < 0):
+        raise ConfigError("cuda_graph_memory", f"must be a size of at least 0 bytes, got "
+                                               f"{cuda_graph_memory!r}")
+
+
 def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER, tp: int = 1,
             weights_dtype: str = "bf16", kv_dtype: str = "bf16",
             utilization: float | None = None, max_num_batched_tokens: int | None = None,
@@ -426,12 +442,7 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
     wdp = 1 if server.separate_replicas else dp
     if non_torch is None:
         non_torch = default_non_torch(gpu_name, tp * pp * wdp)
-    if cfg.n_head % tp:
-        raise ConfigError("tp", f"tp {tp} must divide the {cfg.n_head} query heads")
-    if not isinstance(non_torch, int) or non_torch < 0:
-        raise ConfigError("non_torch", f"must be a size of at least 0 bytes, got {non_torch!r}")
-    if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
-        raise ConfigError("gpu_memory", "must be a positive size (this GPU has no memory figure)")
+    _check_sizes(cfg, tp, non_torch, gpu_memory_bytes, cuda_graph_memory)
     rel = server.release(engine_version)
     if cfg.hybrid:  # sized without LoRA slots, by the engines that model their state pages
         if lora is not None:
@@ -465,10 +476,6 @@ def kv_pool(cfg: GPTConfig, gpu_memory_bytes: int, engine: str = DEFAULT_SERVER,
         cfg, *lora, tp=tp, dtype_bytes=unquantised_bytes(weights_dtype))
     context = server.device_context(rel)
     backend = server.sampler_backend(rel, sampler)
-    if cuda_graph_memory is not None and (not isinstance(cuda_graph_memory, int)
-                                          or cuda_graph_memory < 0):
-        raise ConfigError("cuda_graph_memory", f"must be a size of at least 0 bytes, got "
-                                               f"{cuda_graph_memory!r}")
     graphs = server.cuda_graphs(rel, cfg, weights_dtype, gpu_memory_bytes, gpu_name, tp, seqs,
                                 tokens, enforce_eager, cuda_graph_memory)
     stages = []
