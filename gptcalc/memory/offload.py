@@ -53,11 +53,17 @@ def check_offload(setup: TrainingSetup) -> None:
 
 def _tensors_per_block(cfg: GPTConfig, setup: TrainingSetup, key: str) -> int:
     """Equal tensors one block saves under a line: q, k and v (grouped-query k and v repeated
-    to the query heads inside the core; the core's inputs selective recomputation keeps); the
+    to the query heads inside the core; the core's inputs selective recomputation keeps);
+    under amp the projections' input, cast by autocast once per matmul that reads it
+    (`profile_reference._qk_sources`: 3 separate projections, 3 H per-head ones, MLA's 2); the
     MLP's hidden tensors (`HIDDEN_SAVED`, compiled
     `COMPILED_HIDDEN`); else one."""
     if key in ("layer/attn/qkv", "layer/attn/core_inputs"):
         return 3
+    if key == "layer/attn/qkv_input" and setup.mode == "amp":  # autocast casts it per matmul
+        if cfg.mla:
+            return 2
+        return {"fused": 1, "separate": 3, "per_head": 3 * cfg.n_head}[cfg.qkv_layout]
     if key == "layer/mlp/hidden":
         return (COMPILED_HIDDEN if setup.compile != "none" else HIDDEN_SAVED)[cfg.mlp]
     return 1
