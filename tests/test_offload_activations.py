@@ -28,6 +28,8 @@ def _split(cfg, wl, setup):
 # autocast's three casts of a block's input to separate q, k and v projections: 384 B each,
 # under the threshold (the line of 1,152 B a block was once taken as one tensor)
 @example(arch="llama", mode="amp", b=1, S=6, E=32, recompute="none")
+# and the two casts of the MLP's input to SwiGLU's gate and up projections: 512 B each
+@example(arch="llama", mode="amp", b=1, S=8, E=32, recompute="none")
 def test_offloaded_bytes_exact_cpu(arch, mode, b, S, E, recompute):
     from reference_model.offload import measure_offload
 

@@ -25,7 +25,7 @@ least. CUDA only: torchtune refuses to offload without an accelerator.
 
 from __future__ import annotations
 
-from ..config import GPTConfig
+from ..config import GATED_MLPS, GPTConfig
 from ..errors import ConfigError
 from ..inventory import inventory
 from ..training_setup import TrainingSetup
@@ -55,7 +55,8 @@ def _tensors_per_block(cfg: GPTConfig, setup: TrainingSetup, key: str) -> int:
     """Equal tensors one block saves under a line: q, k and v (grouped-query k and v repeated
     to the query heads inside the core; the core's inputs selective recomputation keeps);
     under amp the projections' input, cast by autocast once per matmul that reads it
-    (`profile_reference._qk_sources`: 3 separate projections, 3 H per-head ones, MLA's 2); the
+    (`profile_reference._qk_sources`: 3 separate projections, 3 H per-head ones, MLA's 2;
+    a gated MLP's gate and up projections, 2); the
     MLP's hidden tensors (`HIDDEN_SAVED`, compiled
     `COMPILED_HIDDEN`); else one."""
     if key in ("layer/attn/qkv", "layer/attn/core_inputs"):
@@ -64,6 +65,8 @@ def _tensors_per_block(cfg: GPTConfig, setup: TrainingSetup, key: str) -> int:
         if cfg.mla:
             return 2
         return {"fused": 1, "separate": 3, "per_head": 3 * cfg.n_head}[cfg.qkv_layout]
+    if key == "layer/mlp/fc_input" and setup.mode == "amp" and cfg.mlp in GATED_MLPS:
+        return 2  # the gate's and the up projection's casts
     if key == "layer/mlp/hidden":
         return (COMPILED_HIDDEN if setup.compile != "none" else HIDDEN_SAVED)[cfg.mlp]
     return 1
