@@ -29,7 +29,7 @@ VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS with default "0" in the 0.19.0 and 0.19
 graphs are captured after sizing the pool, in what gpu_memory_utilization leaves. From 0.22.0
 some models run on Model Runner V2 by default (`VllmConfig.use_v2_model_runner`), whose
 `profile_cudagraph_memory` returns 0 until 0.29.0 (vllm/v1/worker/gpu/model_runner.py: "It is
-TBD whether we keep this API or not"; vllm-project/vllm issue 49224): those releases take
+TBD whether we keep this API or not"; vllm-project/vllm#49224): those releases take
 nothing from the pool for those models (`v2_runner_estimates_nothing`). From 0.29.0 the V2
 runner estimates too (vllm/v1/worker/gpu/cudagraph_utils.py, PIECEWISE graphs captured in
 full, FULL ones extrapolated from the largest two); `serve` gives it the same figures.

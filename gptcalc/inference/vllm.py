@@ -245,7 +245,7 @@ class VLLM(Server):
             return "; no CUDA graphs (--enforce-eager)"
         if p.cuda_graphs == 0 and p.graph_sizes:  # captured, estimated as nothing
             return ("; CUDA graphs estimated as 0 by this release's Model Runner V2 (none taken "
-                    "from the pool; vllm-project/vllm issue 49224)")
+                    "from the pool; vllm-project/vllm#49224)")
         if p.cuda_graphs is None:
             return ("; CUDA graphs not counted: this release captures them after sizing the "
                     "pool, in the memory gpu_memory_utilization leaves (modelled from vLLM "
