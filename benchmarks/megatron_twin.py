@@ -78,10 +78,11 @@ def build(cfg: GPTConfig, recompute: str, dtype: torch.dtype):
         gradient_accumulation_fusion=False, apply_rope_fusion=False,
         recompute_granularity=None if recompute == "none" else recompute,
         recompute_method="uniform" if recompute == "full" else None,
-        recompute_num_layers=1 if recompute == "full" else None)
+        recompute_num_layers=1 if recompute == "full" else None,
+        qk_layernorm=cfg.qk_norm == "head")
     pos = "rope" if cfg.pos_embedding == "rotary" else "learned_absolute"
-    model = GPTModel(tc, get_gpt_layer_local_spec(normalization=norm), cfg.vocab_size,
-                     cfg.block_size, position_embedding_type=pos,
+    spec = get_gpt_layer_local_spec(normalization=norm, qk_layernorm=cfg.qk_norm == "head")
+    model = GPTModel(tc, spec, cfg.vocab_size, cfg.block_size, position_embedding_type=pos,
                      share_embeddings_and_output_weights=cfg.tie_embeddings).to(dtype)
     return model.train()
 
@@ -134,6 +135,10 @@ MODELS = {  # E 64, H 4, L 2, V 96, T 24
     "GQA 4/2, learned, ReLU": GPTConfig(block_size=24, vocab_size=96, n_layer=2, n_head=4,
                                         n_kv_head=2, n_embd=64, mlp="relu"),
 }
+# Megatron's qk_layernorm: a norm of head_dim on q and on k (gptcalc's qk_norm "head"), for
+# each way q and k reach the core (a view of linear_qkv's output or a copy, rotary or not)
+MODELS.update({f"{name}, q/k norms": cfg.replace(qk_norm="head")
+               for name, cfg in list(MODELS.items())})
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from gptcalc import GPTConfig, Workload
 from gptcalc.cli import cli
-from gptcalc.memory import TrainingSetup
+from gptcalc.memory import TrainingSetup, saved_activations
 from gptcalc.memory.activations import device_activations
 
 # --- the oracle: megatron/training/theoretical_memory_usage.py (commit d98e8a6), verbatim
@@ -270,6 +270,44 @@ def test_the_local_modules_equal_megatron_core_measured_on_cpu():
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(
                            [str(root), os.environ.get("PYTHONPATH", "")])})
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
+# Megatron's qk_layernorm (a norm of head_dim on q and k), measured by benchmarks/megatron_twin.py
+# on megatron-core 0.16.1's GPTModel, local spec, CPU, b 2 x S 24, E 64, H 4, L 2, V 96, dropout
+# 0, --mode mixed (bf16): the bytes autograd keeps for backward, attention mask excluded
+_QK_MODELS = {
+    "gpt": dict(mlp="gelu"),
+    "llama-like": dict(n_kv_head=2, d_ff=96, mlp="swiglu", pos_embedding="rotary",
+                       mlp_bias=False, qkv_bias=False, attn_out_bias=False,
+                       tie_embeddings=False),
+    "rotary MHA": dict(mlp="gelu", pos_embedding="rotary"),
+    "GQA 4/1": dict(n_kv_head=1, mlp="gelu"),
+    "GQA 4/2 ReLU": dict(n_kv_head=2, mlp="relu"),
+}
+_QK_MEASURED = {  # (model, recompute): bytes measured by megatron-core with qk_layernorm=True
+    ("gpt", "none"): 275_760, ("gpt", "selective"): 257_336,
+    ("llama-like", "none"): 250_032, ("llama-like", "selective"): 213_176,
+    ("rotary MHA", "none"): 281_520, ("rotary MHA", "selective"): 263_096,
+    ("GQA 4/1", "none"): 268_464, ("GQA 4/1", "selective"): 228_536,
+    ("GQA 4/2 ReLU", "none"): 238_128, ("GQA 4/2 ReLU", "selective"): 201_272,
+    ("gpt", "full"): 44_592, ("llama-like", "full"): 45_744,
+}
+
+
+@pytest.mark.parametrize("model, recompute", sorted(_QK_MEASURED))
+def test_qk_layernorm_equals_megatron_core_measured(model, recompute):
+    cfg = GPTConfig(block_size=24, vocab_size=96, n_layer=2, n_head=4, n_embd=64,
+                    qk_norm="head", **_QK_MODELS[model])
+    setup = TrainingSetup(mode="mixed", device="cpu", impl="megatron-core",
+                          megatron_te=False, recompute=recompute)
+    lines = saved_activations(cfg, Workload(2, 24), setup)
+    assert sum(lines.values()) == _QK_MEASURED[model, recompute]
+
+
+@pytest.mark.parametrize("kind", ["per_head", "proj"])
+def test_q_k_norms_megatron_does_not_build_are_refused_naming_impl(kind):
+    r = _memory("--impl", "megatron-core", "--set", f"qk_norm={kind}")
+    assert r.exit_code == 2 and "--impl" in r.output and "q/k norms" in r.output
 
 
 def _memory(*args: str):

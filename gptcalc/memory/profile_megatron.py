@@ -27,6 +27,8 @@ the rest by tp); a dropout mask is 1 byte an element on CUDA, the compute dtype'
   attn/qkv, q_copy, q_rotary, k_rotary, kv_repeated, rotary_tables   `_attention_inputs`:
                                linear_qkv's output, N (Dq + 2 Dkv) a, which q, k and v are
                                views of, or the copies the core keeps instead
+  attn/qk_norm, q_normed, k_normed   with qk_layernorm: each head's statistics (N (H + g)),
+                               and the normed q and k the core keeps without rotary
   attn/rotary_freqs    S rd 4   fp32 frequencies of one forward (TE's fused rotary; the full
                                checkpoints), one per micro-batch and stage
   attn/softmax_stats   b H S 4  TE's fused attention (`FusedAttnFunc`): q, k, v, its output
@@ -58,7 +60,8 @@ local vocabulary shard (`.float()` of the logits, made the softmax in place), it
 mask and int64 masked targets (whole on every rank), and pretrain_gpt.py's `loss_func`
 multiplication by the fp32 loss mask (4 N).
 
-Not modelled: MoE, MLA, q/k norms, sliding windows, post-norms, parallel residuals,
+Not modelled: MoE, MLA, q/k norms other than qk_layernorm's (a norm of head_dim, gptcalc's
+`qk_norm="head"`, `_normed_attention_inputs`), sliding windows, post-norms, parallel residuals,
 sinusoidal or ALiBi positions, fp8, TE's fused activation modules, the dataloader's
 attention mask, the fused attention's RNG state (16 bytes a layer).
 """
@@ -77,7 +80,9 @@ TRANSFORMER_ENGINE_COMMIT = "d0067d0da6cb"
 def unmodelled(cfg: GPTConfig) -> list[str]:
     """The switches of `cfg` the profile does not model, in words ([] when it models them)."""
     return [name for name, on in (
-        ("MoE", cfg.moe), ("MLA", cfg.mla), ("q/k norms", cfg.qk_norm != "none"),
+        ("MoE", cfg.moe), ("MLA", cfg.mla),
+        (f"q/k norms over {'heads' if cfg.qk_norm == 'per_head' else 'the projection'}",
+         cfg.qk_norm in ("per_head", "proj")),
         ("post-norms", cfg.post_norm), ("parallel residuals", cfg.parallel_residual),
         ("sliding windows", cfg.sliding_window is not None),
         ("attention sinks", cfg.attn_sinks), ("an embedding norm", cfg.embd_norm),
@@ -146,10 +151,40 @@ def _attention_inputs(cfg: GPTConfig, N: int, S: int, setup: TrainingSetup
     rope = cfg.pos_embedding == "rotary"
     unfused_core = not setup.megatron_te and setup.recompute == "none"
     repeats = unfused_core and g != H
+    if cfg.qk_norm != "none":
+        return _normed_attention_inputs(cfg, N, S, setup, repeats)
     q_copy = not rope and (1 < g < H or (g == 1 < H and unfused_core))
     q_view, v_view = not rope and not q_copy, not repeats  # k's view implies v's
     return {"attn/qkv": N * (Dq + 2 * Dkv) * a if q_view or v_view else 0,
             "attn/q_copy": N * Dq * a if q_copy else 0,
+            "attn/q_rotary": N * Dq * a if rope else 0,
+            "attn/k_rotary": N * Dkv * a if rope and not repeats else 0,
+            "attn/kv_repeated": 2 * N * Dq * a if repeats else 0,
+            "attn/rotary_tables": 4 * S * cfg.rotary_dims * a if not setup.megatron_te else 0}
+
+
+def _normed_attention_inputs(cfg: GPTConfig, N: int, S: int, setup: TrainingSetup,
+                             repeats: bool) -> dict[str, int]:
+    """`_attention_inputs` with Megatron's qk_layernorm (`q_layernorm` / `k_layernorm` of
+    head_dim, `get_query_key_value_tensors`): each norm saves its input and statistics per
+    token and head. k's input is a view of linear_qkv's output, which stays whole; q's is that
+    view too, or the copy `get_query_key_value_tensors` makes across groups (1 < g < H per
+    rank). The normed q and k are new tensors: rotary reads them without saving them (it
+    saves cos and sin) and the core keeps its rotated copies as without norms; without
+    rotary the core (or the selective checkpoint, or TE's fused attention) keeps normed q (or
+    the unfused core's folded copy of it, as large) and normed k unless the unfused core
+    repeats k and v to H heads (`attn/kv_repeated`)."""
+    a, Dq, Dkv = setup.act_bytes, cfg.q_width, cfg.kv_width
+    g, H = cfg.kv_heads // setup.tp, cfg.n_head // setup.tp
+    rope = cfg.pos_embedding == "rotary"
+    stats = 4 if setup.device == "cuda" else a
+    per_head = N * (cfg.n_head + cfg.kv_heads) * stats  # one statistic per token and head
+    return {"attn/qkv": N * (Dq + 2 * Dkv) * a,
+            "attn/q_copy": N * Dq * a if 1 < g < H else 0,
+            "attn/qk_norm/rstd": per_head,
+            "attn/qk_norm/mean": per_head if cfg.norm != "rmsnorm" else 0,
+            "attn/q_normed": N * Dq * a if not rope else 0,
+            "attn/k_normed": N * Dkv * a if not rope and not repeats else 0,
             "attn/q_rotary": N * Dq * a if rope else 0,
             "attn/k_rotary": N * Dkv * a if rope and not repeats else 0,
             "attn/kv_repeated": 2 * N * Dq * a if repeats else 0,
