@@ -40,6 +40,8 @@ def test_every_field_is_in_exactly_one_section():
 
 def test_every_set_up_option_sits_in_its_field_s_section():
     setup_options = [o for o in OPTIONS.values() if o.field]
+    # an option declared in table "training" that sets no field would sit in no table
+    assert [o.name for o in OPTIONS.values() if o.table == "training"] == []
     assert {o.field for o in setup_options} | DERIVED == set(FIELDS)
     for opt in setup_options:
         assert opt.table == section_of(opt.field), opt.name
@@ -155,6 +157,15 @@ def test_help_shows_the_declared_default():
     assert f"(default {field_defaults()['bnb_version']})" in OPTIONS["bnb_version"].help
     assert "(default on)" in OPTIONS["distributed_optimizer"].help
     assert not any("{default}" in o.help for o in OPTIONS.values())
+    # a choice named as the default in prose ("1f1b (default)") is the declared one
+    named = 0
+    for opt in OPTIONS.values():
+        # weights_dtype's "bf16 (default)" is the mode's dtype when the option is not set
+        if opt.field and opt.name not in FAMILY and opt.name != "weights_dtype":
+            for m in re.finditer(r"(\S+) \(default[),:]", opt.help):
+                assert m.group(1) == _shown(field_defaults()[opt.field]), opt.name
+                named += 1
+    assert named >= 4  # pp_schedule, compile, float8, loss
 
 
 # --- config files by section, and the flat [training] of earlier releases ------------------
