@@ -32,7 +32,7 @@ from .presets import DEFAULT_PRESET, arch_switches, preset as get_preset, preset
 @dataclass(frozen=True)
 class Setup:
     """A resolved model, its workload, and the config-file sections later commands read
-    (e.g. `sections["training"]`), kept as the file wrote them."""
+    (e.g. `sections["parallel"]`), kept as the file wrote them."""
 
     config: GPTConfig
     workload: Workload

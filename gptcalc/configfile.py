@@ -8,12 +8,14 @@ A file holds the model, the workload, and sections that later commands read:
     [workload]
     batch_size = 4
     seq_len = 2048
-    [training]              # stored as written; `gptcalc memory` reads it
+    [precision]             # stored as written; `gptcalc memory` reads it
     mode = "mixed"
 
 Model and workload keys may also sit at the top level. `SECTIONS` lists the tables a command
-reads (`gptcalc.schema.TABLES`); [training] and [parallel] are kept verbatim here (and written
-back by --save-config) for the commands that read them, which check their keys. Any other table
+reads (`gptcalc.schema.TABLES`): the training set-up's, one per section of `TrainingSetup`
+([precision], [optimizer], [parallel], [stack], [finetune]), and the flat [training] that
+earlier releases wrote. They are kept verbatim here (and written back by --save-config) for
+the commands that read them, which check their keys (`gptcalc.training`). Any other table
 is an error, as is an unknown key in [model] or [workload] (a typo must not silently leave a
 default in place). A relative `hf_config` is taken from the file's directory
 (a Hub id, org/name, when nothing there has that name).
@@ -50,7 +52,7 @@ class ConfigFile:
     path: Path | None = None
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields + MODEL_SOURCES
     workload: dict[str, Any] = field(default_factory=dict)
-    sections: dict[str, Any] = field(default_factory=dict)  # training, parallel
+    sections: dict[str, Any] = field(default_factory=dict)  # the set-up's tables
 
 
 def _fail(path: Path | None, message: str) -> ConfigError:

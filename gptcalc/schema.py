@@ -18,9 +18,9 @@ from .families import ARCHS
 from .lora import TARGETS_HELP
 from .optimizers import describe as describe_optimizers
 from .presets import DEFAULT_PRESET
-from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, COMPILES,
-                             DEFAULT_LOSS_CHUNKS, DEVICES, FLOAT8, IMPLS, LOSSES, MODES,
-                             OPTIMIZERS, PP_SCHEDULES, RECOMPUTE)
+from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, COMPILES, DEVICES,
+                             FLOAT8, IMPLS, LOSSES, MODES, OPTIMIZERS, PP_SCHEDULES, RECOMPUTE,
+                             SECTIONS, field_defaults, section_of)
 from .units import parse_bytes
 
 
@@ -41,9 +41,11 @@ def byte_size(field: str, value: Any, exact: bool = True, zero_ok: bool = False)
 @dataclass(frozen=True)
 class Option:
     """One option. kind: int, float, text, choice, size or flag (an on/off pair);
-    `table`: the config-file table that holds it (None: the command line only); `source`: it
+    `table`: the config-file table that holds it (None: the command line only; "training" or
+    "parallel": a TrainingSetup field's option, placed in its field's section); `source`: it
     says where the model comes from rather than changing it; `dest`: the keyword, when not
-    `name`."""
+    `name`; `field`: the TrainingSetup field it sets (filled in for the set-up's options).
+    "{default}" in `help` is the field's default as TrainingSetup declares it."""
 
     name: str
     cli: str
@@ -57,6 +59,7 @@ class Option:
     dest: str | None = None
     multiple: bool = False
     zero_ok: bool = False  # a size that may be 0
+    field: str | None = None
 
     @property
     def keyword(self) -> str:
@@ -98,7 +101,8 @@ _MODEL = (
            "starcoder2, falcon, opt, bloom, ... (see README).", "model",
            metavar="PATH|ORG/NAME[@REV]", source=True),
     Option("config", "--config", "text", "A gptcalc config file (TOML or .json): [model], "
-           "[workload], [training], [parallel].", metavar="FILE", source=True),
+           "[workload], and the training set-up's [precision], [optimizer], [parallel], [stack] "
+           "and [finetune].", metavar="FILE", source=True),
     Option("recipe", "--recipe", "text", "Your own training recipe, read as the options it "
            "stands for: a torchtitan job config (.toml), a torchtune, axolotl, LLaMA-Factory, "
            "TRL or alignment-handbook config (.yaml), Hugging Face TrainingArguments (.json) or "
@@ -119,8 +123,8 @@ _TRAINING = (
            MODES),
     Option("optimizer", "--optimizer", "choice", describe_optimizers(), "training", OPTIMIZERS),
     Option("autocast_dtype", "--autocast-dtype", "choice", "16-bit dtype of amp and mixed "
-           "(default bf16).", "training", AUTOCAST_DTYPES),
-    Option("recompute", "--recompute", "choice", "Activation recomputation (default none).",
+           "(default {default}).", "training", AUTOCAST_DTYPES),
+    Option("recompute", "--recompute", "choice", "Activation recomputation (default {default}).",
            "training", RECOMPUTE),
     Option("attn", "--attn", "choice", "Attention: sdpa (flash-type kernel; default) or manual "
            "(S x S scores saved; the tutorial and notes families' default).", "training",
@@ -130,16 +134,16 @@ _TRAINING = (
            "al. 2022) or megatron-core (Megatron-Core's GPT model; --engine megatron's "
            "default).", "training", IMPLS),
     Option("megatron_te", "--megatron-te", "flag", "Under --impl megatron-core: the layer "
-           "built from Transformer Engine's modules (default on: fused attention, norms fused "
-           "into the next Linear); --no-megatron-te: Megatron's local modules (Apex norms, "
+           "built from Transformer Engine's modules (default {default}: fused attention, norms "
+           "fused into the next Linear); --no-megatron-te: Megatron's local modules (Apex norms, "
            "its unfused attention).", "training"),
     Option("loss", "--loss", "choice", "The loss over the logits: standard (default: the "
            "whole logits, cross_entropy on them), chunked (torchtune's CEWithChunkedOutputLoss: "
            "the head's output in --loss-chunks chunks, each upcast to fp32 in turn; --impl "
            "reference) or fused (Liger's fused linear cross entropy: no logits beyond one chunk "
            "of rows, the head's gradients made in the forward).", "training", LOSSES),
-    Option("loss_chunks", "--loss-chunks", "int", f"Chunks of tokens of --loss chunked "
-           f"(default {DEFAULT_LOSS_CHUNKS}, torchtune's).", "training"),
+    Option("loss_chunks", "--loss-chunks", "int", "Chunks of tokens of --loss chunked "
+           "(default {default}, torchtune's).", "training"),
     Option("keep_logits", "--keep-logits", "flag", "Whether the training loop holds the "
            "logits through backward, as litgpt's loop and the tutorial notebooks' do (their "
            "families' default); otherwise off (--no-keep-logits): dropped before backward, as "
@@ -166,11 +170,11 @@ _TRAINING = (
     Option("offload_activations", "--offload-activations", "flag", "Saved activations go "
            "to host memory as they are saved and come back for backward (torchtune's "
            "OffloadActivations): the device keeps tensors under its minimum size and the "
-           "output head's; the host row counts the rest (default off).", "training"),
+           "output head's; the host row counts the rest (default {default}).", "training"),
     Option("overhead", "--overhead", "size", "Bytes added to every phase of the peak for what "
            "is not modelled (CUDA context, fragmentation, communication buffers), e.g. 2GiB; "
-           "default 0.", "training", metavar="SIZE", zero_ok=True),
-    Option("zero", "--zero", "int", "ZeRO stage 0-3 (default 0).", "parallel"),
+           "default {default}.", "training", metavar="SIZE", zero_ok=True),
+    Option("zero", "--zero", "int", "ZeRO stage 0-3 (default {default}).", "parallel"),
     Option("engine", "--engine", "choice", "The training engine whose sharding and buffers "
            "are counted.", "parallel"),
     Option("deepspeed_config", "--deepspeed-config", "text",
@@ -185,11 +189,11 @@ _TRAINING = (
            "parameter partitions in host memory (cpu) or on NVMe (nvme), gathered to the "
            "device when used; needs --zero 3 (default none).", choices=("cpu", "nvme", "none")),
     Option("distributed_optimizer", "--distributed-optimizer", "flag",
-           "Megatron-LM's distributed optimizer (default on): fp32 master weights and Adam "
+           "Megatron-LM's distributed optimizer (default {default}): fp32 master weights and Adam "
            "states sharded over dp.", "parallel"),
-    Option("dp", "--dp", "int", "Data-parallel replicas (default 1).", "parallel"),
-    Option("tp", "--tp", "int", "Tensor-parallel ranks (default 1).", "parallel"),
-    Option("pp", "--pp", "int", "Pipeline stages (default 1); pp not dividing the layers "
+    Option("dp", "--dp", "int", "Data-parallel replicas (default {default}).", "parallel"),
+    Option("tp", "--tp", "int", "Tensor-parallel ranks (default {default}).", "parallel"),
+    Option("pp", "--pp", "int", "Pipeline stages (default {default}); pp not dividing the layers "
            "splits them as torchtitan does (the first and last stages one block fewer).",
            "parallel"),
     Option("pp_schedule", "--pp-schedule", "choice", "The pipeline schedule (torch.distributed."
@@ -197,16 +201,16 @@ _TRAINING = (
            "(ScheduleInterleavedZeroBubble); micro-batches: --grad-accum when above 1, else pp.",
            "parallel", PP_SCHEDULES),
     Option("pp_virtual", "--pp-virtual", "int", "Model chunks (virtual stages) per pipeline "
-           "stage, for interleaved-1f1b and zero-bubble (default 1).", "parallel"),
+           "stage, for interleaved-1f1b and zero-bubble (default {default}).", "parallel"),
     Option("sp", "--sp", "flag", "Sequence parallel (with tp).", "parallel"),
     Option("ep", "--ep", "int", "Expert-parallel ranks: each holds n_expert/ep routed experts "
-           "(default 1).", "parallel"),
+           "(default {default}).", "parallel"),
     Option("cp", "--cp", "int", "Context-parallel ranks: the sequence cut into 2 x cp chunks, "
            "rank i holding chunks i and 2cp-1-i, attention a ring over the ranks (torch's "
            "context_parallel, torchtitan; Megatron-core); parameters sharded over dp x cp; GPUs "
-           "= dp x tp x pp x cp (default 1).", "parallel"),
+           "= dp x tp x pp x cp (default {default}).", "parallel"),
     Option("lora_rank", "--lora-rank", "int", "LoRA fine-tuning at this rank: a frozen base, "
-           "trainable adapters (default 0: full training).", "training"),
+           "trainable adapters (default {default}: full training).", "training"),
     Option("lora_targets", "--lora-targets", "text", TARGETS_HELP, "training", metavar="LIST"),
     Option("dora", "--dora", "flag", "DoRA (PEFT's LoraConfig(use_dora=True)): each adapted "
            "Linear also trains a magnitude vector of its output width; with --lora-rank.",
@@ -216,7 +220,7 @@ _TRAINING = (
            "(or int4) = QLoRA's NF4 with double-quantised constants.", "training",
            ("bf16", "nf4", "nf4-dq", "int4")),
     Option("bnb_version", "--bnb-version", "text", "The bitsandbytes release under an NF4 base "
-           "(default 0.50.0): before 0.43.2 each 4-bit Linear keeps its input for backward.",
+           "(default {default}): before 0.43.2 each 4-bit Linear keeps its input for backward.",
            "training", metavar="X.Y.Z"),
     Option("device", "--device", "choice", "The device trained on, whose kernels decide what "
            "is saved: cuda (default) or cpu (the tutorial and notes families' default; where "
@@ -250,6 +254,27 @@ _SERVE = (
            "rank (default 16, vLLM's); with --enable-lora."),
 )
 
+# TrainingSetup fields whose option has another name
+_OPTION_FIELDS = {"attn": "attn_impl", "weights_dtype": "base_dtype"}
+
+
+def _shown(value: Any) -> str:
+    """A default as help text shows it: on/off for a flag."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _placed(opt: Option) -> Option:
+    """A set-up option (table "training" or "parallel") in its TrainingSetup field's section,
+    its help's "{default}" that field's default."""
+    field = _OPTION_FIELDS.get(opt.name, opt.name)
+    if opt.table not in ("training", "parallel") or field not in field_defaults():
+        return opt
+    return dataclasses.replace(opt, table=section_of(field), field=field, help=opt.help.replace(
+        "{default}", _shown(field_defaults()[field])))
+
+
+_TRAINING = tuple(_placed(o) for o in _TRAINING)
+
 # every declared option, by name; MODEL_OPTIONS, TRAINING_OPTIONS and DEVICE_OPTIONS in
 # command-line order
 MODEL_OPTIONS = tuple(o.name for o in _MODEL)
@@ -259,12 +284,20 @@ SERVE_OPTIONS = tuple(o.name for o in _SERVE)
 OPTIONS: dict[str, Option] = {o.name: o for o in (*_MODEL, *_TRAINING, *_DEVICE, *_SERVE)}
 
 # the tables of a config file: [model] holds every GPTConfig field too (gptcalc.coerce types
-# them); the others hold exactly the options that name them
-TABLES = ("model", "workload", "training", "parallel")
+# them); the others hold exactly the options that name them: [workload], and one table per
+# section of the training set-up (`training_setup.SECTIONS`). [training] is the flat table that
+# earlier releases wrote, every set-up option outside [parallel]; it is still read.
+LEGACY_TRAINING = "training"
+SETUP_TABLES = tuple(SECTIONS)
+TABLES = ("model", "workload", *SETUP_TABLES, LEGACY_TRAINING)
 
 
 def table_keys(table: str) -> tuple[str, ...]:
-    """The keys of a config-file table that options declare, in command-line order."""
+    """The keys of a config-file table that options declare, in command-line order ([training]:
+    every set-up option outside [parallel])."""
+    if table == LEGACY_TRAINING:
+        return tuple(o.name for o in OPTIONS.values()
+                     if o.table in SETUP_TABLES and o.table != "parallel")
     return tuple(o.name for o in OPTIONS.values() if o.table == table and not o.source)
 
 
@@ -283,6 +316,6 @@ def cli_spelling(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
-__all__ = ["DEVICE_OPTIONS", "MODEL_OPTIONS", "OPTIONS", "SERVE_OPTIONS", "TABLES",
-           "TRAINING_OPTIONS", "Option",
+__all__ = ["DEVICE_OPTIONS", "LEGACY_TRAINING", "MODEL_OPTIONS", "OPTIONS", "SERVE_OPTIONS",
+           "SETUP_TABLES", "TABLES", "TRAINING_OPTIONS", "Option",
            "byte_size", "cli_spelling", "table_keys"]

@@ -1,5 +1,7 @@
-"""The training set-up of a command or a script: explicit values > a config file's [training]
-and [parallel] tables > the family's usual set-up (`training_defaults`).
+"""The training set-up of a command or a script: explicit values > a config file's tables (one
+per section of the set-up, `training_setup.SECTIONS`, or the flat [training] of earlier
+releases beside [parallel]) > the family's usual set-up (`training_defaults`) > the defaults
+TrainingSetup declares.
 
 The CLI's `memory`, `report` and `plot` and the Python API resolve it here, so the same inputs
 size the same training step.
@@ -11,11 +13,10 @@ from typing import Any, Mapping
 
 from .config import GPTConfig
 from .dsconfig import read_ds_config
-from .schema import byte_size
+from .schema import LEGACY_TRAINING, OPTIONS, SETUP_TABLES, byte_size, table_keys
 from .errors import ConfigError
 from .families import family_of
-from .optimizers import DEFAULT as DEFAULT_OPTIMIZER
-from .training_setup import DEFAULT_BNB_VERSION, DEFAULT_LOSS_CHUNKS, ZERO_STAGES, TrainingSetup
+from .training_setup import ZERO_STAGES, TrainingSetup, field_defaults
 
 # The families whose notebooks train in fp32 with a written-out attention on a CPU (Karpathy's
 # "Let's build GPT" and the decoder-only notes); everything else
@@ -66,23 +67,37 @@ def default_setup(cfg: GPTConfig, hf: bool = False, **changes: Any) -> TrainingS
     return TrainingSetup(**fields)
 
 
-# engine "": the default for the ZeRO stage (`memory.engines.default_engine`)
-PARALLEL_DEFAULTS = {"zero": 0, "dp": 1, "tp": 1, "pp": 1, "pp_schedule": "1f1b",
-                     "pp_virtual": 1, "sp": False, "ep": 1, "cp": 1, "engine": "",
-                     "distributed_optimizer": True}
+# the table value of an option that is not set: no --engine (the ZeRO stage's default), no
+# --lora-targets, no --weights-dtype (the mode's dtype); a field default that TOML cannot hold
+# (None, a tuple) is not set either
+NOT_SET = ""
+_UNSET_OPTIONS = ("weights_dtype",)
+
+
+def _table_defaults(table: str, family: Mapping[str, Any]) -> dict[str, Any]:
+    """A config-file table's keys and their values when nothing sets them: the family's usual
+    set-up (`training_defaults`, by option name), else the default TrainingSetup declares."""
+    fields, out = field_defaults(), {}
+    for key in table_keys(table):
+        value = family[key] if key in family else fields[OPTIONS[key].field]
+        scalar = isinstance(value, (bool, int, str)) and key not in _UNSET_OPTIONS
+        out[key] = value if scalar else NOT_SET
+    return out
+
+
+PARALLEL_DEFAULTS = _table_defaults("parallel", {})
 
 
 def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, Any]:
-    """The [training] table's keys and their values when nothing sets them."""
+    """The set-up's keys outside [parallel] (the flat [training] table) and their values when
+    nothing sets them."""
+    return _table_defaults(LEGACY_TRAINING, training_defaults(cfg, hf=from_hf))
+
+
+def setup_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, dict[str, Any]]:
+    """Each section's table and its values when nothing sets them."""
     family = training_defaults(cfg, hf=from_hf)
-    return {"mode": family["mode"], "optimizer": DEFAULT_OPTIMIZER, "autocast_dtype": "bf16",
-            "recompute": "none", "attn": family["attn"], "device": family["device"],
-            "impl": family["impl"], "loss": "standard", "loss_chunks": DEFAULT_LOSS_CHUNKS,
-            "keep_logits": family["keep_logits"], "optimizer_in_backward": False,
-            "allocator": "default", "megatron_te": True, "compile": "none", "float8": "none",
-            "offload_activations": False, "overhead": 0, "lora_rank": 0,
-            "lora_targets": "", "dora": False,
-            "weights_dtype": "", "bnb_version": DEFAULT_BNB_VERSION}
+    return {table: _table_defaults(table, family) for table in SETUP_TABLES}
 
 
 def typed_value(section: str, key: str, value: Any, default: Any, where: str = "") -> Any:
@@ -102,24 +117,26 @@ def typed_value(section: str, key: str, value: Any, default: Any, where: str = "
     return value
 
 
-def merge_section(section: str, given: Mapping[str, Any], from_file: Mapping[str, Any],
-                  defaults: Mapping[str, Any], where: str = "") -> tuple[dict[str, Any], set]:
-    """given (not None) > the file's [section] > defaults; returns the values and the keys that
-    came from the file. Unknown file keys are an error naming the table."""
-    unknown = sorted(set(from_file) - set(defaults))
-    if unknown:
-        raise ConfigError("config", f"{where}[{section}] has unknown keys {', '.join(unknown)}; "
-                                    f"known: {', '.join(defaults)}")
-    out, filed = {}, set()
-    for key, default in defaults.items():
-        if given.get(key) is not None:
-            out[key] = given[key]
-        elif key in from_file:
-            out[key] = typed_value(section, key, from_file[key], default, where)
-            filed.add(key)
-        else:
-            out[key] = default
-    return out, filed
+def _file_values(sections: Mapping[str, Any], where: str = ""
+                 ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The set-up's keys a config file sets, from its section tables and the flat [training]
+    of earlier releases, and the table each came from. A key outside its table, or set in two
+    tables, is an error naming the table."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for table in (LEGACY_TRAINING, *SETUP_TABLES):
+        got = sections.get(table) or {}
+        known = table_keys(table)
+        unknown = sorted(set(got) - set(known))
+        if unknown:
+            raise ConfigError("config", f"{where}[{table}] has unknown keys "
+                                        f"{', '.join(unknown)}; known: {', '.join(known)}")
+        for key, value in got.items():
+            if key in values:
+                raise ConfigError("config", f"{where}[{table}] {key} is set in "
+                                            f"[{origin[key]}] too")
+            values[key], origin[key] = value, table
+    return values, origin
 
 
 def lora_fields(cfg: GPTConfig, rank: Any, targets: Any, weights_dtype: Any, mode: str
@@ -154,9 +171,10 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
                      given: Mapping[str, Any] | None = None, from_hf: bool = False,
                      where: str = "", ds: Mapping[str, Any] | None = None,
                      ) -> tuple[TrainingSetup, dict[str, dict[str, Any]]]:
-    """The TrainingSetup and the effective [training] and [parallel] tables (for writing a
-    config file back). `given` uses the option names (`attn`, `weights_dtype`, ...); a bad value
-    from the file is reported against the config file and its table. `ds`: the settings of
+    """The TrainingSetup and the effective table of each section (for writing a config file
+    back; `sections` may hold the flat [training] of earlier releases instead). `given` uses
+    the option names (`attn`, `weights_dtype`, ...); a bad value from the file is reported
+    against the config file and its table. `ds`: the settings of
     given["deepspeed_config"] when the caller has read it already (`read_ds_config`)."""
     sections, given = sections or {}, dict(given or {})
     sections, engine_table = _engine_keys(sections, given, where)
@@ -165,41 +183,47 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     if from_file:
         given, ds_zero = _with_ds_config(cfg, given, ds)
     ds_zero = _with_offload(given, ds_zero, from_file)
-    training, filed = merge_section("training", given, sections.get("training", {}),
-                                    training_table_defaults(cfg, from_hf), where)
-    parallel, filed_p = merge_section("parallel", given, sections.get("parallel", {}),
-                                      PARALLEL_DEFAULTS, where)
+    in_file, origin = _file_values(sections, where)
+    values: dict[str, Any] = {}
+    for defaults in setup_table_defaults(cfg, from_hf).values():
+        for key, default in defaults.items():
+            if given.get(key) is not None:
+                values[key] = given[key]
+            elif key in in_file:
+                values[key] = typed_value(origin[key], key, in_file[key], default, where)
+            else:
+                values[key] = default
     from .memory.engines import default_engine, engine_for, engine_named, names
 
-    zero = parallel["zero"]
-    if not parallel["engine"] and zero in ZERO_STAGES and not isinstance(zero, bool):
-        parallel["engine"] = default_engine(zero).name
-    if given.get("mode") is None and "mode" not in filed and (
-            parallel["engine"] in names() and engine_named(parallel["engine"]).mixed_by_default):
-        training["mode"] = "mixed"  # the engine's own mixed precision is how it is run
-    _engine_impl(cfg, training, given, filed, parallel["engine"])
-    tables = {"training": dict(training), "parallel": {**parallel, **engine_table}}
+    zero = values["zero"]
+    if not values["engine"] and zero in ZERO_STAGES and not isinstance(zero, bool):
+        values["engine"] = default_engine(zero).name
+    if given.get("mode") is None and "mode" not in origin and (
+            values["engine"] in names() and engine_named(values["engine"]).mixed_by_default):
+        values["mode"] = "mixed"  # the engine's own mixed precision is how it is run
+    _engine_impl(cfg, values, given, set(origin), values["engine"])
+    tables = {table: {k: values[k] for k in table_keys(table)} for table in SETUP_TABLES}
+    tables["parallel"].update(engine_table)
     # what the engine derives is left out of the tables unless chosen (the engine from the ZeRO
     # stage, the precision from the engine), so that a file read back with other options
     # (--zero 3, or the fit advice's) derives them again as the same options typed would
-    if given.get("engine") is None and "engine" not in filed_p:
+    if given.get("engine") is None and "engine" not in origin:
         del tables["parallel"]["engine"]
-    if not from_hf and given.get("mode") is None and "mode" not in filed:
-        del tables["training"]["mode"]
-    fields = dict(training)
+    if not from_hf and given.get("mode") is None and "mode" not in origin:
+        del tables["precision"]["mode"]
+    fields = dict(values)
     overhead = fields.pop("overhead")
     try:
         fields.update(lora_fields(cfg, fields.pop("lora_rank"), fields.pop("lora_targets"),
                                   fields.pop("weights_dtype"), fields["mode"]))
         overhead = byte_size("overhead", overhead, zero_ok=True)
         setup = TrainingSetup(attn_impl=fields.pop("attn"), overhead=overhead, **fields,
-                              **parallel, engine_settings=ds_zero)
+                              engine_settings=ds_zero)
         engine_for(setup)  # the engine runs this set-up
     except ConfigError as e:
         key = "attn" if e.field == "attn_impl" else e.field
-        if key in filed | filed_p:  # the bad value came from the file, not an option
-            table = "training" if key in filed else "parallel"
-            raise ConfigError("config", f"{where}[{table}] {e.message}") from None
+        if key in origin:  # the bad value came from the file, not an option
+            raise ConfigError("config", f"{where}[{origin[key]}] {e.message}") from None
         raise
     return setup, tables
 
@@ -318,10 +342,10 @@ def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tup
 
 def training_for(setup: Any, **given: Any) -> TrainingSetup:
     """The TrainingSetup of a resolved model (`gptcalc.resolve_setup` / the CLI's model): its
-    config file's [training] and [parallel] tables and the family's defaults, overridden by
+    config file's set-up tables and the family's defaults, overridden by
     `given` (option names: mode, attn, device, impl, dp, zero, lora_rank, ...)."""
     return resolve_training(setup.config, setup.sections, given, setup.from_hf)[0]
 
 
-__all__ = ["PARALLEL_DEFAULTS", "lora_fields", "merge_section", "resolve_training",
+__all__ = ["PARALLEL_DEFAULTS", "lora_fields", "resolve_training", "setup_table_defaults",
            "training_for", "training_table_defaults", "typed_value"]

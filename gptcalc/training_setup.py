@@ -3,7 +3,9 @@ parallel layout and engine, and the options each of them takes."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int
 from .optimizers import DEFAULT as DEFAULT_OPTIMIZER
@@ -77,9 +79,41 @@ def matmul4bit_keeps_input(setup: "TrainingSetup") -> bool:
         MATMUL4BIT_FREES_INPUT)
 
 
+# The set-up in sections: every TrainingSetup field in exactly one (tests/test_schema.py says
+# so). A field is declared once: its name, type and default in TrainingSetup, its section here,
+# its help and command-line spelling in `gptcalc.schema`; a config file holds one table per
+# section and --save-config writes them. A new field goes into the class and into one section.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "precision": ("mode", "autocast_dtype"),
+    "optimizer": ("optimizer", "optimizer_in_backward"),
+    "parallel": ("dp", "zero", "tp", "pp", "pp_schedule", "pp_virtual", "sp", "ep", "cp",
+                 "engine", "distributed_optimizer", "engine_settings"),
+    "stack": ("recompute", "attn_impl", "device", "impl", "megatron_te", "loss", "loss_chunks",
+              "keep_logits", "allocator", "compile", "float8", "offload_activations",
+              "overhead"),
+    "finetune": ("lora_rank", "lora_targets", "dora", "base_dtype", "double_quant",
+                 "bnb_version"),
+}
+
+
+def section_of(field: str) -> str:
+    """The section a TrainingSetup field belongs to."""
+    for name, fields in SECTIONS.items():
+        if field in fields:
+            return name
+    raise KeyError(f"{field} is in no section of gptcalc.training_setup.SECTIONS")
+
+
+def field_defaults() -> dict[str, Any]:
+    """Every TrainingSetup field and its default, as the class declares it."""
+    return {f.name: f.default for f in dataclasses.fields(TrainingSetup)}
+
+
 @dataclass(frozen=True)
 class TrainingSetup:
-    """How a model is trained: precision, optimizer, recomputation, kernels, parallel layout.
+    """How a model is trained, in sections (`SECTIONS`): precision, optimizer, parallel
+    layout, stack features (recomputation, kernels, loss, compile, float8, offload) and
+    fine-tuning; `setup.section(name)` gives one section's fields.
 
     mode: fp32 | amp (fp32 weights and gradients, autocast compute in `autocast_dtype`) |
     mixed (ZeRO's accounting: 16-bit weights and gradients + fp32 master weights and states) |
@@ -161,6 +195,10 @@ class TrainingSetup:
     compile: str = "none"
     float8: str = "none"
     offload_activations: bool = False
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The fields of one section (`SECTIONS`) and their values: `setup.section("parallel")`."""
+        return {f: getattr(self, f) for f in SECTIONS[name]}
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("optimizer", optimizer_names()),

@@ -139,4 +139,4 @@ def test_the_advice_leaves_the_saved_config_alone(tmp_path):
     assert r.exit_code == 0, r.output
     saved = tomllib.loads(path.read_text())
     assert saved["parallel"]["zero"] == 0 and saved["parallel"]["dp"] == 1
-    assert saved["training"]["recompute"] == "none"
+    assert saved["stack"]["recompute"] == "none"

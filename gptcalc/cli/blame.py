@@ -160,9 +160,12 @@ def _from_file(ctx: click.Context, opt) -> str | None:
     path = ctx.params.get("config")
     setup = current_setup(ctx)
     if path and setup is not None and opt.table:
-        table = dict(setup.sections).get(opt.table, {})
-        if opt.name in table:
-            return f"--config: {path}: [{opt.table}] {opt.name} = {table[opt.name]!r}"
+        from ..schema import LEGACY_TRAINING
+
+        for name in (opt.table, LEGACY_TRAINING):  # a set-up key may sit in the flat [training]
+            table = dict(setup.sections).get(name, {})
+            if opt.name in table:
+                return f"--config: {path}: [{name}] {opt.name} = {table[opt.name]!r}"
     return None
 
 
@@ -188,15 +191,16 @@ def _file_key(ctx: click.Context, message: str) -> str | None:
 def _default_of(ctx: click.Context, opt) -> Any:
     """The value `opt` took without being given: what the command recorded, else the defaults
     of its table; None when not known."""
+    from ..schema import SETUP_TABLES
     from ..training import PARALLEL_DEFAULTS, training_table_defaults
     from .options import current_setup, recorded_sections
 
     recorded = recorded_sections(ctx).get(opt.table or "", {})
-    if opt.name in recorded and opt.table in ("training", "parallel"):
+    if opt.name in recorded and opt.table in SETUP_TABLES:
         return recorded[opt.name]
     if opt.table == "parallel":
         return PARALLEL_DEFAULTS.get(opt.name) if PARALLEL_DEFAULTS.get(opt.name) != "" else None
-    if opt.table == "training":
+    if opt.table in SETUP_TABLES:
         setup = current_setup(ctx)
         if setup is not None:
             value = training_table_defaults(setup.config, setup.from_hf).get(opt.name)

@@ -17,8 +17,10 @@ from ..memory.verdict import Verdict, largest_batch, largest_seq_len, verdict, v
 from ..training_setup import RECOMPUTE, TrainingSetup
 from ..units import binary_bytes
 from ..workload import Workload
-from .options import resolve_given
+from .options import SetupSource, resolve_given
 from .render import print_wrapped
+
+NO_FILE = SetupSource()  # a set-up read from options alone
 
 # the most data-parallel ranks the advice looks for a ZeRO-3 layout among
 _MAX_DP = 1 << 16
@@ -35,30 +37,32 @@ def device_budget(gpu_name: str | None, gpu_memory: int | None) -> int | None:
 
 def fit_section(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, rep: MemoryReport,
                 budget: int, gpu_name: str | None, given: dict[str, Any],
-                ds: dict[str, Any] | None, reserved: list[int] | None = None
-                ) -> dict[str, Any]:
+                ds: dict[str, Any] | None, reserved: list[int] | None = None,
+                source: SetupSource = NO_FILE) -> dict[str, Any]:
     """The JSON's `fit`: the verdict on `budget` bytes, what fits them, and `advice` when the
-    step does not. `reserved`: `rank_reserved`'s list, when the command has it."""
+    step does not. `reserved`: `rank_reserved`'s list, when the command has it; `source`: the
+    config file the set-up was read over, for the advice's set-ups."""
     v = verdict(cfg, wl, setup, budget, allocated=rep.peak.bytes, reserved=reserved)
     fit = {"budget": budget, "gpu": find_gpu(gpu_name).name if gpu_name else None,
            "verdict": v.as_dict(),
            "max_batch": largest_batch(cfg, wl, setup, budget),
            "max_seq_len": largest_seq_len(cfg, wl, setup, budget),
            "max_context": max_context(cfg, wl.batch_size, setup, budget)}
-    fit["advice"] = [] if v.fits else advice(cfg, wl, setup, v, budget, fit, given, ds)
+    fit["advice"] = [] if v.fits else advice(cfg, wl, setup, v, budget, fit, given, ds,
+                                                  source)
     return fit
 
 
 def advice(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, v: Verdict, budget: int,
-           fit: dict[str, Any], given: dict[str, Any], ds: dict[str, Any] | None
-           ) -> list[dict[str, Any]]:
+           fit: dict[str, Any], given: dict[str, Any], ds: dict[str, Any] | None,
+           source: SetupSource = NO_FILE) -> list[dict[str, Any]]:
     """Options that, added to the command, make its step fit `budget`: the largest micro-batch
     that fits; the longest sequence that fits; the mildest recomputation; ZeRO-3 over the
     fewest data-parallel ranks; QLoRA's 4-bit base (with LoRA); and the smallest catalogue card
     with the memory. Where no single change of the set-up fits, full recomputation with each of
     the others, the longest sequence included. Each {"options", "peak", "must_hold"}."""
     def judge(changes: dict[str, Any], workload: Workload = wl) -> Verdict | None:
-        return _judge(cfg, workload, given, ds, changes, budget)
+        return _judge(cfg, workload, given, ds, changes, budget, source)
 
     out: list[dict[str, Any]] = []
     if fit["max_batch"] and fit["max_batch"] < wl.batch_size:
@@ -75,7 +79,7 @@ def advice(cfg: GPTConfig, wl: Workload, setup: TrainingSetup, v: Verdict, budge
     singles = [recompute, _fewest_ranks(judge, setup, {})]
     full = {"recompute": "full"}
     if recompute is None and setup.recompute != "full":  # checkpointing and a shorter sequence
-        singles.append(_longest_with(cfg, wl, given, ds, full, budget))
+        singles.append(_longest_with(cfg, wl, given, ds, full, budget, source))
     if setup.lora_rank and given.get("weights_dtype") != "int4" and setup.base_dtype != "nf4":
         singles.append(_mildest(judge, [{"weights_dtype": "int4"}]))
     if not any(singles) and setup.recompute != "full":
@@ -96,11 +100,11 @@ def _card(v: Verdict, budget: int) -> list[dict[str, Any]]:
 
 
 def _judge(cfg: GPTConfig, wl: Workload, given: dict[str, Any], ds: dict[str, Any] | None,
-           changes: dict[str, Any], budget: int) -> Verdict | None:
+           changes: dict[str, Any], budget: int, source: SetupSource) -> Verdict | None:
     """The verdict with `changes` among the options given; None where they are refused or
     where even the allocated peak (the lower bound) does not fit."""
     try:
-        setup, _ = resolve_given(cfg, {**given, **changes}, ds)
+        setup, _ = resolve_given(cfg, {**given, **changes}, ds, source)
         floor = verdict_floor(cfg, wl, setup, budget)
         if not floor.fits:
             return None
@@ -128,11 +132,11 @@ def _mildest(judge, tries: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _longest_with(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
-                  ds: dict[str, Any] | None, changes: dict[str, Any], budget: int
-                  ) -> dict[str, Any] | None:
+                  ds: dict[str, Any] | None, changes: dict[str, Any], budget: int,
+                  source: SetupSource) -> dict[str, Any] | None:
     """`changes` together with the longest sequence that fits with them (two changes)."""
     try:
-        setup, _ = resolve_given(cfg, {**given, **changes}, ds)
+        setup, _ = resolve_given(cfg, {**given, **changes}, ds, source)
     except ConfigError:
         return None
     s = min(largest_seq_len(cfg, wl, setup, budget), wl.seq_len)
@@ -140,7 +144,7 @@ def _longest_with(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
         return None
     return _entry({**changes, "seq_len": s},
                   _judge(cfg, Workload(wl.batch_size, s, wl.grad_accum), given, ds, changes,
-                         budget))
+                         budget, source))
 
 
 def _fewest_ranks(judge, setup: TrainingSetup, base: dict[str, Any]) -> dict[str, Any] | None:

@@ -8,10 +8,11 @@ import click
 
 from ..config import GPTConfig
 from ..workload import Workload
-from ..flops import (NONMATMUL_COST, RECOMPUTE, FlopCount, count_flops, inference_flops,
+from ..flops import (NONMATMUL_COST, FlopCount, count_flops, inference_flops,
                      published_estimates)
 from ..units import si
-from .options import describe, json_option, model_options
+from .options import (context_option, describe, json_option, model_options, prompt_len_option,
+                      setup_option)
 from .render import emit_json, envelope, print_line, print_table
 
 
@@ -20,12 +21,9 @@ from .render import emit_json, envelope, print_line, print_table
 @click.option("--causal", is_flag=True,
               help="Count only the pairs the mask keeps: the causal half, a sliding window's "
                    "band (default: the full S x S).")
-@click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
-              help="Activation recomputation; adds forward work (hardware FLOPs).")
-@click.option("--prompt-len", type=click.IntRange(min=1), default=None,
-              help="Prefill prompt length (default seq-len).")
-@click.option("--context", type=click.IntRange(min=1), default=None,
-              help="Context of the decoded token, cached keys plus itself (default seq-len).")
+@setup_option("recompute", "Activation recomputation; adds forward work (hardware FLOPs).")
+@prompt_len_option("Prefill prompt length (default seq-len).")
+@context_option("Context of the decoded token, cached keys plus itself (default seq-len).")
 @json_option()
 def command(model: tuple[GPTConfig, Workload], causal: bool, recompute: str,
             prompt_len: int | None, context: int | None, as_json: bool) -> None:

@@ -6,34 +6,31 @@ from typing import Any
 
 import click
 
+from ..api import Setup
 from ..config import GPTConfig
 from ..workload import Workload
 from ..gpus import gpu as find_gpu
-from ..inference.kv import KV_DTYPES
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, Serving,
                                   serving)
 from ..inference.quant import quantization_from_hf
-from ..inference.weights import GROUP_SIZE, WEIGHT_DTYPES, WeightsDtype, weights_label
+from ..inference.weights import GROUP_SIZE, WeightsDtype, weights_label
 from ..units import binary_bytes, si
-from .options import current_setup, describe, float_range, gpu_option, json_option, model_options
+from .options import (current_setup, describe, float_range, gen_len_option, gpu_option,
+                      json_option, kv_dtype_option, model_options, prompt_len_option,
+                      serving_tp_option, serving_weights_option)
 from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("infer")
 @model_options
 @gpu_option()
-@click.option("--tp", "--gpus", "tp", type=int, default=1, show_default=True,
-              help="GPUs in tensor parallel: weights and KV heads split this many ways "
-                   "(fewer KV heads than GPUs: one replicated per GPU).")
-@click.option("--prompt-len", type=int, default=None,
-              help="Prompt tokens per sequence (default: 128, or T/2 if smaller).")
-@click.option("--gen-len", type=int, default=None,
-              help="Generated tokens per sequence (default: 128, or what T leaves if smaller).")
-@click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
-              help=f"Weights; int8/int4 add one fp16 scale per {GROUP_SIZE} weights (default: "
-                   "as the --hf-config's quantization_config stores them, else bf16).")
-@click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16",
-              show_default=True, help="KV cache elements.")
+@serving_tp_option("--gpus")
+@prompt_len_option("Prompt tokens per sequence (default: 128, or T/2 if smaller).")
+@gen_len_option("Generated tokens per sequence (default: 128, or what T leaves if smaller).")
+@serving_weights_option(f"Weights; int8/int4 add one fp16 scale per {GROUP_SIZE} weights "
+                        "(default: as the --hf-config's quantization_config stores them, else "
+                        "bf16).")
+@kv_dtype_option()
 @click.option("--flops-efficiency", type=float, default=DEFAULT_FLOPS_EFFICIENCY,
               show_default=True, help="Share of the dense peak that matmuls reach (expected).")
 @click.option("--bandwidth-efficiency", type=float, default=DEFAULT_BANDWIDTH_EFFICIENCY,
@@ -41,14 +38,15 @@ from .render import emit_json, envelope, print_line, print_table
                                       "Llama-2-7B on an A100-80GB).")
 @json_option()
 @float_range
-def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_len: int | None,
+@click.pass_context
+def command(ctx: click.Context, model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_len: int | None,
             gen_len: int | None, weights_dtype: str | None, kv_dtype: str, flops_efficiency: float,
             bandwidth_efficiency: float, as_json: bool) -> None:
     """Memory (weights, KV cache, prefill activations) and whether it fits; prefill and decode
     times on the roofline and expected at the given efficiencies; the batch where decode turns
     compute-bound."""
     cfg, wl = model
-    weights, source = weights_used(weights_dtype)
+    weights, source = weights_used(weights_dtype, current_setup(ctx))
     T = cfg.block_size
     prompt = min(128, max(1, T // 2)) if prompt_len is None else prompt_len
     gen = min(128, max(1, T - prompt)) if gen_len is None else gen_len
@@ -60,11 +58,11 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, tp: int, prompt_le
     _render(cfg, s, source)
 
 
-def weights_used(given: str | None) -> tuple[WeightsDtype, str]:
+def weights_used(given: str | None, setup: Setup | None) -> tuple[WeightsDtype, str]:
     """The weights a serving command sizes and where they come from: --weights-dtype as given
     (over the file's quantisation, named), else the --hf-config's quantization_config, else
-    bf16. A quantization_config gptcalc cannot read is refused even when overridden."""
-    setup = current_setup()
+    bf16. A quantization_config gptcalc cannot read is refused even when overridden. `setup`:
+    the command's resolved model (`current_setup`)."""
     q = quantization_from_hf(setup.quantization if setup is not None else None)
     if given is not None:
         return given, "--weights-dtype" + (f", over --hf-config's {q.label}" if q else "")

@@ -18,9 +18,10 @@ from ..schedules import pp_rank as pipeline_rank
 from ..units import binary_bytes
 from ..schema import OPTIONS
 from .fit import device_budget, fit_section, render_fit, verdict_lines
-from .options import (assumptions, click_option, current_recipe, deepspeed_settings,
-                      deepspeed_workload, describe, json_option, model_options,
-                      training_options, training_setup, world_size_option)
+from .options import (assumptions, click_option, context_option, current_recipe,
+                      deepspeed_settings, deepspeed_workload, describe, detail_option,
+                      json_option, model_options, setup_source, training_options,
+                      training_setup, world_size_option)
 from .render import emit_json, envelope, print_table, print_wrapped
 
 # ranks (GPUs) per node, for the host memory a node needs: an 8-GPU server (DGX/HGX)
@@ -34,22 +35,24 @@ DEFAULT_GPUS_PER_NODE = 8
 @click_option(OPTIONS["gpu"])
 @click_option(OPTIONS["gpu_memory"])
 @click_option(OPTIONS["gpus_per_node"])
-@click.option("--context", type=int, default=None,
-              help="KV-cache context in tokens (default seq-len).")
-@click.option("--detail", is_flag=True, help="Every quantity: the full table, the peak's terms, "
-              "each saved tensor, the stages, the paper's figures for comparison.")
+@context_option("KV-cache context in tokens (default seq-len).")
+@detail_option("Every quantity: the full table, the peak's terms, each saved tensor, the stages, "
+               "the paper's figures for comparison.")
 @json_option("Machine-readable output (bytes).")
-def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_node, context,
-            detail, as_json, **given) -> None:
+@click.pass_context
+def command(ctx: click.Context, model: tuple[GPTConfig, Workload], gpu_name, gpu_memory,
+            gpus_per_node, context, detail, as_json, **given) -> None:
     """Memory per device of one training step, and the KV cache of an inference run.
 
     Defaults follow how each family is trained (printed on the first line); settings not given
     as options come from the --config file's [training] and [parallel] tables, and
     --save-config writes them there."""
     cfg, wl = model
-    ds = deepspeed_settings(cfg, given)  # the ds_config, read once
-    wl = deepspeed_workload(cfg, wl, given, ds)
-    setup = training_setup(cfg, given, ds)
+    source = setup_source(ctx)
+    ds = deepspeed_settings(cfg, given, source)  # the ds_config, read once
+    wl = deepspeed_workload(cfg, wl, given, ds, source, ctx.params)
+    setup = training_setup(cfg, given, ds, ctx=ctx)
+    recipe = current_recipe(ctx)
     if context is not None:
         positive_int("context", context)
     node = DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node
@@ -60,21 +63,21 @@ def command(model: tuple[GPTConfig, Workload], gpu_name, gpu_memory, gpus_per_no
     per_rank = rank_reserved(cfg, wl, setup) if setup.device == "cuda" else None
     smi = None if per_rank is None else nvidia_smi_lines(max(per_rank), setup)
     fit = None if budget is None else fit_section(cfg, wl, setup, rep, budget, gpu_name, given,
-                                                  ds, per_rank)
+                                                  ds, per_rank, source)
     if per_rank and rep.stages:
         rep = dataclasses.replace(rep, stages=[dataclasses.replace(s, reserved=r)
                                                for s, r in zip(rep.stages, per_rank)])
     if as_json:
-        emit_json(_json(cfg, wl, setup, rep, fit, node, smi))
+        emit_json(_json(cfg, wl, setup, rep, fit, node, smi, recipe))
         return
     if detail:
-        _render(cfg, wl, setup, rep, fit, node, smi)
+        _render(cfg, wl, setup, rep, fit, node, smi, recipe)
     else:
-        _render_short(cfg, wl, setup, rep, fit, node, smi)
+        _render_short(cfg, wl, setup, rep, fit, node, smi, recipe)
 
 
 def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
-          smi: dict[str, int] | None) -> dict:
+          smi: dict[str, int] | None, recipe) -> dict:
     out = {**envelope(cfg, wl, setup),
            "setup": dataclasses.asdict(setup), "assumptions": assumptions(cfg, wl, setup),
            "global_batch": rep.global_batch,
@@ -95,7 +98,6 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
            "host_per_node": rep.host_total * node}
     if fit:
         out["fit"] = fit
-    recipe = current_recipe()
     if recipe is not None:
         rec, _ = recipe
         out["recipe"] = {"path": str(rec.path), "kind": rec.kind,
@@ -119,13 +121,12 @@ def _render_stages(setup: TrainingSetup, rep: MemoryReport) -> None:
                  "peak phase"] + (["reserved"] if reserved else []), rows)
 
 
-def _head(cfg, wl, setup: TrainingSetup, fit) -> None:
+def _head(cfg, wl, setup: TrainingSetup, fit, recipe) -> None:
     """The verdict first (with a card), then the assumptions, the recipe and the model."""
     if fit:
         for line in verdict_lines(fit, setup):
             print_wrapped(line)
     print_wrapped(assumptions(cfg, wl, setup))
-    recipe = current_recipe()
     if recipe is not None:
         from ..recipes import recipe_line
 
@@ -177,11 +178,11 @@ _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
 def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
-                  smi: dict[str, int] | None) -> None:
+                  smi: dict[str, int] | None, recipe) -> None:
     """One screen: the verdict (on the worst pipeline rank), the assumptions, the peak's terms
     on the most loaded rank, every rank's peak on a line, what fits; --detail prints the
     rest."""
-    _head(cfg, wl, setup, fit)
+    _head(cfg, wl, setup, fit, recipe)
     stage = ""
     if setup.pp > 1:
         stage = f"; rank {pipeline_rank(setup, rep.peak.stage)}, the most loaded"
@@ -208,9 +209,8 @@ def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: i
 
 
 def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
-            smi: dict[str, int] | None) -> None:
-    _head(cfg, wl, setup, fit)
-    recipe = current_recipe()
+            smi: dict[str, int] | None, recipe) -> None:
+    _head(cfg, wl, setup, fit, recipe)
     stage = ""
     if setup.pp > 1:
         stage = f", pipeline rank {pipeline_rank(setup, rep.peak.stage)} (the most loaded)"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import click
 
@@ -19,20 +20,18 @@ from ..layers import HYBRID_COMMANDS, hybrid_refusal
 from ..workload import Workload
 from ..configfile import FORMATS, write_config_file
 from ..presets import PRESETS
-from ..schema import MODEL_OPTIONS, OPTIONS, TRAINING_OPTIONS, Option, byte_size, cli_spelling
+from ..schema import (LEGACY_TRAINING, MODEL_OPTIONS, OPTIONS, SETUP_TABLES, TRAINING_OPTIONS,
+                      Option, byte_size, cli_spelling)
 from ..training import PARALLEL_DEFAULTS
 
 # What `model_options` and `world_size_option` resolve once per command, kept in the command's
-# context; the functions below take that context as a parameter where their caller holds it,
-# and read the running command's (`running`) only where it does not.
+# context; the functions below take that context as a parameter (a command takes it with
+# click.pass_context), never the running one implicitly.
 _SECTIONS_KEY = "gptcalc.config_sections"
 _SETUP_KEY = "gptcalc.setup"
 _RECIPE_KEY = "gptcalc.recipe"
-
-
-def running(ctx: click.Context | None = None) -> click.Context | None:
-    """`ctx` when given, else the running command's context (None outside a command)."""
-    return ctx if ctx is not None else click.get_current_context(silent=True)
+# the config-file tables the training set-up is read from
+READ_TABLES = (LEGACY_TRAINING, *SETUP_TABLES)
 
 
 def option_for(field: str) -> str:
@@ -73,17 +72,21 @@ def out_dir_given(ctx: click.Context, param: click.Parameter, value: str | Path 
 _CALLBACKS = {"lora_targets": targets_given}
 
 
-def click_option(opt: Option) -> Callable:
+def click_option(opt: Option, help: str | None = None, **changes: Any) -> Callable:
     """The click option of a declaration (`gptcalc.schema.OPTIONS`); default None, so a value
-    from a config file or the family's default applies unless the option is given."""
+    from a config file or the family's default applies unless the option is given. A command
+    that reads it its own way gives its own `help` phrase, and `changes` to click's settings
+    (its default, `type`)."""
+    help = opt.help if help is None else help
     if opt.kind == "flag":
-        return click.option(f"{opt.cli}/--no-{opt.cli[2:]}", opt.keyword, default=None,
-                            help=opt.help)
+        return click.option(f"{opt.cli}/--no-{opt.cli[2:]}", opt.keyword,
+                            **{"default": None, "help": help, **changes})
     names = (opt.short, opt.cli) if opt.short else (opt.cli,)
     kind = {"int": int, "float": float, "text": None, "size": ByteSize(zero_ok=opt.zero_ok),
             "choice": click.Choice(opt.choices) if opt.choices else None}[opt.kind]
-    return click.option(*names, opt.keyword, type=kind, default=None, metavar=opt.metavar,
-                        multiple=opt.multiple, callback=_CALLBACKS.get(opt.name), help=opt.help)
+    settings = {"type": kind, "default": None, "metavar": opt.metavar, "multiple": opt.multiple,
+                "callback": _CALLBACKS.get(opt.name), "help": help, **changes}
+    return click.option(*names, opt.keyword, **settings)
 
 
 _MODEL_OPTIONS = [click_option(OPTIONS[name]) for name in MODEL_OPTIONS]
@@ -92,8 +95,7 @@ _MODEL_OPTIONS = [click_option(OPTIONS[name]) for name in MODEL_OPTIONS]
 def gpu_option(help: str = "Accelerator (see `gptcalc gpus`).") -> Callable:
     """--gpu NAME (the command's `gpu_name`), a catalogue card, DEFAULT_GPU when not given;
     `help` says what the command reads of it."""
-    return click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True,
-                        metavar="NAME", help=help)
+    return click_option(OPTIONS["gpu"], help=help, default=DEFAULT_GPU, show_default=True)
 
 
 def json_option(help: str = "Machine-readable output.") -> Callable:
@@ -101,12 +103,148 @@ def json_option(help: str = "Machine-readable output.") -> Callable:
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
+# --- options several commands take: each flag is declared once, here or in gptcalc.schema ------
+# (tests/test_cli_options.py counts the declarations); a command passes the phrase that says
+# what it reads of the option. The flags that mean another thing on a serving or measuring
+# command than on the training commands, declared once for each meaning:
+OTHER_MEANINGS = {
+    "--tp": "a server's tensor-parallel GPUs (infer, serve) vs the training layout's",
+    "--pp": "a server's pipeline stages (serve) vs the training layout's",
+    "--dp": "a server's data-parallel replicas (serve) vs the training layout's",
+    "--gpus": "infer's alias of --tp vs a count of GPUs (memory, time, plan)",
+    "--engine": "the serving engine (serve) vs the training engine",
+    "--weights-dtype": "the served weights (infer, serve) vs LoRA's frozen base (memory)",
+    "--device": "where the reference model runs (verify, report) vs whose kernels are counted",
+}
+
+
+def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """A whole number of at least 1, or not given; a bad one is one line naming the option."""
+    from ..errors import positive_int
+
+    return None if value is None else positive_int(param.name or "value", value)
+
+
+def detail_option(help: str) -> Callable:
+    """--detail: every figure the command has; `help` names what it adds to the one screen."""
+    return click.option("--detail", is_flag=True, help=help)
+
+
+def context_option(help: str) -> Callable:
+    """--context N: tokens of context, positive (default the command's, which `help` says)."""
+    return click.option("--context", type=int, default=None, metavar="N", callback=_positive,
+                        help=help)
+
+
+def prompt_len_option(help: str) -> Callable:
+    """--prompt-len N: prompt tokens per sequence, positive (default the command's)."""
+    return click.option("--prompt-len", type=int, default=None, metavar="N", callback=_positive,
+                        help=help)
+
+
+def gen_len_option(help: str, default: int | None = None) -> Callable:
+    """--gen-len N: generated tokens per sequence (`default` the command's)."""
+    return click.option("--gen-len", type=int, default=default, show_default=default is not None,
+                        metavar="N", help=help)
+
+
+def serving_tp_option(*aliases: str) -> Callable:
+    """--tp N of a server: weights and KV heads split over N GPUs (one GPU unless given)."""
+    return click.option("--tp", *aliases, "tp", type=int, default=1, show_default=True,
+                        help="GPUs in tensor parallel: weights and KV heads split this many "
+                             "ways (fewer KV heads than GPUs: one replicated per GPU).")
+
+
+def kv_dtype_option() -> Callable:
+    """--kv-dtype: the KV cache's element type (bf16 unless given)."""
+    from ..inference.kv import KV_DTYPES
+
+    return click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16",
+                        show_default=True, help="KV cache elements.")
+
+
+def serving_weights_option(help: str) -> Callable:
+    """--weights-dtype of inference: the served weights' dtype or quantisation."""
+    from ..inference.weights import WEIGHT_DTYPES
+
+    return click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
+                        help=help)
+
+
+def peak_precision_option(help: str = "Which dense peak of the GPU to use.") -> Callable:
+    """--precision: the GPU's dense peak a step time runs at (bf16 unless given)."""
+    return click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16",
+                        show_default=True, help=help)
+
+
+def mfu_option(help: str) -> Callable:
+    """--mfu: a utilisation in (0, 1] given instead of the step model's."""
+    return click.option("--mfu", type=float, default=None, help=help)
+
+
+def gpus_option(help: str) -> Callable:
+    """--gpus N: a count of GPUs (what it means, `help`)."""
+    return click.option("--gpus", "gpus", type=int, default=None, metavar="N", help=help)
+
+
+def count_option(*names: str, help: str) -> Callable:
+    """An option taking a whole number written 300e9, 3e11 or 300000000000 (parsed exactly)."""
+    from ..time import parse_count
+
+    field = names[0].lstrip("-").replace("-", "_")
+    return click.option(*names, default=None, metavar="N", help=help,
+                        callback=lambda ctx, p, v: None if v is None else parse_count(v, field))
+
+
+def tokens_option(help: str) -> Callable:
+    """--tokens N: training tokens, e.g. 300e9."""
+    return count_option("--tokens", help=help)
+
+
+def tokens_per_step_option(help: str) -> Callable:
+    """--tokens-per-step N: tokens per optimizer step."""
+    return count_option("--tokens-per-step", help=help)
+
+
+def measure_device_option(help: str) -> Callable:
+    """--device where the reference model is built and measured: auto (CUDA when there is
+    one), cpu or cuda."""
+    return click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                        show_default=True, help=help)
+
+
+def out_option(default: str, help: str) -> Callable:
+    """--out DIR (the command's `out_dir`): a folder the command writes, `default` unless
+    given; an empty name is refused."""
+    return click.option("--out", "out_dir", type=click.Path(file_okay=False),
+                        default=Path(default), show_default=True, callback=out_dir_given,
+                        help=help)
+
+
+def training_engine_option(help: str) -> Callable:
+    """--engine NAME: a registered training engine (`gptcalc.memory.engines`); `help` is the
+    phrase before the engines' list."""
+    from .engines import EngineChoice, engine_help
+
+    return click_option(OPTIONS["engine"], help=engine_help(help), type=EngineChoice())
+
+
+def setup_option(name: str, help: str | None = None, **changes: Any) -> Callable:
+    """A training set-up option (`gptcalc.schema.OPTIONS[name]`) on a command that takes it
+    with the default TrainingSetup declares rather than a resolved one (`verify`, `flops`)."""
+    from ..training_setup import field_defaults
+
+    opt = OPTIONS[name]
+    return click_option(opt, help=help, **{"default": field_defaults()[opt.field],
+                                           "show_default": True, **changes})
+
+
 def model_options(command: Callable) -> Callable:
     """Add the model and workload options; the command receives `model=(cfg, workload)`."""
 
+    @click.pass_context
     @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> Any:
-        ctx = click.get_current_context()
+    def wrapper(ctx: click.Context, **kwargs: Any) -> Any:
         picked = {k: kwargs.pop(k) for k in MODEL_KEYS}
         recipe = picked.pop("recipe")
         if recipe:
@@ -162,18 +300,17 @@ def world_size_option(command: Callable) -> Callable:
     process count) resolve against it, and without a recipe that sets the data-parallel size
     it is --dp = N over --tp x --pp x --cp. Outside model_options, so the recipe sees it."""
 
+    @click.pass_context
     @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> Any:
+    def wrapper(ctx: click.Context, **kwargs: Any) -> Any:
         gpus = kwargs.pop("gpus")
         if gpus is not None and not 1 <= gpus <= 2**20:
             raise ConfigError("gpus", f"must be a whole number from 1 to {2**20:,}, got {gpus}")
-        click.get_current_context().meta[_GPUS_KEY] = gpus
+        ctx.meta[_GPUS_KEY] = gpus
         return command(**kwargs)
 
-    return click.option("--gpus", "gpus", type=int, default=None, metavar="N",
-                        help="The world size (GPUs in all): a recipe's -1, auto or process "
-                             "count resolves against it; --dp is N / (tp x pp x cp) unless "
-                             "given.")(wrapper)
+    return gpus_option("The world size (GPUs in all): a recipe's -1, auto or process count "
+                       "resolves against it; --dp is N / (tp x pp x cp) unless given.")(wrapper)
 
 
 def typed_gpus(ctx: click.Context) -> int | None:
@@ -209,11 +346,10 @@ def _recipe_error(error: ConfigError, ctx: click.Context) -> ConfigError:
     return recipe_error(current[0], current[1], error)
 
 
-def current_recipe(ctx: click.Context | None = None) -> tuple[Any, dict[str, Any]] | None:
-    """The --recipe of the command `ctx` (default the running one): the Recipe, and the
-    options typed beside it; None without one."""
-    ctx = running(ctx)
-    return ctx.meta.get(_RECIPE_KEY) if ctx else None
+def current_recipe(ctx: click.Context) -> tuple[Any, dict[str, Any]] | None:
+    """The --recipe of the command `ctx`: the Recipe, and the options typed beside it; None
+    without one."""
+    return ctx.meta.get(_RECIPE_KEY)
 
 
 # the keyword each of _MODEL_OPTIONS passes to the command
@@ -250,35 +386,29 @@ def resolve_setup(preset: str | None = None, arch: str | None = None,
                              grad_accum=grad_accum)
 
 
-def current_setup(ctx: click.Context | None = None) -> Setup | None:
-    """The resolved model of the command `ctx` (default the running one; None outside a
-    command)."""
-    ctx = running(ctx)
-    return ctx.meta.get(_SETUP_KEY) if ctx else None
+def current_setup(ctx: click.Context) -> Setup | None:
+    """The resolved model of the command `ctx` (None before `model_options` resolved it)."""
+    return ctx.meta.get(_SETUP_KEY)
 
 
-def recorded_sections(ctx: click.Context | None = None) -> dict[str, dict[str, Any]]:
-    """The sections --save-config writes for the command `ctx` (default the running one): the
-    --config file's, then what the command recorded (`record_section`)."""
-    ctx = running(ctx)
-    return ctx.meta.get(_SECTIONS_KEY, {}) if ctx else {}
+def recorded_sections(ctx: click.Context) -> dict[str, dict[str, Any]]:
+    """The sections --save-config writes for the command `ctx`: the --config file's, then what
+    the command recorded (`record_section`)."""
+    return ctx.meta.setdefault(_SECTIONS_KEY, {})
 
 
-def config_section(name: str, ctx: click.Context | None = None) -> dict[str, Any]:
-    """A section of the --config file of the command `ctx` (default the running one; e.g.
-    "training"), or {} if none.
+def config_section(name: str, ctx: click.Context) -> dict[str, Any]:
+    """A section of the --config file of the command `ctx` (e.g. "parallel"), or {} if
+    none.
 
     Commands that add their own settings (training, parallelism) read their defaults here and
     call `record_section` with their effective values so --save-config writes them."""
     return dict(recorded_sections(ctx).get(name, {}))
 
 
-def record_section(name: str, values: dict[str, Any], ctx: click.Context | None = None) -> None:
-    """Make `values` the section `name` that --save-config writes for the command `ctx`
-    (default the running one)."""
-    ctx = running(ctx)
-    if ctx is not None:
-        ctx.meta.setdefault(_SECTIONS_KEY, {})[name] = dict(values)
+def record_section(name: str, values: dict[str, Any], ctx: click.Context) -> None:
+    """Make `values` the section `name` that --save-config writes for the command `ctx`."""
+    recorded_sections(ctx)[name] = dict(values)
 
 
 def describe(cfg: GPTConfig, workload: Workload | None = None) -> str:
@@ -299,12 +429,12 @@ def float_range(command: Callable) -> Callable:
     float's range (about 1.8e308; OverflowError, or a JSON value that is not finite) is one
     line naming the option given furthest from 1, the likeliest cause, never a traceback or an
     infinite figure."""
+    @click.pass_context
     @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(ctx: click.Context, *args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
         except OverflowError:
-            ctx = click.get_current_context()
             raise ConfigError(_most_extreme(ctx.params), "a result passes the floating-point "
                               "range (about 1.8e308) with sizes this far from 1") from None
     return wrapper
@@ -331,11 +461,8 @@ def _most_extreme(params: dict[str, Any]) -> str:
 
 
 def _training_option_list(with_device: bool) -> list[Callable]:
-    from .engines import EngineChoice, engine_help
-
-    engine = click.option("--engine", type=EngineChoice(), default=None,
-                          help=engine_help("The training engine whose sharding and buffers are "
-                                           "counted:"))
+    engine = training_engine_option("The training engine whose sharding and buffers are "
+                                    "counted:")
     return [engine if name == "engine" else click_option(OPTIONS[name])
             for name in TRAINING_OPTIONS if with_device or name != "device"]
 
@@ -355,43 +482,59 @@ def pop_training(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in TRAINING_OPTIONS if k in kwargs}
 
 
-def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None,
-                   ctx: click.Context | None = None):
-    """The TrainingSetup of the command `ctx` (default the running one;
-    `gptcalc.training.resolve_training`: options > the --config file's [training] and
-    [parallel] tables > the family's defaults), recorded so --save-config writes it. `ds`:
-    --deepspeed-config's settings, read once by the command (`deepspeed_settings`)."""
-    ctx = running(ctx)
-    setup, tables = resolve_given(cfg, given, ds, ctx)
+@dataclass(frozen=True)
+class SetupSource:
+    """What a command's training set-up is read from besides its options: the --config file's
+    tables as the file holds them (`READ_TABLES`), whether the model is a Hugging Face
+    config.json (transformers' modules), and the file's name for errors."""
+
+    sections: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    from_hf: bool = False
+    where: str = ""
+
+
+def setup_source(ctx: click.Context) -> SetupSource:
+    """The SetupSource of the command `ctx`: its --config file's own tables, not those a
+    first resolution recorded for --save-config."""
+    s = current_setup(ctx)
+    path = ctx.params.get("config")
+    sections = dict(s.sections) if s is not None else {}
+    return SetupSource({k: dict(sections.get(k, {})) for k in READ_TABLES},
+                       bool(s and s.from_hf), f"{path}: " if path else "")
+
+
+def training_setup(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None, *,
+                   ctx: click.Context):
+    """The TrainingSetup of the command `ctx` (`gptcalc.training.resolve_training`: options >
+    the --config file's tables > the family's defaults), its tables recorded so --save-config
+    writes them by section. `ds`: --deepspeed-config's settings, read once by the command
+    (`deepspeed_settings`)."""
+    setup, tables = resolve_given(cfg, given, ds, setup_source(ctx))
+    recorded = recorded_sections(ctx)
+    for name in READ_TABLES:  # the file's flat [training] of earlier releases included
+        recorded.pop(name, None)
     for name, table in tables.items():
         record_section(name, table, ctx)
     return setup
 
 
-def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None = None,
-                  ctx: click.Context | None = None):
-    """The TrainingSetup and the effective [training] and [parallel] tables of the command
-    `ctx` (default the running one) for the options `given`, recording nothing
-    (`training_setup` records them): what a command would resolve to with other options, as
-    the fit advice asks."""
+def resolve_given(cfg: GPTConfig, given: dict[str, Any], ds: dict[str, Any] | None,
+                  source: SetupSource):
+    """The TrainingSetup and the effective table of each section for the options `given` over
+    `source`, recording nothing (`training_setup` records them): what a command would resolve
+    to with other options, as the fit advice asks."""
     from ..training import resolve_training
 
-    ctx = running(ctx)
-    s = current_setup(ctx)
-    path = ctx.params.get("config") if ctx else None
-    # the --config file's own tables, not those a first resolution recorded for --save-config
-    sections = dict(s.sections) if s is not None else {}
-    return resolve_training(cfg, {k: dict(sections.get(k, {})) for k in ("training", "parallel")},
-                            given, from_hf=bool(s and s.from_hf),
-                            where=f"{path}: " if path else "", ds=ds)
+    return resolve_training(cfg, source.sections, given, from_hf=source.from_hf,
+                            where=source.where, ds=ds)
 
 
-def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any],
-                       ctx: click.Context | None = None) -> dict[str, Any] | None:
+def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any], source: SetupSource
+                       ) -> dict[str, Any] | None:
     """--deepspeed-config's settings (`gptcalc.dsconfig.read_ds_config`), None without it: a
     command reads the file once, here, and hands the settings to `deepspeed_workload` and
     `training_setup`."""
-    path = _ds_path(given, ctx)
+    path = _ds_path(given, source)
     if not path:
         return None
     from ..dsconfig import read_ds_config
@@ -399,30 +542,29 @@ def deepspeed_settings(cfg: GPTConfig, given: dict[str, Any],
     return read_ds_config(path, cfg)
 
 
-def _ds_path(given: dict[str, Any], ctx: click.Context | None = None) -> str | None:
+def _ds_path(given: dict[str, Any], source: SetupSource) -> str | None:
     """--deepspeed-config, else the --config file's [parallel] deepspeed_config (as
-    --save-config writes it) of the command `ctx` (default the running one)."""
+    --save-config writes it)."""
     path = given.get("deepspeed_config")
     if not path:
-        path = config_section("parallel", ctx).get("deepspeed_config")
+        path = source.sections.get("parallel", {}).get("deepspeed_config")
     return path if isinstance(path, str) and path else None
 
 
 def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
-                       ds: dict[str, Any] | None = None,
-                       ctx: click.Context | None = None) -> Workload:
+                       ds: dict[str, Any] | None, source: SetupSource,
+                       typed: Mapping[str, Any]) -> Workload:
     """The workload with --deepspeed-config's micro-batch and accumulation where the file
-    sets them (not "auto"); -B and --grad-accum given explicitly (to the command `ctx`,
-    default the running one) must agree with it."""
-    ctx = running(ctx)
-    path = _ds_path(given, ctx)
+    sets them (not "auto"); -B and --grad-accum given explicitly (`typed`, the command's
+    parameters) must agree with it."""
+    path = _ds_path(given, source)
     if not path:
         return wl
     from ..training import ds_agreed
 
     if ds is None:
-        ds = deepspeed_settings(cfg, given, ctx)
-    changes = ds_agreed(path, ds, ctx.params if ctx else {}, ("batch_size", "grad_accum"))
+        ds = deepspeed_settings(cfg, given, source)
+    changes = ds_agreed(path, ds, typed, ("batch_size", "grad_accum"))
     return dataclasses.replace(wl, **changes) if changes else wl
 
 
@@ -482,7 +624,8 @@ def _hf_name(path: str) -> str:
     return (p if p.is_dir() else p.parent).name or p.stem
 
 
-__all__ = ["PARALLEL_DEFAULTS", "PRESETS", "ByteSize", "assumptions", "config_section",
+__all__ = ["PARALLEL_DEFAULTS", "PRESETS", "ByteSize", "SetupSource", "assumptions",
+           "config_section", "setup_source",
            "deepspeed_settings", "deepspeed_workload", "describe", "model_name", "model_options",
            "option_for", "pop_training", "record_section", "resolve_given", "resolve_setup",
            "training_options", "training_setup"]

@@ -7,19 +7,19 @@ import click
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..workload import Workload
-from ..lora import TARGETS_HELP, lora_params, parse_targets
+from ..lora import lora_params, parse_targets
 from ..params import count_params
 from ..units import si
-from .options import describe, json_option, model_options
+from ..schema import OPTIONS
+from .options import click_option, describe, json_option, model_options
 from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("params")
 @model_options
-@click.option("--lora-rank", type=int, default=None, metavar="R",
+@click_option(OPTIONS["lora_rank"], metavar="R",
               help="LoRA rank: adapters of r x (in + out) parameters on the targets.")
-@click.option("--lora-targets", default=None, metavar="LIST",
-              help=TARGETS_HELP)
+@click_option(OPTIONS["lora_targets"])
 @json_option()
 def command(model: tuple[GPTConfig, Workload], lora_rank: int | None, lora_targets: str | None,
             as_json: bool) -> None:

@@ -15,16 +15,18 @@ import click
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..memory.engines import names
-from ..gpus import DEFAULT_GPU, gpu as find_gpu, require_peak, usable_memory
+from ..gpus import gpu as find_gpu, require_peak, usable_memory
 from ..plan import (DEFAULT_MAX_EVALUATIONS, DEFAULT_MAX_GPUS, TIE_RULE, Layout, Plan,
                     PlanSearch, global_batch as sequences, layout_setup, search)
 from ..schema import MODEL_OPTIONS, OPTIONS
-from ..time import check_positive, parse_count
+from ..time import check_positive
 from ..training import resolve_training
 from ..units import binary_bytes
 from ..workload import Workload
-from .options import (MODEL_KEYS, ByteSize, click_option, config_section, current_recipe,
-                      current_setup, describe, model_options)
+from .options import (MODEL_KEYS, click_option, count_option, current_recipe, describe,
+                      detail_option, gpu_option, gpus_option, json_option, mfu_option,
+                      model_options, peak_precision_option, setup_source, tokens_option,
+                      tokens_per_step_option)
 from .render import emit_json, envelope, print_line, print_table
 
 # the training options a plan keeps as given (its layout, recomputation and micro-batch are
@@ -47,12 +49,6 @@ def _typed_model_options(command: Callable) -> Callable:
     return wrapper
 
 
-def _count(name: str, help: str):
-    field = name.lstrip("-").replace("-", "_")
-    return click.option(name, default=None, metavar="N", help=help,
-                        callback=lambda ctx, p, v: None if v is None else parse_count(v, field))
-
-
 def _kept_options(command):
     for name in reversed(KEPT):
         command = click_option(OPTIONS[name])(command)
@@ -62,20 +58,17 @@ def _kept_options(command):
 @click.command("plan")
 @_typed_model_options
 @model_options
-@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, metavar="NAME",
-              help="Accelerator (see `gptcalc gpus`): its usable memory (what "
-                   "torch.cuda.mem_get_info reports) and dense peak.")
-@click.option("--gpu-memory", type=ByteSize(), default=None, metavar="SIZE",
-              help="Memory per GPU, e.g. 80GiB (default: the --gpu's).")
-@_count("--global-batch", "Sequences per optimizer step (default: 4M tokens' worth, "
-                          "2^22 / seq-len).")
-@_count("--tokens-per-step", "Tokens per optimizer step, a multiple of --seq-len.")
+@gpu_option("Accelerator (see `gptcalc gpus`): its usable memory (what "
+            "torch.cuda.mem_get_info reports) and dense peak.")
+@click_option(OPTIONS["gpu_memory"], help="Memory per GPU, e.g. 80GiB (default: the --gpu's).")
+@count_option("--global-batch", help="Sequences per optimizer step (default: 4M tokens' worth, "
+                                     "2^22 / seq-len).")
+@tokens_per_step_option("Tokens per optimizer step, a multiple of --seq-len.")
 @click.option("--max-gpus", type=int, default=DEFAULT_MAX_GPUS, show_default=True,
               help="Largest GPU count to plan for.")
-@click.option("--gpus", type=int, default=None,
-              help="Plan for exactly this many GPUs: its layouts, fastest first.")
-@_count("--tokens", "With --days: the training tokens to finish; the plan is the fewest GPUs "
-                    "whose step time finishes them in time.")
+@gpus_option("Plan for exactly this many GPUs: its layouts, fastest first.")
+@tokens_option("With --days: the training tokens to finish; the plan is the fewest GPUs whose "
+               "step time finishes them in time.")
 @click.option("--days", type=float, default=None,
               help="With --tokens: the days the training may take.")
 @click.option("--max-evaluations", type=int, default=DEFAULT_MAX_EVALUATIONS,
@@ -87,29 +80,29 @@ def _kept_options(command):
 @click.option("--top", type=int, default=None,
               help=f"Plans to list (default: {SHORT_TOP} on screen, {DEFAULT_TOP} with --detail "
                    "or --json).")
-@click.option("--detail", is_flag=True,
-              help="Every plan listed with its command, the fewest GPUs that fit, what was "
-                   "searched and the tie rule.")
-@click.option("--mfu", type=float, default=None,
-              help="Override: a utilisation of the dense peak by the FLOPs a step executes "
-                   "(recomputation included), in (0, 1], instead of the step model (`gptcalc "
-                   "time`'s compute, communication and bubble).")
-@click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16",
-              show_default=True, help="Which dense peak of the GPU to use.")
+@detail_option("Every plan listed with its command, the fewest GPUs that fit, what was searched "
+               "and the tie rule.")
+@mfu_option("Override: a utilisation of the dense peak by the FLOPs a step executes "
+            "(recomputation included), in (0, 1], instead of the step model (`gptcalc time`'s "
+            "compute, communication and bubble).")
+@peak_precision_option()
 @_kept_options
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (bytes, seconds).")
-def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | None,
-            global_batch: int | None, tokens_per_step: int | None, max_gpus: int,
-            gpus: int | None, tokens: int | None, days: float | None, max_evaluations: int,
-            engines: str | None, top: int | None, detail: bool, mfu: float | None,
-            precision: str, as_json: bool, typed: dict[str, Any], **given: Any) -> None:
+@json_option("Machine-readable output (bytes, seconds).")
+@click.pass_context
+def command(ctx: click.Context, model: tuple[GPTConfig, Workload], gpu_name: str,
+            gpu_memory: int | None, global_batch: int | None, tokens_per_step: int | None,
+            max_gpus: int, gpus: int | None, tokens: int | None, days: float | None,
+            max_evaluations: int, engines: str | None, top: int | None, detail: bool,
+            mfu: float | None, precision: str, as_json: bool, typed: dict[str, Any],
+            **given: Any) -> None:
     """The data, tensor, pipeline and context layouts, engines and recomputation that fit a
     training step in each GPU's memory, ranked by step time (`gptcalc time`'s model); each with
     the `gptcalc memory` command that reproduces its peak. One screen: the answer first, the
     five fastest; --detail: ten, every command, the fewest GPUs. --gpus N: the layouts of N
     GPUs; --tokens T --days D: the fewest GPUs that finish T tokens in D days."""
     cfg, wl = model
-    options = _given_model(typed)
+    options = _given_model(typed, current_recipe(ctx))
+    source = setup_source(ctx)
     _refuse_workload(options)
     g = find_gpu(gpu_name)
     require_peak(g, precision)
@@ -119,9 +112,9 @@ def command(model: tuple[GPTConfig, Workload], gpu_name: str, gpu_memory: int | 
     kept = {k: v for k, v in given.items() if v is not None}
 
     def setup_for(layout: Layout):
-        return layout_setup(cfg, layout, kept, _sections(), _from_hf())
+        return layout_setup(cfg, layout, kept, source.sections, source.from_hf)
 
-    resolve_training(cfg, _sections(), kept, _from_hf())  # a bad option fails here, by name
+    resolve_training(cfg, source.sections, kept, source.from_hf)  # a bad option fails here, by name
     full = detail or as_json  # the whole answer, not one screen's
     listed = top if top is not None else DEFAULT_TOP if full else SHORT_TOP
     found = search(cfg, wl.seq_len, batch, budget, g, precision, mfu, max_gpus, top=listed,
@@ -159,9 +152,10 @@ def _deadline(tokens: int | None, days: float | None, step_tokens: int) -> float
     return days * 86_400 * step_tokens / tokens
 
 
-def _given_model(typed: dict[str, Any]) -> dict[str, Any]:
-    """The model options as given: typed, or filled from --recipe's files where not typed."""
-    current = current_recipe()
+def _given_model(typed: dict[str, Any], current: tuple[Any, dict[str, Any]] | None
+                 ) -> dict[str, Any]:
+    """The model options as given: typed, or filled from the --recipe's files (`current`,
+    the command's recipe and the options typed beside it) where not typed."""
     if current is None:
         return typed
     from ..recipes import apply_recipe
@@ -189,15 +183,6 @@ def _engines(text: str | None) -> tuple[str, ...] | None:
         raise ConfigError("engines", f"unknown engine {unknown[0]!r}; engines: "
                                      f"{', '.join(names())}")
     return chosen
-
-
-def _sections() -> dict[str, Any]:
-    return {k: config_section(k) for k in ("training", "parallel")}
-
-
-def _from_hf() -> bool:
-    s = current_setup()
-    return bool(s and s.from_hf)
 
 
 def _model_args(options: dict[str, Any]) -> list[str]:

@@ -9,16 +9,14 @@ import click
 from ..config import GPTConfig
 from ..workload import Workload
 from .extras import require
-from .options import (assumptions, model_name, model_options, out_dir_given, pop_training,
+from .options import (assumptions, model_name, model_options, out_option, pop_training,
                       training_options, training_setup)
 from .render import print_line
 
 
 @click.command("plot")
 @model_options
-@click.option("--out", "out_dir", type=click.Path(file_okay=False),
-              default=Path("gptcalc-plots"), show_default=True, callback=out_dir_given,
-              help="Directory for the PNGs.")
+@out_option("gptcalc-plots", "Directory for the PNGs.")
 @click.option("--measure", is_flag=True,
               help="Overlay points measured on the reference model (small sizes, CPU).")
 @training_options()
@@ -35,7 +33,7 @@ def command(ctx: click.Context, model: tuple[GPTConfig, Workload], out_dir: Path
     from reports.output import moved, staged_output
 
     cfg, wl = model
-    setup = training_setup(cfg, pop_training(given))
+    setup = training_setup(cfg, pop_training(given), ctx=ctx)
     print_line(assumptions(cfg, wl, setup))
     name = model_name(ctx)
     with staged_output(out_dir) as staging:

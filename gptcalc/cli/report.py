@@ -11,18 +11,15 @@ from ..workload import Workload
 from ..gpus import gpu as find_gpu
 from ..units import si
 from .extras import require
-from .options import (assumptions, gpu_option, model_name, model_options, out_dir_given,
-                      pop_training, training_options, training_setup)
+from .options import (assumptions, gpu_option, measure_device_option, model_name,
+                      model_options, out_option, pop_training, training_options, training_setup)
 from .render import print_line
 
 
 @click.command("report")
 @model_options
-@click.option("--out", "out_dir", type=click.Path(file_okay=False),
-              default=Path("gptcalc-report"), show_default=True, callback=out_dir_given,
-              help="Directory for report.md, report.html and the PNG plots.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-              show_default=True, help="Where the reference model is measured (auto: CUDA if any).")
+@out_option("gptcalc-report", "Directory for report.md, report.html and the PNG plots.")
+@measure_device_option("Where the reference model is measured (auto: CUDA if any).")
 @gpu_option("Accelerator for the time and serving section (see `gptcalc gpus`).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 @training_options(with_device=False)

@@ -11,7 +11,7 @@ from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import gpu as find_gpu
 from ..inference.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
-from ..inference.kv import KV_DTYPES, SSM_CACHE_DTYPES
+from ..inference.kv import SSM_CACHE_DTYPES
 from ..layers import hybrid_layer_words
 from ..inference.fit import to_fit
 from ..inference import servers
@@ -20,12 +20,14 @@ from ..inference.pool import (DEFAULT_NON_TORCH, NVSWITCH_GPUS, TP_NVSWITCH_NON_
 from ..inference.roofline import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY,
                                   compute_precision, serving)
 from ..inference.sampler import SAMPLERS
-from ..inference.weights import WEIGHT_DTYPES, weights_label
+from ..inference.weights import weights_label
 from ..units import binary_bytes
 from .infer import _ms, serving_json, weights_used
 from ..schema import OPTIONS
-from .options import (ByteSize, click_option, current_setup, describe, float_range,
-                      gpu_option, json_option, model_options)
+from .options import (ByteSize, click_option, context_option, current_setup, describe,
+                      detail_option, float_range, gen_len_option, gpu_option, json_option,
+                      kv_dtype_option, model_options, serving_tp_option,
+                      serving_weights_option)
 from .render import emit_json, envelope, print_table, print_wrapped
 
 
@@ -67,14 +69,12 @@ class ServerChoice(click.Choice):
 @click.option("--engine", type=ServerChoice(), default=servers.DEFAULT, show_default=True,
               help="Serving engine whose KV pool is sized.")
 @gpu_option("Accelerator (see `gptcalc gpus`): its memory, and its peaks for throughput.")
-@click.option("--gpu-memory", type=ByteSize(exact=False), default=None, metavar="SIZE",
+@click_option(OPTIONS["gpu_memory"], type=ByteSize(exact=False),
               help="Total memory of one GPU as the engine reads it, torch.cuda.mem_get_info's "
                    "total (e.g. 79.22GiB); default the --gpu's usable figure (`gptcalc gpus`). "
                    "\"80GB\" is 80 x 10^9 bytes, \"80GiB\" 80 x 2^30; vLLM's logs print GiB, "
                    "SGLang's print \"GB\" meaning GiB.")
-@click.option("--tp", type=int, default=1, show_default=True,
-              help="GPUs in tensor parallel: weights and KV heads split (fewer KV heads than "
-                   "GPUs: one replicated per GPU).")
+@serving_tp_option()
 @click.option("--pp", "--pipeline-parallel-size", "pp", type=int, default=1, show_default=True,
               help="Pipeline stages (the layers split evenly, the remainder on the stages "
                    "before the last, in vLLM and SGLang); each stage's tp GPUs hold its "
@@ -92,11 +92,9 @@ class ServerChoice(click.Choice):
 @click.option("--cpu-offload-gb", type=float, default=0.0, show_default=True, metavar="GIB",
               help="GiB of each GPU's weights the engine holds in host memory (pinned), layer "
                    "by layer from the first (vLLM and SGLang).")
-@click.option("--weights-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default=None,
-              help="Weights (default: as the --hf-config's quantization_config stores them, "
-                   "else bf16).")
-@click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16",
-              show_default=True, help="KV cache elements.")
+@serving_weights_option("Weights (default: as the --hf-config's quantization_config stores "
+                        "them, else bf16).")
+@kv_dtype_option()
 @click.option("--gpu-memory-utilization", "--mem-fraction-static", "utilization", type=float,
               default=None, help="Share of the GPU's memory the engine may use (vLLM default "
                                  "0.9; SGLang: its memory less a reserve by GPU size).")
@@ -112,11 +110,9 @@ class ServerChoice(click.Choice):
               help="Sequences per forward (vLLM's default: 1024 with 8192 tokens, else 256).")
 @click.option("--kv-block-size", type=int, default=None,
               help="Tokens per KV block (vLLM's --block-size, default 16; SGLang pages of 1).")
-@click.option("--context", type=int, default=None,
-              help="Tokens of one request for the concurrency question (default "
-                   "--max-model-len).")
-@click.option("--gen-len", type=int, default=128, show_default=True,
-              help="Of the --context tokens, how many are generated (throughput).")
+@context_option("Tokens of one request for the concurrency question (default "
+                "--max-model-len).")
+@gen_len_option("Of the --context tokens, how many are generated (throughput).", default=128)
 @click.option("--non-torch", type=ByteSize(exact=False, zero_ok=True), default=None,
               metavar="SIZE",
               help=f"Memory outside PyTorch beyond the CUDA context (NCCL, cuBLAS) "
@@ -147,13 +143,13 @@ class ServerChoice(click.Choice):
               help="vLLM's CUDA graph estimate from a log (\"Estimated CUDA graph memory: X GiB "
                    "total\"), taken from the pool from 0.20.0; default: the capture list's "
                    "graphs at one Llama-3.1-8B log's per-graph figures.")
-@click.option("--detail", is_flag=True,
-              help="Every line: the activation peak by tensor, each pipeline stage, the "
-                   "throughput table.")
+@detail_option("Every line: the activation peak by tensor, each pipeline stage, the "
+               "throughput table.")
 @json_option()
 @float_range
-def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
-            gpu_memory: int | None, tp: int, pp: int, dp: int, expert_parallel: bool,
+@click.pass_context
+def command(command_ctx: click.Context, model: tuple[GPTConfig, Workload], engine: str,
+            gpu_name: str, gpu_memory: int | None, tp: int, pp: int, dp: int, expert_parallel: bool,
             dp_attention: bool,
             cpu_offload_gb: float, weights_dtype: str | None, kv_dtype: str,
             utilization: float | None, max_model_len: int | None,
@@ -173,7 +169,8 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
                                                  "within the tp GPUs) is not modelled; --dp "
                                                  "without it is")
     check_mamba_cache_mode(mamba_cache_mode)
-    weights, source = weights_used(weights_dtype)
+    setup = current_setup(command_ctx)
+    weights, source = weights_used(weights_dtype, setup)
     g = find_gpu(gpu_name)
     total = gpu_memory or gpu_memory_for(g)
     # the scheduler's options are checked as given, also under an engine that does not read them
@@ -236,7 +233,6 @@ def command(model: tuple[GPTConfig, Workload], engine: str, gpu_name: str,
         line += ("; MoE layers' activations as vLLM's fused-MoE caches (Triton path"
                  + ("; each GPU's own experts, all-to-all buffers not counted)"
                     if expert_parallel else ", no expert parallelism)"))
-    setup = current_setup()
     if setup is not None and setup.encoders:
         line += (f"; the language model only: the checkpoint's {' and '.join(setup.encoders)} "
                  "(its encoder's weights and the engine's encoder profile run) not counted")

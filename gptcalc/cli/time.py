@@ -14,19 +14,14 @@ from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import gpu as find_gpu
 from ..time import (StepTime, TrainingTime, achieved_mfu, check_fraction, check_positive,
-                    parse_count, step_time, training_time)
+                    step_time, training_time)
 from ..training_setup import TrainingSetup
 from ..units import si
-from .options import (assumptions, float_range, describe, gpu_option, json_option,
-                      model_options, pop_training, training_options, training_setup)
+from .options import (assumptions, describe, detail_option, float_range, gpu_option,
+                      gpus_option, json_option, mfu_option, model_options, peak_precision_option,
+                      pop_training, tokens_option, tokens_per_step_option, training_options,
+                      training_setup)
 from .render import emit_json, envelope, print_table, print_wrapped
-
-
-def count_option(*names: str, help: str):
-    """An option taking a whole number written 300e9, 3e11 or 300000000000 (parsed exactly)."""
-    field = names[0].lstrip("-").replace("-", "_")
-    return click.option(*names, default=None, metavar="N", help=help,
-                        callback=lambda ctx, p, v: None if v is None else parse_count(v, field))
 
 
 def network_options(command):
@@ -58,30 +53,26 @@ def network(node_size: int | None, intra: float | None, inter: float | None
 @click.command("time")
 @model_options
 @training_options()
-@count_option("--tokens", help="Training tokens, e.g. 300e9 (default: 20 per parameter, "
-                               "Chinchilla).")
+@tokens_option("Training tokens, e.g. 300e9 (default: 20 per parameter, Chinchilla).")
 @gpu_option()
-@click.option("--gpus", type=int, default=None,
-              help="Number of GPUs (default: the layout's dp x tp x pp x cp; without --dp, the "
-                   "data-parallel replicas are --gpus / (tp x pp x cp)).")
+@gpus_option("Number of GPUs (default: the layout's dp x tp x pp x cp; without --dp, the "
+             "data-parallel replicas are --gpus / (tp x pp x cp)).")
 @network_options
-@click.option("--mfu", type=float, default=None,
-              help="Override: a model FLOPs utilisation in (0, 1] (model FLOP/s over the dense "
-                   "peak) instead of the step model's prediction.")
-@click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16",
-              show_default=True, help="Which dense peak of the GPU to use (fp8: the blocks' "
-                                      "Linears run in float8).")
+@mfu_option("Override: a model FLOPs utilisation in (0, 1] (model FLOP/s over the dense peak) "
+            "instead of the step model's prediction.")
+@peak_precision_option("Which dense peak of the GPU to use (fp8: the blocks' Linears run in "
+                       "float8).")
 @click.option("--tokens-per-second", type=float, default=None,
               help="Measured throughput of the whole job; prints the MFU it achieves.")
 @click.option("--seconds-per-step", type=float, default=None,
               help="Measured step time; prints the MFU it achieves (tokens per step below).")
-@count_option("--tokens-per-step", help="Tokens per optimizer step (default B x grad_accum x "
-                                        "seq_len x dp).")
-@click.option("--detail", is_flag=True, help="Every figure of the budget and the published "
-              "shorthands' budgets beside the exact count.")
+@tokens_per_step_option("Tokens per optimizer step (default B x grad_accum x seq_len x dp).")
+@detail_option("Every figure of the budget and the published shorthands' budgets beside the "
+               "exact count.")
 @json_option()
 @float_range
-def command(model: tuple[GPTConfig, Workload], tokens: int | None, gpu_name: str,
+@click.pass_context
+def command(ctx: click.Context, model: tuple[GPTConfig, Workload], tokens: int | None, gpu_name: str,
             gpus: int | None, node_size: int | None, intra_node_bandwidth: float | None,
             inter_node_bandwidth: float | None, mfu: float | None, precision: str,
             tokens_per_second: float | None, seconds_per_step: float | None,
@@ -91,7 +82,7 @@ def command(model: tuple[GPTConfig, Workload], tokens: int | None, gpu_name: str
     the exact FLOP count and by the published shorthands; with a measured throughput, the MFU
     achieved."""
     cfg, wl = model
-    setup = _layout(training_setup(cfg, pop_training(given)), gpus)
+    setup = _layout(training_setup(cfg, pop_training(given), ctx=ctx), gpus)
     g = find_gpu(gpu_name)
     node, intra, inter = network(node_size, intra_node_bandwidth, inter_node_bandwidth)
     step = step_time(cfg, setup, wl.batch_size, wl.seq_len, wl.grad_accum, g, precision, node,

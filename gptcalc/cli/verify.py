@@ -9,56 +9,42 @@ import click
 
 from ..config import GPTConfig
 from ..errors import ConfigError, nonneg_int, positive_int
-from ..training_setup import PP_SCHEDULES
 from ..workload import Workload
-from ..memory import MODES, OPTIMIZERS, RECOMPUTE, TrainingSetup
-from ..optimizers import DEFAULT as DEFAULT_OPTIMIZER
+from ..memory import TrainingSetup
 from .extras import require
-from .engines import EngineChoice, engine_help
-from .options import describe, json_option, model_options
+from ..schema import OPTIONS
+from .options import (click_option, describe, json_option, measure_device_option, model_options,
+                      setup_option, training_engine_option)
 from .render import emit_json, envelope, print_line, print_table
 
 
 @click.command("verify")
 @model_options
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-              show_default=True, help="Where to build the model; auto = cuda when available.")
-@click.option("--attn", type=click.Choice(["manual", "sdpa"]), default="manual",
-              show_default=True, help="Attention: tril mask, masked_fill and softmax, or SDPA.")
+@measure_device_option("Where to build the model; auto = cuda when available.")
+@setup_option("attn", "Attention: tril mask, masked_fill and softmax, or SDPA.")
 @click.option("--tensors", type=click.Choice(["auto", "real", "shape-only"]), default="auto",
               show_default=True,
               help="Run on real tensors, or count on meta/fake tensors (shapes only); auto picks "
                    "real when the model fits and runs in seconds.")
-@click.option("--mode", type=click.Choice(MODES), default="fp32", show_default=True,
-              help="Precision of the memory checks' training steps (amp: 16-bit autocast).")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
-              show_default=True)
-@click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
-              help="Activation recomputation in the memory checks (torch.utils.checkpoint).")
+@setup_option("mode", "Precision of the memory checks' training steps (amp: 16-bit autocast).")
+@setup_option("optimizer", "The optimizer of the memory checks' training steps.")
+@setup_option("recompute", "Activation recomputation in the memory checks "
+                           "(torch.utils.checkpoint).")
 @click.option("--max-layers", type=int, default=None,
               help="Verify at most this many blocks (same widths); the output says so.")
-@click.option("--dp", type=int, default=1, show_default=True,
-              help="Data-parallel ranks: a distributed step under PyTorch's engines (gloo).")
-@click.option("--zero", type=int, default=0, show_default=True,
-              help="ZeRO stage with --dp (run by --engine).")
-@click.option("--engine", type=EngineChoice(), default=None,
-              help=engine_help("The engine a distributed verify runs (an engine whose twin "
-                               "cannot run here says so):"))
-@click.option("--deepspeed-config", default=None, metavar="FILE",
-              help="A ds_config.json whose zero_optimization bucket sizes the DeepSpeed twin "
-                   "runs with (default DeepSpeed's own).")
-@click.option("--tp", type=int, default=1, show_default=True,
-              help="Tensor-parallel ranks (DTensor, Megatron's layout).")
-@click.option("--sp/--no-sp", default=False, help="Sequence parallel norms (with --tp).")
-@click.option("--pp", type=int, default=1, show_default=True,
-              help="Pipeline stages (torch.distributed.pipelining; micro-batches: --grad-accum "
-                   "when above 1, else pp).")
-@click.option("--pp-schedule", type=click.Choice(PP_SCHEDULES), default="1f1b",
-              show_default=True, help="The pipeline schedule, as `gptcalc memory` takes it.")
-@click.option("--pp-virtual", type=int, default=1, show_default=True,
-              help="Model chunks per pipeline stage (interleaved-1f1b, zero-bubble).")
-@click.option("--impl", type=click.Choice(["reference", "transformers"]), default="reference",
-              show_default=True,
+@setup_option("dp", "Data-parallel ranks: a distributed step under PyTorch's engines (gloo).")
+@setup_option("zero", "ZeRO stage with --dp (run by --engine).")
+@training_engine_option("The engine a distributed verify runs (an engine whose twin cannot run "
+                        "here says so):")
+@click_option(OPTIONS["deepspeed_config"], help="A ds_config.json whose zero_optimization "
+              "bucket sizes the DeepSpeed twin runs with (default DeepSpeed's own).")
+@setup_option("tp", "Tensor-parallel ranks (DTensor, Megatron's layout).")
+@setup_option("sp", "Sequence parallel norms (with --tp).", show_default=False)
+@setup_option("pp", "Pipeline stages (torch.distributed.pipelining; micro-batches: --grad-accum "
+                    "when above 1, else pp).")
+@setup_option("pp_schedule", "The pipeline schedule, as `gptcalc memory` takes it.")
+@setup_option("pp_virtual", "Model chunks per pipeline stage (interleaved-1f1b, zero-bubble).")
+@setup_option("impl", type=click.Choice(["reference", "transformers"]),
               help="The model trained by a distributed verify: this project's reference "
                    "model or the transformers model of the same config.")
 @json_option()
