@@ -81,7 +81,7 @@ def training_table_defaults(cfg: GPTConfig, from_hf: bool = False) -> dict[str, 
             "keep_logits": family["keep_logits"], "optimizer_in_backward": False,
             "allocator": "default", "megatron_te": True, "compile": "none", "float8": "none",
             "offload_activations": False, "overhead": 0, "lora_rank": 0,
-            "lora_targets": "", "dora": False,
+            "lora_targets": "", "dora": False, "lora_dropout": 0.0,
             "weights_dtype": "", "bnb_version": DEFAULT_BNB_VERSION}
 
 
