@@ -71,6 +71,19 @@ def test_lora_dropout_saved_bytes_exact(name, data, mode, rank, p, B, S, recompu
     assert sum(out["breakdown"]["activations"].values()) == sum(t.nbytes for t in saved.tensors)
 
 
+# without dropout under autocast: each adapter casts its input to its own 16-bit copy (PEFT's
+# cast to the fp32 adapters, autocast's back) and keeps autocast's copies of its weights
+@pytest.mark.parametrize("name, targets", [("llama", "q_proj,v_proj"), ("llama", "all"),
+                                           ("phi3", "o_proj"), ("phi3", "all")])
+def test_amp_without_dropout_saved_bytes_exact(name, targets, tmp_path):
+    raw = CASES[name]
+    out = predicted(raw, targets, 2, 16, tmp_path, "amp", 8, 0.0)
+    idx, labels = tw.make_batch(raw["vocab_size"], 2, 16)
+    saved = tw.measure_saved(model(raw, targets, "amp", 8, 0.0), idx, labels,
+                             amp_dtype=torch.bfloat16)
+    assert sum(out["breakdown"]["activations"].values()) == sum(t.nbytes for t in saved.tensors)
+
+
 @pytest.mark.parametrize("name, targets, mode, p", [
     ("llama", "all", "fp32", 0.1), ("llama", "q_proj,v_proj", "amp", 0.05),
     ("phi3", "all", "bf16", 0.05), ("phi3", "qkv_proj", "fp32", 0.05)])

@@ -34,7 +34,10 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
   MLP saves nothing ahead of the MLP's own first adapter (measured on transformers' GPT-NeoX
   wrapped by PEFT, tests/test_lora_peak.py, and on the reference model);
 - a shared parallel norm's output is the input of q, k, v and of the MLP alike: lora_A of an
-  adapted up (gate) projection keeps it too.
+  adapted up (gate) projection keeps it too;
+- with LoRA dropout, and under autocast (mode amp), lora_A keeps a copy of its input of each
+  adapter's own instead of the Linear's input, and the dropout's mask and autocast's weight
+  copies beside it (`adapter_copies`).
 """
 
 from __future__ import annotations
