@@ -215,6 +215,10 @@ _TRAINING = (
     Option("dora", "--dora", "flag", "DoRA (PEFT's LoraConfig(use_dora=True)): each adapted "
            "Linear also trains a magnitude vector of its output width; with --lora-rank.",
            "training"),
+    Option("lora_dropout", "--lora-dropout", "float", "LoRA dropout P in [0, 1) (PEFT's "
+           "lora_dropout): each adapter drops its own copy of its input, which it keeps for "
+           "backward with the dropout's mask (default 0: none); with --lora-rank.", "training",
+           metavar="P"),
     Option("weights_dtype", "--weights-dtype", "choice", "The frozen base under LoRA: bf16 "
            "(default); nf4 = bitsandbytes' NF4 with an fp32 absmax per 64 weights; nf4-dq "
            "(or int4) = QLoRA's NF4 with double-quantised constants.", "training",

@@ -80,7 +80,7 @@ def _table_defaults(table: str, family: Mapping[str, Any]) -> dict[str, Any]:
     fields, out = field_defaults(), {}
     for key in table_keys(table):
         value = family[key] if key in family else fields[OPTIONS[key].field]
-        scalar = isinstance(value, (bool, int, str)) and key not in _UNSET_OPTIONS
+        scalar = isinstance(value, (bool, int, float, str)) and key not in _UNSET_OPTIONS
         out[key] = value if scalar else NOT_SET
     return out
 

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int
+from .errors import ConfigError, boolean, nonneg_int, one_of, positive_int, probability
 from .optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from .optimizers import names as optimizer_names
 
@@ -91,8 +91,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "stack": ("recompute", "attn_impl", "device", "impl", "megatron_te", "loss", "loss_chunks",
               "keep_logits", "allocator", "compile", "float8", "offload_activations",
               "overhead"),
-    "finetune": ("lora_rank", "lora_targets", "dora", "base_dtype", "double_quant",
-                 "bnb_version"),
+    "finetune": ("lora_rank", "lora_targets", "dora", "lora_dropout", "base_dtype",
+                 "double_quant", "bnb_version"),
 }
 
 
@@ -182,6 +182,7 @@ class TrainingSetup:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     dora: bool = False  # DoRA (PEFT's use_dora): a trained magnitude per adapted Linear
+    lora_dropout: float = 0.0  # PEFT's lora_dropout: the probability each adapter drops
     base_dtype: str = "same"
     double_quant: bool = True
     bnb_version: str = DEFAULT_BNB_VERSION
@@ -226,6 +227,10 @@ class TrainingSetup:
         boolean("dora", self.dora)
         if self.dora and not self.lora_rank:
             raise ConfigError("dora", "DoRA decomposes LoRA's adapted weights: give --lora-rank")
+        probability("lora_dropout", self.lora_dropout)
+        if self.lora_dropout and not self.lora_rank:
+            raise ConfigError("lora_dropout", "LoRA dropout drops the adapters' input: give "
+                                              "--lora-rank")
         one_of("base_dtype", self.base_dtype, ("same", "nf4"))
         boolean("double_quant", self.double_quant)
         bnb_version_tuple(self.bnb_version)
@@ -292,8 +297,9 @@ class TrainingSetup:
                     else "4-bit Linears keep no input"
                 base += f", bitsandbytes {self.bnb_version}: {keeps})"
             kind = "DoRA" if self.dora else "LoRA"
-            tune = (f", {kind} r={self.lora_rank} on {','.join(self.lora_targets)} over "
-                    f"{base} base")
+            dropped = f" (dropout {self.lora_dropout:g})" if self.lora_dropout else ""
+            tune = (f", {kind} r={self.lora_rank}{dropped} on {','.join(self.lora_targets)} "
+                    f"over {base} base")
         optimizer = self.optimizer + (" in backward" if self.optimizer_in_backward else "")
         alloc = ("expandable segments" if self.allocator == "expandable" else
                  "default segments")

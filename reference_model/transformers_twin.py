@@ -194,21 +194,25 @@ def make_batch(vocab_size: int, batch_size: int, seq_len: int, device: str = "cp
     return idx, idx.clone()
 
 
-def peft_lora(model: torch.nn.Module, rank: int, targets) -> torch.nn.Module:
+def peft_lora(model: torch.nn.Module, rank: int, targets, dropout: float = 0.0,
+              fp32_adapters: bool = True) -> torch.nn.Module:
     """`model` wrapped by PEFT's get_peft_model with LoRA of rank `rank` (lora_alpha = r,
-    dropout 0, PEFT's defaults otherwise) on `targets`: "all-linear", or module names as
-    gptcalc.lora.parse_targets returns them, where experts.gate_up_proj / experts.down_proj
-    (fused 3-D expert parameters) become PEFT's target_parameters."""
+    lora_dropout `dropout`, PEFT's defaults otherwise) on `targets`: "all-linear", or module
+    names as gptcalc.lora.parse_targets returns them, where experts.gate_up_proj /
+    experts.down_proj (fused 3-D expert parameters) become PEFT's target_parameters.
+    `fp32_adapters`: PEFT's autocast_adapter_dtype (adapters of a 16-bit model in fp32);
+    False keeps them in the model's dtype."""
     import peft
 
     if targets == "all-linear":
-        config = peft.LoraConfig(r=rank, lora_alpha=rank, target_modules="all-linear")
+        config = peft.LoraConfig(r=rank, lora_alpha=rank, target_modules="all-linear",
+                                 lora_dropout=dropout)
     else:
         params = [t.split(".", 1)[1] for t in targets if t.startswith("experts.")]
         modules = [t for t in targets if not t.startswith("experts.")]
         config = peft.LoraConfig(r=rank, lora_alpha=rank, target_modules=modules or None,
-                                 target_parameters=params or None)
-    return peft.get_peft_model(model, config)
+                                 target_parameters=params or None, lora_dropout=dropout)
+    return peft.get_peft_model(model, config, autocast_adapter_dtype=fp32_adapters)
 
 
 # --------------------------------------------------------------------------- saved tensors

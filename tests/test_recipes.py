@@ -240,7 +240,8 @@ TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSD
      "did you mean llama3_2_1b?"),
     ("tune.yaml", TUNE_MIN.replace("llama3_1_8b", "gemma_2b"), "has no gptcalc preset"),
     ("axo.yml", AXO_MIN + "torch_compile: true\n", "torch_compile = True: axolotl's"),
-    ("axo.yml", AXO_MIN + "lora_dropout: 0.05\n", "lora_dropout = 0.05: LoRA dropout"),
+    ("axo.yml", AXO_MIN + "adapter: lora\nlora_target_linear: true\nlora_dropout: yes\n",
+     "lora_dropout must be a probability in [0, 1), got True"),
     ("axo.yml", AXO_MIN + "load_in_8bit: true\n",
      "load_in_8bit = True: LLM.int8 weights are not modelled"),
     ("args.json", HF_MIN + ', "use_liger_kernel": true}}', "use_liger_kernel = True: Liger's"),
@@ -468,8 +469,45 @@ def test_a_trl_yaml_takes_sftconfigs_own_defaults(tmp_path):
                                               "--recompute", "none", "--seq-len", "512",
                                               "--no-keep-logits")
     peft = _write(tmp_path, "peft.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\n")
-    assert "use_peft without lora_dropout: TRL's default of 0.05" in fails(
-        "memory", "--recipe", peft)
+    # ModelConfig's lora_dropout 0.05, named on the recipe line as TRL's default
+    assert memory("--recipe", peft) == memory(*typed, "--lora-rank", "16", "--lora-dropout",
+                                              "0.05")
+    r = CliRunner().invoke(cli, ["memory", "--recipe", peft])
+    assert "lora_dropout (TRL's default) -> --lora-dropout 0.05" in r.output
     peft0 = _write(tmp_path, "peft0.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\n"
                                            "use_peft: true\nlora_dropout: 0\n")
     assert memory("--recipe", peft0) == memory(*typed, "--lora-rank", "16")
+
+
+@pytest.mark.parametrize("name, text, key", [
+    ("sft.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nuse_dora: true\n",
+     "use_dora"),
+    ("axolotl.yml", "base_model: meta-llama/Llama-3.2-1B\nadapter: lora\nlora_r: 8\n"
+     "lora_target_linear: true\npeft_use_dora: true\nbf16: auto\n", "peft_use_dora"),
+    ("lf.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\n"
+     "finetuning_type: lora\nuse_dora: true\n", "use_dora"),
+])
+def test_dora_is_read_and_refused_naming_its_key(tmp_path, name, text, key):
+    # DoRA is read as --dora; where it is not modelled (the Trainer's bf16 autocast, or
+    # gradient checkpointing) the one line names the file, the key and the option
+    line = fails("memory", "--recipe", _write(tmp_path, name, text))
+    assert f"{key} -> --dora: --dora with " in line and name in line, line
+
+
+def test_dora_read_from_torchtune_answers_where_modelled(tmp_path):
+    # torchtune's model.use_dora and model.lora_dropout as --dora and --lora-dropout: the
+    # reference implementation is refused for both, naming the key
+    text = ("model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n"
+            "  lora_attn_modules: [q_proj, v_proj]\n  lora_rank: 8\n  use_dora: true\n")
+    line = fails("memory", "--recipe", _write(tmp_path, "tt.yaml", text))
+    assert "model.use_dora -> --dora: " in line, line
+    text = text.replace("use_dora: true", "lora_dropout: 0.1")
+    line = fails("memory", "--recipe", _write(tmp_path, "tt2.yaml", text))
+    assert "model.lora_dropout -> --lora-dropout: " in line, line
+
+
+def test_lora_dropout_must_be_a_probability(tmp_path):
+    text = ("base_model: meta-llama/Llama-3.2-1B\nadapter: lora\nlora_r: 8\n"
+            "lora_target_linear: true\nlora_dropout: 1.5\n")
+    line = fails("memory", "--recipe", _write(tmp_path, "a.yml", text))
+    assert "lora_dropout must be a probability" in line and "a.yml" in line

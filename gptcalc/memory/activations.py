@@ -119,7 +119,8 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     Keys: `embedding/...`, `layer/...` (summed over L layers), `final/...`,
     `cross_entropy/...`, `input/...` (the batch's own index tensors), `weight_copy/...`
     (autocast's 16-bit weight copies, mode amp)."""
-    if setup.lora_rank and setup.mode == "amp":
+    amp = setup.mode == "amp"
+    if setup.lora_rank and amp:
         # a 16-bit frozen base under autocast computes as 16-bit weights do (fp32 adapters)
         from dataclasses import replace
 
@@ -131,7 +132,7 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     if setup.lora_rank:  # a frozen base: only what the adapters' gradients need
         from .finetune import finetune_saved
 
-        return finetune_saved(cfg, workload, setup, out)
+        return finetune_saved(cfg, workload, setup, out, amp)
     return {**out, **autocast_weight_copies(cfg, setup)}
 
 

@@ -34,7 +34,10 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
   MLP saves nothing ahead of the MLP's own first adapter (measured on transformers' GPT-NeoX
   wrapped by PEFT, tests/test_lora_peak.py, and on the reference model);
 - a shared parallel norm's output is the input of q, k, v and of the MLP alike: lora_A of an
-  adapted up (gate) projection keeps it too.
+  adapted up (gate) projection keeps it too;
+- with LoRA dropout, and under autocast (mode amp), lora_A keeps a copy of its input of each
+  adapter's own instead of the Linear's input, and the dropout's mask and autocast's weight
+  copies beside it (`adapter_copies`).
 """
 
 from __future__ import annotations
@@ -111,20 +114,77 @@ def dora_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict
     if not setup.dora:
         return {}
     N, a, w = workload.tokens, setup.act_bytes, setup.weight_bytes
-    chosen = selected(cfg, setup.lora_targets)
-    covered_all = {c for ad in chosen for c in ad.covers}
+    out: dict[str, int] = {}
+    for ad in selected(cfg, setup.lora_targets):
+        o = ad.out_features
+        out[f"lora/{ad.name}/dora"] = (ad.count * (2 * N * o * a + o * w + o * 4)
+                                       + input_grad_instances(cfg, setup, ad) * o * 4)
+    return out
+
+
+def input_grad_instances(cfg: GPTConfig, setup: TrainingSetup, adapter) -> int:
+    """How many of an adapted Linear's instances read an input that needs a gradient: all but
+    the first block's, unless an adapter sits ahead of it in that block (the embeddings and
+    the norms are frozen): q, k, v never; o after q, k or v; the MLP after an attention
+    adapter (in a parallel block only after the MLP's own); down after up or gate too; the
+    head after any block adapter."""
+    covered_all = covered(cfg, setup.lora_targets)
     attention = covered_all & set(ATTN_INPUT_TARGETS)
     ahead = {"o": bool(attention),
              "up": False if cfg.parallel_residual else bool(covered_all & ATTENTION_TARGETS),
              "lm_head": bool(covered_all - {"lm_head"})}
     ahead["gate"] = ahead["up"]
     ahead["down"] = ahead["up"] or bool(covered_all & set(UP_TARGETS))
+    first = all(ahead.get(c, False) for c in adapter.covers)  # the first block's Linear
+    return adapter.count - (0 if first else 1)
+
+
+def own_input_copies(setup: TrainingSetup, amp: bool = False) -> bool:
+    """Whether each adapter's lora_A keeps a copy of its input of its own rather than the
+    input the Linear reads: with LoRA dropout (each adapter's own nn.Dropout makes a new
+    tensor), and under autocast (mode amp: PEFT casts the input to the fp32 adapters' dtype,
+    autocast casts it back to 16 bits for lora_A's matmul, a new tensor per adapter)."""
+    return bool(setup.lora_dropout) or amp or setup.mode == "amp"
+
+
+def adapter_copies(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                   amp: bool = False) -> dict[str, int]:
+    """What each adapter keeps of its own beside lora_B's input, where it does not share the
+    Linear's input (`own_input_copies`), by key `lora/<name>/...`; PEFT 0.21's
+    `lora.Linear.forward` (peft/tuners/lora/layer.py): `x = self._cast_input_dtype(x,
+    lora_A.weight.dtype)`, then `lora_B(lora_A(dropout(x))) * scaling`, with `nn.Dropout(p)`
+    per adapter when lora_dropout > 0, else `nn.Identity()` (torchtune's LoRALinear drops
+    likewise, without the cast). Per adapted Linear (N tokens, its in and out widths, rank r):
+
+    - lora_A_input: the tensor lora_A's matmul saves, N x in, in the activation dtype (16 bits
+      under amp: autocast's cast of the fp32 input);
+    - dropout_mask (lora_dropout > 0), where the input needs a gradient
+      (`input_grad_instances`): N x in, 1 byte on CUDA (native_dropout's bool mask); on CPU
+      `F.dropout` saves its scaled noise in the input's dtype (fp32 under amp, the adapters'
+      dtype);
+    - weight_copies (amp): autocast's 16-bit copies of the fp32 adapters, lora_B's (out x r)
+      always, lora_A's (r x in) where the input needs a gradient.
+
+    Adapters of a checkpointed block (recompute full) keep nothing; the head's do. Parameters
+    PEFT adapts itself (ParamWrapper) take no dropout and keep their lines. Measured on
+    transformers' Llama and Phi-3 wrapped by PEFT, modes fp32, amp and bf16, p 0, 0.05 and 0.1
+    (tests/test_lora_dropout.py)."""
+    if not own_input_copies(setup, amp):
+        return {}
+    N, amp = workload.tokens, amp or setup.mode == "amp"
+    copy = 2 if amp else setup.act_bytes
+    mask = 1 if setup.device == "cuda" else (4 if amp else setup.act_bytes)
     out: dict[str, int] = {}
-    for ad in chosen:
-        o = ad.out_features
-        first = all(ahead.get(c, False) for c in ad.covers)  # the first block's Linear
-        out[f"lora/{ad.name}/dora"] = (ad.count * (2 * N * o * a + o * w + o * 4)
-                                       + (ad.count - (0 if first else 1)) * o * 4)
+    for ad in selected(cfg, setup.lora_targets):
+        if ad.param_target or (setup.recompute == "full" and ad.name != "lm_head"):
+            continue
+        r, grad = setup.lora_rank * ad.rank_mult, input_grad_instances(cfg, setup, ad)
+        out[f"lora/{ad.name}/lora_A_input"] = ad.count * N * ad.in_features * copy
+        if setup.lora_dropout:
+            out[f"lora/{ad.name}/dropout_mask"] = grad * N * ad.in_features * mask
+        if amp:
+            out[f"lora/{ad.name}/weight_copies"] = 2 * r * (ad.count * ad.out_features
+                                                             + grad * ad.in_features)
     return out
 
 
@@ -179,21 +239,26 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
 
 
 def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
-                   lines: dict[str, int]) -> dict[str, int]:
-    """A profile's saved-tensor lines (full fine-tuning) as LoRA fine-tuning saves them."""
+                   lines: dict[str, int], amp: bool = False) -> dict[str, int]:
+    """A profile's saved-tensor lines (full fine-tuning) as LoRA fine-tuning saves them;
+    `amp`: the 16-bit base runs under autocast over fp32 adapters (`setup` is then the
+    profile's, mode mixed)."""
     targets = covered(cfg, setup.lora_targets)  # gptcalc.linears' names
+    # the Linears whose input lora_A keeps as it is (else a copy of its own, `adapter_copies`)
+    reads = targets - ({c for a in selected(cfg, setup.lora_targets) if not a.param_target
+                        for c in a.covers} if own_input_copies(setup, amp) else set())
     out = dict(lines)
     if not targets - {"lm_head"}:  # the head alone: nothing ahead of it needs a gradient
         out = {k: v for k, v in out.items()
                if not k.startswith(("layer/", "embedding/", "final/ln_f/"))}
     drop = ["input/idx", "embedding/positions"] + ["final/lm_head_input"] * (
-        "lm_head" not in targets)  # lora_A of the head saves the head's input
+        "lm_head" not in reads)  # lora_A of the head saves the head's input
     # the attention's input; with one norm ahead of both branches (a shared parallel norm)
     # also the MLP's, which lora_A of an adapted up (gate) projection keeps
     readers = set(ATTN_INPUT_TARGETS) | (set(UP_TARGETS) if cfg.shared_norm else set())
-    if not targets & readers:
+    if not reads & readers:
         drop.append("layer/attn/qkv_input")
-    if "o" not in targets and (setup.attn_impl == "manual" or setup.impl == "transformers"):
+    if "o" not in reads and (setup.attn_impl == "manual" or setup.impl == "transformers"):
         # o_proj's own input (transformers: its contiguous copy, where there is one); the
         # reference profile's SDPA line is the kernel's output, which the kernel keeps itself
         drop.append("layer/attn/out_input")
@@ -207,10 +272,10 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     L, n_moe, a = cfg.n_layer, moe_layers(cfg) if cfg.moe else 0, setup.act_bytes
     if "layer/mlp/fc_input" in out:  # the MLP's input: an MoE layer's router reads it too
         fc = out.pop("layer/mlp/fc_input") // L
-        kept = (L - n_moe) * bool(targets & set(UP_TARGETS)) + n_moe * ("router" in targets)
+        kept = (L - n_moe) * bool(reads & set(UP_TARGETS)) + n_moe * ("router" in reads)
         if kept:
             out["layer/mlp/fc_input"] = kept * fc
-    if out.get("layer/mlp/hidden") and "down" not in targets and cfg.mlp != "relu":
+    if out.get("layer/mlp/hidden") and "down" not in reads and cfg.mlp != "relu":
         # the down projection's input, unless ReLU saves it as its own output
         out["layer/mlp/hidden"] -= (L - n_moe) * N * cfg.ffn_dim * a
     if n_moe:  # routed experts: grouped_mm keeps its input only for an adapted weight
@@ -221,7 +286,7 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             out["layer/moe/hidden"] -= n_moe * Nk * cfg.expert_dim * a  # checkpointed
     if setup.recompute != "full":  # a checkpointed first block keeps its input all the same
         for key, nbytes in _first_block_unsaved(cfg, setup, targets, out, N * cfg.ffn_dim
-                                                * setup.act_bytes).items():
+                                                * setup.act_bytes, reads).items():
             out[key] -= nbytes
     for a in selected(cfg, setup.lora_targets):  # one per adapter (a fused Linear's one)
         if setup.recompute == "full" and a.name != "lm_head":
@@ -233,6 +298,7 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             key = f"lora/{a.name}/lora_B_input"
             nbytes = a.count * N * a.rank_mult * setup.lora_rank * setup.act_bytes
         out[key] = out.get(key, 0) + nbytes
+    out.update(adapter_copies(cfg, workload, setup, amp))
     out.update(dora_saved(cfg, workload, setup))
     if matmul4bit_keeps_input(setup):
         out.update(matmul4bit_inputs(cfg, workload, setup))
@@ -289,11 +355,12 @@ _SITES = (
 
 
 def _first_block_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
-                         lines: dict[str, int], hidden_tensor: int) -> dict[str, int]:
+                         lines: dict[str, int], hidden_tensor: int, reads: set[str]
+                         ) -> dict[str, int]:
     """The first block's share of each layer line that it does not save: what it computes
     ahead of its first adapted Linear reads only frozen inputs and needs no gradient.
 
-    Inputs that an adapter reads stay (lora_A saves them). In a gated MLP whose first adapted
+    Inputs that an adapter reads as they are (`reads`) stay (lora_A saves them). In a gated MLP whose first adapted
     Linear is gate or up, only the adapted branch needs a gradient: silu(gate) saves its input
     only when gate is adapted, and the product saves the other factor of each branch that needs
     one (up's output for gate, silu's output for up). Likewise a written-out attention whose
@@ -304,14 +371,14 @@ def _first_block_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str]
     reading the block's input: the MLP's lines of the first block go unsaved up to the MLP's
     own first adapter, whatever the attention adapts, and likewise the attention's."""
     kept_inputs = {"layer/attn/qkv_input"}
-    if "o" in targets:  # o_proj's input: its own copy, or (transformers) SDPA's output itself
+    if "o" in reads:  # o_proj's input: its own copy, or (transformers) SDPA's output itself
         kept_inputs |= {"layer/attn/out_input"} if lines.get("layer/attn/out_input") else {
             "layer/attn/out_input", "layer/attn/sdpa_out"}
     chains = (_SITES[:2], _PARALLEL_MLP_SITES) if cfg.parallel_residual else (_SITES,)
     out: dict[str, int] = {}
     for chain in chains:
         for k, v in _chain_unsaved(cfg, setup, targets, lines, hidden_tensor, chain,
-                                   kept_inputs).items():
+                                   kept_inputs, reads).items():
             out[k] = out.get(k, 0) + v
     return out
 
@@ -322,7 +389,7 @@ _PARALLEL_MLP_SITES = ((UP_TARGETS, ("layer/ln_2/",)), (("down",), ("layer/mlp/h
 
 def _chain_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
                    lines: dict[str, int], hidden_tensor: int, sites: tuple,
-                   kept_inputs: set[str]) -> dict[str, int]:
+                   kept_inputs: set[str], reads: set[str]) -> dict[str, int]:
     """`_first_block_unsaved` along one chain of sites, up to its first adapted Linear."""
     out: dict[str, int] = {}
     L = cfg.n_layer
@@ -343,7 +410,7 @@ def _chain_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
             break
         for k, v in lines.items():
             if k.startswith(prefixes) and k not in kept_inputs:
-                keep = hidden_tensor if k == "layer/mlp/hidden" and "down" in targets else 0
+                keep = hidden_tensor if k == "layer/mlp/hidden" and "down" in reads else 0
                 out[k] = v // L - keep
         if targets & set(site_targets):
             if site_targets == ATTN_INPUT_TARGETS and "qkv" not in targets:

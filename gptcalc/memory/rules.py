@@ -78,7 +78,30 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")
     check_dora(cfg, setup)
+    check_lora_dropout(cfg, setup)
     check_profile(cfg, setup)
+
+
+def check_lora_dropout(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """LoRA dropout is modelled where its twin runs (PEFT's lora_dropout on transformers'
+    models, modes fp32, amp and bf16, eager, recompute none or full, tests/
+    test_lora_dropout.py); anything else is refused in one line naming both options."""
+    if not setup.lora_dropout:
+        return
+    beside = [(setup.dora, "--dora"),
+              (setup.impl != "transformers", f"--impl {setup.impl}"),
+              (setup.recompute not in ("none", "full"), f"--recompute {setup.recompute}"),
+              (setup.compile != "none", f"--compile {setup.compile}"),
+              (setup.float8 != "none", f"--float8 {setup.float8}"),
+              (setup.offload_activations, "--offload-activations"),
+              (matmul4bit_keeps_input(setup), f"--bnb-version {setup.bnb_version}"),
+              (cfg.moe, "a mixture of experts")]
+    for refused, what in beside:
+        if refused:
+            raise ConfigError("lora_dropout", f"--lora-dropout with {what} is not modelled: "
+                                              "LoRA dropout is measured on transformers' dense "
+                                              "models wrapped by PEFT, eager, recompute none "
+                                              "or full")
 
 
 def check_dora(cfg: GPTConfig, setup: TrainingSetup) -> None:

@@ -59,8 +59,6 @@ KEYS: dict[str, tuple] = {
     "xformers_attention": off(False, "xformers' attention is not modelled"),
     "load_in_8bit": off(False, "LLM.int8 weights are not modelled"),
     "torch_compile": off(False, "axolotl's torch.compile of the model is not modelled"),
-    "peft_use_dora": off(False, "DoRA's magnitude vectors and their activations are not "
-                                "modelled"),
     "lora_modules_to_save": off(None, "fully trained modules beside the adapters are not "
                                       "modelled"),
     "unfrozen_parameters": off(None, "training some parameters and freezing the rest is not "
@@ -69,15 +67,13 @@ KEYS: dict[str, tuple] = {
                     off(False, "unsloth's LoRA kernels are not modelled")),
     **dict.fromkeys(("liger_rms_norm", "liger_layer_norm", "liger_glu_activation",
                      "liger_rope"), _LIGER),
-    "lora_dropout": off(0.0, "LoRA dropout (the dropped input each adapter saves) is not "
-                             "modelled"),
     **dict.fromkeys((
         "base_model", "base_model_config", "load_in_4bit", "adapter", "sequence_len", "lora_r",
         "lora_target_linear", "lora_target_modules", "micro_batch_size",
         "gradient_accumulation_steps", "optimizer", "bf16", "fp16", "gradient_checkpointing",
         "deepspeed", "fsdp", "fsdp_config", "fsdp_version", "plugins",
         "liger_fused_linear_cross_entropy", "attn_implementation", "fp8",
-        "fp8_enable_fsdp_float8_all_gather"), READ),
+        "fp8_enable_fsdp_float8_all_gather", "lora_dropout", "peft_use_dora"), READ),
 }
 PLUGINS = ("axolotl.integrations.liger.LigerPlugin",
            "axolotl.integrations.liger.plugin.LigerPlugin")
@@ -115,6 +111,7 @@ def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Reci
     four_bit = r.flag("load_in_4bit", doc.get("load_in_4bit", False))
     if adapter in ("lora", "qlora"):
         r.set("lora_r", "lora_rank", r.count("lora_r", doc.get("lora_r", 8)))
+        r.adapter_options(doc, "lora_dropout", "peft_use_dora")
         if doc.get("lora_target_linear"):
             targets = "all"
         else:

@@ -133,6 +133,21 @@ class Reading:
             raise self.fail(f"{key} must be a whole number >= {low}, got {shown(value)}")
         return value
 
+    def adapter_options(self, keys: dict[str, Any], dropout_key: str, dora_key: str,
+                        dropout_default: float = 0.0, default_source: str = "") -> None:
+        """LoRA's dropout (--lora-dropout; `dropout_default`, from `default_source`, where
+        the file is silent) and DoRA (--dora) of a recipe's adapters."""
+        value = keys.get(dropout_key, dropout_default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                0 <= value < 1):
+            raise self.fail(f"{dropout_key} must be a probability in [0, 1), got "
+                            f"{shown(value)}")
+        if value:
+            label = dropout_key if dropout_key in keys else f"{dropout_key} ({default_source})"
+            self.set(label, "lora_dropout", float(value))
+        if self.flag(dora_key, keys.get(dora_key, False)):
+            self.set(dora_key, "dora", True)
+
     def flag(self, key: str, value: Any) -> bool:
         """true/false; YAML and argument files also spell them "true"/"false" (any case)."""
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):

@@ -36,8 +36,8 @@ What each setting does there:
 - `attn_implementation`: flash_attention_2, sdpa and their kernels save what --attn sdpa
   counts; eager saves the attention probabilities (--attn manual);
 - a TRL or alignment-handbook YAML takes SFTConfig's own defaults where the file is silent:
-  `max_length` 1024, `gradient_checkpointing` true, `bf16` true unless `fp16`; ModelConfig's
-  `lora_dropout` of 0.05 under `use_peft` is not modelled.
+  `max_length` 1024, `gradient_checkpointing` true, `bf16` true unless `fp16`, and under
+  `use_peft` ModelConfig's `lora_dropout` of 0.05 (--lora-dropout); `use_dora` is --dora.
 """
 
 from __future__ import annotations
@@ -146,9 +146,7 @@ MODEL_KEYS: dict[str, tuple] = {
     "lora_alpha": ignored("the adapters' scale, a number in the forward"),
     "lora_task_type": ignored("the PEFT task's name"),
     "use_rslora": ignored("the adapters' scale"),
-    "lora_dropout": off(0.0, "LoRA dropout (the dropped input each adapter saves) is not "
-                             "modelled"),
-    "use_dora": off(False, "DoRA's magnitude vectors and their activations are not modelled"),
+    **dict.fromkeys(("lora_dropout", "use_dora"), READ),
     "lora_modules_to_save": off(None, "fully trained modules beside the adapters are not "
                                       "modelled"),
     "load_in_8bit": off(False, "LLM.int8 weights are not modelled"),
@@ -166,6 +164,8 @@ KEYS = {**TRAINER_KEYS, **MODEL_KEYS}
 # base_config.py at f2cd5771): rows of at most 1024 tokens, every layer checkpointed, bf16
 # autocast unless fp16 (set below)
 TRL_DEFAULTS = {"max_length": 1024, "gradient_checkpointing": True}
+# TRL's ModelConfig.lora_dropout (trl/trainer/model_config.py at f2cd5771)
+TRL_LORA_DROPOUT = 0.05
 
 
 def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Recipe:
@@ -193,11 +193,8 @@ def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
     weights = "bf16" if dtype in ("bfloat16", "bf16") else (
         "fp32" if dtype in (None, "auto", "float32", "fp32") else dtype)
     peft = r.flag("use_peft", doc.get("use_peft", False))
-    if peft and kind != "Hugging Face TrainingArguments" and "lora_dropout" not in doc:
-        raise r.fail("use_peft without lora_dropout: TRL's default of 0.05 (the dropped input "
-                     "each adapter saves) is not modelled; lora_dropout: 0 counts without it")
     if peft:
-        _peft(r, doc)
+        _peft(r, doc, TRL_LORA_DROPOUT if kind != "Hugging Face TrainingArguments" else 0.0)
     elif doc.get("load_in_4bit"):
         raise r.fail("load_in_4bit without use_peft: a 4-bit base is frozen")
     attention(r, doc)
@@ -205,10 +202,12 @@ def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
     return r.recipe()
 
 
-def _peft(r: Reading, doc: dict[str, Any]) -> None:
+def _peft(r: Reading, doc: dict[str, Any], dropout: float) -> None:
     """TRL's ModelConfig: LoRA of rank lora_r (16 by default) on lora_target_modules (PEFT's
-    default for the family when absent), over a 4-bit base with load_in_4bit."""
+    default for the family when absent) with lora_dropout (`dropout` by default) and use_dora,
+    over a 4-bit base with load_in_4bit."""
     r.set("lora_r", "lora_rank", r.count("lora_r", doc.get("lora_r", 16)))
+    r.adapter_options(doc, "lora_dropout", "use_dora", dropout, "TRL's default")
     modules = doc.get("lora_target_modules")
     if modules is not None:
         r.set("lora_target_modules", "lora_targets", targets(r, "lora_target_modules", modules))

@@ -60,11 +60,8 @@ KEYS: dict[str, tuple] = {
                      "simpo_gamma", "kto_chosen_weight", "kto_rejected_weight", "ref_model",
                      "reward_model", "ppo_epochs"), ignored("read only by the preference "
                                                            "and reward stages")),
-    "lora_dropout": off(0.0, "LoRA dropout (the dropped input each adapter saves) is not "
-                             "modelled"),
     "additional_target": off(None, "fully trained modules beside the adapters are not "
                                    "modelled"),
-    "use_dora": off(False, "DoRA's magnitude vectors and their activations are not modelled"),
     "pissa_init": off(False, "PiSSA's initialisation is not modelled"),
     "use_unsloth": off(False, "unsloth's kernels are not modelled"),
     "enable_liger_kernel": off(False, "Liger's kernels are not modelled"),
@@ -76,7 +73,8 @@ KEYS: dict[str, tuple] = {
     **dict.fromkeys(("model_name_or_path", "stage", "finetuning_type", "pure_bf16",
                      "lora_rank", "lora_target", "quantization_bit", "quantization_method",
                      "quantization_type", "double_quantization",
-                     "disable_gradient_checkpointing", "cutoff_len", "flash_attn"), READ),
+                     "disable_gradient_checkpointing", "cutoff_len", "flash_attn",
+                     "lora_dropout", "use_dora"), READ),
 }
 FLASH = {"auto": "sdpa", "fa2": "sdpa", "sdpa": "sdpa", "disabled": "manual"}
 
@@ -104,6 +102,7 @@ def read_llamafactory(doc: dict[str, Any], path: Path, given: dict[str, Any]) ->
     pure = r.flag("pure_bf16", doc.get("pure_bf16", False))
     if kind == "lora":
         r.set("lora_rank", "lora_rank", r.count("lora_rank", doc.get("lora_rank", 8)))
+        r.adapter_options(doc, "lora_dropout", "use_dora")
         r.set("lora_target", "lora_targets", targets(r, "lora_target",
                                                      doc.get("lora_target", "all")))
         weights = "bf16" if doc.get("bf16") or pure else "fp32"

@@ -74,17 +74,13 @@ KEYS: dict[str, tuple] = {
     "tensor_parallel_plan.*": ignored("read only with tensor_parallel_dim above 1"),
     "tensor_parallel_dim": off(1, "torchtune's tensor-parallel plan is not modelled"),
     "fsdp_cpu_offload": off(False, "FSDP's CPU offload is not modelled"),
-    "model.use_dora": off(False, "DoRA's magnitude vectors and their activations are not "
-                                 "modelled"),
-    "model.lora_dropout": off(0.0, "LoRA dropout (the dropped input each adapter saves) is "
-                                   "not modelled"),
     **dict.fromkeys((
         "model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp",
         "model.apply_lora_to_output", "model.lora_rank", "model.quantize_base",
         "tokenizer.max_seq_len", "batch_size", "gradient_accumulation_steps",
         "optimizer._component_", "optimizer.momentum", "optimizer_in_bwd", "loss.*", "device",
         "dtype", "enable_activation_checkpointing", "enable_activation_offloading", "compile",
-        "fsdp_reshard_after_forward"), READ),
+        "fsdp_reshard_after_forward", "model.lora_dropout", "model.use_dora"), READ),
 }
 
 
@@ -171,6 +167,7 @@ def _model(r: Reading, keys: dict[str, Any]) -> None:
     if not targets:
         raise r.fail("a LoRA model with no lora_attn_modules, MLP or output adapters")
     r.set("model.lora_rank", "lora_rank", r.count("model.lora_rank", keys.get("model.lora_rank")))
+    r.adapter_options(keys, "model.lora_dropout", "model.use_dora")
     r.set("model.lora_attn_modules", "lora_targets", ",".join(targets))
     if m.group(2) == "qlora_" or keys.get("model.quantize_base"):
         r.set("model._component_", "weights_dtype", "nf4-dq")
