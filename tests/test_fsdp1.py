@@ -121,11 +121,11 @@ def test_the_cli_runs_fsdp1_and_names_it():
 
 # FSDP1's step peak on 2 gloo ranks against gptcalc's, torch 2.13 (MemTracker, the buffers
 # left out as the pairwise matrix does). Measured twice on one 2-core machine, the same bytes
-# each time: fp32 9,808,712 B (rank 0; gptcalc 9,809,216, +0.01%), mixed 8,447,560 B (gptcalc
-# 7,923,264, -6.21%: the bf16 run holds 524,800 B through the last block's backward that the
-# model does not name). FSDP1's buffers are freed where the last reference drops, as FSDP2's
-# are, so the bound is the one the FSDP2 twins are held to on gloo (tests/test_pairwise.py:
-# FSDP2 measured -13.0% on another machine): 16%
+# each time, rank 0: fp32 9,808,712 B (gptcalc 9,809,216, +0.01%: the last block's flat
+# gradient made), mixed 8,447,560 B (gptcalc 8,448,064, +0.01%: its post-backward
+# reduce-scatter), ZeRO-2 the same. FSDP1's buffers are freed where the last reference drops,
+# as FSDP2's are, so the bound is the one the FSDP2 twins are held to on gloo
+# (tests/test_pairwise.py: FSDP2 measured -13.0% on another machine): 16%
 FSDP_GLOO_GAP = 0.16
 
 
@@ -145,3 +145,52 @@ def test_states_exact_and_step_peak_against_fsdp1_on_two_gloo_ranks():
             measured = r.peak - r.peak_categories.get("Buffer", 0)
             assert abs(peak - measured) <= FSDP_GLOO_GAP * measured, (setup.mode, peak,
                                                                       measured)
+
+
+ACCELERATE_FSDP1 = """distributed_type: FSDP
+mixed_precision: bf16
+num_processes: 8
+fsdp_config:
+  fsdp_backward_prefetch: BACKWARD_PRE
+  fsdp_sharding_strategy: {strategy}
+  fsdp_use_orig_params: true
+"""
+
+
+@pytest.mark.parametrize("strategy, zero", [("FULL_SHARD", 3), ("SHARD_GRAD_OP", 2)])
+def test_accelerates_fsdp_version_1_is_engine_fsdp1(tmp_path, strategy, zero):
+    import json
+
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(ACCELERATE_FSDP1.format(strategy=strategy))  # fsdp_version 1: the default
+    common = ["memory", "--preset", "llama3-8b", "--json"]
+    r = CliRunner().invoke(cli, [*common, "--recipe", str(path)])
+    typed = CliRunner().invoke(cli, [*common, "--engine", "fsdp1", "--zero", str(zero),
+                                     "--dp", "8", "--mode", "mixed"])
+    assert r.exit_code == typed.exit_code == 0, r.output
+    mine, hand = json.loads(r.stdout), json.loads(typed.stdout)
+    mine.pop("recipe", None)
+    assert mine == hand
+
+
+@pytest.mark.parametrize("extra, key", [
+    ("", "fsdp_config.fsdp_backward_prefetch"),  # accelerate's default NO_PREFETCH
+    ("  fsdp_backward_prefetch: BACKWARD_POST\n", "fsdp_config.fsdp_backward_prefetch"),
+    ("  fsdp_backward_prefetch: BACKWARD_PRE\n  fsdp_forward_prefetch: true\n",
+     "fsdp_config.fsdp_forward_prefetch"),
+])
+def test_fsdp1_prefetch_other_than_modelled_is_refused_naming_the_key(tmp_path, extra, key):
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    path = tmp_path / "fsdp.yaml"
+    path.write_text("distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 8\n"
+                    "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n" + extra)
+    r = CliRunner().invoke(cli, ["memory", "--preset", "llama3-8b", "--recipe", str(path)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert f"{key} = " in r.output

@@ -141,6 +141,8 @@ BLOCK_GRADIENT = Term("FSDP1 unsharded flat gradient of the last block")
 BLOCK_GRADIENT_PARTS = Term("FSDP1 the last block's parameters' gradients (concatenated into it)")
 HEAD_GRADIENT = Term("FSDP1 head's gradient (waits for the root's flat gradient)")
 INPUT_GRADIENT = Term("FSDP1 gradient of the last block's input")
+REDUCE_OUTPUT = Term("FSDP1 reduce-scatter output shard of the last block")
+GLOO_COPY = Term("FSDP1 gloo reduce-scatter's copy of its input (CPU)")
 BLOCK_REDUCE = Term("FSDP1 reduce-scatter input of the last block (reduce_dtype)")
 ROOT_REDUCE = Term("FSDP1 reduce-scatter of the root (input and output shard)")
 
@@ -154,18 +156,24 @@ def fsdp1_unsharded(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
 
 def fsdp1_block_gradient_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
                                ) -> dict[Term, int]:
-    """The moment the last block's flat gradient is made, at the end of its backward. With
-    use_orig_params the original parameters are views split out of the unsharded flat
-    parameter, so autograd makes their gradients one by one and, once the last (the block's
-    first parameter) is made, concatenates them (split_with_sizes' backward, padding as zeros)
-    into the flat parameter's padded gradient: the parts and the whole are alive together.
-    Where reduce_dtype differs (mode mixed) the post-backward hook, which runs as the flat
-    gradient is accumulated (the parts not yet freed), casts it to reduce_dtype beside
-    them. Beside them: the root's unsharded parameters, the block computing and
-    the previous block prefetched (FULL_SHARD) or every block (SHARD_GRAD_OP), the head's
-    gradient (the root's parts wait for the embedding's, made last), the gradient of the
-    block's input, and the activations the blocks before it saved (its own are freed).
-    Measured with MemTracker on CPU/gloo, torch 2.13 (FSDP1's peak in full training)."""
+    """The last block's gradient at the end of its backward, the larger of two moments.
+
+    (a) The flat gradient is made: with use_orig_params the original parameters are views
+    split out of the unsharded flat parameter, so autograd makes their gradients one by one
+    and, once the last is made, concatenates them (split_with_sizes' backward, padding as
+    zeros) into the flat parameter's padded gradient: the parts and the whole are alive
+    together, beside the block's unsharded parameters.
+    (b) The post-backward hook: the block is resharded first (SHARD_GRAD_OP too), the parts are
+    freed; the flat gradient is cast to reduce_dtype where it differs (mode mixed), the
+    reduce-scatter's output shard is made in reduce_dtype, and on CPU gloo's reduce-scatter
+    copies its whole input (measured: a second reduce_dtype flat gradient).
+
+    Beside either: the root's unsharded parameters, the previous block prefetched
+    (FULL_SHARD, BACKWARD_PRE) or the blocks SHARD_GRAD_OP keeps, the head's gradient (the
+    root's parts wait for the embedding's, made last), the gradient of the block's input, and
+    the activations the blocks before it saved (its own are freed). fp32 peaks at (a), mode
+    mixed at (b). Measured with MemTracker on CPU/gloo, torch 2.13 (FSDP1's peak in full
+    training)."""
     from ..activations import device_activations, saved_in
     from .fsdp2 import _last_block_saved
 
@@ -174,22 +182,25 @@ def fsdp1_block_gradient_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     later = saved_in(acts, "cross_entropy") + saved_in(acts, "final")
     un = fsdp1_unsharded(cfg, setup)
     unit = fsdp1_units(cfg, setup)["block"]
-    cb, rb = compute_bytes(setup), reduce_bytes(setup)
-    parts, cast = cb * sum(unit.numels), rb * unit.padded if rb != cb else 0
+    cb, rb, L = compute_bytes(setup), reduce_bytes(setup), cfg.n_layer
     z3 = setup.zero == 3
     head = sum(t.numel for t in stage_tensors(cfg, setup, "first") if t.place == "head")
     if cfg.tie_embeddings:
         head += cfg.vocab_size * cfg.n_embd
-    return {SAVED: sum(acts.values()) - later - layer,
+    both = {SAVED: sum(acts.values()) - later - layer,
             ROOT_PARAMETERS: un["root"],
-            BLOCKS_KEPT: 0 if z3 else un["block"] * cfg.n_layer,
-            BLOCK_COMPUTING: un["block"] if z3 else 0,
-            NEXT_BLOCK: un["block"] if z3 else 0,
+            NEXT_BLOCK: un["block"] if z3 and L > 1 else 0,
             HEAD_GRADIENT: cb * head,
             INPUT_GRADIENT: cb * workload.tokens * cfg.n_embd,
-            BLOCK_GRADIENT: cb * unit.padded,
-            BLOCK_GRADIENT_PARTS: parts,
-            BLOCK_REDUCE: cast}
+            BLOCK_GRADIENT: cb * unit.padded}
+    made = {**both, BLOCK_COMPUTING: un["block"] if z3 else 0,
+            BLOCKS_KEPT: 0 if z3 else un["block"] * L,
+            BLOCK_GRADIENT_PARTS: cb * sum(unit.numels)}
+    hook = {**both, BLOCKS_KEPT: 0 if z3 else un["block"] * (L - 1),
+            BLOCK_REDUCE: rb * unit.padded if rb != cb else 0,
+            REDUCE_OUTPUT: rb * unit.shard(setup.dp),
+            GLOO_COPY: rb * unit.padded if setup.device == "cpu" else 0}
+    return max(made, hook, key=lambda terms: sum(terms.values()))
 
 
 def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
@@ -200,9 +211,8 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
       pre-backward hook prefetches the last block (BACKWARD_PRE); in the last block's backward
       the previous block's all-gather is issued before it computes;
     - SHARD_GRAD_OP: every block stays unsharded from its forward to its backward;
-    - after the last block's backward its unsharded flat gradient and the reduce-scatter
-      input (cast to reduce_dtype where it differs) are alive together (phase "backward, last
-      block's reduce-scatter");
+    - at the end of the last block's backward its flat gradient is made, then reduce-scattered
+      (phase "backward, last block's reduce-scatter", `fsdp1_block_gradient_terms`);
     - at the end of backward the root's unsharded gradient beside its parameters, the blocks'
       sharded gradients, and the root's reduce-scatter input and output.
     Nothing at dp = 1."""
@@ -225,7 +235,7 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
     ledger.add(last, ROOT_PARAMETERS, root)
     ledger.add(last, BLOCKS_KEPT, kept)
     ledger.add(last, BLOCK_COMPUTING, block if z3 else 0)
-    ledger.add(last, NEXT_BLOCK, block if z3 else 0)
+    ledger.add(last, NEXT_BLOCK, block if z3 and cfg.n_layer > 1 else 0)
     ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
     for term, nbytes in fsdp1_block_gradient_terms(cfg, step.workload, setup).items():
         (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
