@@ -86,7 +86,7 @@ def check_precision(layout: dict, mode: str, optimizer: str, recompute: str) -> 
     from gptcalc.memory.engines import default_engine
 
     engine = layout.get("engine") or default_engine(layout["zero"]).name
-    mixed = mode == "mixed" and engine in ("fsdp2", "deepspeed")
+    mixed = mode == "mixed" and engine in ("fsdp2", "fsdp1", "deepspeed")
     if (mode, optimizer, recompute) != ("fp32", "adamw", "none") and not (
             mixed and (optimizer, recompute) == ("adamw", "none")):
         raise ConfigError("mode", "the distributed verify trains fp32 AdamW without "
