@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.errors import ConfigError
 from gptcalc.memory import state_bytes, step_peak
-from gptcalc.memory.engines import engine_for
+from gptcalc.memory.engines import engine_for, resident
 from gptcalc.memory.engines.fsdp1 import (FlatUnit, aligned_numel, flat_unit,
                                           fsdp1_rank_states, fsdp1_units)
 
@@ -142,6 +142,9 @@ def test_states_exact_and_step_peak_against_fsdp1_on_two_gloo_ranks():
             mine = fsdp1_rank_states(TINY, setup, r.rank)
             assert (r.weights, r.gradients, r.optimizer) == (
                 mine.weights, mine.gradients, mine.optimizer)
+            # between steps the flat parameters keep their sharded gradients (freed at the
+            # next forward)
+            assert r.resident == sum(resident(TINY, setup, "first", r.rank).values())
             measured = r.peak - r.peak_categories.get("Buffer", 0)
             assert abs(peak - measured) <= FSDP_GLOO_GAP * measured, (setup.mode, peak,
                                                                       measured)
