@@ -278,8 +278,12 @@ class FSDP1(Engine):
                                           f"modelled: FSDP1 is modelled with data parallelism "
                                           f"alone (use --engine fsdp2)")
         if setup.lora_rank:
-            raise ConfigError("lora_rank", "--lora-rank with --engine fsdp1 is not modelled "
-                                           "(use --engine fsdp2)")
+            # measured on 2 gloo ranks: a unit's frozen weights are views of its flat
+            # parameter, which trains, so backward computes their gradients (the whole flat
+            # gradient is reduce-scattered) and saves activations as full training does
+            raise ConfigError("lora_rank", "--lora-rank with --engine fsdp1 is not modelled: "
+                                           "FSDP1's flat parameters give the frozen weights "
+                                           "gradients (use --engine fsdp2)")
 
     def label(self, setup: TrainingSetup) -> str:
         strategy = "FULL_SHARD" if setup.zero == 3 else "SHARD_GRAD_OP"
