@@ -35,7 +35,8 @@ OPTIONS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
                ("fsdp2", ("--dp", "2", "--zero", "3", "--engine", "fsdp2")),
                ("deepspeed", ("--dp", "2", "--zero", "2", "--engine", "deepspeed")),
                ("zero-redundancy", ("--dp", "2", "--zero", "1", "--engine",
-                                    "zero-redundancy"))],
+                                    "zero-redundancy")),
+               ("fsdp1", ("--dp", "2", "--zero", "3", "--engine", "fsdp1"))],
     "adapter": [("none", ()), ("lora", ("--lora-rank", "4", "--lora-targets", "q,v")),
                 ("qlora", ("--lora-rank", "4", "--lora-targets", "q,v", "--weights-dtype",
                            "nf4-dq"))],
@@ -173,15 +174,18 @@ def run_cell(cell: Cell) -> Outcome:
 
 
 # levels a twin of `reference_model.distributed` runs (the rest at their defaults)
-TWINNED = {"engine": {1, 2, 3, 4}, "adapter": {0, 1}, "precision": {0, 1}}
+TWINNED = {"engine": {1, 2, 3, 4, 5}, "adapter": {0, 1}, "precision": {0, 1}}
 
 
 def twinned(cell: Cell) -> bool:
     if any(cell[n] not in TWINNED.get(n, {0}) for n in cell):
         return False
     engine = OPTIONS["engine"][cell["engine"]][0]
-    # mixed precision is twinned as FSDP2's MixedPrecisionPolicy and DeepSpeed's bf16
-    return cell["precision"] == 0 or engine in ("fsdp2", "deepspeed")
+    if engine == "fsdp1" and cell["adapter"]:  # refused: LoRA under FSDP1 is not modelled
+        return False
+    # mixed precision is twinned as FSDP2's MixedPrecisionPolicy, FSDP1's MixedPrecision and
+    # DeepSpeed's bf16
+    return cell["precision"] == 0 or engine in ("fsdp2", "fsdp1", "deepspeed")
 
 
 def setup_of(cell: Cell):

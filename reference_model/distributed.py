@@ -55,7 +55,7 @@ from .rank import (LiveSaved, _batch, _Engine, _local, _Model, _storage_key, coo
 MAX_RANKS = 8  # ranks a real run may launch on this machine
 PG_TIMEOUT_S = 120  # a collective waiting longer than this fails the rank
 JOIN_DEADLINE_S = 600  # the whole real run
-ENGINES = ("fsdp2", "zero1", "ddp", "tp", "pipeline", "deepspeed")
+ENGINES = ("fsdp2", "fsdp1", "zero1", "ddp", "tp", "pipeline", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def check_precision(layout: dict, mode: str, optimizer: str, recompute: str) -> 
     from gptcalc.memory.engines import default_engine
 
     engine = layout.get("engine") or default_engine(layout["zero"]).name
-    mixed = mode == "mixed" and engine in ("fsdp2", "deepspeed")
+    mixed = mode == "mixed" and engine in ("fsdp2", "fsdp1", "deepspeed")
     if (mode, optimizer, recompute) != ("fp32", "adamw", "none") and not (
             mixed and (optimizer, recompute) == ("adamw", "none")):
         raise ConfigError("mode", "the distributed verify trains fp32 AdamW without "
@@ -112,8 +112,8 @@ def engine_of(setup: TrainingSetup) -> str:
         if setup.tp > 1:
             raise ConfigError("tp", "the DeepSpeed twin runs data parallel alone (--tp 1)")
         return "deepspeed"
-    if setup.dp > 1 and engine == "fsdp2":
-        return "fsdp2"
+    if setup.dp > 1 and engine in ("fsdp2", "fsdp1"):
+        return engine
     if setup.tp > 1:
         if setup.dp > 1:
             raise ConfigError("tp", "tensor parallel with dp > 1 is verified under FSDP2 only "
@@ -398,6 +398,8 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
     cfg, wl, setup, impl = spec["cfg"], spec["workload"], spec["setup"], spec["impl"]
     if engine == "deepspeed":
         from .deepspeed_twin import DeepSpeedRank as runner_class
+    elif engine == "fsdp1":
+        from .fsdp1_twin import FSDP1Rank as runner_class
     else:
         runner_class = {"fsdp2": _FSDP2, "zero1": _Zero1, "ddp": _DDP, "tp": _TensorParallel,
                         "pipeline": _Pipeline}[engine]

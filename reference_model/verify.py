@@ -379,8 +379,8 @@ def setup_json(setup: Setup) -> dict[str, Any]:
 #   profile's sharded tensors, the transposed weight shards and layout copies its dispatch makes
 #   (+10,368 B of 92,036 = 11.3% on the debug preset with sp, +10.2% without): 12%.
 #   DeepSpeed ZeRO 1-3 saves what one device saves: 0%.
-DIST_SAVED_TOLERANCE = {"fsdp2": 0.0, "zero1": 0.0, "ddp": 0.0, "pipeline": 0.01, "tp": 0.12,
-                        "deepspeed": 0.0}
+DIST_SAVED_TOLERANCE = {"fsdp2": 0.0, "fsdp1": 0.0, "zero1": 0.0, "ddp": 0.0, "pipeline": 0.01,
+                        "tp": 0.12, "deepspeed": 0.0}
 # - the step peak (the tracker's Buffer category left out): the phase model with the engines'
 #   terms (gptcalc.memory.peak, gptcalc.memory.engines) against FSDPMemTracker / MemTracker on
 #   every rank. FSDP2 (ZeRO-3 and ZeRO-2): +0.05% on the debug preset, +4,096 B (0.003%) on a
@@ -411,8 +411,12 @@ DIST_RESIDENT_TOLERANCE = {"deepspeed": 0.01}
 #   debug model, ZeRO-2 and ZeRO-3): the first stage +0.07%, the last -1.2% (ZeRO-2) and
 #   -2.6% (ZeRO-3: the last stage's unsharded blocks are counted from its first backward on,
 #   the tracker's peak comes before all of them are): 3%.
-DIST_PEAK_TOLERANCE = {"fsdp2": 0.08, "ddp": 0.01, "zero1": 0.01, "pipeline": 0.02, "tp": 0.06,
-                       "deepspeed": 0.03, "pipeline-fsdp2": 0.03}
+#   FSDP1 (FullyShardedDataParallel, device_id cpu): +0.01% on the reference Llama E 128, L 2,
+#   V 512, 2 x 32 tokens at dp 2, fp32 and mixed (tests/test_fsdp1.py), +0.29% on the debug
+#   preset (ZeRO-3, fp32), -0.07% (ZeRO-2, mixed); its buffers are freed where the last
+#   reference drops, as FSDP2's are: FSDP2's 8%.
+DIST_PEAK_TOLERANCE = {"fsdp2": 0.08, "fsdp1": 0.08, "ddp": 0.01, "zero1": 0.01, "pipeline": 0.02,
+                       "tp": 0.06, "deepspeed": 0.03, "pipeline-fsdp2": 0.03}
 
 
 def distributed_checks(cfg: GPTConfig, workload: Workload, setup: "TrainingSetup",

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gptcalc.cli import cli
+from gptcalc.cli.fit import dp_sizes
 from gptcalc.gpus import GPUS
 
 LORA = ["memory", "--preset", "llama3-8b", "--lora-rank", "16", "--lora-targets", "all",
@@ -96,9 +97,30 @@ def test_lora_at_24_gib_is_advised_recomputation_and_qlora():
     zero = [o for o in options if o.startswith("--zero 3 --dp ")]
     assert zero  # the fewest ranks: one fewer does not fit
     n = int(zero[0].split()[-1])
-    if n > 2:
-        assert rerun(LORA + ["--gpu-memory", "24GiB"], f"--zero 3 --dp {n - 1}")["fit"][
+    sizes = dp_sizes(n)
+    assert sizes[-1] == n
+    if n > 2:  # the size people run just below it does not fit
+        assert rerun(LORA + ["--gpu-memory", "24GiB"], f"--zero 3 --dp {sizes[-2]}")["fit"][
             "max_batch"] == 0
+
+
+def test_dp_sizes_are_powers_of_two_then_whole_nodes():
+    # 8 GPUs per node: an HGX/DGX H100 board (NVIDIA DGX H100 datasheet: 8x H100 SXM)
+    assert dp_sizes(8) == [1, 2, 4, 8]
+    assert dp_sizes(15) == [1, 2, 4, 8]  # one below a second node: still one node
+    assert dp_sizes(16) == [1, 2, 4, 8, 16]
+    assert dp_sizes(24)[-2:] == [16, 24] and 12 not in dp_sizes(64)
+    assert dp_sizes(3) == [1, 2]
+
+
+def test_llama3_8b_on_an_h100_is_advised_whole_nodes_not_11_ranks():
+    args = ["memory", "--preset", "llama3-8b", "--gpu", "h100-sxm"]
+    fit = run_json(args)["fit"]
+    zero = [a["options"] for a in fit["advice"] if a["options"].startswith("--zero 3 --dp ")]
+    # 11 ranks is the fewest that fit (the search over every count found it); 16 is two nodes
+    assert zero == ["--zero 3 --dp 16"]
+    assert run_json(args + ["--zero", "3", "--dp", "16"])["fit"]["verdict"]["fits"]
+    assert not run_json(args + ["--zero", "3", "--dp", "8"])["fit"]["verdict"]["fits"]
 
 
 def test_the_text_names_the_longest_sequence_and_the_changes():

@@ -70,7 +70,8 @@ def bound_of(cell) -> float:
     if cell["adapter"]:
         return pairwise.PEAK_TOLERANCE
     engine = pairwise.OPTIONS["engine"][cell["engine"]][0]
-    return FSDP2_FULL_TRAINING_GAP if engine == "fsdp2" else FULL_TRAINING_GAP
+    # FSDP1 (measured +0.01%, tests/test_fsdp1.py) frees its buffers as FSDP2 does
+    return FSDP2_FULL_TRAINING_GAP if engine in ("fsdp2", "fsdp1") else FULL_TRAINING_GAP
 
 
 @pytest.mark.slow
@@ -78,6 +79,6 @@ def test_the_twinned_cells_match_the_step_peak():
     outcomes = [pairwise.run_cell(c) for c in pairwise.twin_cells()]
     pairwise.measure(outcomes)
     measured = [o for o in outcomes if o.status == "measured"]
-    assert len(measured) == len(outcomes) == 12
+    assert len(measured) == len(outcomes) == 14
     for o in measured:
         assert abs(o.error) <= bound_of(o.cell), (pairwise.label(o.cell), o.error)

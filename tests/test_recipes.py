@@ -252,7 +252,8 @@ TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSD
      "compile.enable+components -> --compile: --compile model is modelled for --mode fp32, "
      "mixed or bf16"),
     ("args.json", HF_MIN + ', "fsdp": "full_shard", "fsdp_config": {{"version": 1}}}}',
-     "FSDP1's flat parameters are not modelled"),
+     "fsdp_config.backward_prefetch = 'NO_PREFETCH': --engine fsdp1 is modelled with "
+     "BACKWARD_PRE"),
     ("gpt.args", MEGA_MIN + "--num-experts 8\n", "--num-experts = '8': not modelled"),
 ])
 def test_refusals_are_one_line_naming_the_key_and_the_file(tmp_path, llama31, name, text, needle):

@@ -24,6 +24,9 @@ NO_FILE = SetupSource()  # a set-up read from options alone
 
 # the most data-parallel ranks the advice looks for a ZeRO-3 layout among
 _MAX_DP = 1 << 16
+# GPUs per node of the cards people train on (DGX/HGX H100, H200, A100 boards hold 8): past one
+# node, data parallelism grows by whole nodes
+NODE_GPUS = 8
 
 
 def device_budget(gpu_name: str | None, gpu_memory: int | None) -> int | None:
@@ -147,24 +150,32 @@ def _longest_with(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
                          budget, source))
 
 
+def dp_sizes(most: int) -> list[int]:
+    """The data-parallel sizes people run, up to `most`: powers of two within a node (1, 2, 4,
+    8), then whole nodes of `NODE_GPUS` (16, 24, 32, ...): a launcher fills nodes (torchrun's
+    --nproc-per-node, accelerate's num_processes per machine), so 11 ranks is never a layout
+    anyone runs."""
+    within = [n for n in (1, 2, 4) if n < NODE_GPUS and n <= most]
+    return within + list(range(NODE_GPUS, most + 1, NODE_GPUS))
+
+
 def _fewest_ranks(judge, setup: TrainingSetup, base: dict[str, Any]) -> dict[str, Any] | None:
-    """ZeRO stage 3 over the fewest data-parallel ranks (more than now) that fit: doubling,
-    then bisection (sharding only shrinks with more ranks)."""
+    """ZeRO stage 3 over the fewest data-parallel ranks (more than now, among `dp_sizes`) that
+    fit: galloping, then bisection over those sizes (sharding only shrinks with more ranks)."""
     def fits(n: int) -> bool:
         v = judge({**base, "zero": 3, "dp": n})
         return v is not None and v.fits
-    lo = setup.dp if setup.zero == 3 else max(setup.dp, 1) - 1  # the most ranks known not to fit
-    if lo >= _MAX_DP or not fits(_MAX_DP):  # not even the most ranks: no search
+    known = setup.dp if setup.zero == 3 else max(setup.dp, 1) - 1  # the most known not to fit
+    sizes = [n for n in dp_sizes(_MAX_DP) if n > known]
+    if not sizes or not fits(sizes[-1]):  # not even the most ranks: no search
         return None
-    hi = max(lo * 2, 2)
-    while not fits(hi):
-        if hi >= _MAX_DP:
-            return None
-        lo, hi = hi, hi * 2
+    lo, hi, step = -1, 0, 1  # indices into sizes: lo does not fit (-1: none tried), hi fits?
+    while not fits(sizes[hi]):
+        lo, hi, step = hi, min(hi + step * 2, len(sizes) - 1), step * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    changes = {**base, "zero": 3, "dp": hi}
+        lo, hi = (lo, mid) if fits(sizes[mid]) else (mid, hi)
+    changes = {**base, "zero": 3, "dp": sizes[hi]}
     return _entry(changes, judge(changes))
 
 

@@ -10,7 +10,8 @@ and the templates in examples/config_yaml_templates; huggingface/accelerate at 1
   that is typed;
 - `distributed_type`: NO and MULTI_GPU (DDP: --dp) leave the precision to the recipe; DEEPSPEED
   is --engine deepspeed with `deepspeed_config.zero_stage` and its offload devices, or the
-  ds_config of `deepspeed_config_file`; FSDP with `fsdp_version: 2` is --engine fsdp2
+  ds_config of `deepspeed_config_file`; FSDP with `fsdp_version: 2` is --engine fsdp2, with
+  `fsdp_version: 1` (its default) --engine fsdp1 (BACKWARD_PRE prefetch, no forward prefetch)
   (`fsdp_reshard_after_forward` true, or FULL_SHARD: ZeRO-3; SHARD_GRAD_OP: ZeRO-2), and
   FSDP1 (accelerate's default version) is not modelled;
 - `mixed_precision` bf16 or fp16 is the engine's own mixed precision (--mode mixed) under
@@ -137,10 +138,15 @@ def _fsdp(r: Reading, keys: dict[str, Any], precision: str) -> None:
     version = keys.get(p + "fsdp_version", 1)
     if str(version) not in ("1", "2"):
         raise r.fail(f"{p}fsdp_version is 1 or 2, got {shown(version)}")
-    if str(version) == "1":
-        raise r.fail(f"{p}fsdp_version = 1 (accelerate's default): FSDP1's flat parameters are "
-                     f"not modelled; FSDP2 is fsdp_version: 2")
-    r.set("distributed_type", "engine", "fsdp2")
+    if str(version) == "1":  # accelerate's default: FullyShardedDataParallel, as modelled
+        prefetch = str(keys.get(p + "fsdp_backward_prefetch", "NO_PREFETCH")).upper()
+        if prefetch != "BACKWARD_PRE":
+            r.refuse(p + "fsdp_backward_prefetch", prefetch, "--engine fsdp1 is modelled with "
+                     "BACKWARD_PRE (accelerate's default is NO_PREFETCH)")
+        if keys.get(p + "fsdp_forward_prefetch", False) not in (False, "false"):
+            r.refuse(p + "fsdp_forward_prefetch", keys[p + "fsdp_forward_prefetch"],
+                     "--engine fsdp1 is modelled without forward prefetch")
+    r.set("distributed_type", "engine", "fsdp1" if str(version) == "1" else "fsdp2")
     if p + "fsdp_reshard_after_forward" in keys:
         value = keys[p + "fsdp_reshard_after_forward"]
         reshard = RESHARD.get(str(value).upper()) if isinstance(value, str) else value

@@ -20,7 +20,8 @@ What each setting does there:
   `bf16` (--mode mixed);
 - `gradient_checkpointing` (`activation_checkpointing` from 5.x) checkpoints every decoder
   layer (--recompute full);
-- `fsdp` is FSDP2 unless `fsdp_config.version` is 1: full_shard is reshard_after_forward True
+- `fsdp` is FSDP2, FSDP1 (--engine fsdp1) when `fsdp_config.version` is 1: full_shard is
+  reshard_after_forward True
   (ZeRO-3), shard_grad_op False (ZeRO-2); its MixedPrecisionPolicy under bf16 is --mode mixed;
 - `deepspeed` names a ds_config: found beside the recipe or in a folder above it (LLaMA-Factory
   and alignment-handbook write paths from the repository's root), else asked for with
@@ -365,21 +366,30 @@ def _fsdp(r: Reading, fsdp: Any, config: Any, mixed: bool) -> tuple[str, bool]:
     version = config.get("version", config.get("fsdp_version", 2))
     if str(version) not in ("1", "2"):
         raise r.fail(f"fsdp_config.version is 1 or 2, got {shown(version)}")
-    if str(version) != "2":
-        r.refuse("fsdp_config.version", 1, "FSDP1's flat parameters are not modelled")
+    if str(version) == "1":  # FullyShardedDataParallel, as --engine fsdp1 models it
+        prefetch = str(config.get("backward_prefetch", "NO_PREFETCH")).upper()
+        if prefetch != "BACKWARD_PRE":
+            r.refuse("fsdp_config.backward_prefetch", prefetch, "--engine fsdp1 is modelled "
+                     "with BACKWARD_PRE (the Trainer's default is NO_PREFETCH)")
+        if str(config.get("forward_prefetch", "false")).lower() != "false":
+            r.refuse("fsdp_config.forward_prefetch", config["forward_prefetch"],
+                     "--engine fsdp1 is modelled without forward prefetch")
     if "offload" in items or config.get("cpu_offload") or config.get("offload_params"):
         r.refuse("fsdp", fsdp, "FSDP's CPU offload is not modelled")
     reshard = "shard_grad_op" not in items
     reshard = config.get("reshard_after_forward", reshard)
+    if str(reshard).lower() in ("full_shard", "shard_grad_op"):  # FSDP1's strategy names
+        reshard = str(reshard).lower() == "full_shard"
     if str(reshard).lower() not in ("true", "false"):
         raise r.fail(f"fsdp_config.reshard_after_forward must be true or false, got "
                      f"{shown(reshard)}")
-    r.set("fsdp", "engine", "fsdp2")
+    r.set("fsdp", "engine", "fsdp1" if str(version) == "1" else "fsdp2")
     r.set("fsdp_config.reshard_after_forward", "zero",
           3 if str(reshard).lower() == "true" else 2)
     for key in config:
         if key not in ("version", "fsdp_version", "reshard_after_forward",
-                       "activation_checkpointing", "cpu_offload", "offload_params"):
+                       "activation_checkpointing", "cpu_offload", "offload_params",
+                       "backward_prefetch", "forward_prefetch"):
             r.ignore(f"fsdp_config.{key}", "wrapping, state-dict format or loading")
     ckpt = str(config.get("activation_checkpointing", "false")).lower() == "true"
     return ("mixed" if mixed else "fp32"), ckpt

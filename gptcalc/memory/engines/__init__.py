@@ -3,7 +3,8 @@
 `base` holds the interface every engine answers (`Engine`) and the registry; each other
 module defines one engine and registers it, and this package imports them all (so a new module
 is a new engine): `deepspeed` (DeepSpeed's ZeRO 1-3, the default for --zero 1-3), `fsdp2`
-(PyTorch's `fully_shard`, with MixedPrecisionPolicy in mode mixed), `megatron` (Megatron-LM's
+(PyTorch's `fully_shard`, with MixedPrecisionPolicy in mode mixed), `fsdp1` (PyTorch's
+FullyShardedDataParallel: flat parameters per unit, with MixedPrecision in mode mixed), `megatron` (Megatron-LM's
 distributed optimizer), `ddp` (DistributedDataParallel, the default for ZeRO 0),
 `zero_redundancy` (PyTorch's ZeroRedundancyOptimizer). `pipeline` holds the 1F1B schedule's
 own terms, which apply under any engine; `shards` what they share (torch.chunk's splits,

@@ -76,6 +76,20 @@ def _sizes(cfg: GPTConfig, setup: TrainingSetup, rank: int) -> list[int]:
     return tensor_sizes(stage_tensors(cfg, setup, stage_of(setup, pp_rank)), setup.tp)
 
 
+def _trained_sizes(cfg: GPTConfig, setup: TrainingSetup, rank: int) -> list[int]:
+    """Elements of every tensor the optimizer steps on `rank`: every parameter's
+    (`_sizes`), or under LoRA the adapters' only, lora_A (m r x in) and lora_B (out x m r) of
+    each selected adapter (the client optimizer holds only them, so DeepSpeed's bit16 groups
+    are theirs)."""
+    if not setup.lora_rank:
+        return _sizes(cfg, setup, rank)
+    from ...lora import selected
+
+    return [n for a in selected(cfg, setup.lora_targets)
+            for n in [setup.lora_rank * a.rank_mult * a.in_features,
+                      setup.lora_rank * a.rank_mult * a.out_features] * a.count]
+
+
 def flat_group_elements(n: int, dp: int) -> int:
     """Elements of stages 1-2's flat 16-bit buffer of a group of `n` elements: padded to a
     multiple of NCCL_START_ALIGNMENT x dp (stage_1_and_2.py, `aligned_numel`)."""
@@ -187,9 +201,13 @@ def deepspeed_lora_states(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int
     n = sum(lora_params(cfg, setup.lora_rank, setup.lora_targets).values())
     wb, dp = setup.weight_bytes, setup.dp
     flat = flat_group_elements(n, dp)
+    # with offload_optimizer the adapters' fp32 master and states are the host's
+    # (`deepspeed_host`)
+    on_device = offload_devices(setup)[0] == "none"
     return {**lines, "adapter/weights": wb * flat,
             "adapter/gradients": wb * (flat // dp if setup.zero >= 2 else n),
-            "adapter/optimizer": _optimizer_bytes(setup, [flat // dp]) + step_counters(setup, 1)}
+            "adapter/optimizer": _optimizer_bytes(setup, [flat // dp]) + step_counters(setup, 1)
+            if on_device else 0}
 
 
 def deepspeed_stage3_lora_states(cfg: GPTConfig, setup: TrainingSetup,
@@ -488,7 +506,7 @@ def deepspeed_host(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
     opt_dev, param_dev = offload_devices(setup)
     if opt_dev == param_dev == "none":
         return {}
-    s, sizes, wb = zero_settings(setup), _sizes(cfg, setup, rank), setup.weight_bytes
+    s, sizes, wb = zero_settings(setup), _trained_sizes(cfg, setup, rank), setup.weight_bytes
     out: dict[str, int] = {}
     if setup.zero <= 2:
         part = flat_group_elements(sum(sizes), setup.dp) // setup.dp
@@ -624,7 +642,7 @@ def staging_bytes(cfg: GPTConfig, setup: TrainingSetup, stage: str = "first") ->
     `temp_grad_buffer_for_gpu_offload`, largest_param_numel elements of `self.dtype`)."""
     if setup.zero == 0 or setup.zero >= 3 or offload_devices(setup)[0] == "none":
         return 0
-    return setup.weight_bytes * max(_sizes(cfg, setup, first_rank(setup, stage)))
+    return setup.weight_bytes * max(_trained_sizes(cfg, setup, first_rank(setup, stage)))
 
 
 def deepspeed_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
@@ -680,13 +698,17 @@ class DeepSpeed(Engine):
             raise ConfigError("deepspeed_config", "a partial optimizer offload (ratio < 1) is "
                                                   "not modelled")
         flag = f"--{field.replace('_', '-')}"
-        for other, given in (("--lora-rank", setup.lora_rank), ("--tp", setup.tp > 1),
+        # LoRA: the adapters' states offloaded at stages 1-2 (twinned); ZeRO-3's offload
+        # of a frozen base's partitions is not
+        lora_offload = setup.lora_rank and (setup.zero == 3 or param_dev != "none")
+        for other, given in (("--lora-rank", lora_offload), ("--tp", setup.tp > 1),
                              ("--pp", setup.pp > 1),
                              ("optimizer_in_backward", setup.optimizer_in_backward)):
             if given:
                 raise ConfigError(field, f"{flag} with {other} is not modelled: DeepSpeed "
                                          "offload is modelled with data parallelism alone, "
-                                         "full training and a step after backward")
+                                         "full training or LoRA at --zero 1-2, and a step "
+                                         "after backward")
 
     def host(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return deepspeed_host(cfg, setup, rank)
@@ -697,6 +719,13 @@ class DeepSpeed(Engine):
     def finetune_states(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
         return deepspeed_lora_states(cfg, setup) if setup.zero else super().finetune_states(
             cfg, setup)
+
+    def finetune_resident(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        """LoRA's resident lines, and under offload_optimizer the device's staging buffer of
+        the largest adapter's 16-bit gradient (`staging_bytes`)."""
+        out = super().finetune_resident(cfg, setup)
+        staging = staging_bytes(cfg, setup)
+        return {**out, OFFLOAD_STAGING.label: staging} if staging else out
 
     def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
         return super().rank_states(cfg, setup, rank) if setup.zero == 0 else (

@@ -1,0 +1,339 @@
+"""FSDP1 (`torch.distributed.fsdp.FullyShardedDataParallel`, one unit per block and the root),
+per rank.
+
+How accelerate (its default `fsdp_version` 1) and the Trainer ran FSDP through 2024: each
+transformer block is a unit (`transformer_auto_wrap_policy` over the block class) and the root
+a unit of what is left (embeddings, final norm, head). A unit flattens its parameters into one
+1-D FlatParameter, in the module's order; with `use_orig_params=True` (the Trainer's default,
+which frozen parameters and torch.compile need) each parameter starts at a multiple of 16 bytes
+of the compute dtype (`aligned_numel`) and the whole is padded to a multiple of the world size
+(`FlatParamHandle._init_flat_param_and_metadata`, torch/distributed/fsdp/_flat_param.py,
+torch 2.13). Rank r owns elements [r S, (r + 1) S) of it, S = padded / dp: its sharded flat
+parameter and sharded gradient are S elements; the optimizer steps the original parameters'
+views of the shard (a parameter with no element on the rank has no gradient and no state).
+
+`--zero 3` is ShardingStrategy.FULL_SHARD (a block's unsharded flat parameter is freed after
+its forward and all-gathered again in backward), `--zero 2` SHARD_GRAD_OP (kept from the
+forward to the end of its backward). The root is never resharded after its forward (FSDP1 keeps
+the root's for the backward that follows at once). PyTorch's defaults otherwise:
+BackwardPrefetch.BACKWARD_PRE (the next unit's all-gather is issued before the current unit's
+backward computes), no forward prefetch, limit_all_gathers.
+
+Mode mixed is `MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)`: fp32 flat parameters are
+the master weights, bf16 unsharded parameters and gradients, an fp32 reduce-scatter.
+
+Every function here is pure and never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import GPTConfig
+from ...errors import ConfigError
+from ...training_setup import TrainingSetup
+from ...workload import Workload
+from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
+from ..states import stage_tensors
+from .base import Engine, Step, register
+from .shards import RankStates, coords, optimizer_over, step_counters
+
+# FlatParamHandle aligns each original parameter to 16 bytes of its compute dtype
+# (`_get_aligned_numel`: ALIGNMENT = 16 bytes, torch/distributed/fsdp/_flat_param.py)
+ALIGNMENT_BYTES = 16
+
+
+def compute_bytes(setup: TrainingSetup) -> int:
+    """Bytes of one element of an unsharded flat parameter and of its unsharded gradient:
+    MixedPrecision's param_dtype (bf16) in mode mixed, bf16 in mode bf16, else fp32."""
+    return 2 if setup.mode in ("mixed", "bf16") else 4
+
+
+def sharded_bytes(setup: TrainingSetup) -> int:
+    """Bytes of one element of a sharded flat parameter or gradient: the dtype the model was
+    built in (fp32 unless mode bf16); MixedPrecision keeps the shards fp32."""
+    return 2 if setup.mode == "bf16" else 4
+
+
+def reduce_bytes(setup: TrainingSetup) -> int:
+    """Bytes of one element of the reduce-scatter input: reduce_dtype fp32 in mode mixed."""
+    return 2 if setup.mode == "bf16" else 4
+
+
+def aligned_numel(setup: TrainingSetup) -> int:
+    """Elements of the compute dtype in `ALIGNMENT_BYTES` (4 in fp32, 8 in bf16)."""
+    return ALIGNMENT_BYTES // compute_bytes(setup)
+
+
+@dataclass(frozen=True)
+class FlatUnit:
+    """One FSDP1 unit's FlatParameter: where each original parameter starts and how many
+    elements it has, and the padded total (a multiple of the world size)."""
+
+    starts: tuple[int, ...]
+    numels: tuple[int, ...]
+    padded: int
+
+    def shard(self, dp: int) -> int:
+        """Elements of one rank's shard."""
+        return self.padded // dp
+
+    def owned(self, dp: int, rank: int) -> list[int]:
+        """Elements of each original parameter inside rank `rank`'s shard."""
+        s = self.shard(dp)
+        lo, hi = rank * s, (rank + 1) * s
+        return [max(0, min(hi, a + n) - max(lo, a)) for a, n in zip(self.starts, self.numels)]
+
+
+def flat_unit(numels: list[int], align: int, dp: int) -> FlatUnit:
+    """The FlatParameter of parameters of `numels` elements in order: before each, padding to
+    a multiple of `align` (none before the first), then the total padded to a multiple of
+    `dp` (`_init_flat_param_and_metadata` with use_orig_params=True)."""
+    starts, total = [], 0
+    for n in numels:
+        total += -total % align
+        starts.append(total)
+        total += n
+    return FlatUnit(tuple(starts), tuple(numels), total + -total % dp)
+
+
+def fsdp1_units(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, FlatUnit]:
+    """The two kinds of unit: `block` (one transformer block, each wrapped on its own; every
+    block alike) and `root` (the parameters outside the blocks, in the module's order), each
+    parameter tensor in the inventory's order, a tensor of `copies` per block repeated."""
+    align, dp = aligned_numel(setup), setup.dp
+    root: list[int] = []
+    block: list[int] = []
+    for t in stage_tensors(cfg, setup, "first"):
+        (block if t.place == "block" else root).extend([t.numel] * t.copies)
+    return {"root": flat_unit(root, align, dp), "block": flat_unit(block, align, dp)}
+
+
+def fsdp1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
+    """FSDP1's states on `rank`: the sharded flat parameter and its sharded gradient of every
+    unit (`FlatUnit.shard`, padding included) in `sharded_bytes`; the optimizer over the
+    original parameters' elements in the rank's shard (fp32 AdamW: 8 bytes each, the shards
+    are the master weights) and its 0-d step per parameter that has any."""
+    _, dp_rank, _ = coords(rank, setup)
+    units = fsdp1_units(cfg, setup)
+    count = {"root": 1, "block": cfg.n_layer}
+    flat = sum(count[k] * u.shard(setup.dp) for k, u in units.items())
+    shapes, tensors = [], 0
+    for k, u in units.items():
+        for own in u.owned(setup.dp, dp_rank):
+            if own:
+                shapes.append(((own,), count[k]))
+                tensors += count[k]
+    mode = "fp32" if setup.mode == "mixed" else setup.mode
+    opt = optimizer_over(setup, shapes, mode) + step_counters(setup, tensors)
+    sb = sharded_bytes(setup)
+    return RankStates(sb * flat, sb * flat, opt, step_counters(setup, tensors),
+                      "FSDP1: flat parameters per unit, padded to a multiple of dp; optimizer "
+                      "over the original parameters' shard views")
+
+
+ROOT_PARAMETERS = Term("FSDP1 unsharded root flat parameter")
+BLOCKS_KEPT = Term("FSDP1 unsharded blocks (SHARD_GRAD_OP keeps them)")
+BLOCK_COMPUTING = Term("FSDP1 unsharded block (computing)")
+NEXT_BLOCK = Term("FSDP1 all-gather of the next block (BACKWARD_PRE prefetch)")
+ROOT_GRADIENTS = Term("FSDP1 unsharded root gradient (before its reduce-scatter)")
+BLOCK_GRADIENT = Term("FSDP1 unsharded flat gradient of the last block")
+BLOCK_GRADIENT_PARTS = Term("FSDP1 the last block's parameters' gradients (concatenated into it)")
+HEAD_GRADIENT = Term("FSDP1 head's gradient (waits for the root's flat gradient)")
+INPUT_GRADIENT = Term("FSDP1 gradient of the last block's input")
+REDUCE_OUTPUT = Term("FSDP1 reduce-scatter output shard of the last block")
+GLOO_COPY = Term("FSDP1 gloo reduce-scatter's copy of its input (CPU)")
+BLOCK_REDUCE = Term("FSDP1 reduce-scatter input of the last block (reduce_dtype)")
+ROOT_REDUCE = Term("FSDP1 reduce-scatter of the root (input and output shard)")
+
+
+def fsdp1_unsharded(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+    """Bytes of an all-gathered unit, `root` and `block`: its padded flat parameter in
+    `compute_bytes`."""
+    cb = compute_bytes(setup)
+    return {k: cb * u.padded for k, u in fsdp1_units(cfg, setup).items()}
+
+
+def fsdp1_block_gradient_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                               ) -> dict[Term, int]:
+    """The last block's gradient at the end of its backward, the larger of two moments.
+
+    (a) The flat gradient is made: with use_orig_params the original parameters are views
+    split out of the unsharded flat parameter, so autograd makes their gradients one by one
+    and, once the last is made, concatenates them (split_with_sizes' backward, padding as
+    zeros) into the flat parameter's padded gradient: the parts and the whole are alive
+    together, beside the block's unsharded parameters.
+    (b) The post-backward hook: the block is resharded first (SHARD_GRAD_OP too), the parts are
+    freed; the flat gradient is cast to reduce_dtype where it differs (mode mixed), the
+    reduce-scatter's output shard is made in reduce_dtype, and on CPU gloo's reduce-scatter
+    copies its whole input (measured: a second reduce_dtype flat gradient).
+
+    Beside either: the root's unsharded parameters, the previous block prefetched
+    (FULL_SHARD, BACKWARD_PRE) or the blocks SHARD_GRAD_OP keeps, the head's gradient (the
+    root's parts wait for the embedding's, made last), the gradient of the block's input, and
+    the activations the blocks before it saved (its own are freed). fp32 peaks at (a), mode
+    mixed at (b). Measured with MemTracker on CPU/gloo, torch 2.13 (FSDP1's peak in full
+    training)."""
+    from ..activations import device_activations, saved_in
+    from .fsdp2 import _last_block_saved
+
+    acts = device_activations(cfg, workload, setup, "first")
+    layer = _last_block_saved(cfg, workload, setup, acts, cfg.n_layer)
+    later = saved_in(acts, "cross_entropy") + saved_in(acts, "final")
+    un = fsdp1_unsharded(cfg, setup)
+    unit = fsdp1_units(cfg, setup)["block"]
+    cb, rb, L = compute_bytes(setup), reduce_bytes(setup), cfg.n_layer
+    z3 = setup.zero == 3
+    head = sum(t.numel for t in stage_tensors(cfg, setup, "first") if t.place == "head")
+    if cfg.tie_embeddings:
+        head += cfg.vocab_size * cfg.n_embd
+    both = {SAVED: sum(acts.values()) - later - layer,
+            ROOT_PARAMETERS: un["root"],
+            NEXT_BLOCK: un["block"] if z3 and L > 1 else 0,
+            HEAD_GRADIENT: cb * head,
+            INPUT_GRADIENT: cb * workload.tokens * cfg.n_embd,
+            BLOCK_GRADIENT: cb * unit.padded}
+    made = {**both, BLOCK_COMPUTING: un["block"] if z3 else 0,
+            BLOCKS_KEPT: 0 if z3 else un["block"] * L,
+            BLOCK_GRADIENT_PARTS: cb * sum(unit.numels)}
+    hook = {**both, BLOCKS_KEPT: 0 if z3 else un["block"] * (L - 1),
+            BLOCK_REDUCE: rb * unit.padded if rb != cb else 0,
+            REDUCE_OUTPUT: rb * unit.shard(setup.dp),
+            GLOO_COPY: rb * unit.padded if setup.device == "cpu" else 0}
+    return max(made, hook, key=lambda terms: sum(terms.values()))
+
+
+def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
+    """What FSDP1 holds beyond the sharded states at each moment of the step peak:
+
+    - the root's flat parameter is unsharded from its pre-forward to its post-backward;
+    - FULL_SHARD: a block is unsharded while it computes; at backward start the root's
+      pre-backward hook prefetches the last block (BACKWARD_PRE); in the last block's backward
+      the previous block's all-gather is issued before it computes;
+    - SHARD_GRAD_OP: every block stays unsharded from its forward to its backward;
+    - at the end of the last block's backward its flat gradient is made, then reduce-scattered
+      (phase "backward, last block's reduce-scatter", `fsdp1_block_gradient_terms`);
+    - at the end of backward the root's unsharded gradient beside its parameters, the blocks'
+      sharded gradients, and the root's reduce-scatter input and output.
+    Nothing at dp = 1."""
+    cfg, setup = step.cfg, step.setup
+    if setup.dp == 1:
+        return
+    un = fsdp1_unsharded(cfg, setup)
+    units = fsdp1_units(cfg, setup)
+    root, block = un["root"], un["block"]
+    z3 = setup.zero == 3
+    kept = cfg.n_layer * block if not z3 else 0
+    cb, rb, sb = compute_bytes(setup), reduce_bytes(setup), sharded_bytes(setup)
+    for phase in ledger.forward_phases():
+        ledger.add(phase, ROOT_PARAMETERS, root)
+        ledger.add(phase, BLOCKS_KEPT, kept)
+    ledger.add(Phase.BACKWARD_START, ROOT_PARAMETERS, root)
+    ledger.add(Phase.BACKWARD_START, BLOCKS_KEPT, kept)
+    ledger.add(Phase.BACKWARD_START, NEXT_BLOCK, block if z3 else 0)
+    last = Phase.BACKWARD_LAST_BLOCK
+    ledger.add(last, ROOT_PARAMETERS, root)
+    ledger.add(last, BLOCKS_KEPT, kept)
+    ledger.add(last, BLOCK_COMPUTING, block if z3 else 0)
+    ledger.add(last, NEXT_BLOCK, block if z3 and cfg.n_layer > 1 else 0)
+    ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
+    for term, nbytes in fsdp1_block_gradient_terms(cfg, step.workload, setup).items():
+        (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
+    rg = units["root"].padded
+    ledger.add(Phase.BACKWARD_END, ROOT_PARAMETERS, root)
+    ledger.add(Phase.BACKWARD_END, ROOT_GRADIENTS, cb * rg)
+    ledger.replace(Phase.BACKWARD_END, GRADIENTS,
+                   sb * cfg.n_layer * units["block"].shard(setup.dp))
+    ledger.add(Phase.BACKWARD_END, ROOT_REDUCE, (rb * rg if rb != cb else 0)
+               + rb * units["root"].shard(setup.dp))
+
+
+def fsdp1_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """What `rank` keeps between optimizer steps: its sharded flat parameters, the optimizer
+    states and the sharded flat gradients. `zero_grad(set_to_none=True)` drops the original
+    parameters' gradients (views of the flat one) but the flat parameter keeps its own until
+    the next forward's pre-forward frees it (`_reset_flat_param_grad_info_if_needed`, which
+    runs when every original parameter's gradient is None; torch 2.13). Measured between two
+    steps on 2 gloo ranks (`gptcalc verify --engine fsdp1`)."""
+    st = fsdp1_rank_states(cfg, setup, rank)
+    return {"weights (sharded)": st.weights, "optimizer states": st.optimizer,
+            "gradients (sharded, freed at the next forward)": st.gradients}
+
+
+class FSDP1(Engine):
+    """PyTorch's FullyShardedDataParallel, a unit per block and the root."""
+
+    name = "fsdp1"
+    help = ("fsdp1 (FullyShardedDataParallel, flat parameters: --zero 3 = FULL_SHARD, "
+            "--zero 2 = SHARD_GRAD_OP)")
+    stages = (2, 3)
+    mixed_by_default = True
+    context_parallel = False
+
+    def check(self, setup: TrainingSetup) -> None:
+        super().check(setup)
+        for option, value in (("tp", setup.tp), ("pp", setup.pp), ("ep", setup.ep)):
+            if value > 1:
+                raise ConfigError(option, f"--{option} {value} with --engine fsdp1 is not "
+                                          f"modelled: FSDP1 is modelled with data parallelism "
+                                          f"alone (use --engine fsdp2)")
+        if setup.lora_rank:
+            # measured on 2 gloo ranks: a unit's frozen weights are views of its flat
+            # parameter, which trains, so backward computes their gradients (the whole flat
+            # gradient is reduce-scattered) and saves activations as full training does
+            raise ConfigError("lora_rank", "--lora-rank with --engine fsdp1 is not modelled: "
+                                           "FSDP1's flat parameters give the frozen weights "
+                                           "gradients (use --engine fsdp2)")
+
+    def label(self, setup: TrainingSetup) -> str:
+        strategy = "FULL_SHARD" if setup.zero == 3 else "SHARD_GRAD_OP"
+        return f"fsdp1 ({strategy})"
+
+    def mixed_precision(self, setup: TrainingSetup) -> str:
+        return (f"mixed (MixedPrecision: {setup.autocast_dtype} parameters, fp32 flat "
+                f"parameters and reduction)")
+
+    def assumptions(self, setup: TrainingSetup) -> str:
+        return ("; FSDP1 units per block and the root, use_orig_params, BACKWARD_PRE "
+                "prefetch")
+
+    def replicated(self, setup: TrainingSetup) -> bool:
+        return False
+
+    def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
+        self._check_blocks(cfg)
+        return fsdp1_rank_states(cfg, setup, rank)
+
+    def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return fsdp1_resident(cfg, setup, rank)
+
+    def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
+        """The fp32 flat parameters are the master weights, their gradients the sharded
+        ones."""
+        return 0
+
+    def largest_optimizer_tensor(self, cfg: GPTConfig, setup: TrainingSetup,
+                                 params: int) -> int:
+        """The largest original parameter's view in a rank's shard."""
+        return max(max(u.owned(setup.dp, r), default=0)
+                   for u in fsdp1_units(cfg, setup).values() for r in range(setup.dp))
+
+    def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
+        """The root's gradient stays unsharded until its post-backward reduce-scatter."""
+        return False
+
+    def adjust(self, ledger: Ledger, step: Step) -> None:
+        fsdp1_adjust(ledger, step)
+
+    @staticmethod
+    def _check_blocks(cfg: GPTConfig) -> None:
+        if cfg.moe:
+            raise ConfigError("engine", "--engine fsdp1 is modelled for dense models (every "
+                                        "block one alike unit); use --engine fsdp2")
+
+
+register(FSDP1())
+
+__all__ = ["ALIGNMENT_BYTES", "FSDP1", "FlatUnit", "aligned_numel", "compute_bytes",
+           "flat_unit", "fsdp1_adjust", "fsdp1_rank_states", "fsdp1_resident",
+           "fsdp1_units", "fsdp1_unsharded", "reduce_bytes", "sharded_bytes"]
