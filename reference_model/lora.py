@@ -28,7 +28,10 @@ class LoRALinear(nn.Module):
         self.scaling = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
+        # PEFT casts the input to the adapters' dtype (`_cast_input_dtype`): under autocast
+        # over fp32 adapters, lora_A's matmul then casts it back, a 16-bit copy of its own
+        a = self.lora_A(x.to(self.lora_A.weight.dtype))
+        return self.base(x) + self.lora_B(a) * self.scaling
 
 
 def apply_lora(model: nn.Module, rank: int, targets: tuple[str, ...],

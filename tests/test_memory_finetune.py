@@ -26,17 +26,26 @@ def cases(draw):
     targets = tuple(draw(st.lists(st.sampled_from(TARGETS[arch]), min_size=1, unique=True)))
     cfg = from_name("debug", arch=arch, n_layer=2, n_embd=32, n_head=4, vocab_size=64,
                     block_size=16, dropout=0.0)
-    setup = TrainingSetup(mode=draw(st.sampled_from(["fp32", "bf16"])),
+    setup = TrainingSetup(mode=draw(st.sampled_from(["fp32", "bf16", "amp"])),
                           attn_impl=draw(st.sampled_from(["manual", "sdpa"])),
                           lora_rank=draw(st.sampled_from([1, 4])), lora_targets=targets)
     return cfg, Workload(draw(st.integers(1, 2)), draw(st.sampled_from([8, 16]))), setup
+
+
+def build(cfg, setup):
+    """The reference model with PEFT-shaped adapters; under amp, as gptcalc's amp LoRA is run:
+    a 16-bit frozen base, fp32 adapters, bf16 autocast (`measure_saved` enters it)."""
+    if setup.mode != "amp":
+        return apply_lora(build_for(cfg, setup), setup.lora_rank, setup.lora_targets)
+    base = build_for(cfg, dataclasses.replace(setup, mode="bf16"))
+    return apply_lora(base, setup.lora_rank, setup.lora_targets, adapter_dtype=torch.float32)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(case=cases())
 def test_lora_saved_activations_exact_cpu(case):
     cfg, wl, setup = case
-    model = apply_lora(build_for(cfg, setup), setup.lora_rank, setup.lora_targets)
+    model = build(cfg, setup)
     measured = sum(t.nbytes for t in measure_saved(model, *make_batch(cfg, wl), setup).tensors)
     assert sum(saved_activations(cfg, wl, setup).values()) == measured
 
@@ -49,7 +58,7 @@ def test_lora_full_recompute_saved_exact_cpu(case, head):
     cfg, wl, setup = case
     setup = dataclasses.replace(setup, recompute="full",
                     lora_targets=setup.lora_targets + ("lm_head",) * head)
-    model = apply_lora(build_for(cfg, setup), setup.lora_rank, setup.lora_targets)
+    model = build(cfg, setup)
     measured = sum(t.nbytes for t in measure_saved(model, *make_batch(cfg, wl), setup).tensors)
     assert sum(saved_activations(cfg, wl, setup).values()) == measured
 
@@ -58,13 +67,15 @@ def test_lora_full_recompute_saved_exact_cpu(case, head):
 @given(case=cases())
 def test_lora_states_exact_cpu(case):
     cfg, wl, setup = case
-    model = apply_lora(build_for(cfg, setup), setup.lora_rank, setup.lora_targets)
+    model = build(cfg, setup)
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=1e-3)
     idx, targets = make_batch(cfg, wl)
     for _ in range(2):
         opt.zero_grad(set_to_none=True)
-        model(idx, targets)[1].backward()
+        with torch.autocast("cpu", torch.bfloat16, enabled=setup.mode == "amp"):
+            loss = model(idx, targets)[1]
+        loss.backward()
         opt.step()
     st_ = state_bytes(cfg, setup)
     assert st_.weights == sum(p.nbytes for p in model.parameters())
@@ -107,6 +118,6 @@ def test_lora_parallel_blocks_and_windows_exact_cpu(switch, targets, attn, S):
                     dropout=0.0, **SWITCHES[switch])
     setup = TrainingSetup(mode="fp32", attn_impl=attn, lora_rank=4, lora_targets=targets)
     wl = Workload(2, S)
-    model = apply_lora(build_for(cfg, setup), setup.lora_rank, setup.lora_targets)
+    model = build(cfg, setup)
     measured = sum(t.nbytes for t in measure_saved(model, *make_batch(cfg, wl), setup).tensors)
     assert sum(saved_activations(cfg, wl, setup).values()) == measured

@@ -135,8 +135,11 @@ def input_grad_instances(cfg: GPTConfig, setup: TrainingSetup, adapter) -> int:
              "lm_head": bool(covered_all - {"lm_head"})}
     ahead["gate"] = ahead["up"]
     ahead["down"] = ahead["up"] or bool(covered_all & set(UP_TARGETS))
-    first = all(ahead.get(c, False) for c in adapter.covers)  # the first block's Linear
-    return adapter.count - (0 if first else 1)
+    first = all(ahead.get(c, False) for c in adapter.covers)  # the first block's Linears
+    # the head is one Linear; a block Linear has count / L instances in each block (the
+    # tutorial's per-head q, k and v: H)
+    per_block = 1 if adapter.name == "lm_head" else adapter.count // cfg.n_layer
+    return adapter.count - (0 if first else per_block)
 
 
 def own_input_copies(setup: TrainingSetup, amp: bool = False) -> bool:

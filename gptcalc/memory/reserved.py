@@ -110,6 +110,12 @@ class _Tensors:
         return nbytes * n // self.total
 
 
+def _place(key: str) -> str:
+    """Where a saved line is made and freed: its first word (`layer`, `final`, ...), LoRA's
+    block adapters in each block (`lora`), the head's adapter with the head (`lora_head`)."""
+    return "lora_head" if key.startswith("lora/lm_head/") else key.split("/", 1)[0]
+
+
 def _tensors(cfg: GPTConfig, setup: TrainingSetup, stage: str) -> _Tensors:
     head: list[int] = []
     emb: list[int] = []
@@ -224,10 +230,9 @@ class _Replay:
         """The saved lines of `place` (a block's share of a `layer` line) as (key, bytes): those
         the device keeps, those activation offloading moves to the host (`offloaded`), or
         (None) all, in the profile's order."""
-        per = self.ts.blocks if place in ("layer", "weight_copy") else 1
+        per = self.ts.blocks if place in ("layer", "weight_copy", "lora") else 1
         return [(("saved", k, b), v // per) for k, v in self.acts.items()
-                if k.split("/", 1)[0] == place and v
-                and offloaded in (None, k in self.offloaded)]
+                if _place(k) == place and v and offloaded in (None, k in self.offloaded)]
 
     def made(self, lines: list[tuple]) -> None:
         """Saved lines as the forward makes them: kept, or (offloaded) copied to the host and
@@ -274,9 +279,9 @@ class _Replay:
                 self.moment(Phase.FORWARD_GATHER, True)
                 self.mark(Phase.FORWARD_GATHER)
                 self.moment(Phase.FORWARD_GATHER, False)
-            self.made(self.places("layer", "weight_copy", b=b))
+            self.made(self.places("layer", "weight_copy", "lora", b=b))
         self.alloc("forward stash", self.stash)
-        self.made(self.places("final", "cross_entropy"))
+        self.made(self.places("final", "lora_head", "cross_entropy"))
         self.alloc("logits", self.get(Phase.FORWARD_END, LOGITS))
         self.alloc("loss copy", self.get(Phase.FORWARD_END, LOSS_LOGITS_COPY))
         self.mark(Phase.FORWARD_END)
@@ -298,7 +303,7 @@ class _Replay:
         self.alloc("loss gradient 2", grad - grad // 2)
         self.mark(Phase.BACKWARD_START)
         self.free("loss gradient 1")
-        head = self.lines("final") + self.lines("cross_entropy")
+        head = self.lines("final") + self.lines("lora_head") + self.lines("cross_entropy")
         self.free("loss gradient 2", *(key for key, _v in head))
         self.moment(Phase.BACKWARD_START, False)
         if make:
@@ -309,7 +314,7 @@ class _Replay:
             self.alloc(("in flight", b), self.get(Phase.BACKWARD_LAST_BLOCK, BLOCK_GRADIENTS))
             if b == self.n - 1:
                 self.mark(Phase.BACKWARD_LAST_BLOCK)
-            saved = self.lines("layer", b) + self.lines("weight_copy", b)
+            saved = self.lines("layer", b) + self.lines("weight_copy", b) + self.lines("lora", b)
             self.free(("in flight", b), ("recomputed", b), *(key for key, _v in saved))
             self.moment(Phase.BACKWARD_LAST_BLOCK, False)
             if b == self.n - 1:  # the last block's gradients handed to the reduction
