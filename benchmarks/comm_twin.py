@@ -251,7 +251,8 @@ def twin_cases():
     compute; FSDP2 reduces in fp32), FSDP2 at --zero 2 and 3, DeepSpeed at stages 1-3 with its
     default buckets, with reduce_bucket_size exactly the model's gradient elements (one bucket,
     full) and one element fewer (the last gradient, the token embedding's, goes alone), and
-    two micro-batches of accumulation; then a three-block GPT-2-shaped model (tied head)."""
+    two micro-batches of accumulation; then a three-block GPT-2-shaped model (tied head).
+    DeepSpeed ZeRO-3's cases are `stage3_cases`."""
     from gptcalc import TrainingSetup, Workload, from_name
 
     cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
@@ -277,13 +278,66 @@ def twin_cases():
          ds(2, reduce_bucket_size=total - 1)),
         ("DeepSpeed ZeRO-1, 2 micro-batches", cfg, two, ds(1)),
         ("DeepSpeed ZeRO-2, 2 micro-batches", cfg, two, ds(2)),
-        ("DeepSpeed ZeRO-3", cfg, one, ds(3)),
         # GPT-2-shaped: biases, learned positions, the head tied to the token embedding
         ("GPT-2 shape, FSDP2 --zero 3", gpt2, one,
          TrainingSetup(dp=2, zero=3, mode="mixed", engine="fsdp2")),
         ("GPT-2 shape, DeepSpeed ZeRO-2", gpt2, one, ds(2)),
         ("GPT-2 shape, DeepSpeed ZeRO-1, fp32", gpt2, one,
          TrainingSetup(dp=2, zero=1, engine="deepspeed")),
+    ]
+
+
+# DeepSpeed ZeRO-3 prefetches from the trace its first step records and its second checks:
+# its steady state is the third step
+STAGE3_WARMUP = 2
+
+
+def stage3_cases():
+    """(label, model, workload, set-up) of DeepSpeed ZeRO-3 on the two-block Llama of
+    `twin_cases`, each threshold scaled to it and set on both sides of its boundary:
+    stage3_param_persistence_threshold at the MLP matrices' 11,264 elements (persistent) and
+    one below (gathered with the embedding and head); no persistence nor reuse, with no
+    prefetch (a call per module fetch) and a prefetch bucket of 8,256 elements (a norm and
+    q, k, v: the prefetch stops there) and 8,257 (it takes the output projection too);
+    reduce_bucket_size at the gradients' 297,408 elements (one bucket) and one below (the
+    embedding's alone); two micro-batches; then a three-block GPT-2 shape of E 63 (odd
+    sizes: every gather and reduce-scatter padded to a multiple of dp; the head tied)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)
+    odd = from_name("debug", arch="gpt2", n_embd=63, n_head=7, vocab_size=1601,
+                    block_size=32, n_layer=3)
+    one, two = Workload(2, 32), Workload(2, 32, grad_accum=2)
+    total = sum(p.numel() for p in _parameter_sizes(cfg))
+    mlp = cfg.n_embd * cfg.ffn_dim
+
+    def ds(**zero_opt):
+        return TrainingSetup(dp=2, zero=3, mode="mixed", engine="deepspeed",
+                             engine_settings=tuple(zero_opt.items()))
+
+    fetch = dict(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0)
+    qkv = cfg.n_embd + cfg.n_embd * (cfg.n_embd + 2 * cfg.kv_heads * cfg.head_size)
+    return [
+        ("DeepSpeed ZeRO-3", cfg, one, ds()),
+        (f"DeepSpeed ZeRO-3, persistence threshold {mlp:,} (MLP matrices whole)", cfg, one,
+         ds(stage3_param_persistence_threshold=mlp)),
+        (f"DeepSpeed ZeRO-3, persistence threshold {mlp - 1:,} (MLP matrices gathered)", cfg,
+         one, ds(stage3_param_persistence_threshold=mlp - 1)),
+        ("DeepSpeed ZeRO-3, no persistence, reuse or prefetch", cfg, one,
+         ds(stage3_prefetch_bucket_size=0, **fetch)),
+        (f"DeepSpeed ZeRO-3, no persistence or reuse, prefetch {qkv:,}", cfg, one,
+         ds(stage3_prefetch_bucket_size=qkv, **fetch)),
+        (f"DeepSpeed ZeRO-3, no persistence or reuse, prefetch {qkv + 1:,}", cfg, one,
+         ds(stage3_prefetch_bucket_size=qkv + 1, **fetch)),
+        (f"DeepSpeed ZeRO-3, reduce_bucket_size {total:,} (full)", cfg, one,
+         ds(reduce_bucket_size=total)),
+        (f"DeepSpeed ZeRO-3, reduce_bucket_size {total - 1:,} (one over)", cfg, one,
+         ds(reduce_bucket_size=total - 1)),
+        ("DeepSpeed ZeRO-3, 2 micro-batches", cfg, two, ds()),
+        ("GPT-2 shape, E 63, DeepSpeed ZeRO-3", odd, one, ds()),
+        ("GPT-2 shape, E 63, DeepSpeed ZeRO-3, no persistence, reuse or prefetch", odd, one,
+         ds(stage3_prefetch_bucket_size=0, **fetch)),
     ]
 
 
@@ -310,17 +364,11 @@ def summary(calls: list[tuple[str, int, int]]) -> str:
 
 
 if __name__ == "__main__":
-    cases = twin_cases()
-    # DeepSpeed ZeRO-3 prefetches from the trace its first step records and its second
-    # checks: its steady state is the third step
-    steady = [c for c in cases if c[0] == "DeepSpeed ZeRO-3"]
-    rest = [c for c in cases if c not in steady]
-    by_label = dict(zip([c[0] for c in rest], count_collectives([c[1:] for c in rest])))
-    by_label.update(zip([c[0] for c in steady],
-                        count_collectives([c[1:] for c in steady], warmup=2)))
-    counted = [by_label[c[0]] for c in cases]
+    cases, steady = twin_cases(), stage3_cases()
+    counted = count_collectives([c[1:] for c in cases]) \
+        + count_collectives([c[1:] for c in steady], warmup=STAGE3_WARMUP)
     print("| engine, layout | gptcalc | counted | equal |\n|---|---|---|---|")
-    for (label, cfg, wl, setup), calls in zip(cases, counted):
+    for (label, cfg, wl, setup), calls in zip(cases + steady, counted):
         model = modelled(cfg, wl, setup)
         print(f"| {label} | {summary(model)} | {summary(calls)} | "
               f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")

@@ -47,7 +47,8 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 @dataclass(frozen=True)
 class Collective:
     """`count` collectives of one kind per step on one rank, each of `size` bytes over a group
-    of `group` ranks; `part` names what issues it (tp, cp, ep, pp, dp, fsdp)."""
+    of `group` ranks; `part` names what issues it (tp, cp, ep, pp, dp, fsdp); `phase` the pass
+    that issues it, where the model knows it."""
 
     part: str
     kind: str
@@ -56,6 +57,7 @@ class Collective:
     count: int
     crosses_nodes: bool
     ranks_per_node: int
+    phase: str = ""  # "forward" or "backward" where the engine's model tells them apart
 
     @property
     def bytes_total(self) -> float:
@@ -181,13 +183,15 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
         g = 4  # MixedPrecisionPolicy's fp32 reduction (torchtitan's default), fp32 shards
     w = setup.act_bytes if setup.mode != "fp32" else 4  # parameters gathered in 16 bits
 
-    def c(kind, size, count, part="dp"):
-        return Collective(part, kind, size, n, count, crosses, k)
+    def c(kind, size, count, part="dp", phase=""):
+        return Collective(part, kind, size, n, count, crosses, k, phase)
 
     if setup.engine == "fsdp2" and setup.zero in (2, 3):
         return _fsdp2(cfg, setup, m, blocks, g, w, c)
     if setup.engine == "deepspeed" and setup.zero in (1, 2):
         return _deepspeed_zero12(cfg, setup, m, g, w, c)
+    if setup.engine == "deepspeed" and setup.zero == 3:
+        return _deepspeed_zero3(cfg, setup, m, blocks, g, w, c)
     if setup.zero == 3:
         block = params / blocks  # per block (embeddings and head folded in)
         gathers = 2 if setup.zero == 3 else 1
@@ -226,7 +230,7 @@ def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w:
     return out
 
 
-def deepspeed_reduce_buckets(sizes: list[int], bucket: int) -> list[int]:
+def deepspeed_reduce_buckets(sizes: list[int], bucket: int, dp: int = 1) -> list[int]:
     """Elements of each gradient all-reduce of DeepSpeed ZeRO 1-2 over gradients of `sizes`
     elements in the order backward produces them: a gradient that would take the bucket past
     `bucket` (reduce_bucket_size) elements first sends the bucket (`if bucket.elements +
@@ -234,19 +238,22 @@ def deepspeed_reduce_buckets(sizes: list[int], bucket: int) -> list[int]:
     `reduce_independent_p_g_buckets_and_remove_grads`); one larger than the bucket goes alone;
     what is left goes at the end of backward. Each bucket is one all-reduce
     (`use_multi_rank_bucket_allreduce`, the default, all-reduces it instead of reducing each
-    rank's slice to its owner)."""
-    out, acc = [], 0
+    rank's slice to its owner). Stage 3 fills its buckets by the same rule
+    (stage3.py, `reduce_independent_p_g_buckets_and_remove_grads`) and reduce-scatters each
+    with every gradient padded to a multiple of `dp` (`reduce_scatter_coalesced`): with `dp`
+    given, the elements returned are the padded ones (the rule reads the unpadded)."""
+    out, acc, padded = [], 0, 0
     for n in sizes:
         if n == 0:
             continue
         if acc + n > bucket and acc:
-            out.append(acc)
-            acc = 0
+            out.append(padded)
+            acc = padded = 0
         if n > bucket:
-            out.append(n)
+            out.append(-(-n // dp) * dp)
         else:
-            acc += n
-    return out + ([acc] if acc else [])
+            acc, padded = acc + n, padded + -(-n // dp) * dp
+    return out + ([padded] if acc else [])
 
 
 # DeepSpeed ZeRO 1-2's step (deepspeed 0.19 stage_1_and_2.py): the gradient norm all-reduced
@@ -277,6 +284,81 @@ def _deepspeed_zero12(cfg: GPTConfig, setup: TrainingSetup, m: int, g: int, w: i
     return out + [c("all-reduce", b, 1) for b in scalars]
 
 
+# DeepSpeed ZeRO-3's step: the gradient norm all-reduced as one fp64 (stage3.py,
+# `get_grad_norm_direct`, in zero/utils.py's `get_norm_dtype`: fp64 where the device has it);
+# no overflow flag under bf16 (`check_overflow` runs under fp16 only)
+DEEPSPEED_STAGE3_GRAD_NORM_BYTES = 8
+
+
+def deepspeed_stage3_gathers(cfg: GPTConfig, setup: TrainingSetup, blocks: int
+                             ) -> tuple[dict[int, int], dict[int, int]]:
+    """The all-gathers of one micro-batch of DeepSpeed ZeRO-3 at its steady state, forward's
+    and backward's: {elements of one call: calls}, in the order of each size's first call.
+    Each call is one fetch's own parameters
+    not yet gathered, or one prefetch (`stage3_gathered`'s replay of the parameter
+    coordinator over `stage3_trace`), every parameter padded to a multiple of dp
+    (`_all_gather_coalesced`: the partitions, ceil(n / dp) each, gathered from dp ranks).
+
+    The replay runs on at most 2w + 1 blocks and one more (w: `stage3_blocks`, the blocks
+    the reuse distance, prefetch bucket and live limit span): beyond that a block's calls
+    repeat, and the stage's `blocks` add the difference of the two once each."""
+    from ..memory.engines.deepspeed import stage3_blocks, stage3_gathered, stage3_trace
+
+    dp = setup.dp
+
+    def replay(n: int) -> tuple[dict[int, int], dict[int, int]]:
+        trace, calls = stage3_trace(cfg, setup, 0, n), []
+        stage3_gathered(trace, setup, calls)
+        fwd: dict[int, int] = {}
+        bwd: dict[int, int] = {}
+        for at, params in calls:
+            size = sum(-(-trace.sizes[p] // dp) * dp for p in params)
+            side = fwd if at < trace.marks["forward_end"] else bwd
+            side[size] = side.get(size, 0) + 1
+        return fwd, bwd
+
+    k = min(blocks, 2 * stage3_blocks(cfg, setup, 0) + 1)
+    if k == blocks:
+        return replay(blocks)
+    out = []
+    for a, b in zip(replay(k), replay(k + 1)):
+        per_block = {n: b.get(n, 0) - a.get(n, 0) for n in dict.fromkeys([*a, *b])}
+        if min(per_block.values(), default=0) < 0:  # not periodic yet: the whole stage
+            return replay(blocks)
+        out.append({n: a.get(n, 0) + (blocks - k) * d for n, d in per_block.items()
+                    if a.get(n, 0) + (blocks - k) * d})
+    return out[0], out[1]
+
+
+def _deepspeed_zero3(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int,
+                     w: int, c) -> list[Collective]:
+    """DeepSpeed ZeRO-3 (deepspeed 0.19 stage3.py, partitioned_param_coordinator.py), per
+    micro-batch: the all-gathers of `deepspeed_stage3_gathers` (the parameters above
+    stage3_param_persistence_threshold, fetched per module and prefetched as the trace
+    allows), and the gradients reduce-scattered in reduce_bucket_size buckets
+    (`deepspeed_reduce_buckets` with dp's padding, backward's order: the inventory's
+    reversed), persistent parameters' gradients too; once per step, after it, each
+    persistent parameter all-gathered on its own (`_post_step`: `all_gather` of the
+    persistent list, one call per parameter, padded to a multiple of dp) and the gradient
+    norm all-reduced (DEEPSPEED_STAGE3_GRAD_NORM_BYTES). The step's last reduce-scatter (the
+    embedding's bucket) is listed first."""
+    from ..memory.engines.deepspeed import _persistent, _sizes, zero_settings
+
+    dp, sizes = setup.dp, _sizes(cfg, setup, 0)
+    fwd, bwd = deepspeed_stage3_gathers(cfg, setup, blocks)
+    out = [c("all-gather", n * w, m * k, "fsdp", phase)
+           for phase, calls in (("forward", fwd), ("backward", bwd)) for n, k in calls.items()]
+    buckets = deepspeed_reduce_buckets(sizes[::-1], zero_settings(setup)["reduce_bucket_size"],
+                                       dp)
+    order = dict.fromkeys([buckets[-1], *buckets]) if buckets else {}
+    out += [c("reduce-scatter", n * g, m * buckets.count(n), "fsdp", "backward") for n in order]
+    kept = [-(-n // dp) * dp for n, keep in zip(sizes, _persistent(sizes, setup)) if keep]
+    out += [c("all-gather", n * w, kept.count(n)) for n in dict.fromkeys(kept)]
+    return out + [c("all-reduce", DEEPSPEED_STAGE3_GRAD_NORM_BYTES, 1)]
+
+
 __all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEEPSPEED_GRAD_NORM_BYTES",
-           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "KINDS", "Collective", "collective_seconds",
-           "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "placement"]
+           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
+           "Collective", "collective_seconds",
+           "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
+           "placement"]
