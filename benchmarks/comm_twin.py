@@ -13,6 +13,7 @@ docs/time.md."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -146,6 +147,47 @@ class CollectiveLog:
         return call
 
 
+# torch's functional collectives (what DTensor issues), by the kind gptcalc names them
+FUNCOL_KINDS = {"all_reduce": "all-reduce", "all_reduce_coalesced": "all-reduce",
+                "all_gather_into_tensor": "all-gather",
+                "all_gather_into_tensor_coalesced": "all-gather",
+                "reduce_scatter_tensor": "reduce-scatter",
+                "reduce_scatter_tensor_coalesced": "reduce-scatter",
+                "all_to_all_single": "all-to-all", "broadcast": "broadcast"}
+
+
+def funcol_log():
+    """A dispatch mode that records every functional collective (torch.ops._c10d_functional,
+    what DTensor's redistributions issue) as (kind, nccl-tests bytes, group size): DTensor
+    ops are passed on (NotImplemented) so that they desugar first, as torch's CommDebugMode
+    does, whose counts carry no sizes."""
+    import torch
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class FuncolLog(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, int, int]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                return func(*args, **kwargs)
+            if any(t is DTensor for t in types):
+                return NotImplemented
+            name = func._overloadpacket.__name__
+            if func.namespace.startswith("_c10d_functional") and name in FUNCOL_KINDS:
+                bound = dict(zip([a.name for a in func._schema.arguments], args), **kwargs)
+                n = _resolve_process_group(bound["group_name"]).size()
+                size = _nbytes(args[0]) * (n if name.startswith("all_gather") else 1)
+                self.calls.append((FUNCOL_KINDS[name], size, n))
+            return func(*args, **kwargs)
+
+    return FuncolLog()
+
+
 def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, int, int]]:
     import datetime
 
@@ -165,7 +207,8 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     if engine == "deepspeed":
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
     else:
-        runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1}[engine]
+        runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1,
+                        "tp": rd._TensorParallel}[engine]
     runner = runner_class(spec["cfg"], spec["workload"], setup, "reference", rank, world)
     runner.meshes = meshes
     runner.build()
@@ -174,12 +217,14 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     calls = spec["workload"].grad_accum if engine == "deepspeed" else 1
     for _ in range(calls * spec.get("warmup", 1)):  # optimizer states made, buckets rebuilt
         runner.step()
+    functional = funcol_log() if engine == "tp" else contextlib.nullcontext()
     log.on = True
-    for _ in range(calls):
-        runner.step()
+    with functional:
+        for _ in range(calls):
+            runner.step()
     log.on = False
     dist.destroy_process_group()
-    return log.calls
+    return log.calls + getattr(functional, "calls", [])
 
 
 def _count_rank(rank: int, world: int, jobs: list, queue) -> None:
@@ -341,6 +386,25 @@ def stage3_cases():
     ]
 
 
+def tp_cases():
+    """(label, model, workload, set-up) of PyTorch's tensor parallel (parallelize_module with
+    ColwiseParallel and RowwiseParallel, SequenceParallel norms, loss_parallel; as
+    reference_model.distributed lays it out) on 2 ranks: the two-block Llama (vocabulary
+    1,602, split evenly) without and with sequence parallel (fp32); the GPT-2 shape
+    (learned positions, biases, LayerNorms, tied head) with sequence parallel."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1602, block_size=32)
+    gpt2 = from_name("debug", arch="gpt2", n_embd=64, n_head=4, vocab_size=1602,
+                     block_size=32, n_layer=3)
+    one = Workload(2, 32)
+    return [("tensor parallel 2", cfg, one, TrainingSetup(tp=2)),
+            ("tensor parallel 2, sequence parallel", cfg, one, TrainingSetup(tp=2, sp=True)),
+            ("GPT-2 shape, tensor parallel 2, sequence parallel", gpt2, one,
+             TrainingSetup(tp=2, sp=True))]
+
+
 def _parameter_sizes(cfg):
     from reference_model.model import build_model
 
@@ -364,7 +428,7 @@ def summary(calls: list[tuple[str, int, int]]) -> str:
 
 
 if __name__ == "__main__":
-    cases, steady = twin_cases(), stage3_cases()
+    cases, steady = twin_cases() + tp_cases(), stage3_cases()
     counted = count_collectives([c[1:] for c in cases]) \
         + count_collectives([c[1:] for c in steady], warmup=STAGE3_WARMUP)
     print("| engine, layout | gptcalc | counted | equal |\n|---|---|---|---|")

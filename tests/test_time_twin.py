@@ -174,3 +174,40 @@ def test_deepspeed_stage3_gathers_extrapolate_the_full_replay(zero_opt):
         n = sum(-(-trace.sizes[p] // 2) * 2 for p in params)
         side[n] = side.get(n, 0) + 1
     assert deepspeed_stage3_gathers(cfg, setup, 16) == full
+
+
+@pytest.fixture(scope="module")
+def tp_counts():
+    """`comm_twin.tp_cases` counted on 2 gloo ranks in one launch (DTensor's functional
+    collectives, recorded by `comm_twin.funcol_log`)."""
+    from comm_twin import count_collectives, tp_cases
+
+    cases = tp_cases()
+    return dict(zip([c[0] for c in cases], zip(cases, count_collectives([c[1:] for c in cases]))))
+
+
+@pytest.mark.slow
+def test_tensor_parallel_collectives_equal_the_model(tp_counts):
+    from comm_twin import modelled
+
+    unequal = [label for label, ((_, cfg, wl, setup), counted) in tp_counts.items()
+               if sorted(modelled(cfg, wl, setup)) != sorted(counted)]
+    assert not unequal
+
+
+@pytest.mark.slow
+def test_tensor_parallel_counts(tp_counts):
+    from collections import Counter
+
+    act = 2 * 32 * 64 * 4  # b x s x E, fp32
+    loss = 2 * 32 * 4  # one fp32 per token
+    # forward: the embedding's and 2 per block; backward: 2 per block and the head's input
+    assert Counter(tp_counts["tensor parallel 2"][1]) == {("all-reduce", act, 2): 10,
+                                                          ("all-reduce", loss, 2): 3}
+    # sequence parallel: each becomes an all-gather and a reduce-scatter; the 5 RMSNorm
+    # weights' Partial gradients are all-reduced at each of AdamW's 3 reads, 64 fp32 each:
+    # as many bytes as the loss's 64 tokens
+    assert 64 * 4 == loss
+    assert Counter(tp_counts["tensor parallel 2, sequence parallel"][1]) == {
+        ("all-gather", act, 2): 10, ("reduce-scatter", act, 2): 10,
+        ("all-reduce", loss, 2): 3 + 5 * 3}

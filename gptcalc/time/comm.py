@@ -131,15 +131,9 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
             k, crosses = placement(n, stride, node)
             out.append(Collective(part, kind, size, n, count, crosses, k))
 
-    # tensor (and sequence) parallel: around attention and the MLP, forward and backward;
-    # full recomputation runs the forward's again (Korthikanti et al. 2022, sec. 4.2)
     fwd_runs = 2 if setup.recompute == "full" else 1
     act = tokens * E * a
-    if setup.sp:
-        for kind in ("all-gather", "reduce-scatter"):
-            add("tp", kind, act, tp, 1, m * blocks * 2 * (fwd_runs + 1))
-    else:
-        add("tp", "all-reduce", act, tp, 1, m * blocks * 2 * (fwd_runs + 1))
+    out += _tensor_parallel(cfg, setup, m, blocks, tokens, act, fwd_runs, node)
     # context parallel: the ring passes each rank's keys and values cp - 1 times in forward;
     # backward passes them and their gradients (Megatron-core's ring attention)
     kv = tokens * 2 * cfg.kv_heads * cfg.head_size / tp * a
@@ -156,6 +150,81 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
         out.append(Collective("pp", "send/recv", size, 2, 2 * m * setup.pp_virtual,
                               tp * cp * dp * pp > node, 1))
     out += _data_parallel(cfg, setup, m, node, blocks)
+    return out
+
+
+# The vocabulary-parallel cross-entropy's all-reduces per micro-batch, each of one fp32 per
+# token: the logits' maximum, the sum of their exponentials and the target's logit
+# (torch.distributed.tensor.parallel.loss_parallel, `_log_softmax` and `_nll_loss_forward`
+# in torch/distributed/tensor/parallel/loss.py; Megatron-LM's
+# `_VocabParallelCrossEntropy` alike)
+LOSS_PARALLEL_ALL_REDUCES = 3
+LOSS_STAT_BYTES = 4
+# torch.optim.AdamW reads a gradient three times (exp_avg.lerp_(grad),
+# exp_avg_sq.addcmul_(grad, grad)): a gradient left Partial by sequence parallel (a DTensor
+# of a replicated parameter whose tokens were sharded) is all-reduced at each read
+ADAMW_GRADIENT_READS = 3
+
+
+def _tensor_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int,
+                     tokens: float, act: float, fwd_runs: int, node: int) -> list[Collective]:
+    """Tensor (and sequence) parallel's collectives (Shoeybi et al. 2019; Korthikanti et al.
+    2022, sec. 4.2), each of `act` bytes (tokens x E) unless said, per micro-batch:
+
+    - each block: two all-reduces in forward (after the attention's and the MLP's row-parallel
+      Linear) and two in backward (the gradients of their column-parallel inputs); under
+      sequence parallel each is an all-gather before and a reduce-scatter after (forward;
+      backward the reverse); full recomputation runs the forward's again;
+    - the vocabulary-parallel embedding (first stage): an all-reduce of its output in forward;
+      under sequence parallel a reduce-scatter (with learned positions an all-reduce, the
+      positions added, then a split: Megatron-LM's `reduce_scatter_embeddings` is off there)
+      and an all-gather in backward;
+    - the column-parallel head (last stage): an all-reduce of its input's gradient in backward,
+      under sequence parallel an all-gather of its input in forward and a reduce-scatter
+      backward; the vocabulary-parallel loss's LOSS_PARALLEL_ALL_REDUCES of tokens x 4 B;
+
+    and once per step under sequence parallel, the gradients of the replicated parameters
+    that see sequence-sharded tokens: Megatron-LM all-reduces its norms' and row-parallel
+    biases' (marked `sequence_parallel`) in one call (finalize_model_grads.py,
+    `_allreduce_layernorm_grads`); PyTorch's parallelize_module leaves the norms' Partial
+    (its row-parallel bias is added before the reduce-scatter) and AdamW all-reduces each at
+    every read (ADAMW_GRADIENT_READS). With pp > 1 the stage is the last (head and loss, not the
+    embedding). Not counted: FSDP2 over tensor-parallel ranks' handling of those gradients."""
+    tp = setup.tp
+    if tp <= 1:
+        return []
+    k, crosses = placement(tp, 1, node)
+    out: list[Collective] = []
+
+    def tp_add(kind, size, count):
+        if count > 0 and size > 0:
+            out.append(Collective("tp", kind, size, tp, count, crosses, k))
+
+    first = setup.pp == 1  # the first stage, holding the embedding
+    per_pass = m * blocks * 2 * (fwd_runs + 1)
+    if setup.sp:
+        # with learned positions the embedding's output is all-reduced, positions added, and
+        # split to the sequence shards (no collective; its backward all-gathers)
+        learned = first and cfg.pos_embedding == "learned"
+        tp_add("all-gather", act, per_pass + m * (1 + first))
+        tp_add("reduce-scatter", act, per_pass + m * (1 + first - learned))
+        tp_add("all-reduce", act, m * learned)
+    else:
+        tp_add("all-reduce", act, per_pass + m * (1 + first))
+    tp_add("all-reduce", tokens * LOSS_STAT_BYTES, m * LOSS_PARALLEL_ALL_REDUCES)
+    if setup.sp:
+        from ..memory.states import stage_tensors
+
+        stage = "first" if setup.pp == 1 else "last"
+        replicated = [t for t in stage_tensors(cfg, setup, stage)
+                      if t.split == "replicated" and t.place != "embedding"]
+        g = gradient_bytes(setup)
+        if setup.engine == "megatron":  # norms and row-parallel biases (`sequence_parallel`)
+            tp_add("all-reduce", sum(t.numel * t.count for t in replicated) * g, 1)
+        else:  # the norms: a row-parallel bias is added before the reduce-scatter
+            for t in replicated:
+                if t.role == "norm":
+                    tp_add("all-reduce", t.numel * g, ADAMW_GRADIENT_READS * t.count)
     return out
 
 
