@@ -122,7 +122,9 @@ def _size(name: str, args: tuple, kwargs: dict) -> int:
 class CollectiveLog:
     """Wraps torch.distributed's collective functions in this process: while `on`, each
     outermost call (one that torch.distributed does not issue from inside another) is recorded
-    as (kind, nccl-tests bytes, group size)."""
+    as (kind, nccl-tests bytes, group size). Point-to-point: each send, alone or in a batch
+    (`batch_isend_irecv`, what torch.distributed.pipelining issues), is one send/recv; a
+    receive is the other rank's send and is not recorded (nccl-tests' one transfer)."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -131,11 +133,19 @@ class CollectiveLog:
         for name in KINDS:
             fn = getattr(dist, name, None)
             if fn is not None:
-                setattr(dist, name, self._wrap(name, fn, dist))
+                wrapped = self._wrap(name, fn, dist)
+                setattr(dist, name, wrapped)
+                if name in ("isend", "irecv"):  # P2POp accepts only these two functions
+                    setattr(dist.distributed_c10d, name, wrapped)
 
     def _wrap(self, name, fn, dist):
         def call(*args, **kwargs):
-            if self.on and self._depth == 0:
+            if self.on and self._depth == 0 and name == "batch_isend_irecv":
+                for op in (args[0] if args else kwargs["p2p_op_list"]):
+                    if op.op is dist.isend:
+                        self.calls.append(("send/recv", _nbytes(op.tensor),
+                                           dist.get_world_size(op.group)))
+            elif self.on and self._depth == 0 and name not in ("recv", "irecv"):
                 group = kwargs.get("group")
                 self.calls.append((KINDS[name], _size(name, args, kwargs),
                                    dist.get_world_size(group)))
@@ -208,7 +218,7 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
     else:
         runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1,
-                        "tp": rd._TensorParallel}[engine]
+                        "tp": rd._TensorParallel, "pipeline": rd._Pipeline}[engine]
     runner = runner_class(spec["cfg"], spec["workload"], setup, "reference", rank, world)
     runner.meshes = meshes
     runner.build()
@@ -405,6 +415,21 @@ def tp_cases():
              TrainingSetup(tp=2, sp=True))]
 
 
+def pp_cases():
+    """(label, model, workload, set-up) of torch.distributed.pipelining on 2 ranks (each a
+    stage): a four-block Llama, 4 micro-batches, under GPipe, 1F1B, interleaved 1F1B and
+    interleaved zero bubble at 2 chunks per rank (every rank then sends both ways)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32, n_layer=4)
+    four = Workload(2, 32, grad_accum=4)
+    return [(f"pipeline 2, {name}{f', {v} chunks per rank' if v > 1 else ''}", cfg, four,
+             TrainingSetup(pp=2, pp_schedule=name, pp_virtual=v))
+            for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
+                            ("zero-bubble", 2))]
+
+
 def _parameter_sizes(cfg):
     from reference_model.model import build_model
 
@@ -428,7 +453,7 @@ def summary(calls: list[tuple[str, int, int]]) -> str:
 
 
 if __name__ == "__main__":
-    cases, steady = twin_cases() + tp_cases(), stage3_cases()
+    cases, steady = twin_cases() + tp_cases() + pp_cases(), stage3_cases()
     counted = count_collectives([c[1:] for c in cases]) \
         + count_collectives([c[1:] for c in steady], warmup=STAGE3_WARMUP)
     print("| engine, layout | gptcalc | counted | equal |\n|---|---|---|---|")

@@ -211,3 +211,28 @@ def test_tensor_parallel_counts(tp_counts):
     assert Counter(tp_counts["tensor parallel 2, sequence parallel"][1]) == {
         ("all-gather", act, 2): 10, ("reduce-scatter", act, 2): 10,
         ("all-reduce", loss, 2): 3 + 5 * 3}
+
+
+@pytest.mark.slow
+def test_pipeline_sends_equal_the_model():
+    # torch.distributed.pipelining on 2 ranks, 4 micro-batches of 2 x 32 tokens (16,384 B of
+    # fp32 activations each): GPipe and 1F1B send 4 activations (rank 0) or 4 gradients
+    # (rank 1); at 2 chunks per rank each rank sends 3 per micro-batch
+    from comm_twin import count_collectives, modelled, pp_cases
+
+    cases = pp_cases()
+    counted = count_collectives([c[1:] for c in cases])
+    for (label, cfg, wl, setup), calls in zip(cases, counted):
+        assert sorted(modelled(cfg, wl, setup)) == sorted(calls), label
+        assert calls == [("send/recv", 2 * 32 * 64 * 4, 2)] * 4 * (3 if "chunks" in label else 1)
+
+
+def test_pipeline_sends_per_rank():
+    from gptcalc.time.comm import pipeline_sends
+
+    # chunks 0..pv-1, rank r holding r, r + p, ...: the first sends no gradient, the last no
+    # activation
+    assert pipeline_sends(2, 1) == 1  # rank 0: chunk 0 forward; rank 1: chunk 1 backward
+    assert pipeline_sends(4, 1) == 2  # a middle rank both ways
+    assert pipeline_sends(2, 2) == 3  # rank 0: chunks 0 (forward) and 2 (both)
+    assert pipeline_sends(4, 2) == 4

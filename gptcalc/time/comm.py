@@ -143,11 +143,12 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
         moe_blocks = max(1, round(blocks * _moe_share(cfg)))
         routed = tokens * cfg.n_expert_active * E * a
         add("ep", "all-to-all", routed, ep, tp * cp, m * moe_blocks * 2 * (fwd_runs + 1))
-    # pipeline: one activation forward and its gradient backward per micro-batch and chunk
+    # pipeline: each chunk sends its activation forward and its input's gradient backward
     if pp > 1:
         size = act / tp if setup.sp else act
         # the stages are node-strided: some boundary crosses nodes once the layout does
-        out.append(Collective("pp", "send/recv", size, 2, 2 * m * setup.pp_virtual,
+        out.append(Collective("pp", "send/recv", size, 2,
+                              m * pipeline_sends(pp, setup.pp_virtual),
                               tp * cp * dp * pp > node, 1))
     out += _data_parallel(cfg, setup, m, node, blocks)
     return out
@@ -226,6 +227,16 @@ def _tensor_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int,
                 if t.role == "norm":
                     tp_add("all-reduce", t.numel * g, ADAMW_GRADIENT_READS * t.count)
     return out
+
+
+def pipeline_sends(pp: int, v: int) -> int:
+    """Sends per micro-batch of the busiest pipeline rank: rank r runs chunks r, r + pp, ...
+    (v of them, pp x v in all); every chunk but the last sends its output forward, every
+    chunk but the first its input's gradient backward (torch.distributed.pipelining's
+    SEND_F and SEND_B, Megatron-LM's p2p_communication alike), whatever the schedule. A
+    middle rank sends 2v; with pp = 2 each rank holds an end chunk: 2v - 1."""
+    last = pp * v - 1
+    return max(sum((c != last) + (c != 0) for c in range(r, pp * v, pp)) for r in range(pp))
 
 
 def _moe_share(cfg: GPTConfig) -> float:
@@ -430,4 +441,4 @@ __all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEEPSPEED_GRAD_NORM_BY
            "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
-           "placement"]
+           "pipeline_sends", "placement"]
