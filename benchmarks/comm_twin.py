@@ -430,6 +430,49 @@ def pp_cases():
                             ("zero-bubble", 2))]
 
 
+def count_ring(cfg, workload, setup, rank: int = 0) -> list[tuple[str, int, int]]:
+    """The collectives of one block's attention, forward and backward, on context-parallel
+    rank `rank`: torch's ring attention (`_templated_ring_attention` and its backward, torch
+    2.13, the default rotation and load balancing) called on a fake process group of cp
+    ranks in this process (torch's `context_parallel` dispatches only CUDA's SDPA: the ring is
+    called as reference_model.ring_attention calls it), with the CPU flash kernel; q, k and v
+    of every query head, local tokens, the set-up's activation dtype."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}[setup.act_bytes]
+    shape = (workload.batch_size, cfg.n_head // setup.tp, workload.seq_len // setup.cp,
+             cfg.head_size)
+    dist.init_process_group("fake", rank=rank, world_size=setup.cp, store=FakeStore())
+    try:
+        q, k, v = (torch.randn(shape, dtype=dtype) for _ in range(3))
+        forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        with funcol_log() as log:
+            out, lse = ring._templated_ring_attention(dist.group.WORLD, 2, forward, q, k, v,
+                                                      is_causal=True)[:2]
+            ring._templated_ring_attention_backward(
+                dist.group.WORLD, 2, backward, torch.randn(out.shape, dtype=dtype), "grad_out",
+                q, k, v, out, lse, True, dropout_p=0.0)
+        return log.calls
+    finally:
+        dist.destroy_process_group()
+
+
+def cp_cases():
+    """(label, model, workload, set-up) of the ring's twin: one Llama block (E 64, 4 heads of
+    16), 2 sequences of 32 tokens, cp 2 and 4, fp32 and bf16."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32, n_layer=1)
+    return [(f"context parallel {cp}{', bf16' if mode == 'bf16' else ''}", cfg,
+             Workload(2, 32), TrainingSetup(cp=cp, dp=1, mode=mode))
+            for cp in (2, 4) for mode in ("fp32", "bf16")]
+
+
 def _parameter_sizes(cfg):
     from reference_model.model import build_model
 

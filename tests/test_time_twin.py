@@ -236,3 +236,27 @@ def test_pipeline_sends_per_rank():
     assert pipeline_sends(4, 1) == 2  # a middle rank both ways
     assert pipeline_sends(2, 2) == 3  # rank 0: chunks 0 (forward) and 2 (both)
     assert pipeline_sends(4, 2) == 4
+
+
+def _cp_part(cfg, wl, setup):
+    from gptcalc.time.comm import collectives
+
+    return sorted((c.kind, int(c.size), c.group) for c in collectives(
+        cfg, setup, wl.batch_size, wl.seq_len, 1, 8) if c.part == "cp" for _ in range(c.count))
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_context_parallel_ring_equals_the_model(case):
+    # torch's ring attention on a fake group (in this process): per block, forward and
+    # backward each all-gather k and v (2 x 32 x 64 elements over the ranks), and backward
+    # passes the fp32 dk and dv around the ring cp times (all-to-all permutations)
+    pytest.importorskip("torch")
+    from comm_twin import count_ring, cp_cases
+
+    label, cfg, wl, setup = cp_cases()[case]
+    for rank in (0, setup.cp - 1):
+        assert sorted(count_ring(cfg, wl, setup, rank)) == _cp_part(cfg, wl, setup), label
+    a, cp = setup.act_bytes, setup.cp
+    assert _cp_part(cfg, wl, setup) == sorted(
+        [("all-gather", 2 * 2 * 32 * 64 * a, cp)] * 2
+        + [("all-to-all", 2 * 2 * 32 * 64 * 4 // cp, cp)] * cp)

@@ -134,10 +134,15 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
     fwd_runs = 2 if setup.recompute == "full" else 1
     act = tokens * E * a
     out += _tensor_parallel(cfg, setup, m, blocks, tokens, act, fwd_runs, node)
-    # context parallel: the ring passes each rank's keys and values cp - 1 times in forward;
-    # backward passes them and their gradients (Megatron-core's ring attention)
-    kv = tokens * 2 * cfg.kv_heads * cfg.head_size / tp * a
-    add("cp", "send/recv", kv, cp, tp, m * blocks * (cp - 1) * (fwd_runs + 2))
+    # context parallel: Megatron-core's ring passes each rank's keys and values cp - 1 times
+    # in forward; backward passes them and their gradients
+    if setup.engine == "megatron":
+        kv = tokens * 2 * cfg.kv_heads * cfg.head_size / tp * a
+        add("cp", "send/recv", kv, cp, tp, m * blocks * (cp - 1) * (fwd_runs + 2))
+    elif cp > 1:
+        kv = tokens * 2 * cfg.q_width / tp  # k and v with every query head (repeat_kv)
+        add("cp", "all-gather", kv * a * cp, cp, tp, m * blocks * (fwd_runs + 1))
+        add("cp", "all-to-all", kv * CP_GRAD_BYTES, cp, tp, m * blocks * cp)
     # expert parallel: dispatch and combine in forward, their gradients in backward
     if cfg.moe and ep > 1:
         moe_blocks = max(1, round(blocks * _moe_share(cfg)))
@@ -153,6 +158,12 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
     out += _data_parallel(cfg, setup, m, node, blocks)
     return out
 
+
+# torch's ring attention backward passes dk and dv around the ring in fp32 (torch 2.13,
+# _context_parallel/_attention.py, `_templated_ring_attention_backward`: its accumulators are
+# fp32, rotated by `_AllToAllRotater`, one permute_tensor per step, cp steps); its forward and
+# backward each all-gather k and v once (`_AllGatherRotater`, the default rotate method)
+CP_GRAD_BYTES = 4
 
 # The vocabulary-parallel cross-entropy's all-reduces per micro-batch, each of one fp32 per
 # token: the logits' maximum, the sum of their exponentials and the target's logit
@@ -437,7 +448,8 @@ def _deepspeed_zero3(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, 
     return out + [c("all-reduce", DEEPSPEED_STAGE3_GRAD_NORM_BYTES, 1)]
 
 
-__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEEPSPEED_GRAD_NORM_BYTES",
+__all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
+           "DEEPSPEED_GRAD_NORM_BYTES",
            "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
