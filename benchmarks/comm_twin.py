@@ -6,10 +6,13 @@
 - `count_collectives`: FSDP2 (`fully_shard` per block and at the root, as
   reference_model.distributed builds it) and DeepSpeed ZeRO 1-3 (reference_model.deepspeed_twin,
   its CPU accelerator) on the reference model: torch.distributed's collective functions
-  wrapped in each rank (`CollectiveLog`), every call recorded with its kind, bytes and group.
+  wrapped in each rank (`CollectiveLog`), every call recorded with its kind, bytes and group;
+  PyTorch's tensor parallel (DTensor's functional collectives, `funcol_log`) and
+  torch.distributed.pipelining (its sends) likewise;
+- `count_ring`: torch's ring attention (context parallel) on a fake group in this process.
 
-tests/test_time_twin.py runs both; `python benchmarks/comm_twin.py` prints the table of
-docs/time.md."""
+tests/test_time_twin.py runs them; `python benchmarks/comm_twin.py` prints the tables of
+docs/time.md (FSDP2, DeepSpeed 1-3, tensor, pipeline and context parallel)."""
 
 from __future__ import annotations
 
@@ -503,4 +506,13 @@ if __name__ == "__main__":
     for (label, cfg, wl, setup), calls in zip(cases + steady, counted):
         model = modelled(cfg, wl, setup)
         print(f"| {label} | {summary(model)} | {summary(calls)} | "
+              f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")
+    from gptcalc.time.comm import collectives
+
+    for label, cfg, wl, setup in cp_cases():  # one block's ring, forward and backward
+        model = [(c.kind, int(c.size), c.group) for c in collectives(
+            cfg, setup, wl.batch_size, wl.seq_len, 1, 8) if c.part == "cp"
+            for _ in range(c.count)]
+        calls = count_ring(cfg, wl, setup)
+        print(f"| {label} (one block) | {summary(model)} | {summary(calls)} | "
               f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")
