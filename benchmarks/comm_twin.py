@@ -6,13 +6,17 @@
 - `count_collectives`: FSDP2 (`fully_shard` per block and at the root, as
   reference_model.distributed builds it) and DeepSpeed ZeRO 1-3 (reference_model.deepspeed_twin,
   its CPU accelerator) on the reference model: torch.distributed's collective functions
-  wrapped in each rank (`CollectiveLog`), every call recorded with its kind, bytes and group.
+  wrapped in each rank (`CollectiveLog`), every call recorded with its kind, bytes and group;
+  PyTorch's tensor parallel (DTensor's functional collectives, `funcol_log`) and
+  torch.distributed.pipelining (its sends) likewise;
+- `count_ring`: torch's ring attention (context parallel) on a fake group in this process.
 
-tests/test_time_twin.py runs both; `python benchmarks/comm_twin.py` prints the table of
-docs/time.md."""
+tests/test_time_twin.py runs them; `python benchmarks/comm_twin.py` prints the tables of
+docs/time.md (FSDP2, DeepSpeed 1-3, tensor, pipeline and context parallel)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -121,7 +125,9 @@ def _size(name: str, args: tuple, kwargs: dict) -> int:
 class CollectiveLog:
     """Wraps torch.distributed's collective functions in this process: while `on`, each
     outermost call (one that torch.distributed does not issue from inside another) is recorded
-    as (kind, nccl-tests bytes, group size)."""
+    as (kind, nccl-tests bytes, group size). Point-to-point: each send, alone or in a batch
+    (`batch_isend_irecv`, what torch.distributed.pipelining issues), is one send/recv; a
+    receive is the other rank's send and is not recorded (nccl-tests' one transfer)."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -130,11 +136,19 @@ class CollectiveLog:
         for name in KINDS:
             fn = getattr(dist, name, None)
             if fn is not None:
-                setattr(dist, name, self._wrap(name, fn, dist))
+                wrapped = self._wrap(name, fn, dist)
+                setattr(dist, name, wrapped)
+                if name in ("isend", "irecv"):  # P2POp accepts only these two functions
+                    setattr(dist.distributed_c10d, name, wrapped)
 
     def _wrap(self, name, fn, dist):
         def call(*args, **kwargs):
-            if self.on and self._depth == 0:
+            if self.on and self._depth == 0 and name == "batch_isend_irecv":
+                for op in (args[0] if args else kwargs["p2p_op_list"]):
+                    if op.op is dist.isend:
+                        self.calls.append(("send/recv", _nbytes(op.tensor),
+                                           dist.get_world_size(op.group)))
+            elif self.on and self._depth == 0 and name not in ("recv", "irecv"):
                 group = kwargs.get("group")
                 self.calls.append((KINDS[name], _size(name, args, kwargs),
                                    dist.get_world_size(group)))
@@ -144,6 +158,47 @@ class CollectiveLog:
             finally:
                 self._depth -= 1
         return call
+
+
+# torch's functional collectives (what DTensor issues), by the kind gptcalc names them
+FUNCOL_KINDS = {"all_reduce": "all-reduce", "all_reduce_coalesced": "all-reduce",
+                "all_gather_into_tensor": "all-gather",
+                "all_gather_into_tensor_coalesced": "all-gather",
+                "reduce_scatter_tensor": "reduce-scatter",
+                "reduce_scatter_tensor_coalesced": "reduce-scatter",
+                "all_to_all_single": "all-to-all", "broadcast": "broadcast"}
+
+
+def funcol_log():
+    """A dispatch mode that records every functional collective (torch.ops._c10d_functional,
+    what DTensor's redistributions issue) as (kind, nccl-tests bytes, group size): DTensor
+    ops are passed on (NotImplemented) so that they desugar first, as torch's CommDebugMode
+    does, whose counts carry no sizes."""
+    import torch
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class FuncolLog(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, int, int]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                return func(*args, **kwargs)
+            if any(t is DTensor for t in types):
+                return NotImplemented
+            name = func._overloadpacket.__name__
+            if func.namespace.startswith("_c10d_functional") and name in FUNCOL_KINDS:
+                bound = dict(zip([a.name for a in func._schema.arguments], args), **kwargs)
+                n = _resolve_process_group(bound["group_name"]).size()
+                size = _nbytes(args[0]) * (n if name.startswith("all_gather") else 1)
+                self.calls.append((FUNCOL_KINDS[name], size, n))
+            return func(*args, **kwargs)
+
+    return FuncolLog()
 
 
 def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, int, int]]:
@@ -165,7 +220,8 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     if engine == "deepspeed":
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
     else:
-        runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1}[engine]
+        runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1,
+                        "tp": rd._TensorParallel, "pipeline": rd._Pipeline}[engine]
     runner = runner_class(spec["cfg"], spec["workload"], setup, "reference", rank, world)
     runner.meshes = meshes
     runner.build()
@@ -174,12 +230,14 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     calls = spec["workload"].grad_accum if engine == "deepspeed" else 1
     for _ in range(calls * spec.get("warmup", 1)):  # optimizer states made, buckets rebuilt
         runner.step()
+    functional = funcol_log() if engine == "tp" else contextlib.nullcontext()
     log.on = True
-    for _ in range(calls):
-        runner.step()
+    with functional:
+        for _ in range(calls):
+            runner.step()
     log.on = False
     dist.destroy_process_group()
-    return log.calls
+    return log.calls + getattr(functional, "calls", [])
 
 
 def _count_rank(rank: int, world: int, jobs: list, queue) -> None:
@@ -251,7 +309,8 @@ def twin_cases():
     compute; FSDP2 reduces in fp32), FSDP2 at --zero 2 and 3, DeepSpeed at stages 1-3 with its
     default buckets, with reduce_bucket_size exactly the model's gradient elements (one bucket,
     full) and one element fewer (the last gradient, the token embedding's, goes alone), and
-    two micro-batches of accumulation; then a three-block GPT-2-shaped model (tied head)."""
+    two micro-batches of accumulation; then a three-block GPT-2-shaped model (tied head).
+    DeepSpeed ZeRO-3's cases are `stage3_cases`."""
     from gptcalc import TrainingSetup, Workload, from_name
 
     cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
@@ -277,7 +336,6 @@ def twin_cases():
          ds(2, reduce_bucket_size=total - 1)),
         ("DeepSpeed ZeRO-1, 2 micro-batches", cfg, two, ds(1)),
         ("DeepSpeed ZeRO-2, 2 micro-batches", cfg, two, ds(2)),
-        ("DeepSpeed ZeRO-3", cfg, one, ds(3)),
         # GPT-2-shaped: biases, learned positions, the head tied to the token embedding
         ("GPT-2 shape, FSDP2 --zero 3", gpt2, one,
          TrainingSetup(dp=2, zero=3, mode="mixed", engine="fsdp2")),
@@ -285,6 +343,137 @@ def twin_cases():
         ("GPT-2 shape, DeepSpeed ZeRO-1, fp32", gpt2, one,
          TrainingSetup(dp=2, zero=1, engine="deepspeed")),
     ]
+
+
+# DeepSpeed ZeRO-3 prefetches from the trace its first step records and its second checks:
+# its steady state is the third step
+STAGE3_WARMUP = 2
+
+
+def stage3_cases():
+    """(label, model, workload, set-up) of DeepSpeed ZeRO-3 on the two-block Llama of
+    `twin_cases`, each threshold scaled to it and set on both sides of its boundary:
+    stage3_param_persistence_threshold at the MLP matrices' 11,264 elements (persistent) and
+    one below (gathered with the embedding and head); no persistence nor reuse, with no
+    prefetch (a call per module fetch) and a prefetch bucket of 8,256 elements (a norm and
+    q, k, v: the prefetch stops there) and 8,257 (it takes the output projection too);
+    reduce_bucket_size at the gradients' 297,408 elements (one bucket) and one below (the
+    embedding's alone); two micro-batches; then a three-block GPT-2 shape of E 63 (odd
+    sizes: every gather and reduce-scatter padded to a multiple of dp; the head tied)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)
+    odd = from_name("debug", arch="gpt2", n_embd=63, n_head=7, vocab_size=1601,
+                    block_size=32, n_layer=3)
+    one, two = Workload(2, 32), Workload(2, 32, grad_accum=2)
+    total = sum(p.numel() for p in _parameter_sizes(cfg))
+    mlp = cfg.n_embd * cfg.ffn_dim
+
+    def ds(**zero_opt):
+        return TrainingSetup(dp=2, zero=3, mode="mixed", engine="deepspeed",
+                             engine_settings=tuple(zero_opt.items()))
+
+    fetch = dict(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0)
+    qkv = cfg.n_embd + cfg.n_embd * (cfg.n_embd + 2 * cfg.kv_heads * cfg.head_size)
+    return [
+        ("DeepSpeed ZeRO-3", cfg, one, ds()),
+        (f"DeepSpeed ZeRO-3, persistence threshold {mlp:,} (MLP matrices whole)", cfg, one,
+         ds(stage3_param_persistence_threshold=mlp)),
+        (f"DeepSpeed ZeRO-3, persistence threshold {mlp - 1:,} (MLP matrices gathered)", cfg,
+         one, ds(stage3_param_persistence_threshold=mlp - 1)),
+        ("DeepSpeed ZeRO-3, no persistence, reuse or prefetch", cfg, one,
+         ds(stage3_prefetch_bucket_size=0, **fetch)),
+        (f"DeepSpeed ZeRO-3, no persistence or reuse, prefetch {qkv:,}", cfg, one,
+         ds(stage3_prefetch_bucket_size=qkv, **fetch)),
+        (f"DeepSpeed ZeRO-3, no persistence or reuse, prefetch {qkv + 1:,}", cfg, one,
+         ds(stage3_prefetch_bucket_size=qkv + 1, **fetch)),
+        (f"DeepSpeed ZeRO-3, reduce_bucket_size {total:,} (full)", cfg, one,
+         ds(reduce_bucket_size=total)),
+        (f"DeepSpeed ZeRO-3, reduce_bucket_size {total - 1:,} (one over)", cfg, one,
+         ds(reduce_bucket_size=total - 1)),
+        ("DeepSpeed ZeRO-3, 2 micro-batches", cfg, two, ds()),
+        ("GPT-2 shape, E 63, DeepSpeed ZeRO-3", odd, one, ds()),
+        ("GPT-2 shape, E 63, DeepSpeed ZeRO-3, no persistence, reuse or prefetch", odd, one,
+         ds(stage3_prefetch_bucket_size=0, **fetch)),
+    ]
+
+
+def tp_cases():
+    """(label, model, workload, set-up) of PyTorch's tensor parallel (parallelize_module with
+    ColwiseParallel and RowwiseParallel, SequenceParallel norms, loss_parallel; as
+    reference_model.distributed lays it out) on 2 ranks: the two-block Llama (vocabulary
+    1,602, split evenly) without and with sequence parallel (fp32); the GPT-2 shape
+    (learned positions, biases, LayerNorms, tied head) with sequence parallel."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1602, block_size=32)
+    gpt2 = from_name("debug", arch="gpt2", n_embd=64, n_head=4, vocab_size=1602,
+                     block_size=32, n_layer=3)
+    one = Workload(2, 32)
+    return [("tensor parallel 2", cfg, one, TrainingSetup(tp=2)),
+            ("tensor parallel 2, sequence parallel", cfg, one, TrainingSetup(tp=2, sp=True)),
+            ("GPT-2 shape, tensor parallel 2, sequence parallel", gpt2, one,
+             TrainingSetup(tp=2, sp=True))]
+
+
+def pp_cases():
+    """(label, model, workload, set-up) of torch.distributed.pipelining on 2 ranks (each a
+    stage): a four-block Llama, 4 micro-batches, under GPipe, 1F1B, interleaved 1F1B and
+    interleaved zero bubble at 2 chunks per rank (every rank then sends both ways)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32, n_layer=4)
+    four = Workload(2, 32, grad_accum=4)
+    return [(f"pipeline 2, {name}{f', {v} chunks per rank' if v > 1 else ''}", cfg, four,
+             TrainingSetup(pp=2, pp_schedule=name, pp_virtual=v))
+            for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
+                            ("zero-bubble", 2))]
+
+
+def count_ring(cfg, workload, setup, rank: int = 0) -> list[tuple[str, int, int]]:
+    """The collectives of one block's attention, forward and backward, on context-parallel
+    rank `rank`: torch's ring attention (`_templated_ring_attention` and its backward, torch
+    2.13, the default rotation and load balancing) called on a fake process group of cp
+    ranks in this process (torch's `context_parallel` dispatches only CUDA's SDPA: the ring is
+    called as reference_model.ring_attention calls it), with the CPU flash kernel; q, k and v
+    of every query head, local tokens, the set-up's activation dtype."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}[setup.act_bytes]
+    shape = (workload.batch_size, cfg.n_head // setup.tp, workload.seq_len // setup.cp,
+             cfg.head_size)
+    dist.init_process_group("fake", rank=rank, world_size=setup.cp, store=FakeStore())
+    try:
+        q, k, v = (torch.randn(shape, dtype=dtype) for _ in range(3))
+        forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        with funcol_log() as log:
+            out, lse = ring._templated_ring_attention(dist.group.WORLD, 2, forward, q, k, v,
+                                                      is_causal=True)[:2]
+            ring._templated_ring_attention_backward(
+                dist.group.WORLD, 2, backward, torch.randn(out.shape, dtype=dtype), "grad_out",
+                q, k, v, out, lse, True, dropout_p=0.0)
+        return log.calls
+    finally:
+        dist.destroy_process_group()
+
+
+def cp_cases():
+    """(label, model, workload, set-up) of the ring's twin: one Llama block (E 64, 4 heads of
+    16), 2 sequences of 32 tokens, cp 2 and 4, fp32 and bf16."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32, n_layer=1)
+    return [(f"context parallel {cp}{', bf16' if mode == 'bf16' else ''}", cfg,
+             Workload(2, 32), TrainingSetup(cp=cp, dp=1, mode=mode))
+            for cp in (2, 4) for mode in ("fp32", "bf16")]
 
 
 def _parameter_sizes(cfg):
@@ -310,17 +499,20 @@ def summary(calls: list[tuple[str, int, int]]) -> str:
 
 
 if __name__ == "__main__":
-    cases = twin_cases()
-    # DeepSpeed ZeRO-3 prefetches from the trace its first step records and its second
-    # checks: its steady state is the third step
-    steady = [c for c in cases if c[0] == "DeepSpeed ZeRO-3"]
-    rest = [c for c in cases if c not in steady]
-    by_label = dict(zip([c[0] for c in rest], count_collectives([c[1:] for c in rest])))
-    by_label.update(zip([c[0] for c in steady],
-                        count_collectives([c[1:] for c in steady], warmup=2)))
-    counted = [by_label[c[0]] for c in cases]
+    cases, steady = twin_cases() + tp_cases() + pp_cases(), stage3_cases()
+    counted = count_collectives([c[1:] for c in cases]) \
+        + count_collectives([c[1:] for c in steady], warmup=STAGE3_WARMUP)
     print("| engine, layout | gptcalc | counted | equal |\n|---|---|---|---|")
-    for (label, cfg, wl, setup), calls in zip(cases, counted):
+    for (label, cfg, wl, setup), calls in zip(cases + steady, counted):
         model = modelled(cfg, wl, setup)
         print(f"| {label} | {summary(model)} | {summary(calls)} | "
+              f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")
+    from gptcalc.time.comm import collectives
+
+    for label, cfg, wl, setup in cp_cases():  # one block's ring, forward and backward
+        model = [(c.kind, int(c.size), c.group) for c in collectives(
+            cfg, setup, wl.batch_size, wl.seq_len, 1, 8) if c.part == "cp"
+            for _ in range(c.count)]
+        calls = count_ring(cfg, wl, setup)
+        print(f"| {label} (one block) | {summary(model)} | {summary(calls)} | "
               f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")

@@ -47,7 +47,8 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 @dataclass(frozen=True)
 class Collective:
     """`count` collectives of one kind per step on one rank, each of `size` bytes over a group
-    of `group` ranks; `part` names what issues it (tp, cp, ep, pp, dp, fsdp)."""
+    of `group` ranks; `part` names what issues it (tp, cp, ep, pp, dp, fsdp); `phase` the pass
+    that issues it, where the model knows it."""
 
     part: str
     kind: str
@@ -56,6 +57,7 @@ class Collective:
     count: int
     crosses_nodes: bool
     ranks_per_node: int
+    phase: str = ""  # "forward" or "backward" where the engine's model tells them apart
 
     @property
     def bytes_total(self) -> float:
@@ -129,32 +131,123 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
             k, crosses = placement(n, stride, node)
             out.append(Collective(part, kind, size, n, count, crosses, k))
 
-    # tensor (and sequence) parallel: around attention and the MLP, forward and backward;
-    # full recomputation runs the forward's again (Korthikanti et al. 2022, sec. 4.2)
     fwd_runs = 2 if setup.recompute == "full" else 1
     act = tokens * E * a
-    if setup.sp:
-        for kind in ("all-gather", "reduce-scatter"):
-            add("tp", kind, act, tp, 1, m * blocks * 2 * (fwd_runs + 1))
-    else:
-        add("tp", "all-reduce", act, tp, 1, m * blocks * 2 * (fwd_runs + 1))
-    # context parallel: the ring passes each rank's keys and values cp - 1 times in forward;
-    # backward passes them and their gradients (Megatron-core's ring attention)
-    kv = tokens * 2 * cfg.kv_heads * cfg.head_size / tp * a
-    add("cp", "send/recv", kv, cp, tp, m * blocks * (cp - 1) * (fwd_runs + 2))
+    out += _tensor_parallel(cfg, setup, m, blocks, tokens, act, fwd_runs, node)
+    # context parallel: Megatron-core's ring passes each rank's keys and values cp - 1 times
+    # in forward; backward passes them and their gradients
+    if setup.engine == "megatron":
+        kv = tokens * 2 * cfg.kv_heads * cfg.head_size / tp * a
+        add("cp", "send/recv", kv, cp, tp, m * blocks * (cp - 1) * (fwd_runs + 2))
+    elif cp > 1:
+        kv = tokens * 2 * cfg.q_width / tp  # k and v with every query head (repeat_kv)
+        add("cp", "all-gather", kv * a * cp, cp, tp, m * blocks * (fwd_runs + 1))
+        add("cp", "all-to-all", kv * CP_GRAD_BYTES, cp, tp, m * blocks * cp)
     # expert parallel: dispatch and combine in forward, their gradients in backward
     if cfg.moe and ep > 1:
         moe_blocks = max(1, round(blocks * _moe_share(cfg)))
         routed = tokens * cfg.n_expert_active * E * a
         add("ep", "all-to-all", routed, ep, tp * cp, m * moe_blocks * 2 * (fwd_runs + 1))
-    # pipeline: one activation forward and its gradient backward per micro-batch and chunk
+    # pipeline: each chunk sends its activation forward and its input's gradient backward
     if pp > 1:
         size = act / tp if setup.sp else act
         # the stages are node-strided: some boundary crosses nodes once the layout does
-        out.append(Collective("pp", "send/recv", size, 2, 2 * m * setup.pp_virtual,
+        out.append(Collective("pp", "send/recv", size, 2,
+                              m * pipeline_sends(pp, setup.pp_virtual),
                               tp * cp * dp * pp > node, 1))
     out += _data_parallel(cfg, setup, m, node, blocks)
     return out
+
+
+# torch's ring attention backward passes dk and dv around the ring in fp32 (torch 2.13,
+# _context_parallel/_attention.py, `_templated_ring_attention_backward`: its accumulators are
+# fp32, rotated by `_AllToAllRotater`, one permute_tensor per step, cp steps); its forward and
+# backward each all-gather k and v once (`_AllGatherRotater`, the default rotate method)
+CP_GRAD_BYTES = 4
+
+# The vocabulary-parallel cross-entropy's all-reduces per micro-batch, each of one fp32 per
+# token: the logits' maximum, the sum of their exponentials and the target's logit
+# (torch.distributed.tensor.parallel.loss_parallel, `_log_softmax` and `_nll_loss_forward`
+# in torch/distributed/tensor/parallel/loss.py; Megatron-LM's
+# `_VocabParallelCrossEntropy` alike)
+LOSS_PARALLEL_ALL_REDUCES = 3
+LOSS_STAT_BYTES = 4
+# torch.optim.AdamW reads a gradient three times (exp_avg.lerp_(grad),
+# exp_avg_sq.addcmul_(grad, grad)): a gradient left Partial by sequence parallel (a DTensor
+# of a replicated parameter whose tokens were sharded) is all-reduced at each read
+ADAMW_GRADIENT_READS = 3
+
+
+def _tensor_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int,
+                     tokens: float, act: float, fwd_runs: int, node: int) -> list[Collective]:
+    """Tensor (and sequence) parallel's collectives (Shoeybi et al. 2019; Korthikanti et al.
+    2022, sec. 4.2), each of `act` bytes (tokens x E) unless said, per micro-batch:
+
+    - each block: two all-reduces in forward (after the attention's and the MLP's row-parallel
+      Linear) and two in backward (the gradients of their column-parallel inputs); under
+      sequence parallel each is an all-gather before and a reduce-scatter after (forward;
+      backward the reverse); full recomputation runs the forward's again;
+    - the vocabulary-parallel embedding (first stage): an all-reduce of its output in forward;
+      under sequence parallel a reduce-scatter (with learned positions an all-reduce, the
+      positions added, then a split: Megatron-LM's `reduce_scatter_embeddings` is off there)
+      and an all-gather in backward;
+    - the column-parallel head (last stage): an all-reduce of its input's gradient in backward,
+      under sequence parallel an all-gather of its input in forward and a reduce-scatter
+      backward; the vocabulary-parallel loss's LOSS_PARALLEL_ALL_REDUCES of tokens x 4 B;
+
+    and once per step under sequence parallel, the gradients of the replicated parameters
+    that see sequence-sharded tokens: Megatron-LM all-reduces its norms' and row-parallel
+    biases' (marked `sequence_parallel`) in one call (finalize_model_grads.py,
+    `_allreduce_layernorm_grads`); PyTorch's parallelize_module leaves the norms' Partial
+    (its row-parallel bias is added before the reduce-scatter) and AdamW all-reduces each at
+    every read (ADAMW_GRADIENT_READS). With pp > 1 the stage is the last (head and loss, not the
+    embedding). Not counted: FSDP2 over tensor-parallel ranks' handling of those gradients."""
+    tp = setup.tp
+    if tp <= 1:
+        return []
+    k, crosses = placement(tp, 1, node)
+    out: list[Collective] = []
+
+    def tp_add(kind, size, count):
+        if count > 0 and size > 0:
+            out.append(Collective("tp", kind, size, tp, count, crosses, k))
+
+    first = setup.pp == 1  # the first stage, holding the embedding
+    per_pass = m * blocks * 2 * (fwd_runs + 1)
+    if setup.sp:
+        # with learned positions the embedding's output is all-reduced, positions added, and
+        # split to the sequence shards (no collective; its backward all-gathers)
+        learned = first and cfg.pos_embedding == "learned"
+        tp_add("all-gather", act, per_pass + m * (1 + first))
+        tp_add("reduce-scatter", act, per_pass + m * (1 + first - learned))
+        tp_add("all-reduce", act, m * learned)
+    else:
+        tp_add("all-reduce", act, per_pass + m * (1 + first))
+    tp_add("all-reduce", tokens * LOSS_STAT_BYTES, m * LOSS_PARALLEL_ALL_REDUCES)
+    if setup.sp:
+        from ..memory.states import stage_tensors
+
+        stage = "first" if setup.pp == 1 else "last"
+        replicated = [t for t in stage_tensors(cfg, setup, stage)
+                      if t.split == "replicated" and t.place != "embedding"]
+        g = gradient_bytes(setup)
+        if setup.engine == "megatron":  # norms and row-parallel biases (`sequence_parallel`)
+            tp_add("all-reduce", sum(t.numel * t.count for t in replicated) * g, 1)
+        else:  # the norms: a row-parallel bias is added before the reduce-scatter
+            for t in replicated:
+                if t.role == "norm":
+                    tp_add("all-reduce", t.numel * g, ADAMW_GRADIENT_READS * t.count)
+    return out
+
+
+def pipeline_sends(pp: int, v: int) -> int:
+    """Sends per micro-batch of the busiest pipeline rank: rank r runs chunks r, r + pp, ...
+    (v of them, pp x v in all); every chunk but the last sends its output forward, every
+    chunk but the first its input's gradient backward (torch.distributed.pipelining's
+    SEND_F and SEND_B, Megatron-LM's p2p_communication alike), whatever the schedule. A
+    middle rank sends 2v; with pp = 2 each rank holds an end chunk: 2v - 1."""
+    last = pp * v - 1
+    return max(sum((c != last) + (c != 0) for c in range(r, pp * v, pp)) for r in range(pp))
 
 
 def _moe_share(cfg: GPTConfig) -> float:
@@ -181,13 +274,15 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
         g = 4  # MixedPrecisionPolicy's fp32 reduction (torchtitan's default), fp32 shards
     w = setup.act_bytes if setup.mode != "fp32" else 4  # parameters gathered in 16 bits
 
-    def c(kind, size, count, part="dp"):
-        return Collective(part, kind, size, n, count, crosses, k)
+    def c(kind, size, count, part="dp", phase=""):
+        return Collective(part, kind, size, n, count, crosses, k, phase)
 
     if setup.engine == "fsdp2" and setup.zero in (2, 3):
         return _fsdp2(cfg, setup, m, blocks, g, w, c)
     if setup.engine == "deepspeed" and setup.zero in (1, 2):
         return _deepspeed_zero12(cfg, setup, m, g, w, c)
+    if setup.engine == "deepspeed" and setup.zero == 3:
+        return _deepspeed_zero3(cfg, setup, m, blocks, g, w, c)
     if setup.zero == 3:
         block = params / blocks  # per block (embeddings and head folded in)
         gathers = 2 if setup.zero == 3 else 1
@@ -226,7 +321,7 @@ def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w:
     return out
 
 
-def deepspeed_reduce_buckets(sizes: list[int], bucket: int) -> list[int]:
+def deepspeed_reduce_buckets(sizes: list[int], bucket: int, dp: int = 1) -> list[int]:
     """Elements of each gradient all-reduce of DeepSpeed ZeRO 1-2 over gradients of `sizes`
     elements in the order backward produces them: a gradient that would take the bucket past
     `bucket` (reduce_bucket_size) elements first sends the bucket (`if bucket.elements +
@@ -234,19 +329,22 @@ def deepspeed_reduce_buckets(sizes: list[int], bucket: int) -> list[int]:
     `reduce_independent_p_g_buckets_and_remove_grads`); one larger than the bucket goes alone;
     what is left goes at the end of backward. Each bucket is one all-reduce
     (`use_multi_rank_bucket_allreduce`, the default, all-reduces it instead of reducing each
-    rank's slice to its owner)."""
-    out, acc = [], 0
+    rank's slice to its owner). Stage 3 fills its buckets by the same rule
+    (stage3.py, `reduce_independent_p_g_buckets_and_remove_grads`) and reduce-scatters each
+    with every gradient padded to a multiple of `dp` (`reduce_scatter_coalesced`): with `dp`
+    given, the elements returned are the padded ones (the rule reads the unpadded)."""
+    out, acc, padded = [], 0, 0
     for n in sizes:
         if n == 0:
             continue
         if acc + n > bucket and acc:
-            out.append(acc)
-            acc = 0
+            out.append(padded)
+            acc = padded = 0
         if n > bucket:
-            out.append(n)
+            out.append(-(-n // dp) * dp)
         else:
-            acc += n
-    return out + ([acc] if acc else [])
+            acc, padded = acc + n, padded + -(-n // dp) * dp
+    return out + ([padded] if acc else [])
 
 
 # DeepSpeed ZeRO 1-2's step (deepspeed 0.19 stage_1_and_2.py): the gradient norm all-reduced
@@ -277,6 +375,82 @@ def _deepspeed_zero12(cfg: GPTConfig, setup: TrainingSetup, m: int, g: int, w: i
     return out + [c("all-reduce", b, 1) for b in scalars]
 
 
-__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEEPSPEED_GRAD_NORM_BYTES",
-           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "KINDS", "Collective", "collective_seconds",
-           "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "placement"]
+# DeepSpeed ZeRO-3's step: the gradient norm all-reduced as one fp64 (stage3.py,
+# `get_grad_norm_direct`, in zero/utils.py's `get_norm_dtype`: fp64 where the device has it);
+# no overflow flag under bf16 (`check_overflow` runs under fp16 only)
+DEEPSPEED_STAGE3_GRAD_NORM_BYTES = 8
+
+
+def deepspeed_stage3_gathers(cfg: GPTConfig, setup: TrainingSetup, blocks: int
+                             ) -> tuple[dict[int, int], dict[int, int]]:
+    """The all-gathers of one micro-batch of DeepSpeed ZeRO-3 at its steady state, forward's
+    and backward's: {elements of one call: calls}, in the order of each size's first call.
+    Each call is one fetch's own parameters
+    not yet gathered, or one prefetch (`stage3_gathered`'s replay of the parameter
+    coordinator over `stage3_trace`), every parameter padded to a multiple of dp
+    (`_all_gather_coalesced`: the partitions, ceil(n / dp) each, gathered from dp ranks).
+
+    The replay runs on at most 2w + 1 blocks and one more (w: `stage3_blocks`, the blocks
+    the reuse distance, prefetch bucket and live limit span): beyond that a block's calls
+    repeat, and the stage's `blocks` add the difference of the two once each."""
+    from ..memory.engines.deepspeed import stage3_blocks, stage3_gathered, stage3_trace
+
+    dp = setup.dp
+
+    def replay(n: int) -> tuple[dict[int, int], dict[int, int]]:
+        trace, calls = stage3_trace(cfg, setup, 0, n), []
+        stage3_gathered(trace, setup, calls)
+        fwd: dict[int, int] = {}
+        bwd: dict[int, int] = {}
+        for at, params in calls:
+            size = sum(-(-trace.sizes[p] // dp) * dp for p in params)
+            side = fwd if at < trace.marks["forward_end"] else bwd
+            side[size] = side.get(size, 0) + 1
+        return fwd, bwd
+
+    k = min(blocks, 2 * stage3_blocks(cfg, setup, 0) + 1)
+    if k == blocks:
+        return replay(blocks)
+    out = []
+    for a, b in zip(replay(k), replay(k + 1)):
+        per_block = {n: b.get(n, 0) - a.get(n, 0) for n in dict.fromkeys([*a, *b])}
+        if min(per_block.values(), default=0) < 0:  # not periodic yet: the whole stage
+            return replay(blocks)
+        out.append({n: a.get(n, 0) + (blocks - k) * d for n, d in per_block.items()
+                    if a.get(n, 0) + (blocks - k) * d})
+    return out[0], out[1]
+
+
+def _deepspeed_zero3(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int,
+                     w: int, c) -> list[Collective]:
+    """DeepSpeed ZeRO-3 (deepspeed 0.19 stage3.py, partitioned_param_coordinator.py), per
+    micro-batch: the all-gathers of `deepspeed_stage3_gathers` (the parameters above
+    stage3_param_persistence_threshold, fetched per module and prefetched as the trace
+    allows), and the gradients reduce-scattered in reduce_bucket_size buckets
+    (`deepspeed_reduce_buckets` with dp's padding, backward's order: the inventory's
+    reversed), persistent parameters' gradients too; once per step, after it, each
+    persistent parameter all-gathered on its own (`_post_step`: `all_gather` of the
+    persistent list, one call per parameter, padded to a multiple of dp) and the gradient
+    norm all-reduced (DEEPSPEED_STAGE3_GRAD_NORM_BYTES). The step's last reduce-scatter (the
+    embedding's bucket) is listed first."""
+    from ..memory.engines.deepspeed import _persistent, _sizes, zero_settings
+
+    dp, sizes = setup.dp, _sizes(cfg, setup, 0)
+    fwd, bwd = deepspeed_stage3_gathers(cfg, setup, blocks)
+    out = [c("all-gather", n * w, m * k, "fsdp", phase)
+           for phase, calls in (("forward", fwd), ("backward", bwd)) for n, k in calls.items()]
+    buckets = deepspeed_reduce_buckets(sizes[::-1], zero_settings(setup)["reduce_bucket_size"],
+                                       dp)
+    order = dict.fromkeys([buckets[-1], *buckets]) if buckets else {}
+    out += [c("reduce-scatter", n * g, m * buckets.count(n), "fsdp", "backward") for n in order]
+    kept = [-(-n // dp) * dp for n, keep in zip(sizes, _persistent(sizes, setup)) if keep]
+    out += [c("all-gather", n * w, kept.count(n)) for n in dict.fromkeys(kept)]
+    return out + [c("all-reduce", DEEPSPEED_STAGE3_GRAD_NORM_BYTES, 1)]
+
+
+__all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
+           "DEEPSPEED_GRAD_NORM_BYTES",
+           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
+           "Collective", "collective_seconds",
+           "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
+           "pipeline_sends", "placement"]

@@ -145,13 +145,17 @@ def _exposed_fsdp(timed: list[TimedCollective], m: int, forward: float, backward
     gradients, after the last backward, before the optimizer step), and what each pass's
     collectives take beyond that pass's compute of the m micro-batches: the forward's
     all-gathers behind the forward; the backward's all-gathers (`reshard`: ZeRO-3 gathers
-    again) and every reduce-scatter behind the backward."""
+    again) and every reduce-scatter behind the backward. Where the collectives name their
+    pass (DeepSpeed ZeRO-3's prefetching replay), the forward's gathers are those named so."""
     gathers = [t for t in timed if t.collective.kind == "all-gather"]
     scatters = [t for t in timed if t.collective.kind == "reduce-scatter"]
     gathered = sum(t.seconds for t in gathers)
     first = gathers[0].seconds / gathers[0].collective.count * m
     last = scatters[0].seconds / scatters[0].collective.count if scatters else 0.0
-    ahead = gathered / 2 if reshard else gathered  # the forward's share of the gathers
+    if any(t.collective.phase for t in gathers):  # the engine's model names each pass's
+        ahead = sum(t.seconds for t in gathers if t.collective.phase == "forward")
+    else:  # FSDP2: half the gathers run before the forward
+        ahead = gathered / 2 if reshard else gathered
     behind = gathered - ahead + sum(t.seconds for t in scatters)
     return first + last + max(0.0, ahead - first - m * forward) \
         + max(0.0, behind - last - m * backward)

@@ -383,7 +383,8 @@ def stage3_trace(cfg: GPTConfig, setup: TrainingSetup, rank: int, blocks: int) -
     return Trace(tuple(fwd + bwd), tuple(sizes), tuple(persistent), marks)
 
 
-def stage3_gathered(trace: Trace, setup: TrainingSetup) -> tuple[list[int], list[int]]:
+def stage3_gathered(trace: Trace, setup: TrainingSetup, calls: list | None = None
+                    ) -> tuple[list[int], list[int]]:
     """Elements gathered whole (non-persistent parameters all-gathered or in flight) before
     and after each fetch of a steady-state step (its trace recorded by an earlier one), a
     replay of partitioned_param_coordinator.py's `PartitionedParameterCoordinator`:
@@ -403,7 +404,9 @@ def stage3_gathered(trace: Trace, setup: TrainingSetup) -> tuple[list[int], list
     right after their fetch. Scope: the steady-state step; the first step has no trace and
     releases every parameter after its module (nothing is gathered beyond the module
     running); `memory_efficient_linear` and the all-gather's transient flat buffer are not
-    modelled."""
+    modelled. `calls`, when given, receives one (trace index, parameter indices) per
+    all-gather the replay issues: a fetch's own parameters not yet gathered, then its
+    prefetch (`__all_gather_params`: one coalesced call each)."""
     s = zero_settings(setup)
     bucket, live_max = s["stage3_prefetch_bucket_size"], s["stage3_max_live_parameters"]
     reuse, order, size = s["stage3_max_reuse_distance"], trace.order, trace.sizes
@@ -419,15 +422,19 @@ def stage3_gathered(trace: Trace, setup: TrainingSetup) -> tuple[list[int], list
     q = n_avail = live = 0
     before, after = [], []
 
-    def gather(params) -> None:
+    def gather(params, at: int) -> None:
         nonlocal n_avail, live
+        new = []
         for p in params:
             if not avail[p]:
                 avail[p], n_avail, live = True, n_avail + size[p], live + size[p]
+                new.append(p)
+        if calls is not None and new:
+            calls.append((at, new))
 
     for i, m in enumerate(order):
         before.append(live)
-        gather(m.params)
+        gather(m.params, i)
         pending = {p for p in m.params if fetched.get(p, -1) < i}
         popped: set[int] = set()
         while q < len(queue) and len(popped) < len(pending):
@@ -442,7 +449,7 @@ def stage3_gathered(trace: Trace, setup: TrainingSetup) -> tuple[list[int], list
                 if not avail[p] and p not in chosen:
                     chosen.append(p)
                     numel += size[p]
-            gather(chosen)
+            gather(chosen, i)
         after.append(live)
         # the modules scanned for reuse: those before the traversed elements reach `reuse`
         end = bisect_left(cum, cum[i + 1] + reuse, lo=i + 1)
