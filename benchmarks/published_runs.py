@@ -276,10 +276,13 @@ TORCHTITAN_H100 = [
         1071, mode="mixed", compile="model", float8="tensorwise", cp=4),
     Run("torchtitan H100", f"{_TT_H100}, Table 4", "llama3.1-70b", 8192, 256, 16, 1, "full",
         829, mode="mixed", compile="model", float8="tensorwise", tp=8),
+    # with pp, torchtitan's apply_fsdp does not reshard after forward ("to avoid per-microbatch
+    # all-gathers"; torchtitan/parallelisms/parallelize_llama.py at commit
+    # 004b3148a92b565ef0ce7a7bcc61e0159c7ec930): --zero 2
     Run("torchtitan H100", f"{_TT_H100}, Table 5", "llama3.1-405b", 8192, 512, 1, 32, "full",
-        100, mode="mixed", compile="model", float8="tensorwise", tp=8, pp=8),
+        100, mode="mixed", compile="model", float8="tensorwise", tp=8, pp=8, zero=2),
     Run("torchtitan H100", f"{_TT_H100}, Table 5", "llama3.1-405b", 8192, 512, 1, 32, "full",
-        128, mode="mixed", compile="model", float8="tensorwise", tp=8, pp=8,
+        128, mode="mixed", compile="model", float8="tensorwise", tp=8, pp=8, zero=2,
         pp_schedule="interleaved-1f1b", pp_virtual=2),
 ]
 
@@ -321,7 +324,8 @@ def llama3_tokens_per_s(tflops: float, seq_len: int) -> float:
 
 # Not published with the table and assumed: micro-batch 1 (batch per DP = micro-batches), the
 # interleaved 1F1B schedule at 4 virtual stages (the paper tunes them), no recomputation,
-# FSDP keeping gathered parameters for backward (--zero 2), sequence parallel with TP
+# FSDP keeping gathered parameters for backward (--zero 2: "we do not reshard after forward",
+# sec. 3.3.2; under pipelining gathered and reduced once a step), sequence parallel with TP
 LLAMA3 = [
     Run("Llama 3 405B H100", _LLAMA3, "llama3.1-405b", seq, gpus, 1, per_dp, "none",
         llama3_tokens_per_s(tflops, seq), mode="mixed", zero=2, tp=tp, cp=cp, pp=pp,

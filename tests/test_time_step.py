@@ -256,3 +256,43 @@ def test_fsdp_gathers_beyond_the_forward_are_exposed_on_a_slow_network():
     ahead = sum(x.seconds for x in gathers) / 2
     assert ahead > slow.parts["compute"] / 3
     assert slow.parts["comm/fsdp"] > ahead - slow.parts["compute"] / 3 > 0
+
+
+@pytest.mark.parametrize("pp, zero, gather_rounds, reduce_rounds", [
+    # m = 6 micro-batches. Without pipelining every micro-batch gathers each group (again
+    # before its backward at --zero 3) and reduce-scatters its gradients.
+    (1, 2, 6, 6),
+    (1, 3, 2 * 6, 6),
+    # torch.distributed.pipelining turns gradient sync and the reshard after backward off
+    # until its last micro-batch (torch/distributed/pipelining/stage.py): one reduce-scatter
+    # a step; --zero 2 keeps the stage gathered from the first forward to the step's end,
+    # --zero 3 still reshards after each forward
+    (2, 2, 1, 1),
+    (2, 3, 2 * 6, 1),
+])
+def test_fsdp2_under_pipelining_gathers_and_reduces_once_a_step(pp, zero, gather_rounds,
+                                                                reduce_rounds):
+    """Llama 3 8B (32 blocks) on dp 8: the first stage's groups are the root (embedding) and
+    32 / pp blocks, each gathered and reduced once a round."""
+    s = setup(dp=8, pp=pp, zero=zero, mode="mixed")
+    blocks = 32 // pp
+    rows = sorted((x.kind, x.count) for x in collectives(LLAMA8, s, 1, 8192, 6, 8)
+                  if x.part == "fsdp")
+    assert rows == [("all-gather", gather_rounds), ("all-gather", gather_rounds * blocks),
+                    ("reduce-scatter", reduce_rounds), ("reduce-scatter", reduce_rounds * blocks)]
+
+
+def test_fsdp2_under_pipelining_exposes_one_first_gather_a_step():
+    """At --zero 2 under pipelining the stage's first gather opens only the step's first
+    forward: exposed once, not once per micro-batch."""
+    m = 8
+    t = step_time(LLAMA70, setup(dp=16, pp=4, tp=8, sp=True, zero=2, mode="mixed"),
+                  1, 8192, m, H100)
+    fsdp = [x for x in t.collectives if x.collective.part == "fsdp"]
+    gather = next(x for x in fsdp if x.collective.kind == "all-gather")
+    scatter = next(x for x in fsdp if x.collective.kind == "reduce-scatter")
+    assert gather.collective.count == 1  # the root group, once a step
+    exposed = gather.seconds + scatter.seconds / scatter.collective.count
+    total = sum(x.seconds for x in fsdp)
+    assert total < t.parts["compute"] / 3
+    assert t.parts["comm/fsdp"] == pytest.approx(exposed + 0.189 * (total - exposed))

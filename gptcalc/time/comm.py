@@ -263,7 +263,8 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     reduce-scatter of the gradients and an all-gather of the updated parameters; ZeRO-3
     (FSDP2 reshard_after_forward, DeepSpeed stage 3) per block an all-gather in forward and in
     backward and a reduce-scatter of its gradients, every micro-batch (FSDP2 at --zero 2 keeps
-    the forward's gather for backward)."""
+    the forward's gather for backward; under pipelining FSDP2 reduces once a step,
+    `fsdp2_reduce_rounds`)."""
     n = setup.dp * setup.cp
     if n <= 1:
         return []
@@ -310,15 +311,39 @@ def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w:
     from ..memory.engines.fsdp2 import fsdp2_gradient_elements, fsdp2_unsharded_elements
 
     gathered, reduced = fsdp2_unsharded_elements(cfg, setup), fsdp2_gradient_elements(cfg, setup)
-    gathers = m * (2 if setup.zero == 3 else 1)
+    gathers = fsdp2_gather_rounds(setup, m)
+    reductions = fsdp2_reduce_rounds(setup, m)
     out = []
     for group, n in (("root", 1), ("block", blocks)):
         if gathered[group]:
             out.append(c("all-gather", gathered[group] * w, gathers * n, "fsdp"))
     for group, n in (("root", 1), ("block", blocks)):
         if reduced[group]:
-            out.append(c("reduce-scatter", reduced[group] * g, m * n, "fsdp"))
+            out.append(c("reduce-scatter", reduced[group] * g, reductions * n, "fsdp"))
     return out
+
+
+def fsdp2_reduce_rounds(setup: TrainingSetup, m: int) -> int:
+    """How many times per step FSDP2 reduce-scatters each group's gradients: every micro-batch
+    (gradient accumulation without `no_sync`, as torchtitan and MPT run it), but once under
+    torch.distributed.pipelining (pp > 1): its stage runs every backward with
+    `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)`, then one
+    `post_backward` of every parameter group after the last micro-batch
+    (torch/distributed/pipelining/stage.py, `backward_maybe_with_nosync` and
+    `perform_reduce_grad`, torch 2.13.0 at cf30153c4c131c8164ee7798e5022d810682e2cb)."""
+    return 1 if setup.pp > 1 else m
+
+
+def fsdp2_gather_rounds(setup: TrainingSetup, m: int) -> int:
+    """How many times per step FSDP2 all-gathers each group: before every micro-batch's forward
+    and, resharded after forward (--zero 3), again before its backward. Under pipelining
+    (`fsdp2_reduce_rounds`) a stage that keeps its forward's parameters (--zero 2,
+    reshard_after_forward False: torchtitan's default with pp, "we do not reshard after
+    forward" in the Llama 3 paper, sec. 3.3.2) is never resharded after backward before the
+    step's end either: gathered once per step."""
+    if setup.pp > 1 and setup.zero == 2:
+        return 1
+    return m * (2 if setup.zero == 3 else 1)
 
 
 def deepspeed_reduce_buckets(sizes: list[int], bucket: int, dp: int = 1) -> list[int]:

@@ -14,7 +14,8 @@ What each engine overlaps with compute (`comm` lists the collectives):
   and reduce-scatter during the next block's backward: exposed, the first block's gather each
   micro-batch, the last block's reduce-scatter of the step and what each pass's collectives
   take beyond that pass's compute (the forward's gathers behind the forward, the backward's
-  gathers and the reduce-scatters behind the backward).
+  gathers and the reduce-scatters behind the backward). Under pipelining FSDP2 reduces once a
+  step and, at --zero 2, gathers once a step (`comm.fsdp2_gather_rounds`).
 - compute that a collective overlaps runs slower by `OVERLAP_SLOWDOWN` of the collective's
   time (FSDP2, ZeRO-3 and the overlapped data-parallel reductions).
 - DDP's buckets all-reduce during the last micro-batch's backward (gradients are synchronised
@@ -42,7 +43,7 @@ from ..flops import count_flops
 from ..gpus import GPU, require_peak
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .comm import Collective, collective_seconds, collectives
+from .comm import Collective, collective_seconds, collectives, fsdp2_gather_rounds
 from .compute import micro_batch_compute, optimizer_seconds
 
 # Compute that a collective overlaps runs slower, by this share, for the collective's time:
@@ -118,7 +119,8 @@ def step_time(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
     fsdp = 0.0
     if by["fsdp"]:
         fsdp = _exposed_fsdp([t for t in timed if t.collective.part == "fsdp"], m,
-                             c.forward, c.backward, setup.zero == 3)
+                             c.forward, c.backward, setup.zero == 3,
+                             fsdp2_gather_rounds(setup, m) if setup.engine == "fsdp2" else m)
     dp_timed = [t for t in timed if t.collective.part == "dp"]
     dp = _exposed_dp(setup, dp_timed, c.backward, c.forward)
     # what overlaps compute slows it: NCCL's kernels take SMs from the matmuls they overlap
@@ -139,18 +141,19 @@ def _model_flops(cfg: GPTConfig, seq_len: int) -> int:
 
 
 def _exposed_fsdp(timed: list[TimedCollective], m: int, forward: float, backward: float,
-                  reshard: bool) -> float:
-    """FSDP2's and ZeRO-3's exposed seconds: each micro-batch's first all-gather (nothing to
-    overlap it before the first block), the step's last reduce-scatter (the first block's
-    gradients, after the last backward, before the optimizer step), and what each pass's
-    collectives take beyond that pass's compute of the m micro-batches: the forward's
-    all-gathers behind the forward; the backward's all-gathers (`reshard`: ZeRO-3 gathers
+                  reshard: bool, rounds: int) -> float:
+    """FSDP2's and ZeRO-3's exposed seconds: the first all-gather of each of the `rounds`
+    forwards that gather (every micro-batch's, once a step for FSDP2 under pipelining at
+    --zero 2: nothing to overlap it before the first block), the step's last reduce-scatter
+    (the first block's gradients, after the last backward, before the optimizer step), and
+    what each pass's collectives take beyond that pass's compute of the m micro-batches: the
+    forward's all-gathers behind the forward; the backward's all-gathers (`reshard`: ZeRO-3 gathers
     again) and every reduce-scatter behind the backward. Where the collectives name their
     pass (DeepSpeed ZeRO-3's prefetching replay), the forward's gathers are those named so."""
     gathers = [t for t in timed if t.collective.kind == "all-gather"]
     scatters = [t for t in timed if t.collective.kind == "reduce-scatter"]
     gathered = sum(t.seconds for t in gathers)
-    first = gathers[0].seconds / gathers[0].collective.count * m
+    first = gathers[0].seconds / gathers[0].collective.count * min(m, rounds)
     last = scatters[0].seconds / scatters[0].collective.count if scatters else 0.0
     if any(t.collective.phase for t in gathers):  # the engine's model names each pass's
         ahead = sum(t.seconds for t in gathers if t.collective.phase == "forward")
