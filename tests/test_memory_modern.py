@@ -224,3 +224,15 @@ def test_transformers_mla_under_sdpa_on_cuda_by_hand():
     assert "softmax" not in lines and "probs" not in lines
     cpu = _mla(MLA_CUDA, b, S, TrainingSetup(mode="bf16", attn_impl="sdpa", device="cpu"))
     assert cpu["softmax"] == b * H * S * S * 4  # CPU: the math path, in fp32
+
+
+@pytest.mark.parametrize("S, rows", [(32, 32), (33, 64)])
+def test_op_level_checkpointing_keeps_the_memory_efficient_logsumexp(S, rows):
+    # torchtitan's op-level save list keeps the fused kernel's outputs; MLA's on CUDA is the
+    # memory-efficient kernel's, whose fp32 logsumexp has S rounded up to 32 rows
+    from gptcalc.memory.profile_reference import _flash, op_block_lines
+
+    setup = TrainingSetup(mode="bf16", attn_impl="sdpa", device="cuda", recompute="op")
+    lines = op_block_lines(MLA_CUDA, 1, S, setup, _flash(MLA_CUDA, setup))
+    assert lines["op/logsumexp"] == 2 * rows * 4
+    assert lines["op/sdpa_out"] == S * 2 * 8 * 2

@@ -199,7 +199,9 @@ def op_block_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, flash: 
 
       op/<linear>      N*width      each kept mm output, in the compute dtype
       op/sdpa_out      N*H*v_dim    the kernel's output (flash kernel: SDPA without dropout
-      op/logsumexp     b*H*S*4      on CPU, no ALiBi, q/k and v heads alike), its fp32 logsumexp
+      op/logsumexp     b*H*S*4      on CPU, no ALiBi, q/k and v heads alike; on CUDA also
+                                    MLA's memory-efficient kernel, whose logsumexp rounds S up
+                                    to 32 rows), its fp32 logsumexp
     """
     N, a, H = b * S, setup.act_bytes, cfg.n_head
     out: dict[str, int] = {}
@@ -208,7 +210,7 @@ def op_block_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, flash: 
         out[key] = out.get(key, 0) + N * lin.n_out * a
     if flash:
         out["op/sdpa_out"] = N * H * cfg.v_dim * a
-        out["op/logsumexp"] = b * H * S * 4
+        out["op/logsumexp"] = b * H * (-(-S // 32) * 32 if _mem_efficient(cfg, setup) else S) * 4
     return out
 
 
