@@ -3,6 +3,12 @@ steps and the step peak, predicted against measured, one row per (stage, mode, b
 
     DS_ACCELERATOR=cpu python benchmarks/deepspeed_twins.py [reference|transformers]
     DS_ACCELERATOR=cpu python benchmarks/deepspeed_twins.py thresholds
+    DS_ACCELERATOR=cpu python benchmarks/deepspeed_twins.py coordinator [CASES_JSON]
+
+"coordinator" runs ZeRO-3 on one rank over a 6-block model, once per case of
+tests/test_deepspeed_coordinator.py, and prints as JSON the coordinator's
+`__n_available_params` after every `fetch_sub_module` of the third step beside gptcalc's replay
+(`stage3_gathered`).
 
 "thresholds" runs ZeRO-3 (mixed, "small" buckets) with the coordinator's thresholds scaled to
 the model (tests/test_deepspeed.py's THRESHOLD_CASES) and prints the gathered elements gptcalc
@@ -54,6 +60,61 @@ def thresholds(cfg, wl) -> None:
                   f"{(peak.bytes - measured) / measured:+.3%} | {peak.phase} |", flush=True)
 
 
+COORDINATOR_LAYERS = 6
+
+
+def coordinator(cases: list[dict]) -> None:
+    """For each case (ZeRO-3 settings over persistence 512, mode mixed, one rank, 1 x 16
+    tokens): the coordinator's available elements after every fetch_sub_module of the third
+    step (the trace was recorded by the second), read by wrapping
+    PartitionedParameterCoordinator.fetch_sub_module, and the replay's, as one JSON line."""
+    import json
+
+    import deepspeed
+    import torch
+    from deepspeed.runtime.zero import partitioned_param_coordinator as ppc
+    from deepspeed.utils import logger
+
+    from gptcalc.dsconfig import ds_config_dict
+    from gptcalc.memory.engines.deepspeed import stage3_gathered, stage3_trace
+    from reference_model.rank import _batch, _Model
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    logger.setLevel("WARNING")
+    cfg = from_name("debug", arch="llama", n_layer=COORDINATOR_LAYERS, n_embd=64, n_head=4,
+                    n_kv_head=2, d_ff=176, vocab_size=1601, block_size=32)
+    wl, counts = Workload(1, 16), []
+    fetch = ppc.PartitionedParameterCoordinator.fetch_sub_module
+
+    def counted(self, module, forward):
+        fetch(self, module, forward)
+        counts.append(self._PartitionedParameterCoordinator__n_available_params)
+
+    ppc.PartitionedParameterCoordinator.fetch_sub_module = counted
+    deepspeed.init_distributed(dist_backend="gloo")
+    for zero in cases:
+        setup = TrainingSetup(dp=1, zero=3, engine="deepspeed", mode="mixed",
+                              engine_settings=(("stage3_param_persistence_threshold", 512),
+                                               *zero.items()))
+        torch.manual_seed(0)
+        model = _Model(cfg, "reference", "sdpa")
+        idx, targets = _batch(cfg, wl.batch_size, wl.seq_len, seed=0)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model.module, optimizer=torch.optim.AdamW(model.module.parameters()),
+            config=ds_config_dict(setup, wl))
+        model.module = engine
+        for _ in range(3):  # the first records the trace, the second completes it
+            counts.clear()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                _, loss = model.loss(idx, targets)
+            engine.backward(loss)
+            engine.step()
+        _, replay = stage3_gathered(stage3_trace(cfg, setup, 0, cfg.n_layer), setup)
+        print(json.dumps({"zero": zero, "measured": counts, "replay": replay}), flush=True)
+
+
 def main() -> None:
     from reference_model.distributed import run_layouts
 
@@ -63,6 +124,11 @@ def main() -> None:
     wl = Workload(2, 32)
     if impl == "thresholds":
         return thresholds(cfg, wl)
+    if impl == "coordinator":
+        import json
+
+        from tests.test_deepspeed_coordinator import CASES
+        return coordinator(json.loads(sys.argv[2]) if len(sys.argv) > 2 else CASES)
     print("| ZeRO | mode | buckets | rank | resident predicted | measured | error "
           "| peak predicted | measured | error | phase |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

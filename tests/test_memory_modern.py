@@ -154,3 +154,85 @@ def test_moe_bytes_do_not_depend_on_routing():
     # the formula given the realised counts is the same as the one for balanced routing
     assert moe_lines(cfg, 32, 4, False, False, tuple(loads[0])) == moe_lines(cfg, 32, 4, False,
                                                                                 False)
+
+
+# MLA (q/k heads 16 wide, v heads 8) on one block: on CUDA the flash kernel refuses q/k heads
+# wider than v's and SDPA runs the memory-efficient kernel
+MLA_CUDA = GPTConfig(block_size=64, vocab_size=11, n_layer=1, n_head=2, n_embd=16, n_kv_head=2,
+                     qkv_layout="fused", pos_embedding="rotary", norm="rmsnorm", mlp="swiglu",
+                     kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
+
+
+@pytest.mark.parametrize("S", [32, 33])  # the kernel's logsumexp rounds S up to 32 rows
+def test_mla_sdpa_on_cuda_saves_the_memory_efficient_kernels_tensors(S, monkeypatch):
+    """The reference model's MLA block on FakeTensorMode, its SDPA call replaced by the op
+    CUDA's dispatcher picks for these head sizes (aten._scaled_dot_product_efficient_attention,
+    torch 2.13's meta kernel): the storages that op saves for backward (the two 0-d int64
+    philox scalars, host tensors on CUDA, left out) equal the profile's attention-core lines
+    under --device cuda, and its output is laid out (b, S, H, v) so c_proj reads it without a
+    copy; no S x S tensor is saved."""
+    import torch.nn.functional as F
+
+    from gptcalc.memory.profile_reference import _attention_lines
+    from reference_model.measure import fake_mode
+    from reference_model.memory import storage_key
+
+    calls = []
+
+    def efficient(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        assert attn_mask is None and is_causal
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                      lambda t: t):
+            out = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, None, True, dropout_p, True, scale=scale)[0]
+        calls.append((saved, out))
+        return out
+
+    setup = TrainingSetup(mode="bf16", attn_impl="sdpa", device="cuda")
+    monkeypatch.setattr(F, "scaled_dot_product_attention", efficient)
+    with fake_mode():
+        model = build_for(MLA_CUDA, setup)
+        idx, _ = make_batch(MLA_CUDA, Workload(1, S))
+        model(idx)
+    (saved, out), = calls
+    kept = {storage_key(t): t.untyped_storage().nbytes() for t in saved
+            if not (t.dim() == 0 and t.dtype == torch.int64)}
+    lines = _attention_lines(MLA_CUDA, 1, S, setup, sliding=False)
+    core = lines["attn/qkv"] + lines["attn/logsumexp"]
+    # the output's storage is c_proj's input (attn/out_input), not a line of its own
+    assert sum(kept.values()) - out.untyped_storage().nbytes() == core
+    assert out.transpose(1, 2).is_contiguous()
+    assert not any(k.startswith(("attn/softmax", "attn/sdpa_out")) for k in lines)
+    assert lines["attn/logsumexp"] == 2 * (32 if S == 32 else 64) * 4
+
+
+def test_transformers_mla_under_sdpa_on_cuda_by_hand():
+    # DeepseekV3Attention under sdpa on CUDA: the memory-efficient kernel (see above) saves
+    # q (the rope cat), k (the expanded cat), v (a split view of kv_b_proj's output, whose
+    # whole storage stays), its output (o_proj's input, no copy) and an fp32 logsumexp of
+    # b x H x S rounded up to 32 rows; nothing S x S
+    from gptcalc.memory.profile_transformers import _mla
+
+    b, S, H, a = 1, 33, 2, 2
+    N = b * S
+    lines = _mla(MLA_CUDA, b, S, TrainingSetup(mode="bf16", attn_impl="sdpa", device="cuda"))
+    assert lines["q"] == lines["k"] == N * H * 16 * a
+    assert lines["v"] == N * H * (8 + 8) * a
+    assert lines["logsumexp"] == b * H * 64 * 4
+    assert lines["sdpa_out"] == N * H * 8 * a and lines["out_input"] == 0
+    assert "softmax" not in lines and "probs" not in lines
+    cpu = _mla(MLA_CUDA, b, S, TrainingSetup(mode="bf16", attn_impl="sdpa", device="cpu"))
+    assert cpu["softmax"] == b * H * S * S * 4  # CPU: the math path, in fp32
+
+
+@pytest.mark.parametrize("S, rows", [(32, 32), (33, 64)])
+def test_op_level_checkpointing_keeps_the_memory_efficient_logsumexp(S, rows):
+    # torchtitan's op-level save list keeps the fused kernel's outputs; MLA's on CUDA is the
+    # memory-efficient kernel's, whose fp32 logsumexp has S rounded up to 32 rows
+    from gptcalc.memory.profile_reference import _flash, op_block_lines
+
+    setup = TrainingSetup(mode="bf16", attn_impl="sdpa", device="cuda", recompute="op")
+    lines = op_block_lines(MLA_CUDA, 1, S, setup, _flash(MLA_CUDA, setup))
+    assert lines["op/logsumexp"] == 2 * rows * 4
+    assert lines["op/sdpa_out"] == S * 2 * 8 * 2

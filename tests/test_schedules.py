@@ -157,3 +157,35 @@ def test_the_last_stage_keeps_outputs_only_under_torchs_pipelining(engine, zero,
     logits = 2 * 256 * cfg.vocab_size * setup.act_bytes  # one micro-batch's, b S V
     for phase in (Phase.BACKWARD_START, Phase.BACKWARD_END):
         assert ledger.get(phase, KEPT_LOGITS) == ((m - 1) * logits if merges else 0)
+
+
+def test_megatron_last_stage_holds_one_micro_batch_and_its_logits_by_hand():
+    """Megatron-LM's 1F1B (megatron-core 0.16.1, pipeline_parallel/schedules.py): the last
+    stage warms up with pp - rank - 1 = 0 forwards (`num_warmup_microbatches`), so one
+    micro-batch is in flight; its forward step replaces the logits by
+    `loss_func(output_tensor)` (`forward_step_calc_loss`) and appends only the reduced loss to
+    `forward_data_store`. So at the forward's end the last stage holds the current
+    micro-batch's bf16 logits, b S V/tp x 2 B, which the vocab-parallel cross entropy reads
+    (its fp32 copy becomes the saved softmax in place), and nothing of the earlier
+    micro-batches: the step's peak on that stage does not move with their number."""
+    from gptcalc.memory.engines.pipeline import KEPT_LOGITS
+    from gptcalc.memory.ledger import LOGITS, Phase
+    from gptcalc.memory.peak import step_account, step_peak
+    from gptcalc.training import resolve_training
+
+    cfg = from_name("llama3-8b")
+    setup = resolve_training(cfg, None, {"pp": 4, "tp": 2, "engine": "megatron"})[0]
+    assert setup.mode == "mixed" and setup.impl == "megatron-core"
+    b, s = 1, 2048
+    logits = b * s * (128256 // 2) * 2  # b S V/tp in bf16: 262,668,288 B
+    assert logits == 262_668_288
+    peaks = []
+    for m in (4, 16):
+        workload = Workload(b, s, m)
+        ledger = step_account(cfg, workload, setup, "last").ledger
+        assert stage_hold(cfg, workload, setup, "last").alive == (1,)
+        assert ledger.get(Phase.FORWARD_END, LOGITS) == logits
+        for phase in (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD_END):
+            assert ledger.get(phase, KEPT_LOGITS) == 0
+        peaks.append(step_peak(cfg, workload, setup, stage="last").bytes)
+    assert peaks[0] == peaks[1]

@@ -75,10 +75,27 @@ def _expanded(cfg: GPTConfig, N: int, src: dict[str, tuple[str, int, int, int]]
 
 
 def _flash(cfg: GPTConfig, setup: TrainingSetup) -> bool:
-    """Whether SDPA runs a flash-type kernel (on CPU: not with dropout, which takes the math
-    path), i.e. not ALiBi's float mask, and q/k heads as wide as v heads."""
-    return (setup.attn_impl == "sdpa" and (cfg.dropout == 0 or setup.device == "cuda")
-            and cfg.pos_embedding != "alibi" and cfg.qk_head_dim == cfg.v_dim)
+    """Whether SDPA runs a fused kernel (on CPU: not with dropout, which takes the math
+    path), i.e. not ALiBi's float mask. With q/k heads wider than v heads (MLA) the flash
+    kernels refuse (`check_head_dim_size_flash`, CPU and CUDA; measured on CPU: the math path)
+    and on CUDA the memory-efficient kernel runs (`_mem_efficient`)."""
+    if setup.attn_impl != "sdpa" or cfg.pos_embedding == "alibi":
+        return False
+    if cfg.qk_head_dim != cfg.v_dim:
+        return setup.device == "cuda"
+    return cfg.dropout == 0 or setup.device == "cuda"
+
+
+def _mem_efficient(cfg: GPTConfig, setup: TrainingSetup) -> bool:
+    """Whether SDPA runs CUDA's memory-efficient kernel: MLA's q/k heads wider than its v
+    heads, which that kernel's head-size check allows (`check_head_dim_size_mem_efficient`,
+    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) and the flash kernel's does not.
+    It saves q, k and v as given, its output, allocated (b, S, H, v_dim) so that
+    `y.transpose(1, 2)` is contiguous and c_proj reads that storage, and an fp32 logsumexp
+    of b x H x S rounded up to 32 rows (torch 2.13's meta kernel of
+    `_scaled_dot_product_efficient_attention`; its two int64 philox scalars are host
+    tensors). cuDNN's kernel, which recent torch may prefer on SM90, is not modelled."""
+    return _flash(cfg, setup) and cfg.qk_head_dim != cfg.v_dim
 
 
 def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, sliding: bool
@@ -129,13 +146,15 @@ def _attention_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, slidi
         for role in "qkv":
             name, nbytes = kernel_copy(role)
             out.add("attn/qkv", nbytes, name)
-        out.add("attn/logsumexp", b * H * S * 4)
+        mem_efficient = _mem_efficient(cfg, setup)
+        out.add("attn/logsumexp", b * H * (-(-S // 32) * 32 if mem_efficient else S) * 4)
         if window:
             out.add("attn/window_mask", S * S * a)
-        # the kernel lays its output out like q: a q made by a cat in (b, H, S, hd) order
-        # (partial rotary, MLA) gives an output that y.transpose(1, 2).contiguous() copies
+        # the flash kernel lays its output out like q: a q made by a cat in (b, H, S, hd)
+        # order (partial rotary, MLA) gives an output that y.transpose(1, 2).contiguous()
+        # copies; the memory-efficient kernel's is c_proj's input already
         partial = 0 < cfg.rotary_dims < cfg.head_size and not cfg.mla
-        if (partial or cfg.mla) and H > 1 and S > 1:
+        if (partial or cfg.mla) and H > 1 and S > 1 and not mem_efficient:
             out.add("attn/sdpa_out", N * H * cfg.v_dim * a)
     else:
         math_path = setup.attn_impl == "sdpa"
@@ -180,7 +199,9 @@ def op_block_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, flash: 
 
       op/<linear>      N*width      each kept mm output, in the compute dtype
       op/sdpa_out      N*H*v_dim    the kernel's output (flash kernel: SDPA without dropout
-      op/logsumexp     b*H*S*4      on CPU, no ALiBi, q/k and v heads alike), its fp32 logsumexp
+      op/logsumexp     b*H*S*4      on CPU, no ALiBi, q/k and v heads alike; on CUDA also
+                                    MLA's memory-efficient kernel, whose logsumexp rounds S up
+                                    to 32 rows), its fp32 logsumexp
     """
     N, a, H = b * S, setup.act_bytes, cfg.n_head
     out: dict[str, int] = {}
@@ -189,7 +210,7 @@ def op_block_lines(cfg: GPTConfig, b: int, S: int, setup: TrainingSetup, flash: 
         out[key] = out.get(key, 0) + N * lin.n_out * a
     if flash:
         out["op/sdpa_out"] = N * H * cfg.v_dim * a
-        out["op/logsumexp"] = b * H * S * 4
+        out["op/logsumexp"] = b * H * (-(-S // 32) * 32 if _mem_efficient(cfg, setup) else S) * 4
     return out
 
 

@@ -315,16 +315,21 @@ def _mla(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, int]:
     lines["kv_a_norm/rsqrt"] = N * 4
     lines["kv_a_norm/normalized"] = N * kvl * a
     lines["kv_b_input"] = N * kvl * a  # the cache's torch.cat copy of the latent
-    fused = setup.attn_impl == "sdpa" and qk == v and (setup.device == "cuda" or cfg.dropout == 0)
-    if fused:
+    cuda = setup.device == "cuda"
+    # q/k heads wider than v heads: the flash kernels refuse, CUDA's memory-efficient kernel
+    # runs (profile_reference._mem_efficient), the CPU takes the math path
+    mem_efficient = setup.attn_impl == "sdpa" and qk != v and cuda
+    fused = setup.attn_impl == "sdpa" and qk == v and (cuda or cfg.dropout == 0)
+    if fused or mem_efficient:
         lines["q"] = N * H * qk * a  # torch.cat((q_pass, q_rot))
         lines["k"] = N * H * qk * a  # expand_kv's new key tensor
         lines["v"] = N * H * (cfg.nope_dim + v) * a  # a split view of kv_b_proj's output
-        lines["logsumexp"] = b * H * S * 4
+        lines["logsumexp"] = b * H * (-(-S // 32) * 32 if mem_efficient else S) * 4
         lines["sdpa_out"] = N * H * v * a
-        # q comes from a cat in (b, H, S, hd) order, and the kernel lays its output out like
-        # q: transpose(1, 2).contiguous() copies it for o_proj (as in NeoX)
-        lines["out_input"] = N * H * v * a if H > 1 and S > 1 else 0
+        # q comes from a cat in (b, H, S, hd) order, and the flash kernel lays its output out
+        # like q: transpose(1, 2).contiguous() copies it for o_proj (as in NeoX); the
+        # memory-efficient kernel's output is (b, S, H, v) already, o_proj's input
+        lines["out_input"] = N * H * v * a if H > 1 and S > 1 and not mem_efficient else 0
         return lines
     math_path = setup.attn_impl == "sdpa"
     m = 4 if math_path else a

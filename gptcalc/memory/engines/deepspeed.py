@@ -454,8 +454,10 @@ def stage3_gathered(trace: Trace, setup: TrainingSetup, calls: list | None = Non
         # the modules scanned for reuse: those before the traversed elements reach `reuse`
         end = bisect_left(cum, cum[i + 1] + reuse, lo=i + 1)
         for p in set(m.params):
-            nxt = uses[p][bisect_left(uses[p], i + 1)] if uses[p][-1] > i else len(order)
-            keep = trace.persistent[p] or fetched.get(p, -1) > i + 1 or nxt < end
+            # a parameter not used again in the step is released however far the scan
+            # reaches (it scans this step's trace only, `__submodule_order[step_id:]`)
+            again = uses[p][-1] > i and uses[p][bisect_left(uses[p], i + 1)] < end
+            keep = trace.persistent[p] or fetched.get(p, -1) > i + 1 or again
             if avail[p] and not keep:
                 avail[p], n_avail, live = False, n_avail - size[p], live - size[p]
     return before, after
