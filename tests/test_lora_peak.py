@@ -41,6 +41,9 @@ CASES = {
     # all-linear adapts the router's weight and the fused experts through parameter targeting
     "mixtral": {"model_type": "mixtral", "num_hidden_layers": 2, "intermediate_size": 96,
                 "num_local_experts": 4, "num_experts_per_tok": 2, **_TINY},
+    # q/k norms over each head (RMSNorm of head_dim), dense blocks
+    "qwen3": {"model_type": "qwen3", "num_hidden_layers": 2, "head_dim": 16,
+              "intermediate_size": 160, **_TINY},
     # q/k norms, top-3 of 8, a dense layer (not adapted by all-linear's conversion)
     "qwen3_moe": {"model_type": "qwen3_moe", "num_hidden_layers": 3, "head_dim": 16,
                   "intermediate_size": 160, "moe_intermediate_size": 48, "num_experts": 8,
@@ -83,7 +86,8 @@ EXTRA_TARGETS = {"llama": ["o_proj", "k_proj,down_proj", "up_proj", "o_proj,gate
                  "phi3": ["o_proj", "gate_up_proj", "qkv_proj,down_proj"],
                  "mixtral": ["o_proj,gate", "q_proj,experts.down_proj",
                              "o_proj,experts.gate_up_proj"],
-                 "qwen3_moe": ["k_proj", "q_proj,down_proj", "o_proj,gate_proj,up_proj"]}
+                 "qwen3_moe": ["k_proj", "q_proj,down_proj", "o_proj,gate_proj,up_proj"],
+                 "qwen3": ["k_proj", "q_proj,down_proj", "o_proj,gate_proj,up_proj"]}
 
 
 @settings(max_examples=12, deadline=None)

@@ -56,7 +56,7 @@ ATTENTION_TARGETS = frozenset(ATTN_INPUT_TARGETS + ("o", "q_b", "kv_b"))
 
 # transformers families beyond the classic blocks whose PEFT-wrapped training is measured:
 # routed experts adapted through parameter targeting (router and fused experts), q/k norms
-LORA_TRANSFORMERS_FAMILIES = ("mixtral", "qwen3_moe")
+LORA_TRANSFORMERS_FAMILIES = ("mixtral", "qwen3_moe", "qwen3")
 
 
 def lora_on_transformers(cfg: GPTConfig, setup: TrainingSetup) -> bool:
