@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from gptcalc import TrainingSetup, Workload, from_name
+from gptcalc import TrainingSetup, Workload
 from gptcalc.errors import ConfigError
 from gptcalc.memory import state_bytes, step_peak
 from gptcalc.memory.engines import engine_for, resident
 from gptcalc.memory.engines import deepspeed as ds
 
-# tests/test_offload.py's model and small buckets
-LLAMA = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
-                  vocab_size=1601, block_size=32)
-SMALL = {"reduce_bucket_size": 4096, "allgather_bucket_size": 4096,
-         "stage3_prefetch_bucket_size": 4096, "stage3_param_persistence_threshold": 512,
-         "stage3_max_live_parameters": 65536}
+from .test_offload import LLAMA, SMALL  # the offload twin's model and small buckets
 
 
 def _setup(zero: int, **offload: str) -> TrainingSetup:
