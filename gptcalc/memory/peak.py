@@ -460,7 +460,7 @@ def rank_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
     ledger.open(Phase.BACKWARD_LAST_BLOCK, {
         **base, SAVED: saved - loss_saved - head_saved,
         RECOMPUTED_BLOCK: recomputed_block(cfg, workload, setup),
-        GRADIENTS: max(grads_early, head_grads),
+        GRADIENTS: max(grads_early, head_grads), LOGITS: kept,
         BLOCK_GRADIENTS: block_backward_transients(
             cfg, workload, setup, attention_backward_freed(cfg, acts, setup, blocks))})
     ledger.open(Phase.BACKWARD_END, {
