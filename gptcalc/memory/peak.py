@@ -459,7 +459,7 @@ def rank_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
                                        GRADIENTS_ACCUMULATING: grads_early})
     # the logits a loop keeps are alive here too but are not counted: the block's gradients in
     # flight are counted whole at once, more than are alive at any one instant of its backward,
-    # and counting both overshoots MemTracker (debug GPT-2 2 x 64, E 64, V 128, fp32, B 8 x 16:
+    # and counting both overshoots MemTracker (debug GPT-2, L 2, E 64, V 128, fp32, 8 x 16 tokens:
     # the last block's measured backward peak 2,762,232 B, this moment 2,793,200 B, with the
     # logits 2,858,736 B; the DDP, FSDP2 and optimizer-in-backward twins likewise)
     ledger.open(Phase.BACKWARD_LAST_BLOCK, {
