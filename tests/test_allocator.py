@@ -155,3 +155,22 @@ def test_reserved_covers_the_live_bytes_and_a_repeat_reserves_nothing_more(ops):
             if not keep and live:
                 alloc.free(live.pop(0))
         assert alloc.reserved == first
+
+
+def test_a_freed_block_serves_only_its_own_stream():
+    # get_free_block finds blocks of the request's stream only: 12 MiB freed on the compute
+    # stream is not reused by a 12 MiB request on another stream, which reserves its own
+    # segment; on the same stream it is reused
+    other = [("alloc", "a", 12 * MiB), ("free", "a"), ("alloc", "b", 12 * MiB, "reduce-scatter")]
+    same = [("alloc", "a", 12 * MiB), ("free", "a"), ("alloc", "b", 12 * MiB, "compute")]
+    assert reserved(other) == 24 * MiB and reserved(same) == 12 * MiB
+    # each stream's pool grows on its own (expandable too); the device reserves their sum
+    assert reserved(other, expandable=True) == 2 * reserved(same, expandable=True)
+
+
+def test_the_device_allocated_peak_spans_its_streams():
+    # 6 MiB on each of two streams alive together: 12 MiB allocated at the peak, each stream
+    # reserving one 20 MiB segment (a large request under kMinLargeAlloc)
+    alloc = simulate([("alloc", "a", 6 * MiB), ("alloc", "b", 6 * MiB, "all-gather"),
+                      ("free", "a"), ("free", "b")])
+    assert (alloc.peak_allocated, alloc.allocated, alloc.reserved) == (12 * MiB, 0, 40 * MiB)

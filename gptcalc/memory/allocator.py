@@ -1,5 +1,5 @@
 """PyTorch's CUDA caching allocator, simulated: the bytes `torch.cuda.memory_reserved()` reads
-after a sequence of tensor allocations and frees on one stream.
+after a sequence of tensor allocations and frees on one or more streams.
 
 The rules are those of `DeviceCachingAllocator` in c10/cuda/CUDACachingAllocator.cpp
 (pytorch/pytorch, the torch 2.x allocator; constants and functions named below as there):
@@ -15,9 +15,15 @@ The rules are those of `DeviceCachingAllocator` in c10/cuda/CUDACachingAllocator
   pool; `should_split`), the allocation keeping the lower address (`alloc_found_block`);
 - a freed block merges with free neighbours of its segment (`free_block`, `try_merge_blocks`).
 
+Streams: a block belongs to the stream it was allocated on, and a free block is found only
+for a request on that stream (`BlockComparatorSize` orders by stream first, and
+`get_free_block` rejects a block of another stream), so each stream's cached blocks are a pool
+of their own; expandable segments are per stream too (`find_expandable_block`). `simulate`
+keeps one `CachingAllocator` per stream; the device reserves their sum.
+
 Defaults assumed: `max_split_size` unlimited, no `garbage_collection_threshold`, no
-`roundup_power2_divisions`, one stream, no `empty_cache()` and no out-of-memory retry, so
-segments are never released and the reserved bytes only grow: their peak is their last value.
+`roundup_power2_divisions`, no `empty_cache()` and no out-of-memory retry, so segments are
+never released and the reserved bytes only grow: their peak is their last value.
 
 `expandable_segments:True` (PYTORCH_CUDA_ALLOC_CONF): each pool has one segment of reserved
 address space that is mapped in pages as it grows (`ExpandableSegment`; pages of
@@ -219,19 +225,57 @@ class CachingAllocator:
         del pool.blocks[block.ptr]
 
 
-def simulate(events, expandable: bool = False) -> CachingAllocator:
-    """Replay `events`, each `("alloc", key, nbytes)` or `("free", key)`, on a fresh
-    allocator; keys name the tensors; other events (marks) are passed over."""
-    alloc = CachingAllocator(expandable)
-    handles: dict[object, int] = {}
+# the stream an allocation event names by default: the one the step's compute runs on
+COMPUTE_STREAM = "compute"
+
+
+class DeviceAllocator:
+    """The caching allocator of one device across its streams: one `CachingAllocator` per
+    stream (a stream's freed blocks serve only that stream's requests); `reserved` is their
+    sum, `allocated` too, `peak_allocated` the largest sum seen after an allocation."""
+
+    def __init__(self, expandable: bool = False) -> None:
+        self.expandable = expandable
+        self.streams: dict[str, CachingAllocator] = {}
+        self.allocated = self.peak_allocated = 0
+
+    @property
+    def reserved(self) -> int:
+        return sum(a.reserved for a in self.streams.values())
+
+    def malloc(self, nbytes: int, stream: str = COMPUTE_STREAM) -> tuple[str, int]:
+        alloc = self.streams.get(stream)
+        if alloc is None:
+            alloc = self.streams[stream] = CachingAllocator(self.expandable)
+        before = alloc.allocated
+        handle = alloc.malloc(nbytes)
+        self.allocated += alloc.allocated - before
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return stream, handle
+
+    def free(self, handle: tuple[str, int]) -> None:
+        stream, h = handle
+        alloc = self.streams[stream]
+        before = alloc.allocated
+        alloc.free(h)
+        self.allocated -= before - alloc.allocated
+
+
+def simulate(events, expandable: bool = False) -> DeviceAllocator:
+    """Replay `events`, each `("alloc", key, nbytes)` (on the compute stream),
+    `("alloc", key, nbytes, stream)` or `("free", key)`, on a fresh device allocator; keys
+    name the tensors; other events (marks) are passed over."""
+    alloc = DeviceAllocator(expandable)
+    handles: dict[object, tuple[str, int]] = {}
     for event in events:
         if event[0] == "alloc":
-            handles[event[1]] = alloc.malloc(event[2])
+            stream = event[3] if len(event) > 3 else COMPUTE_STREAM
+            handles[event[1]] = alloc.malloc(event[2], stream)
         elif event[0] == "free":
             alloc.free(handles.pop(event[1]))
     return alloc
 
 
-__all__ = ["CachingAllocator", "LARGE_BUFFER", "MIN_BLOCK_SIZE",
-           "MIN_LARGE_ALLOC", "ROUND_LARGE", "SMALL_BUFFER", "SMALL_SIZE", "allocation_size",
+__all__ = ["COMPUTE_STREAM", "CachingAllocator", "DeviceAllocator", "LARGE_BUFFER",
+           "MIN_BLOCK_SIZE", "MIN_LARGE_ALLOC", "ROUND_LARGE", "SMALL_BUFFER", "SMALL_SIZE", "allocation_size",
            "round_size", "simulate"]

@@ -40,9 +40,12 @@ DDP's buckets) is thereby many tensors instead of one. The engine's own terms (F
 all-gathered blocks, DDP's buckets, ...) are one tensor each: a term held in every moment is
 allocated before the first step, another at the moment it belongs to and freed after it (a
 block's backward moment again for each block). Saved lines that stand for several tensors of
-one kind in a block are one tensor. Not replayed: each op's own outputs before autograd frees
-them, and other CUDA streams (FSDP2's and NCCL's), whose cached blocks the compute stream cannot
-reuse.
+one kind in a block are one tensor. Streams: an engine whose gradients are made on a stream of
+its own (`Engine.gradient_stream`: FSDP2's reduce-scatter output, of which the sharded
+gradients past the head's are views) has them replayed there, in a pool the compute stream's
+requests cannot reuse (`allocator.DeviceAllocator`). Not replayed: each op's own outputs
+before autograd frees them, FSDP2's all-gather buffers on its copy-in stream, and NCCL's
+buffers (outside the allocator: `nccl_buffer_bytes`).
 
 Every block is simulated: the reserved bytes are not linear in L (a large tensor that finds a
 hole at L blocks may need a new segment at L + 1), so no extrapolation from fewer blocks is
@@ -67,6 +70,7 @@ from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACC
                      TIED_EMBEDDING_GRADIENT, WEIGHTS, Ledger, Phase)
 from .peak import step_account
 from .states import optimizer_of, stage_tensors
+from .engines import engine_for
 from .engines.shards import stage_of
 from ..schedules import stage_layers
 
@@ -190,10 +194,15 @@ class _Replay:
         # fp32 partition) holds fewer at the step than at the end of backward
         self.grads_moved = self.sizes["gradients"] < end
         self.micro_batches = 2 if forward.get(GRADIENTS_ACCUMULATING, 0) else 1
+        # the stream the blocks' and the rest's gradients are allocated on (FSDP2's
+        # reduce-scatter stream), or None: the compute stream's; the head's, made before any
+        # block's, stay on the compute stream (FSDP2 reduces the root's at the end of backward)
+        self.grad_stream = engine_for(account.setup).gradient_stream
         self.events: list[tuple] = []
 
-    def alloc(self, key, nbytes: int) -> None:
-        self.events.append(("alloc", key, nbytes))
+    def alloc(self, key, nbytes: int, stream: str | None = None) -> None:
+        self.events.append(("alloc", key, nbytes) if stream is None
+                           else ("alloc", key, nbytes, stream))
 
     def free(self, *keys) -> None:
         self.events.extend(("free", key) for key in keys)
@@ -219,7 +228,8 @@ class _Replay:
         """Block `b`'s share of the blocks' gradients, per parameter tensor."""
         per_block = max(1, sum(self.ts.block) * self.ts.blocks)
         for i, n in enumerate(self.ts.block):
-            self.alloc(("gradients", "block", b, i), self.grads["blocks"] * n // per_block)
+            self.alloc(("gradients", "block", b, i), self.grads["blocks"] * n // per_block,
+                       self.grad_stream)
 
     def free_gradients(self) -> None:
         head = ("head gradient",) if self.head_kept else ()
@@ -326,7 +336,7 @@ class _Replay:
         if make and not self.head_kept:
             self.free("head gradient")
         if make:
-            self.alloc("embedding gradients", self.grads["embedding"])
+            self.alloc("embedding gradients", self.grads["embedding"], self.grad_stream)
         self.moment(Phase.BACKWARD_END, True)
         self.alloc("tied gradient", self.get(Phase.BACKWARD_END, TIED_EMBEDDING_GRADIENT))
         # the embeddings' offloaded inputs, brought back for their backward
@@ -340,7 +350,7 @@ class _Replay:
             self.free("logits")
         self.moment(Phase.BACKWARD_END, False)
         if make:
-            self.alloc("rest of the gradients", self.grads["rest"])
+            self.alloc("rest of the gradients", self.grads["rest"], self.grad_stream)
         if first and self.grads_held:  # accumulating beside an engine's kept buffers
             self.alloc("accumulating gradients", self.grads["accumulating"])
 
@@ -374,7 +384,8 @@ def step_events(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     stage's blocks (or `blocks` of them: the same per-block tensors, repeated that often).
     Gradient accumulation is replayed as two micro-batches per step (the second's forward
     runs beside the gradients, as every later one's does). Events are
-    `("alloc", key, nbytes)` and `("free", key)`."""
+    `("alloc", key, nbytes)` (on the compute stream), `("alloc", key, nbytes, stream)` and
+    `("free", key)`."""
     replay = _Replay(cfg, workload, setup, stage, blocks)
     replay.setup_tensors()
     for step in range(steps):

@@ -74,6 +74,9 @@ class Engine:
     # its pipeline stages are torch.distributed.pipelining's, with their receive buffers
     # (`engines.pipeline.receive_buffers`); False: the engine runs its own schedule
     torch_pipelining: ClassVar[bool] = True
+    # the CUDA stream its gradients are allocated on when not the compute stream (their cached
+    # blocks are then a pool of their own: `allocator.DeviceAllocator`); None: the compute one
+    gradient_stream: ClassVar[str | None] = None
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise ConfigError (naming the option) for a set-up the engine does not run."""

@@ -417,6 +417,11 @@ class FSDP2(Engine):
     help = "fsdp2 (FSDP2 fully_shard: --zero 2 or 3 = reshard_after_forward False/True)"
     stages = (2, 3)
     mixed_by_default = True
+    # each group's reduce-scatter output, of which its sharded gradients are views (and their
+    # cast to the parameters' dtype), is allocated on the reduce-scatter stream: torch 2.13,
+    # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, `foreach_reduce` ("The RS output
+    # is allocated in the RS stream and used in the default stream (for optimizer)")
+    gradient_stream = "reduce-scatter"
 
     def mixed_precision(self, setup: TrainingSetup) -> str:
         return (f"mixed (MixedPrecisionPolicy: {setup.autocast_dtype} parameters, fp32 shards "
