@@ -219,6 +219,8 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     meshes = rd._meshes(setup)
     if engine == "deepspeed":
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
+    elif engine == "fsdp1":
+        runner_class = _fsdp1_accumulating()
     else:
         runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1,
                         "tp": rd._TensorParallel, "pipeline": rd._Pipeline}[engine]
@@ -238,6 +240,29 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     log.on = False
     dist.destroy_process_group()
     return log.calls + getattr(functional, "calls", [])
+
+
+def _fsdp1_accumulating():
+    """FSDP1's runner (reference_model.fsdp1_twin) stepping the optimizer once after the
+    workload's grad_accum micro-batches, every one but the last under `no_sync()` as the
+    Trainer runs them (accelerate's `accumulate`), or each synced with sync_each_batch."""
+    from gptcalc.time.comm import fsdp1_sync_each_batch
+    from reference_model.fsdp1_twin import FSDP1Rank
+
+    class FSDP1Accumulating(FSDP1Rank):
+        def step(self, live=None, flops=False) -> None:
+            m, each = self.wl.grad_accum, fsdp1_sync_each_batch(self.setup)
+            self.opt.zero_grad(set_to_none=True)
+            for i in range(m):
+                quiet = self.fsdp.no_sync() if i < m - 1 and not each \
+                    else contextlib.nullcontext()
+                with quiet, self.context():
+                    _, loss = self.model.loss(self.idx, self.targets)
+                    loss.backward()
+                del loss
+            self.opt.step()
+
+    return FSDP1Accumulating
 
 
 def _count_rank(rank: int, world: int, jobs: list, queue) -> None:
@@ -397,6 +422,42 @@ def stage3_cases():
         ("GPT-2 shape, E 63, DeepSpeed ZeRO-3, no persistence, reuse or prefetch", odd, one,
          ds(stage3_prefetch_bucket_size=0, **fetch)),
     ]
+
+
+def fsdp1_cases():
+    """(label, model, workload, set-up) of FSDP1 (reference_model.fsdp1_twin: a unit per block
+    and the root, use_orig_params) on 2 ranks: the two-block Llama of `twin_cases` (every
+    flat parameter's size even: no padding) at --zero 3 (FULL_SHARD) and 2 (SHARD_GRAD_OP),
+    mode mixed (bf16 gathers, fp32 reduce-scatters) and fp32; two micro-batches under
+    `no_sync()` (accelerate's default) and with sync_each_batch; then the three-block GPT-2
+    shape at E 64 (even flat sizes) and E 63 (odd: each unit's flat parameter padded by one
+    element to a multiple of 2)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)
+    one, two = Workload(2, 32), Workload(2, 32, grad_accum=2)
+
+    def gpt2(e):
+        return from_name("debug", arch="gpt2", n_embd=e, n_head=e // 9 if e % 2 else 4,
+                         vocab_size=1601, block_size=32, n_layer=3)
+
+    def fsdp1(zero, mode="mixed", **settings):
+        return TrainingSetup(dp=2, zero=zero, mode=mode, engine="fsdp1",
+                             engine_settings=tuple(settings.items()))
+
+    return [("FSDP1 --zero 3", cfg, one, fsdp1(3)),
+            ("FSDP1 --zero 2", cfg, one, fsdp1(2)),
+            ("FSDP1 --zero 3, fp32", cfg, one, fsdp1(3, "fp32")),
+            ("FSDP1 --zero 3, 2 micro-batches (no_sync)", cfg, two, fsdp1(3)),
+            ("FSDP1 --zero 2, 2 micro-batches (no_sync)", cfg, two, fsdp1(2)),
+            ("FSDP1 --zero 3, 2 micro-batches, sync_each_batch", cfg, two,
+             fsdp1(3, sync_each_batch=1)),
+            ("FSDP1 --zero 2, 2 micro-batches, sync_each_batch", cfg, two,
+             fsdp1(2, sync_each_batch=1)),
+            ("GPT-2 shape, E 64, FSDP1 --zero 3", gpt2(64), one, fsdp1(3)),
+            ("GPT-2 shape, E 63, FSDP1 --zero 3", gpt2(63), one, fsdp1(3)),
+            ("GPT-2 shape, E 63, FSDP1 --zero 2, fp32", gpt2(63), one, fsdp1(2, "fp32"))]
 
 
 def tp_cases():
