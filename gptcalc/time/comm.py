@@ -264,7 +264,7 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     (FSDP2 reshard_after_forward, DeepSpeed stage 3) per block an all-gather in forward and in
     backward and a reduce-scatter of its gradients, every micro-batch (FSDP2 at --zero 2 keeps
     the forward's gather for backward; under pipelining FSDP2 reduces once a step,
-    `fsdp2_reduce_rounds`)."""
+    `fsdp2_reduce_rounds`); FSDP1 per unit, its flat parameter (`_fsdp1`)."""
     n = setup.dp * setup.cp
     if n <= 1:
         return []

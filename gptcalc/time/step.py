@@ -16,8 +16,13 @@ What each engine overlaps with compute (`comm` lists the collectives):
   take beyond that pass's compute (the forward's gathers behind the forward, the backward's
   gathers and the reduce-scatters behind the backward). Under pipelining FSDP2 reduces once a
   step and, at --zero 2, gathers once a step (`comm.fsdp2_gather_rounds`).
+- FSDP1 gathers each unit in its own pre-forward (no forward prefetch, limit_all_gathers) and
+  the next unit's before the current one's backward (BACKWARD_PRE): exposed, the root's and
+  the first block's gathers of each forward that gathers, the first block's and the root's
+  reduce-scatters of each synced backward, and what each pass's other collectives take beyond
+  it (`_exposed_fsdp1`).
 - compute that a collective overlaps runs slower by `OVERLAP_SLOWDOWN` of the collective's
-  time (FSDP2, ZeRO-3 and the overlapped data-parallel reductions).
+  time (FSDP2, FSDP1, ZeRO-3 and the overlapped data-parallel reductions).
 - DDP's buckets all-reduce during the last micro-batch's backward (gradients are synchronised
   once per step, `no_sync` before): exposed, the last bucket or what exceeds that backward.
   Megatron's distributed optimizer overlaps its reduce-scatter the same way and its parameter
