@@ -5,7 +5,7 @@
   (every bucket DDP all-reduces, with its bytes);
 - `count_collectives`: FSDP2 (`fully_shard` per block and at the root, as
   reference_model.distributed builds it), FSDP1 (reference_model.fsdp1_twin, gradient
-  accumulation under `no_sync()` or synced each micro-batch) and DeepSpeed ZeRO 1-3
+  accumulation synced each micro-batch or under `no_sync()`) and DeepSpeed ZeRO 1-3
   (reference_model.deepspeed_twin, its CPU accelerator) on the reference model:
   torch.distributed's collective functions wrapped in each rank (`CollectiveLog`), every call
   recorded with its kind, bytes and group;
@@ -246,17 +246,17 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
 
 def _fsdp1_accumulating():
     """FSDP1's runner (reference_model.fsdp1_twin) stepping the optimizer once after the
-    workload's grad_accum micro-batches, every one but the last under `no_sync()` as the
-    Trainer runs them (accelerate's `accumulate`), or each synced with sync_each_batch."""
-    from gptcalc.time.comm import fsdp1_sync_each_batch
+    workload's grad_accum micro-batches, each synced, or with engine setting no_sync every one
+    but the last under `no_sync()` as the Trainer runs them (accelerate's `accumulate`)."""
+    from gptcalc.time.comm import fsdp1_no_sync
     from reference_model.fsdp1_twin import FSDP1Rank
 
     class FSDP1Accumulating(FSDP1Rank):
         def step(self, live=None, flops=False) -> None:
-            m, each = self.wl.grad_accum, fsdp1_sync_each_batch(self.setup)
+            m, quiet_ones = self.wl.grad_accum, fsdp1_no_sync(self.setup)
             self.opt.zero_grad(set_to_none=True)
             for i in range(m):
-                quiet = self.fsdp.no_sync() if i < m - 1 and not each \
+                quiet = self.fsdp.no_sync() if i < m - 1 and quiet_ones \
                     else contextlib.nullcontext()
                 with quiet, self.context():
                     _, loss = self.model.loss(self.idx, self.targets)
@@ -430,8 +430,8 @@ def fsdp1_cases():
     """(label, model, workload, set-up) of FSDP1 (reference_model.fsdp1_twin: a unit per block
     and the root, use_orig_params) on 2 ranks: the two-block Llama of `twin_cases` (every
     flat parameter's size even: no padding) at --zero 3 (FULL_SHARD) and 2 (SHARD_GRAD_OP),
-    mode mixed (bf16 gathers, fp32 reduce-scatters); two micro-batches under `no_sync()`
-    (accelerate's default) and with sync_each_batch; then a three-block GPT-2 shape of E 63
+    mode mixed (bf16 gathers, fp32 reduce-scatters); two micro-batches, each synced and under
+    `no_sync()` (accelerate's default); then a three-block GPT-2 shape of E 63
     (biases, learned positions, head tied; each unit's flat size odd, padded by one element
     to a multiple of 2), mixed and fp32."""
     from gptcalc import TrainingSetup, Workload, from_name
@@ -449,12 +449,10 @@ def fsdp1_cases():
 
     return [("FSDP1 --zero 3", cfg, one, fsdp1(3)),
             ("FSDP1 --zero 2", cfg, one, fsdp1(2)),
-            ("FSDP1 --zero 3, 2 micro-batches (no_sync)", cfg, two, fsdp1(3)),
-            ("FSDP1 --zero 2, 2 micro-batches (no_sync)", cfg, two, fsdp1(2)),
-            ("FSDP1 --zero 3, 2 micro-batches, sync_each_batch", cfg, two,
-             fsdp1(3, sync_each_batch=1)),
-            ("FSDP1 --zero 2, 2 micro-batches, sync_each_batch", cfg, two,
-             fsdp1(2, sync_each_batch=1)),
+            ("FSDP1 --zero 3, 2 micro-batches", cfg, two, fsdp1(3)),
+            ("FSDP1 --zero 2, 2 micro-batches", cfg, two, fsdp1(2)),
+            ("FSDP1 --zero 3, 2 micro-batches, no_sync", cfg, two, fsdp1(3, no_sync=1)),
+            ("FSDP1 --zero 2, 2 micro-batches, no_sync", cfg, two, fsdp1(2, no_sync=1)),
             ("GPT-2 shape, E 63, FSDP1 --zero 3", odd, one, fsdp1(3)),
             ("GPT-2 shape, E 63, FSDP1 --zero 2, fp32", odd, one, fsdp1(2, "fp32"))]
 

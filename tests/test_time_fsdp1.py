@@ -1,7 +1,7 @@
 """FSDP1's collectives and their overlap in the step-time model: every collective FSDP1 issues
 in a step on 2 gloo ranks (benchmarks/comm_twin.py, `fsdp1_cases`), counted call for call
 (kind, bytes, group), equals `gptcalc.time.comm.collectives` at --zero 2 and 3, one and two
-micro-batches under no_sync and with sync_each_batch, and flat parameters at both sides of
+micro-batches each synced and under no_sync, and flat parameters at both sides of
 the padding to a multiple of dp; the closed form of `fsdp1_rounds` equals a replay of FSDP1's
 shard state micro-batch by micro-batch; the exposed seconds at their limits; `gptcalc time`."""
 
@@ -20,7 +20,7 @@ from gptcalc import from_name
 from gptcalc.cli import cli
 from gptcalc.gpus import gpu
 from gptcalc.time import PARTS, step_time
-from gptcalc.time.comm import collectives, fsdp1_rounds
+from gptcalc.time.comm import accumulation_assumption, collectives, fsdp1_rounds
 from gptcalc.training_setup import TrainingSetup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -75,13 +75,13 @@ def test_fsdp1_counts_by_strategy_and_accumulation(counted):
                                        ("all-gather", 2 * BLOCK): 2, **rs}
     # two micro-batches, the first under no_sync: one reduction per unit; SHARD_GRAD_OP keeps
     # every unit gathered through the no_sync backward, so the second forward gathers nothing
-    assert calls("FSDP1 --zero 3, 2 micro-batches (no_sync)") == {
+    assert calls("FSDP1 --zero 3, 2 micro-batches, no_sync") == {
         ("all-gather", 2 * ROOT): 2, ("all-gather", 2 * BLOCK): 8, **rs}
-    assert calls("FSDP1 --zero 2, 2 micro-batches (no_sync)") == calls("FSDP1 --zero 2")
-    # sync_each_batch: everything of one micro-batch, twice
+    assert calls("FSDP1 --zero 2, 2 micro-batches, no_sync") == calls("FSDP1 --zero 2")
+    # each micro-batch synced (the default): everything of one micro-batch, twice
     for zero in (3, 2):
         one = calls(f"FSDP1 --zero {zero}")
-        assert calls(f"FSDP1 --zero {zero}, 2 micro-batches, sync_each_batch") == {
+        assert calls(f"FSDP1 --zero {zero}, 2 micro-batches") == {
             k: 2 * n for k, n in one.items()}
 
 
@@ -101,7 +101,7 @@ def test_fsdp1_padding_to_a_multiple_of_dp(counted):
     assert ("reduce-scatter", 4 * 103_008, 2) in counted["GPT-2 shape, E 63, FSDP1 --zero 3"][1]
 
 
-def _replay(zero: int, m: int, blocks: int, sync_each: bool) -> Counter:
+def _replay(zero: int, m: int, blocks: int, no_sync: bool) -> Counter:
     """FSDP1's shard state replayed micro-batch by micro-batch (torch 2.13
     _runtime_utils.py): a unit is gathered when it is needed and not unsharded; after its
     forward a block is freed under FULL_SHARD (never the root); after its backward a unit is
@@ -110,7 +110,7 @@ def _replay(zero: int, m: int, blocks: int, sync_each: bool) -> Counter:
     unsharded = dict.fromkeys(units, False)
     out: Counter = Counter()
     for i in range(m):
-        sync = sync_each or i == m - 1
+        sync = not no_sync or i == m - 1
         for u in units:  # forward
             if not unsharded[u]:
                 out["gather", u[:4]] += 1
@@ -130,15 +130,15 @@ def _replay(zero: int, m: int, blocks: int, sync_each: bool) -> Counter:
 
 @settings(max_examples=40, deadline=None)
 @given(zero=st.sampled_from([2, 3]), m=st.integers(1, 6), layers=st.integers(1, 5),
-       sync_each=st.booleans())
-def test_fsdp1_rounds_equal_a_replay_of_its_shard_state(zero, m, layers, sync_each):
+       no_sync=st.booleans())
+def test_fsdp1_rounds_equal_a_replay_of_its_shard_state(zero, m, layers, no_sync):
     cfg = from_name("debug", arch="llama", n_layer=layers)
-    s = fsdp1(zero, dp=2, **({"sync_each_batch": 1} if sync_each else {}))
+    s = fsdp1(zero, dp=2, no_sync=int(no_sync))
     got: Counter = Counter()
     for x in collectives(cfg, s, 1, 32, m, 8):
         unit = "root" if x.size == _root_bytes(cfg, s, x.kind) else "bloc"
         got["gather" if x.kind == "all-gather" else "reduce", unit] += x.count
-    assert got == _replay(zero, m, layers, sync_each)
+    assert got == _replay(zero, m, layers, no_sync)
     assert sum(n for n, *_ in fsdp1_rounds(s, m)) == m
 
 
@@ -155,14 +155,14 @@ def _per_call(t, kind, phase):
 
 
 @pytest.mark.parametrize("zero", [2, 3])
-@pytest.mark.parametrize("m, sync_each", [(1, False), (4, False), (4, True)])
-def test_fsdp1_exposed_seconds_at_their_limits(zero, m, sync_each):
+@pytest.mark.parametrize("m, no_sync", [(1, 0), (4, 0), (4, 1)])
+def test_fsdp1_exposed_seconds_at_their_limits(zero, m, no_sync):
     # nothing to hide behind (compute 0): every collective exposed; compute without end: the
     # root's and the first block's gathers of each gathering forward and the first block's and
     # the root's reduce-scatters of each synced backward
     from gptcalc.time.step import _exposed_fsdp1
 
-    s = fsdp1(zero, **({"sync_each_batch": 1} if sync_each else {}))
+    s = fsdp1(zero, no_sync=no_sync)
     t = step_time(LLAMA8, s, 1, 8192, m, H100)
     rounds, L = fsdp1_rounds(s, m), LLAMA8.n_layer
     assert _exposed_fsdp1(t.collectives, rounds, L, 0.0, 0.0) == pytest.approx(
@@ -196,9 +196,9 @@ def test_fsdp1_backward_overlap_at_both_sides_of_the_compute():
 @settings(max_examples=25, deadline=None)
 @given(zero=st.sampled_from([2, 3]), dp=st.sampled_from([1, 2, 8, 64]), m=st.integers(1, 8),
        b=st.integers(1, 4), mode=st.sampled_from(["mixed", "fp32", "bf16"]),
-       sync_each=st.booleans())
-def test_fsdp1_parts_sum_to_the_step(zero, dp, m, b, mode, sync_each):
-    s = fsdp1(zero, mode, dp, **({"sync_each_batch": 1} if sync_each else {}))
+       no_sync=st.sampled_from([0, 1]))
+def test_fsdp1_parts_sum_to_the_step(zero, dp, m, b, mode, no_sync):
+    s = fsdp1(zero, mode, dp, no_sync=no_sync)
     t = step_time(LLAMA8, s, b, 4096, m, H100)
     assert set(t.parts) == set(PARTS)
     assert sum(t.parts.values()) == pytest.approx(t.step_seconds, rel=1e-12)
@@ -228,23 +228,30 @@ def test_fsdp1_time_command():
     # --zero 2 (SHARD_GRAD_OP): no gather in backward
     z2 = json.loads(CliRunner().invoke(cli, args[:6] + ["2"] + args[7:] + ["--json"]).output)
     assert [c["count"] for c in z2["collectives"]] == [1, 32, 1, 32]
+    # with accumulation the first line says how the gradients are reduced
+    ga = json.loads(CliRunner().invoke(cli, args + ["--grad-accum", "2", "--json"]).output)
+    assert "FSDP1 reduce-scatters every micro-batch" in ga["assumptions"]
+    assert "reduce-scatters" not in d["assumptions"]
+    assert "under no_sync" in accumulation_assumption(fsdp1(no_sync=1), 2)
 
 
-def test_fsdp1_accumulation_under_no_sync_and_each_batch():
-    # four micro-batches: under no_sync (accelerate's default) one reduction per unit and, at
-    # --zero 2, one gather; sync_each_batch reduces (and at --zero 2 gathers) every one
+def test_fsdp1_accumulation_each_synced_and_under_no_sync():
+    # four micro-batches, each synced (the default): per unit four reductions and, at --zero 2,
+    # four gathers; under no_sync (accelerate's default) one reduction per unit and, at
+    # --zero 2, one gather
     def counts(zero, **kw):
         return [(x.kind, x.phase, x.count) for x in collectives(LLAMA8, fsdp1(zero, **kw), 1,
                                                                  8192, 4, 8)]
 
-    assert counts(3) == [("all-gather", "forward", 4), ("all-gather", "forward", 128),
-                         ("all-gather", "backward", 128), ("reduce-scatter", "backward", 1),
-                         ("reduce-scatter", "backward", 32)]
-    assert counts(2) == [("all-gather", "forward", 1), ("all-gather", "forward", 32),
-                         ("reduce-scatter", "backward", 1), ("reduce-scatter", "backward", 32)]
-    assert counts(2, sync_each_batch=1) == [
+    assert counts(3, no_sync=1) == [
         ("all-gather", "forward", 4), ("all-gather", "forward", 128),
-        ("reduce-scatter", "backward", 4), ("reduce-scatter", "backward", 128)]
-    a = step_time(LLAMA8, fsdp1(3), 1, 8192, 4, H100)
-    b = step_time(LLAMA8, fsdp1(3, sync_each_batch=1), 1, 8192, 4, H100)
+        ("all-gather", "backward", 128), ("reduce-scatter", "backward", 1),
+        ("reduce-scatter", "backward", 32)]
+    assert counts(2, no_sync=1) == [
+        ("all-gather", "forward", 1), ("all-gather", "forward", 32),
+        ("reduce-scatter", "backward", 1), ("reduce-scatter", "backward", 32)]
+    assert counts(2) == [("all-gather", "forward", 4), ("all-gather", "forward", 128),
+                         ("reduce-scatter", "backward", 4), ("reduce-scatter", "backward", 128)]
+    a = step_time(LLAMA8, fsdp1(3, no_sync=1), 1, 8192, 4, H100)
+    b = step_time(LLAMA8, fsdp1(3), 1, 8192, 4, H100)
     assert a.parts["comm/fsdp"] < b.parts["comm/fsdp"]

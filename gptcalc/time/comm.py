@@ -325,17 +325,29 @@ def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w:
     return out
 
 
-# The Hugging Face Trainer (through accelerate's `Accelerator.accumulate`) runs every micro-batch
-# of an accumulation but the last under FSDP1's `no_sync()`, unless its GradientAccumulationPlugin
-# sets sync_each_batch (accelerate 1.15 accelerator.py, `accumulate` and `no_sync`; transformers
-# 5.24 trainer.py): `engine_settings` ("sync_each_batch", 1) reduces every micro-batch
-FSDP1_SYNC_EACH_BATCH = "sync_each_batch"
+# FSDP1's gradient accumulation: by default every micro-batch's backward reduce-scatters (a
+# plain loop; accelerate's GradientAccumulationPlugin(sync_each_batch=True)), which is what the
+# memory model holds (sharded gradients accumulating). `engine_settings` ("no_sync", 1) runs every
+# micro-batch but the last under FSDP1's `no_sync()`, as the Hugging Face Trainer does through
+# accelerate's `Accelerator.accumulate` unless sync_each_batch is set (accelerate 1.15
+# accelerator.py, `accumulate` and `no_sync`; transformers 5.24 trainer.py)
+FSDP1_NO_SYNC = "no_sync"
 
 
-def fsdp1_sync_each_batch(setup: TrainingSetup) -> bool:
-    """Whether FSDP1 reduce-scatters every micro-batch (sync_each_batch) rather than only the
-    last (the others under `no_sync()`, accelerate's default)."""
-    return bool(dict(setup.engine_settings).get(FSDP1_SYNC_EACH_BATCH, 0))
+def fsdp1_no_sync(setup: TrainingSetup) -> bool:
+    """Whether FSDP1 accumulates under `no_sync()` (reduce-scatters after the last
+    micro-batch only) rather than reducing every micro-batch."""
+    return bool(dict(setup.engine_settings).get(FSDP1_NO_SYNC, 0))
+
+
+def accumulation_assumption(setup: TrainingSetup, m: int) -> str:
+    """What the first line says of how the engine accumulates `m` micro-batches' gradients
+    where the time model assumes it ("; ..."), else ""."""
+    if setup.engine != "fsdp1" or m == 1 or setup.dp == 1:
+        return ""
+    if fsdp1_no_sync(setup):
+        return "; FSDP1 accumulates under no_sync (reduce-scatters after the last micro-batch)"
+    return "; FSDP1 reduce-scatters every micro-batch (no no_sync)"
 
 
 def fsdp1_rounds(setup: TrainingSetup, m: int) -> list[tuple[int, bool, bool, bool]]:
@@ -351,10 +363,10 @@ def fsdp1_rounds(setup: TrainingSetup, m: int) -> list[tuple[int, bool, bool, bo
       `no_sync()` it reduces nothing and SHARD_GRAD_OP keeps every unit unsharded, so its
       next forward gathers nothing.
 
-    Without sync_each_batch (`fsdp1_sync_each_batch`) the first m - 1 micro-batches run under
-    no_sync and the last syncs."""
+    Every micro-batch syncs, unless `fsdp1_no_sync`: then the first m - 1 run under no_sync
+    and the last syncs."""
     z3 = setup.zero == 3
-    if m == 1 or fsdp1_sync_each_batch(setup):
+    if m == 1 or not fsdp1_no_sync(setup):
         return [(m, True, z3, True)]
     if z3:
         return [(m - 1, True, True, False), (1, True, True, True)]
@@ -545,5 +557,5 @@ __all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
            "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
-           "fsdp1_rounds", "fsdp1_sync_each_batch",
+           "accumulation_assumption", "fsdp1_no_sync", "fsdp1_rounds",
            "pipeline_sends", "placement"]
