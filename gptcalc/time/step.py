@@ -188,7 +188,8 @@ def _exposed_fsdp1(timed: list[TimedCollective], rounds: list[tuple[int, bool, b
     forward_prefetch is off by default, so each unit's all-gather is issued in its own
     pre-forward (`_pre_forward_unshard`), while the GPU still runs the previous block (the CPU
     runs ahead), and limit_all_gathers keeps at most two units' gathers in flight (`_unshard`
-    waits on the free event of the unit two back, `_free_event_queue`): block i + 1's gather
+    waits on the free event of the unit two back: `_FreeEventQueue`, 2 in flight,
+    _limiter_utils.py): block i + 1's gather
     hides behind block i's compute, the root's and the first block's only behind the
     embedding lookup. In backward, BACKWARD_PRE (`_pre_backward_hook`, `_prefetch_handle`)
     issues the next unit's all-gather before the current unit's backward computes, the last
