@@ -4,15 +4,17 @@
 - `count_ddp`: DDP's gradient all-reduces on a stack of Linears, seen by a communication hook
   (every bucket DDP all-reduces, with its bytes);
 - `count_collectives`: FSDP2 (`fully_shard` per block and at the root, as
-  reference_model.distributed builds it) and DeepSpeed ZeRO 1-3 (reference_model.deepspeed_twin,
-  its CPU accelerator) on the reference model: torch.distributed's collective functions
-  wrapped in each rank (`CollectiveLog`), every call recorded with its kind, bytes and group;
+  reference_model.distributed builds it), FSDP1 (reference_model.fsdp1_twin, gradient
+  accumulation synced each micro-batch or under `no_sync()`) and DeepSpeed ZeRO 1-3
+  (reference_model.deepspeed_twin, its CPU accelerator) on the reference model:
+  torch.distributed's collective functions wrapped in each rank (`CollectiveLog`), every call
+  recorded with its kind, bytes and group;
   PyTorch's tensor parallel (DTensor's functional collectives, `funcol_log`) and
   torch.distributed.pipelining (its sends) likewise;
 - `count_ring`: torch's ring attention (context parallel) on a fake group in this process.
 
 tests/test_time_twin.py runs them; `python benchmarks/comm_twin.py` prints the tables of
-docs/time.md (FSDP2, DeepSpeed 1-3, tensor, pipeline and context parallel)."""
+docs/time.md (FSDP2, FSDP1, DeepSpeed 1-3, tensor, pipeline and context parallel)."""
 
 from __future__ import annotations
 
@@ -219,6 +221,8 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     meshes = rd._meshes(setup)
     if engine == "deepspeed":
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
+    elif engine == "fsdp1":
+        runner_class = _fsdp1_accumulating()
     else:
         runner_class = {"fsdp2": rd._FSDP2, "ddp": rd._DDP, "zero1": rd._Zero1,
                         "tp": rd._TensorParallel, "pipeline": rd._Pipeline}[engine]
@@ -238,6 +242,29 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     log.on = False
     dist.destroy_process_group()
     return log.calls + getattr(functional, "calls", [])
+
+
+def _fsdp1_accumulating():
+    """FSDP1's runner (reference_model.fsdp1_twin) stepping the optimizer once after the
+    workload's grad_accum micro-batches, each synced, or with engine setting no_sync every one
+    but the last under `no_sync()` as the Trainer runs them (accelerate's `accumulate`)."""
+    from gptcalc.time.comm import fsdp1_no_sync
+    from reference_model.fsdp1_twin import FSDP1Rank
+
+    class FSDP1Accumulating(FSDP1Rank):
+        def step(self, live=None, flops=False) -> None:
+            m, quiet_ones = self.wl.grad_accum, fsdp1_no_sync(self.setup)
+            self.opt.zero_grad(set_to_none=True)
+            for i in range(m):
+                quiet = self.fsdp.no_sync() if i < m - 1 and quiet_ones \
+                    else contextlib.nullcontext()
+                with quiet, self.context():
+                    _, loss = self.model.loss(self.idx, self.targets)
+                    loss.backward()
+                del loss
+            self.opt.step()
+
+    return FSDP1Accumulating
 
 
 def _count_rank(rank: int, world: int, jobs: list, queue) -> None:
@@ -399,6 +426,37 @@ def stage3_cases():
     ]
 
 
+def fsdp1_cases():
+    """(label, model, workload, set-up) of FSDP1 (reference_model.fsdp1_twin: a unit per block
+    and the root, use_orig_params) on 2 ranks: the two-block Llama of `twin_cases` (every
+    flat parameter's size even: no padding) at --zero 3 (FULL_SHARD) and 2 (SHARD_GRAD_OP),
+    mode mixed (bf16 gathers, fp32 reduce-scatters); two micro-batches, each synced and under
+    `no_sync()` (accelerate's default); then a three-block GPT-2 shape of E 63
+    (biases, learned positions, head tied; each unit's flat size odd, padded by one element
+    to a multiple of 2), mixed and fp32."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)
+    one, two = Workload(2, 32), Workload(2, 32, grad_accum=2)
+
+    odd = from_name("debug", arch="gpt2", n_embd=63, n_head=7, vocab_size=1601,
+                    block_size=32, n_layer=3)
+
+    def fsdp1(zero, mode="mixed", **settings):
+        return TrainingSetup(dp=2, zero=zero, mode=mode, engine="fsdp1",
+                             engine_settings=tuple(settings.items()))
+
+    return [("FSDP1 --zero 3", cfg, one, fsdp1(3)),
+            ("FSDP1 --zero 2", cfg, one, fsdp1(2)),
+            ("FSDP1 --zero 3, 2 micro-batches", cfg, two, fsdp1(3)),
+            ("FSDP1 --zero 2, 2 micro-batches", cfg, two, fsdp1(2)),
+            ("FSDP1 --zero 3, 2 micro-batches, no_sync", cfg, two, fsdp1(3, no_sync=1)),
+            ("FSDP1 --zero 2, 2 micro-batches, no_sync", cfg, two, fsdp1(2, no_sync=1)),
+            ("GPT-2 shape, E 63, FSDP1 --zero 3", odd, one, fsdp1(3)),
+            ("GPT-2 shape, E 63, FSDP1 --zero 2, fp32", odd, one, fsdp1(2, "fp32"))]
+
+
 def tp_cases():
     """(label, model, workload, set-up) of PyTorch's tensor parallel (parallelize_module with
     ColwiseParallel and RowwiseParallel, SequenceParallel norms, loss_parallel; as
@@ -499,7 +557,8 @@ def summary(calls: list[tuple[str, int, int]]) -> str:
 
 
 if __name__ == "__main__":
-    cases, steady = twin_cases() + tp_cases() + pp_cases(), stage3_cases()
+    cases = twin_cases() + fsdp1_cases() + tp_cases() + pp_cases()
+    steady = stage3_cases()
     counted = count_collectives([c[1:] for c in cases]) \
         + count_collectives([c[1:] for c in steady], warmup=STAGE3_WARMUP)
     print("| engine, layout | gptcalc | counted | equal |\n|---|---|---|---|")

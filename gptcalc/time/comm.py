@@ -264,7 +264,7 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     (FSDP2 reshard_after_forward, DeepSpeed stage 3) per block an all-gather in forward and in
     backward and a reduce-scatter of its gradients, every micro-batch (FSDP2 at --zero 2 keeps
     the forward's gather for backward; under pipelining FSDP2 reduces once a step,
-    `fsdp2_reduce_rounds`)."""
+    `fsdp2_reduce_rounds`); FSDP1 per unit, its flat parameter (`_fsdp1`)."""
     n = setup.dp * setup.cp
     if n <= 1:
         return []
@@ -280,6 +280,8 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
 
     if setup.engine == "fsdp2" and setup.zero in (2, 3):
         return _fsdp2(cfg, setup, m, blocks, g, w, c)
+    if setup.engine == "fsdp1":
+        return _fsdp1(cfg, setup, m, c)
     if setup.engine == "deepspeed" and setup.zero in (1, 2):
         return _deepspeed_zero12(cfg, setup, m, g, w, c)
     if setup.engine == "deepspeed" and setup.zero == 3:
@@ -321,6 +323,83 @@ def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w:
         if reduced[group]:
             out.append(c("reduce-scatter", reduced[group] * g, reductions * n, "fsdp"))
     return out
+
+
+# FSDP1's gradient accumulation: by default every micro-batch's backward reduce-scatters (a
+# plain loop; accelerate's GradientAccumulationPlugin(sync_each_batch=True)), which is what the
+# memory model holds (sharded gradients accumulating). `engine_settings` ("no_sync", 1) runs every
+# micro-batch but the last under FSDP1's `no_sync()`, as the Hugging Face Trainer does through
+# accelerate's `Accelerator.accumulate` unless sync_each_batch is set (accelerate 1.15
+# accelerator.py, `accumulate` and `no_sync`; transformers 5.24 trainer.py)
+FSDP1_NO_SYNC = "no_sync"
+
+
+def fsdp1_no_sync(setup: TrainingSetup) -> bool:
+    """Whether FSDP1 accumulates under `no_sync()` (reduce-scatters after the last
+    micro-batch only) rather than reducing every micro-batch."""
+    return bool(dict(setup.engine_settings).get(FSDP1_NO_SYNC, 0))
+
+
+def accumulation_assumption(setup: TrainingSetup, m: int) -> str:
+    """What the first line says of how the engine accumulates `m` micro-batches' gradients
+    where the time model assumes it ("; ..."), else ""."""
+    if setup.engine != "fsdp1" or m == 1 or setup.dp == 1:
+        return ""
+    if fsdp1_no_sync(setup):
+        return "; FSDP1 accumulates under no_sync (reduce-scatters after the last micro-batch)"
+    return "; FSDP1 reduce-scatters every micro-batch (no no_sync)"
+
+
+def fsdp1_rounds(setup: TrainingSetup, m: int) -> list[tuple[int, bool, bool, bool]]:
+    """The kinds of micro-batch of one FSDP1 step of `m`, as (how many, whether its forward
+    all-gathers, whether its backward all-gathers, whether it reduce-scatters), per unit
+    (torch 2.13, torch/distributed/fsdp/_runtime_utils.py):
+
+    - a unit is all-gathered in its pre-forward unless still unsharded (`FlatParamHandle.
+      needs_unshard`); FULL_SHARD frees a block's in its post-forward (`_post_forward_reshard`:
+      not the root's, which backward uses at once) and gathers it again before its backward;
+    - a synced backward reduce-scatters each unit's flat gradient in its post-backward hook and
+      frees the unit (`_should_free_in_backward`: `_sync_gradients` or FULL_SHARD); under
+      `no_sync()` it reduces nothing and SHARD_GRAD_OP keeps every unit unsharded, so its
+      next forward gathers nothing.
+
+    Every micro-batch syncs, unless `fsdp1_no_sync`: then the first m - 1 run under no_sync
+    and the last syncs."""
+    z3 = setup.zero == 3
+    if m == 1 or not fsdp1_no_sync(setup):
+        return [(m, True, z3, True)]
+    if z3:
+        return [(m - 1, True, True, False), (1, True, True, True)]
+    middle = [(m - 2, False, False, False)] if m > 2 else []
+    return [(1, True, False, False), *middle, (1, False, False, True)]
+
+
+def _fsdp1(cfg: GPTConfig, setup: TrainingSetup, m: int, c) -> list[Collective]:
+    """FSDP1 (FullyShardedDataParallel, a unit per block and the root, gptcalc.memory.engines.
+    fsdp1), per step: each unit's padded flat parameter all-gathered (`FlatParamHandle.
+    _all_gather_flat_param`: the padded unsharded size, in MixedPrecision's param_dtype,
+    `compute_bytes`) in the forwards and backwards `fsdp1_rounds` says, and its padded flat
+    gradient reduce-scattered (`_reduce_grad`, in reduce_dtype, `reduce_bytes`) in each
+    synced backward. The root is gathered once a forward and never in backward (its
+    pre-backward hook finds it unsharded). In this order, which `step._exposed_fsdp1` reads:
+    the root's forward gather, the blocks' forward gathers, the blocks' backward gathers
+    (FULL_SHARD), the root's reduce-scatter (the step's last: the embedding's gradient
+    closes the backward), the blocks' reduce-scatters."""
+    from ..memory.engines.fsdp1 import compute_bytes, fsdp1_units, reduce_bytes
+
+    units = fsdp1_units(cfg, setup)
+    root, block = units["root"].padded, units["block"].padded
+    w, g, L = compute_bytes(setup), reduce_bytes(setup), cfg.n_layer
+    rounds = fsdp1_rounds(setup, m)
+    forwards = sum(n for n, fwd, _, _ in rounds if fwd)
+    backwards = sum(n for n, _, bwd, _ in rounds if bwd)
+    synced = sum(n for n, _, _, sync in rounds if sync)
+    out = [c("all-gather", root * w, forwards, "fsdp", "forward"),
+           c("all-gather", block * w, forwards * L, "fsdp", "forward"),
+           c("all-gather", block * w, backwards * L, "fsdp", "backward"),
+           c("reduce-scatter", root * g, synced, "fsdp", "backward"),
+           c("reduce-scatter", block * g, synced * L, "fsdp", "backward")]
+    return [x for x in out if x.count]
 
 
 def fsdp2_reduce_rounds(setup: TrainingSetup, m: int) -> int:
@@ -478,4 +557,5 @@ __all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
            "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
+           "accumulation_assumption", "fsdp1_no_sync", "fsdp1_rounds",
            "pipeline_sends", "placement"]

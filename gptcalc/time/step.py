@@ -16,8 +16,13 @@ What each engine overlaps with compute (`comm` lists the collectives):
   take beyond that pass's compute (the forward's gathers behind the forward, the backward's
   gathers and the reduce-scatters behind the backward). Under pipelining FSDP2 reduces once a
   step and, at --zero 2, gathers once a step (`comm.fsdp2_gather_rounds`).
+- FSDP1 gathers each unit in its own pre-forward (no forward prefetch, limit_all_gathers) and
+  the next unit's before the current one's backward (BACKWARD_PRE): exposed, the root's and
+  the first block's gathers of each forward that gathers, the first block's and the root's
+  reduce-scatters of each synced backward, and what each pass's other collectives take beyond
+  it (`_exposed_fsdp1`).
 - compute that a collective overlaps runs slower by `OVERLAP_SLOWDOWN` of the collective's
-  time (FSDP2, ZeRO-3 and the overlapped data-parallel reductions).
+  time (FSDP2, FSDP1, ZeRO-3 and the overlapped data-parallel reductions).
 - DDP's buckets all-reduce during the last micro-batch's backward (gradients are synchronised
   once per step, `no_sync` before): exposed, the last bucket or what exceeds that backward.
   Megatron's distributed optimizer overlaps its reduce-scatter the same way and its parameter
@@ -43,7 +48,8 @@ from ..flops import count_flops
 from ..gpus import GPU, require_peak
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .comm import Collective, collective_seconds, collectives, fsdp2_gather_rounds
+from .comm import (Collective, collective_seconds, collectives, fsdp1_rounds,
+                   fsdp2_gather_rounds)
 from .compute import micro_batch_compute, optimizer_seconds
 
 # Compute that a collective overlaps runs slower, by this share, for the collective's time:
@@ -117,7 +123,10 @@ def step_time(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
     slot = c.forward + c.backward + (by["tp"] + cp + by["ep"] + by["pp"]) / m
     bubble = _bubble(setup, slot, c.matmul_backward / 2)
     fsdp = 0.0
-    if by["fsdp"]:
+    if by["fsdp"] and setup.engine == "fsdp1":
+        fsdp = _exposed_fsdp1([t for t in timed if t.collective.part == "fsdp"],
+                              fsdp1_rounds(setup, m), cfg.n_layer, c.forward, c.backward)
+    elif by["fsdp"]:
         fsdp = _exposed_fsdp([t for t in timed if t.collective.part == "fsdp"], m,
                              c.forward, c.backward, setup.zero == 3,
                              fsdp2_gather_rounds(setup, m) if setup.engine == "fsdp2" else m)
@@ -162,6 +171,47 @@ def _exposed_fsdp(timed: list[TimedCollective], m: int, forward: float, backward
     behind = gathered - ahead + sum(t.seconds for t in scatters)
     return first + last + max(0.0, ahead - first - m * forward) \
         + max(0.0, behind - last - m * backward)
+
+
+def _exposed_fsdp1(timed: list[TimedCollective], rounds: list[tuple[int, bool, bool, bool]],
+                   blocks: int, forward: float, backward: float) -> float:
+    """FSDP1's exposed seconds, summed over the kinds of micro-batch `comm.fsdp1_rounds` gives
+    (how many, whether the forward gathers, the backward gathers, the backward reduces), from
+    one call's seconds of each unit's collective (G_root, G_block, R_root, R_block) and one
+    micro-batch's compute (F, B) over L blocks:
+
+        forward   G_root + G_block + max(0, (L - 1) G_block - F)
+        backward  [reduces] (R_block + R_root)
+                  + max(0, [gathers] L G_block + [reduces] (L - 1) R_block - B)
+
+    As FSDP1 issues them (torch 2.13, torch/distributed/fsdp/_runtime_utils.py):
+    forward_prefetch is off by default, so each unit's all-gather is issued in its own
+    pre-forward (`_pre_forward_unshard`), while the GPU still runs the previous block (the CPU
+    runs ahead), and limit_all_gathers keeps at most two units' gathers in flight (`_unshard`
+    waits on the free event of the unit two back: `_FreeEventQueue`, 2 in flight,
+    _limiter_utils.py): block i + 1's gather
+    hides behind block i's compute, the root's and the first block's only behind the
+    embedding lookup. In backward, BACKWARD_PRE (`_pre_backward_hook`, `_prefetch_handle`)
+    issues the next unit's all-gather before the current unit's backward computes, the last
+    block's from the root's pre-backward hook, before the head's backward: every backward
+    gather hides behind backward compute. Each unit's reduce-scatter is issued on the
+    post-backward stream in its post-backward hook (`_post_backward_hook`) and runs during the
+    next unit's backward; the first block's and then the root's (the embedding's gradient,
+    made last) have nothing left to hide behind, and a synced backward ends by waiting for
+    them (`_post_backward_final_callback`)."""
+    def per_call(kind: str, phase: str) -> list[float]:  # the root's, then a block's
+        return [t.seconds / t.collective.count for t in timed
+                if t.collective.kind == kind and t.collective.phase == phase]
+
+    g_root, g_block = per_call("all-gather", "forward")
+    r_root, r_block = per_call("reduce-scatter", "backward")
+    out = 0.0
+    for n, gathers_forward, gathers_backward, reduces in rounds:
+        if gathers_forward:
+            out += n * (g_root + g_block + max(0.0, (blocks - 1) * g_block - forward))
+        behind = gathers_backward * blocks * g_block + reduces * (blocks - 1) * r_block
+        out += n * (reduces * (r_block + r_root) + max(0.0, behind - backward))
+    return out
 
 
 def _exposed_dp(setup: TrainingSetup, timed: list[TimedCollective], backward: float,
