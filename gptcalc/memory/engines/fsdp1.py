@@ -334,7 +334,7 @@ def fsdp1_adapter_copies(cfg: GPTConfig, workload: Workload, setup: TrainingSetu
 
     def extra(c: GPTConfig) -> tuple[int, int]:
         normal = saved_activations(c, workload, setup)
-        base = saved_activations(c, workload, replace(setup, lora_rank=0))
+        base = saved_activations(c, workload, replace(setup, lora_rank=0, lora_dropout=0))
         own = {k: v for k, v in finetune_saved(c, workload, setup, base, True).items()
                if not k.endswith("/weight_copies")}
         head = sum(own.get(k, 0) - normal.get(k, 0) for k in set(own) | set(normal)
