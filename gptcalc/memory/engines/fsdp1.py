@@ -304,6 +304,10 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
                + rb * units["root"].shard(setup.dp))
 
 
+FIRST_NORM_BACKWARD = Term("FSDP1 the last block's first norm's backward (its input and "
+                           "statistics, the gradients in flight)")
+GATHER_SHARD = Term("FSDP1 the previous block's shard cast to bf16 for its all-gather "
+                    "(MixedPrecision)")
 FIRST_BLOCK = Term("FSDP1 unsharded first block (resharded only at the end of backward)")
 ADAPTER_PREFETCH = Term("FSDP1 all-gather of the last block's last adapter (BACKWARD_PRE "
                         "prefetch)")
@@ -354,12 +358,17 @@ def fsdp1_lora_block_end_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     hook`, torch 2.13), which fires only once the block's input gradient is made. By then the
     previous block is all-gathered too: BACKWARD_PRE prefetches, at a unit's pre-backward, the
     unit before it in post-forward order, and the unit before the block's first adapter is the
-    previous block (before a block without adapters, the block itself prefetches it). Alive:
-    the root's unsharded flat parameter, the block's and the previous one's (ZeRO-2: every
-    block's), the activations the blocks before it saved, and the gradient of the block's
-    input with the residual stream's (2 N E in the activations' dtype). Measured with
-    MemTracker on CPU/gloo, torch 2.13: the step's peak where the weights outweigh the
-    activations."""
+    previous block. Alive: the root's unsharded flat parameter, the block's and the previous
+    one's (ZeRO-2: every block's), the activations the blocks before it saved, and the first
+    norm's backward: its saved input and statistics (N E in the stream's dtype, N fp32) beside
+    its output's gradient, the residual stream's and the backward's temporaries, five more
+    N E (an RMSNorm written out, measured: 6 N E in all with the input, fp32 and mixed). Measured
+    with MemTracker on CPU/gloo, torch 2.13: the step's peak where the weights outweigh the
+    activations, within 0.2% of it in fp32. In mixed precision (ZeRO-3) the previous block's
+    all-gather reads a bf16 copy of its fp32 shard (`_use_low_precision_shard`), alive beside
+    the gathered block while the first adapter's backward runs: counted here beside the
+    block end's activations, which hold at least as much as that moment's (measured within
+    1%, `tests/test_fsdp1_lora.py`)."""
     from ..activations import device_activations, saved_in
     from .fsdp2 import _last_block_saved
 
@@ -367,12 +376,15 @@ def fsdp1_lora_block_end_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     layer = _last_block_saved(cfg, workload, setup, acts, cfg.n_layer)
     later = saved_in(acts, "cross_entropy") + saved_in(acts, "final")
     un, L, z3 = fsdp1_unsharded(cfg, setup), cfg.n_layer, setup.zero == 3
+    unit, cast, sb = fsdp1_units(cfg, setup)["block"], compute_bytes(setup), sharded_bytes(setup)
     return {SAVED: sum(acts.values()) - later - layer,
             ROOT_PARAMETERS: un["root"],
             BLOCK_COMPUTING: un["block"] if z3 else 0,
             BLOCKS_KEPT: 0 if z3 else un["block"] * L,
             NEXT_BLOCK: un["block"] if z3 and L > 1 else 0,
-            INPUT_GRADIENT: 2 * setup.act_bytes * workload.tokens * cfg.n_embd,
+            FIRST_NORM_BACKWARD: 6 * setup.stream_bytes * workload.tokens * cfg.n_embd
+            + 4 * workload.tokens,
+            GATHER_SHARD: cast * unit.shard(setup.dp) if z3 and L > 1 and cast != sb else 0,
             ADAPTER_COPIES: (lambda c: c["blocks"] - c["last"])(
                 fsdp1_adapter_copies(cfg, workload, setup))}
 
