@@ -79,6 +79,8 @@ def test_nvme_offload_with_lora_is_refused_naming_both(offload, field):
         engine_for(_setup(3, **offload))
     assert e.value.field == field and "--lora-rank" in str(e.value)
     assert len(str(e.value).splitlines()) == 1
+    # stages 1-2 offload to the CPU whatever the device (stage_1_and_2.py's cpu_offload)
+    assert engine_for(_setup(2, offload_optimizer="nvme")).name == "deepspeed"
 
 
 # the bound of the LoRA cells' step peaks (benchmarks/pairwise.py's PEAK_TOLERANCE): measured

@@ -734,8 +734,9 @@ class DeepSpeed(Engine):
                                                   "not modelled")
         flag = f"--{field.replace('_', '-')}"
         # LoRA: the adapters' states offloaded at stages 1-3 and the base's partitions at
-        # stage 3 to the CPU (twinned); NVMe's swappers do not run here
-        if setup.lora_rank and "nvme" in (opt_dev, param_dev):
+        # stage 3 to the CPU (twinned); stage 3's NVMe swappers do not run here (stages 1-2
+        # offload to the CPU whatever the device)
+        if setup.lora_rank and setup.zero == 3 and "nvme" in (opt_dev, param_dev):
             field = "offload_optimizer" if opt_dev == "nvme" else "offload_param"
             raise ConfigError(field, f"--{field.replace('_', '-')} nvme with --lora-rank is "
                                      "not modelled: LoRA's offload is modelled to the CPU")
