@@ -100,6 +100,8 @@ def test_the_frozen_units_hold_no_gradient():
     assert lines == {"base/weights": 295_552, "adapter/weights": 8 * 128 * 4,
                      "adapter/gradients": 8 * 128 * 4,
                      "adapter/optimizer": 8 * 128 * 8 + 8 * 4}
+    # AdamW steps each rank's views of the adapters: 128 elements at most here
+    assert engine_for(_lora()).largest_optimizer_tensor(SMALL, _lora(), 0) == 128
     # an adapter unit of one parameter: only the world size pads it (257 elements: 258)
     units = fsdp1_adapter_units(SMALL, _lora(lora_rank=4, lora_targets=("q", "lm_head")))
     assert [(u.padded, count, place) for u, count, place in units] == [

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from ...config import GPTConfig
 from ...errors import ConfigError
+from ...schedules import Stage
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
@@ -508,9 +509,24 @@ class FSDP1(Engine):
 
     def largest_optimizer_tensor(self, cfg: GPTConfig, setup: TrainingSetup,
                                  params: int) -> int:
-        """The largest original parameter's view in a rank's shard."""
+        """The largest original parameter's view in a rank's shard (LoRA: an adapter's)."""
+        if setup.lora_rank:
+            return max(max(u.owned(setup.dp, r)) for u, _, _ in fsdp1_adapter_units(cfg, setup)
+                       for r in range(setup.dp))
         return max(max(u.owned(setup.dp, r), default=0)
                    for u in fsdp1_units(cfg, setup).values() for r in range(setup.dp))
+
+    def optimizer_step_pairs(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                             ) -> set[tuple[int, int]]:
+        """LoRA: the adapters' views in the first rank's shards, lora_A then lora_B of each
+        adapter (`states.step_order_pairs`' order); full training: the default."""
+        if not setup.lora_rank:
+            return super().optimizer_step_pairs(cfg, setup, stage)
+        from ..states import consecutive_pairs
+
+        units = fsdp1_adapter_units(cfg, setup)
+        sizes = [u.owned(setup.dp, 0)[0] for u, _, _ in units]
+        return consecutive_pairs(sizes * (2 if any(c > 1 for _, c, _ in units) else 1))
 
     def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
         """The root's gradient stays unsharded until its post-backward reduce-scatter."""
