@@ -106,6 +106,9 @@ def test_the_frozen_units_hold_no_gradient():
     units = fsdp1_adapter_units(SMALL, _lora(lora_rank=4, lora_targets=("q", "lm_head")))
     assert [(u.padded, count, place) for u, count, place in units] == [
         (256, 2, "block"), (256, 2, "block"), (256, 1, "root"), (512, 1, "root")]
+    odd = TrainingSetup(engine="fsdp1", dp=2, zero=3, lora_rank=1, lora_targets=("lm_head", "q"))
+    odd_cfg = SMALL.replace(vocab_size=257)  # lm_head's lora_B: 257 x 1
+    assert [u.padded for u, _, p in fsdp1_adapter_units(odd_cfg, odd) if p == "root"] == [64, 258]
 
 
 def test_the_previous_block_is_gathered_at_the_last_blocks_end():
