@@ -181,8 +181,6 @@ def twinned(cell: Cell) -> bool:
     if any(cell[n] not in TWINNED.get(n, {0}) for n in cell):
         return False
     engine = OPTIONS["engine"][cell["engine"]][0]
-    if engine == "fsdp1" and cell["adapter"]:  # refused: LoRA under FSDP1 is not modelled
-        return False
     # mixed precision is twinned as FSDP2's MixedPrecisionPolicy, FSDP1's MixedPrecision and
     # DeepSpeed's bf16
     return cell["precision"] == 0 or engine in ("fsdp2", "fsdp1", "deepspeed")

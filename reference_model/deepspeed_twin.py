@@ -103,13 +103,25 @@ class DeepSpeedRank(_Engine):
         if self.setup.zero >= 3:
             # under offload_param the partitions live in host memory, not lp_param_buffer
             flat = [o.lp_param_buffer] if getattr(o, "lp_param_buffer", None) is not None else []
-            weights = [*flat, *(p.data for p in self.raw.parameters())]
+            weights = [*flat, *(p.data for p in self.raw.parameters()),
+                       *self.frozen_partitions(host=False)]
             fp32 = list(o.fp32_partitioned_groups_flat)
         else:
             weights = list(o.bit16_groups_flat)
             fp32 = list(o.single_partition_of_fp32_groups)
         state = [v for s in o.optimizer.state.values() for v in s.values()]
         return storage_bytes(weights), -1, storage_bytes(fp32 + state)
+
+    def frozen_partitions(self, host: bool) -> list[torch.Tensor]:
+        """Stage 3 under LoRA: the partitions (`ds_tensor`) of the frozen parameters, which
+        DeepSpeed keeps outside its optimizer's flat buffers; `host`: those offload_param
+        places in host memory (the non-persistent ones), else those on the device."""
+        from gptcalc.memory.engines import deepspeed as ds
+
+        moved = ds.offload_devices(self.setup)[1] != "none"
+        return [p.ds_tensor for p in self.raw.parameters()
+                if not p.requires_grad and getattr(p, "ds_tensor", None) is not None
+                and (moved and not p.ds_persist) == host]
 
     def host(self) -> dict[str, int]:
         """The storages DeepSpeed keeps in host memory under offload (on the CPU accelerator
@@ -136,6 +148,8 @@ class DeepSpeedRank(_Engine):
                    ds.HOST_FP32_GRADS: storage_bytes([f.grad for f in fp32])}
         if param_dev != "none":
             out[ds.HOST_PARAMS] = storage_bytes(o.param_groups_fp16_flat_cpu_memory)
+            if self.setup.lora_rank:
+                out[ds.HOST_FROZEN_PARAMS] = storage_bytes(self.frozen_partitions(host=True))
         return out
 
 

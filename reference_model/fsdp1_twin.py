@@ -4,6 +4,8 @@ root as the last, PyTorch's defaults otherwise (BackwardPrefetch.BACKWARD_PRE, n
 prefetch, limit_all_gathers) with use_orig_params=True (the Trainer's default, and what
 torch.compile and frozen parameters need); `--zero 3` is ShardingStrategy.FULL_SHARD, `--zero 2`
 SHARD_GRAD_OP. FSDP1 refuses a CPU-only machine unless its device is given: `device_id=cpu`.
+With LoRA the wrap policy is PEFT's (`peft_wrap_policy`): a unit per lora_A and lora_B beside the
+blocks, as the Trainer wraps a PEFT model.
 
 The step peak is MemTracker's (it follows FSDP1's storage resizes of the flat parameters'
 unsharded buffers); the states are the flat parameters' sharded storages, their sharded
@@ -15,6 +17,25 @@ from __future__ import annotations
 import torch
 
 from .rank import _Engine
+
+
+def peft_wrap_policy(block_class: type):
+    """PEFT's `fsdp_auto_wrap_policy` (peft/utils/other.py, PEFT 0.21), which the Trainer sets
+    on accelerate's FSDP1 plugin for a PEFT model (transformers' `update_fsdp_plugin_peft`):
+    a unit per leaf module whose weight trains (each adapter's lora_A and lora_B), or per
+    transformer block (`transformer_auto_wrap_policy`), whichever matches."""
+    import functools
+
+    from torch.distributed.fsdp.wrap import (_or_policy, lambda_auto_wrap_policy,
+                                             transformer_auto_wrap_policy)
+
+    def trains(module: torch.nn.Module) -> bool:
+        return (len(list(module.named_children())) == 0
+                and getattr(module, "weight", None) is not None and module.weight.requires_grad)
+
+    return functools.partial(_or_policy, policies=[
+        functools.partial(lambda_auto_wrap_policy, lambda_fn=trains),
+        functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={block_class})])
 
 
 class FSDP1Rank(_Engine):
@@ -30,7 +51,8 @@ class FSDP1Rank(_Engine):
         mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
             s.mode == "mixed") else None
         block_class = type(self.model.blocks[0])
-        self.fsdp = FSDP(self.model.module, auto_wrap_policy=ModuleWrapPolicy({block_class}),
+        policy = peft_wrap_policy(block_class) if s.lora_rank else ModuleWrapPolicy({block_class})
+        self.fsdp = FSDP(self.model.module, auto_wrap_policy=policy,
                          sharding_strategy=strategy, mixed_precision=mp,
                          device_id=torch.device("cpu"), use_orig_params=True)
         self.model.module = self.fsdp

@@ -99,7 +99,6 @@ def test_the_state_bytes_are_rank_zeros_flat_shards():
 
 @pytest.mark.parametrize("kw, option", [
     (dict(tp=2), "tp"), (dict(pp=2), "pp"),
-    (dict(lora_rank=4, lora_targets=("q", "v")), "lora_rank"),
     (dict(zero=1), "zero"),
 ])
 def test_what_fsdp1_is_not_modelled_with_is_refused_naming_the_option(kw, option):

@@ -79,6 +79,6 @@ def test_the_twinned_cells_match_the_step_peak():
     outcomes = [pairwise.run_cell(c) for c in pairwise.twin_cells()]
     pairwise.measure(outcomes)
     measured = [o for o in outcomes if o.status == "measured"]
-    assert len(measured) == len(outcomes) == 14
+    assert len(measured) == len(outcomes) == 16
     for o in measured:
         assert abs(o.error) <= bound_of(o.cell), (pairwise.label(o.cell), o.error)

@@ -221,9 +221,17 @@ def deepspeed_stage3_lora_states(cfg: GPTConfig, setup: TrainingSetup,
     persistent tensors whole and each other one's padded 1/dp partition; adapters: the
     persistent ones whole beside every adapter's partition in the flat buffer
     (`stage3_partition_elements`), gradients wb x those partitions, optimizer
-    `_optimizer_bytes` over their sub-groups (DeepSpeed's fp32 copy in mode fp32). Measured on
-    the CPU accelerator (DeepSpeed 0.19, 2 gloo ranks, the default and small thresholds).
-    An NF4 base keeps `lines`' own base line."""
+    `_optimizer_bytes` over their sub-groups (DeepSpeed's fp32 copy in mode fp32). A persistent
+    base tensor keeps its partition beside its whole copy, as every parameter does
+    (partition_parameters.py, `_partition_param`: `ds_tensor` on the local device). Measured
+    on the CPU accelerator (DeepSpeed 0.19, 2 gloo ranks, the default and small thresholds).
+    An NF4 base keeps `lines`' own base line.
+
+    Offload (device bytes only; `deepspeed_host` counts what moved): offload_optimizer takes
+    the adapters' gradient partitions, fp32 master and states to the host; offload_param the
+    adapters' flat partition (`param_groups_fp16_flat_cpu_memory`) and the frozen base's
+    non-persistent partitions (`_partition_param` places them on `remote_device`); persistent
+    tensors stay whole with their partitions."""
     from ...lora import selected
 
     base = _sizes(cfg, setup, 0)
@@ -232,17 +240,29 @@ def deepspeed_stage3_lora_states(cfg: GPTConfig, setup: TrainingSetup,
                           setup.lora_rank * a.rank_mult * a.out_features] * a.count]
     whole = _persistent(base + adapters, setup)
     dp, wb = setup.dp, setup.weight_bytes
+    opt_dev, param_dev = offload_devices(setup)
+    on_device, moved = opt_dev == "none", param_dev != "none"
     part = stage3_partition_elements(adapters, dp)
     groups = stage3_sub_group_elements(adapters, setup)
     kept = sum(n for n, k in zip(adapters, whole[len(base):]) if k)
-    out = {**lines, "adapter/weights": wb * (kept + part), "adapter/gradients": wb * part,
+    out = {**lines, "adapter/weights": wb * (kept + (0 if moved else part)),
+           "adapter/gradients": wb * part if on_device else 0,
            "adapter/optimizer": _optimizer_bytes(setup, groups)
-           + step_counters(setup, len(groups))}
+           + step_counters(setup, len(groups)) if on_device else 0}
     if setup.base_dtype != "nf4":
         wbase = 2 if setup.mode == "amp" else wb
-        out["base/weights"] = wbase * sum(n if k else -(-n // dp)
+        out["base/weights"] = wbase * sum(n + -(-n // dp) if k else 0 if moved else -(-n // dp)
                                           for n, k in zip(base, whole))
     return out
+
+
+def stage3_frozen_partitions(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Elements of the frozen base's non-persistent partitions on one rank under LoRA at stage
+    3: each tensor padded to a multiple of dp and split (`_persistent` over the base's
+    tensors then the adapters')."""
+    base = _sizes(cfg, setup, 0)
+    whole = _persistent(base + _trained_sizes(cfg, setup, 0), setup)
+    return sum(-(-n // setup.dp) for n, k in zip(base, whole) if not k)
 
 
 def _offloaded(setup: TrainingSetup) -> str:
@@ -507,7 +527,9 @@ def deepspeed_host(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
     `SwapBufferManager(num_elems=largest_numel, count=buffer_count)`). offload_param: cpu:
     the 16-bit partitions, wb P (`_create_param_groups_fp16_flat_cpu_memory`); nvme: at most
     max_in_cpu of them (1 element when none) and the swapper's buffer_count buffers of
-    buffer_size elements, AIO-aligned (partitioned_param_swapper.py, `self.buffers`).
+    buffer_size elements, AIO-aligned (partitioned_param_swapper.py, `self.buffers`). Under
+    LoRA the partitions are the adapters' (the client optimizer's), and with offload_param cpu
+    the frozen base's non-persistent partitions too (`stage3_frozen_partitions`).
 
     Scope: ratio 1 (every sub-group offloaded); NVMe optimizer's gradient buffer, the
     parameter swapper's per-parameter bookkeeping and stages 1-2's gradient-accumulation
@@ -536,6 +558,9 @@ def deepspeed_host(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
             s["offload_optimizer_buffer_count"] * 4 * _aio_aligned(max(groups), 4))
     if param_dev == "cpu":
         out[HOST_PARAMS] = wb * part
+        if setup.lora_rank:
+            wbase = 2 if setup.mode == "amp" else wb
+            out[HOST_FROZEN_PARAMS] = wbase * stage3_frozen_partitions(cfg, setup)
     elif param_dev == "nvme":
         out[HOST_PARAMS] = wb * max(1, min(part, s["offload_param_max_in_cpu"]))
         out[HOST_PARAM_SWAP] = (
@@ -547,6 +572,7 @@ def deepspeed_host(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[
 HOST_STATES = "fp32 master partition and optimizer states"
 HOST_FP32_GRADS = "fp32 gradient partition"
 HOST_PARAMS = "16-bit parameter partitions (param_groups_fp16_flat_cpu_memory)"
+HOST_FROZEN_PARAMS = "frozen 16-bit parameter partitions (LoRA's base, offload_param)"
 HOST_PARAM_SWAP = "NVMe parameter swap buffers (buffer_count x buffer_size)"
 HOST_OPT_SWAP = "NVMe optimizer swap buffers (buffer_count x largest sub-group, fp32)"
 HOST_GRAD16 = "16-bit gradient partitions (grad_partitions_flat_buffer)"
@@ -707,17 +733,20 @@ class DeepSpeed(Engine):
             raise ConfigError("deepspeed_config", "a partial optimizer offload (ratio < 1) is "
                                                   "not modelled")
         flag = f"--{field.replace('_', '-')}"
-        # LoRA: the adapters' states offloaded at stages 1-2 (twinned); ZeRO-3's offload
-        # of a frozen base's partitions is not
-        lora_offload = setup.lora_rank and (setup.zero == 3 or param_dev != "none")
-        for other, given in (("--lora-rank", lora_offload), ("--tp", setup.tp > 1),
+        # LoRA: the adapters' states offloaded at stages 1-3 and the base's partitions at
+        # stage 3 to the CPU (twinned); stage 3's NVMe swappers do not run here (stages 1-2
+        # offload to the CPU whatever the device)
+        if setup.lora_rank and setup.zero == 3 and "nvme" in (opt_dev, param_dev):
+            field = "offload_optimizer" if opt_dev == "nvme" else "offload_param"
+            raise ConfigError(field, f"--{field.replace('_', '-')} nvme with --lora-rank is "
+                                     "not modelled: LoRA's offload is modelled to the CPU")
+        for other, given in (("--tp", setup.tp > 1),
                              ("--pp", setup.pp > 1),
                              ("optimizer_in_backward", setup.optimizer_in_backward)):
             if given:
                 raise ConfigError(field, f"{flag} with {other} is not modelled: DeepSpeed "
-                                         "offload is modelled with data parallelism alone, "
-                                         "full training or LoRA at --zero 1-2, and a step "
-                                         "after backward")
+                                         "offload is modelled with data parallelism alone "
+                                         "and a step after backward")
 
     def host(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return deepspeed_host(cfg, setup, rank)
@@ -730,10 +759,17 @@ class DeepSpeed(Engine):
             cfg, setup)
 
     def finetune_resident(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
-        """LoRA's resident lines, and under offload_optimizer the device's staging buffer of
-        the largest adapter's 16-bit gradient (`staging_bytes`)."""
+        """LoRA's resident lines: stages 1-2 with, under offload_optimizer, the device's
+        staging buffer of the largest adapter's 16-bit gradient (`staging_bytes`); stage 3
+        with the adapters' gradient partitions and its buffers, as in full training
+        (`deepspeed_resident`)."""
         out = super().finetune_resident(cfg, setup)
         staging = staging_bytes(cfg, setup)
+        if setup.zero >= 3:  # the gradient partitions (on the host when offloaded), buffers
+            grads = self.finetune_states(cfg, setup)["adapter/gradients"]
+            if grads:
+                out["DeepSpeed gradient partitions (grad_partitions_flat_buffer)"] = grads
+            return {**out, **deepspeed_buffers(cfg, setup)}
         return {**out, OFFLOAD_STAGING.label: staging} if staging else out
 
     def rank_states(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> RankStates:
@@ -786,6 +822,6 @@ def describe_buffers(setup: TrainingSetup) -> str:
 
 
 __all__ = ["DeepSpeed", "ZERO_DEFAULTS", "deepspeed_adjust", "deepspeed_buffers",
-           "deepspeed_host", "deepspeed_lora_states", "deepspeed_stage3_lora_states", "deepspeed_rank_states", "deepspeed_resident", "offload_devices", "describe_buffers",
+           "deepspeed_host", "deepspeed_lora_states", "stage3_frozen_partitions", "deepspeed_stage3_lora_states", "deepspeed_rank_states", "deepspeed_resident", "offload_devices", "describe_buffers",
            "flat_group_elements", "stage3_partition_elements", "stage3_persistent_elements",
            "zero_settings"]

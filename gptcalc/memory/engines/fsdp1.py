@@ -22,6 +22,10 @@ backward computes), no forward prefetch, limit_all_gathers.
 Mode mixed is `MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)`: fp32 flat parameters are
 the master weights, bf16 unsharded parameters and gradients, an fp32 reduce-scatter.
 
+LoRA is FSDP1 as the Trainer and accelerate run a PEFT model: PEFT's `fsdp_auto_wrap_policy`
+adds a unit per lora_A and lora_B beside the blocks, so the blocks' and the root's units hold
+frozen weights only (`fsdp1_lora_states`, `fsdp1_lora_adjust`).
+
 Every function here is pure and never imports torch.
 """
 
@@ -31,12 +35,13 @@ from dataclasses import dataclass
 
 from ...config import GPTConfig
 from ...errors import ConfigError
+from ...schedules import Stage
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
 from ..states import stage_tensors
 from .base import Engine, Step, register
-from .shards import RankStates, coords, optimizer_over, step_counters
+from .shards import RankStates, coords, first_rank, optimizer_over, step_counters
 
 # FlatParamHandle aligns each original parameter to 16 bytes of its compute dtype
 # (`_get_aligned_numel`: ALIGNMENT = 16 bytes, torch/distributed/fsdp/_flat_param.py)
@@ -130,6 +135,58 @@ def fsdp1_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> Ra
     return RankStates(sb * flat, sb * flat, opt, step_counters(setup, tensors),
                       "FSDP1: flat parameters per unit, padded to a multiple of dp; optimizer "
                       "over the original parameters' shard views")
+
+
+def fsdp1_adapter_units(cfg: GPTConfig, setup: TrainingSetup
+                        ) -> list[tuple[FlatUnit, int, str]]:
+    """LoRA's units under PEFT's wrap policy: every lora_A (m r x in) and lora_B (out x m r)
+    of the selected adapters (`lora.selected`) is its own FSDP unit of one parameter, so its
+    FlatParameter is the weight padded to a multiple of dp. (unit, count, place): `block` for
+    a block Linear's adapters, `root` for the output head's (and other adapters outside the
+    blocks), lora_A before lora_B, in the adapters' order."""
+    from ...lora import selected
+
+    align, out = aligned_numel(setup), []
+    for a in selected(cfg, setup.lora_targets):
+        r = setup.lora_rank * a.rank_mult
+        place = "root" if a.name == "lm_head" or not a.covers else "block"
+        for n in (r * a.in_features, a.out_features * r):
+            out.append((flat_unit([n], align, setup.dp), a.count, place))
+    return out
+
+
+def fsdp1_lora_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """LoRA's states on `rank` under FSDP1 with PEFT's wrap policy, by `finetune.
+    finetune_state_bytes`' lines. PEFT's `fsdp_auto_wrap_policy` (peft/utils/other.py,
+    PEFT 0.21; the Trainer sets it for a PEFT model, transformers' `update_fsdp_plugin_peft`)
+    wraps every leaf module whose weight trains as its own unit beside the blocks: each
+    lora_A and lora_B is a unit of its own, and the blocks' and the root's units hold only
+    frozen parameters. With use_orig_params a FlatParameter requires grad only when one of
+    its original parameters does (`FlatParamHandle._reset_flat_param_grad_info_if_needed`,
+    torch 2.13): the frozen units get no gradient, no reduce-scatter and no optimizer state.
+
+    - base/weights: the frozen units' sharded flat parameters (`fsdp1_units`, the same as in
+      full training), `sharded_bytes` each element;
+    - adapter/weights and adapter/gradients: each adapter unit's shard (`fsdp1_adapter_units`);
+    - adapter/optimizer: the optimizer over the adapter elements in the rank's shard
+      (`optimizer_mode`: fp32 AdamW, 8 bytes each) and a step counter per adapter with any.
+    Measured on 2 gloo ranks (tests/test_fsdp1_lora.py)."""
+    _, dp_rank, _ = coords(rank, setup)
+    units, dp, sb = fsdp1_units(cfg, setup), setup.dp, sharded_bytes(setup)
+    base = units["root"].shard(dp) + cfg.n_layer * units["block"].shard(dp)
+    flat = tensors = 0
+    shapes = []
+    for unit, count, _ in fsdp1_adapter_units(cfg, setup):
+        flat += count * unit.shard(dp)
+        own = unit.owned(dp, dp_rank)[0]
+        if own:
+            shapes.append(((own,), count))
+            tensors += count
+    mode = "fp32" if setup.mode == "mixed" else setup.mode
+    return {"base/weights": sb * base, "adapter/weights": sb * flat,
+            "adapter/gradients": sb * flat,
+            "adapter/optimizer": optimizer_over(setup, shapes, mode)
+            + step_counters(setup, tensors)}
 
 
 ROOT_PARAMETERS = Term("FSDP1 unsharded root flat parameter")
@@ -248,6 +305,136 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
                + rb * units["root"].shard(setup.dp))
 
 
+FIRST_NORM_BACKWARD = Term("FSDP1 the last block's first norm's backward (its input and "
+                           "statistics, the gradients in flight)")
+GATHER_SHARD = Term("FSDP1 the previous block's shard cast to bf16 for its all-gather "
+                    "(MixedPrecision)")
+FIRST_BLOCK = Term("FSDP1 unsharded first block (resharded only at the end of backward)")
+ADAPTER_PREFETCH = Term("FSDP1 all-gather of the last block's last adapter (BACKWARD_PRE "
+                        "prefetch)")
+
+
+ADAPTER_COPIES = Term("FSDP1 adapters' own 16-bit input copies (PEFT casts the input to the "
+                      "sharded fp32 adapter's dtype)")
+
+
+def fsdp1_adapter_copies(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                         ) -> dict[str, int]:
+    """Saved bytes beyond the step's saved activations in mode mixed: PEFT's `lora.Linear.
+    forward` casts the input to `lora_A.weight.dtype` before lora_A's unit is gathered, and
+    with use_orig_params a resharded unit's original parameter is its fp32 shard view, so the
+    input is cast to fp32 and autocast casts it back to bf16 for lora_A's matmul, which saves
+    that copy: each adapter keeps an input of its own, as under mode amp (`finetune.
+    adapter_copies`, without amp's weight copies: the gathered adapters are bf16), and the
+    Linear's input is kept only where the frozen base needs it. By part: `blocks` (all L),
+    `last` (the last block's), `head` (the output head's). Measured: the twin's live saved
+    bytes equal these lines (tests/test_fsdp1_lora.py). Zeros outside mode mixed."""
+    from dataclasses import replace
+
+    from ..activations import saved_activations
+    from ..finetune import finetune_saved
+
+    if setup.mode != "mixed":
+        return {"blocks": 0, "last": 0, "head": 0}
+
+    def extra(c: GPTConfig) -> tuple[int, int]:
+        normal = saved_activations(c, workload, setup)
+        base = saved_activations(c, workload, replace(setup, lora_rank=0, lora_dropout=0))
+        own = {k: v for k, v in finetune_saved(c, workload, setup, base, True).items()
+               if not k.endswith("/weight_copies")}
+        head = sum(own.get(k, 0) - normal.get(k, 0) for k in set(own) | set(normal)
+                   if k.startswith(("final/", "lora/lm_head/")))
+        return sum(own.values()) - sum(normal.values()) - head, head
+
+    blocks, head = extra(cfg)
+    fewer = extra(cfg.replace(n_layer=cfg.n_layer - 1))[0] if cfg.n_layer > 1 else 0
+    return {"blocks": blocks, "last": blocks - fewer, "head": head}
+
+
+def fsdp1_lora_block_end_terms(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
+                               ) -> dict[Term, int]:
+    """Under LoRA, the end of the last block's backward (its first norm's backward), before
+    the block's frozen unit is resharded: FSDP1 reshards a unit whose flat parameter does not
+    require grad from a hook on its inputs' gradients (`_register_post_backward_reshard_only_
+    hook`, torch 2.13), which fires only once the block's input gradient is made. By then the
+    previous block is all-gathered too: BACKWARD_PRE prefetches, at a unit's pre-backward, the
+    unit before it in post-forward order, and the unit before the block's first adapter is the
+    previous block. Alive: the root's unsharded flat parameter, the block's and the previous
+    one's (ZeRO-2: every block's), the activations the blocks before it saved, and the first
+    norm's backward: its saved input and statistics (N E in the stream's dtype, N fp32) beside
+    its output's gradient, the residual stream's and the backward's temporaries, five more
+    N E (an RMSNorm written out, measured: 6 N E in all with the input, fp32 and mixed). Measured
+    with MemTracker on CPU/gloo, torch 2.13: the step's peak where the weights outweigh the
+    activations, within 0.2% of it in fp32. In mixed precision (ZeRO-3) the previous block's
+    all-gather reads a bf16 copy of its fp32 shard (`_use_low_precision_shard`), alive beside
+    the gathered block while the first adapter's backward runs: counted here beside the
+    block end's activations, which hold at least as much as that moment's (measured within
+    1%, `tests/test_fsdp1_lora.py`)."""
+    from ..activations import device_activations, saved_in
+    from .fsdp2 import _last_block_saved
+
+    acts = device_activations(cfg, workload, setup, "first")
+    layer = _last_block_saved(cfg, workload, setup, acts, cfg.n_layer)
+    later = saved_in(acts, "cross_entropy") + saved_in(acts, "final")
+    un, L, z3 = fsdp1_unsharded(cfg, setup), cfg.n_layer, setup.zero == 3
+    unit, cast, sb = fsdp1_units(cfg, setup)["block"], compute_bytes(setup), sharded_bytes(setup)
+    return {SAVED: sum(acts.values()) - later - layer,
+            ROOT_PARAMETERS: un["root"],
+            BLOCK_COMPUTING: un["block"] if z3 else 0,
+            BLOCKS_KEPT: 0 if z3 else un["block"] * L,
+            NEXT_BLOCK: un["block"] if z3 and L > 1 else 0,
+            FIRST_NORM_BACKWARD: 6 * setup.stream_bytes * workload.tokens * cfg.n_embd
+            + 4 * workload.tokens,
+            GATHER_SHARD: cast * unit.shard(setup.dp) if z3 and L > 1 and cast != sb else 0,
+            ADAPTER_COPIES: (lambda c: c["blocks"] - c["last"])(
+                fsdp1_adapter_copies(cfg, workload, setup))}
+
+
+def fsdp1_lora_adjust(ledger: Ledger, step: Step) -> None:
+    """What FSDP1 holds beyond the sharded states under LoRA with PEFT's wrap policy
+    (`fsdp1_lora_states`): the frozen units are gathered as in full training (the root from
+    its pre-forward to the end of backward; FULL_SHARD a block while it computes, SHARD_GRAD_OP
+    every block from its forward to its backward; at backward start the root's pre-backward
+    prefetches the last block), but nothing of theirs is reduce-scattered. In the last block's
+    backward the unit prefetched beside it is the block's last adapter (the unit before the
+    block in post-forward order), not the previous block, which is gathered at the block's
+    first adapter and held with it to the block's end (`fsdp1_lora_block_end_terms`, phase
+    "backward, last block's reduce-scatter"). The first block's input needs no gradient (the
+    embeddings are frozen), so no hook reshards its unit: it stays gathered to the end of
+    backward (`_catch_all_reshard` in the final callback). The adapters' units are gathered
+    and their gradients reduce-scattered one at a time, a few r x E elements each. Nothing at
+    dp = 1."""
+    cfg, setup = step.cfg, step.setup
+    if setup.dp == 1:
+        return
+    un = fsdp1_unsharded(cfg, setup)
+    root, block = un["root"], un["block"]
+    z3 = setup.zero == 3
+    kept = cfg.n_layer * block if not z3 else 0
+    last = [u for u, _, place in fsdp1_adapter_units(cfg, setup) if place == "block"][-1]
+    prefetch = compute_bytes(setup) * last.padded
+    copies = fsdp1_adapter_copies(cfg, step.workload, setup)
+    for phase in ledger.forward_phases():
+        ledger.add(phase, ROOT_PARAMETERS, root)
+        ledger.add(phase, BLOCKS_KEPT, kept)
+    ledger.add(Phase.FORWARD_END, ADAPTER_COPIES, copies["blocks"] + copies["head"])
+    ledger.add(Phase.BACKWARD_START, ROOT_PARAMETERS, root)
+    ledger.add(Phase.BACKWARD_START, BLOCKS_KEPT, kept)
+    ledger.add(Phase.BACKWARD_START, NEXT_BLOCK, block if z3 else 0)
+    ledger.add(Phase.BACKWARD_START, ADAPTER_COPIES, copies["blocks"] + copies["head"])
+    ledger.add(Phase.BACKWARD_LAST_BLOCK, ADAPTER_COPIES, copies["blocks"])
+    ledger.add(Phase.BACKWARD_LAST_BLOCK, ROOT_PARAMETERS, root)
+    ledger.add(Phase.BACKWARD_LAST_BLOCK, BLOCKS_KEPT, kept)
+    ledger.add(Phase.BACKWARD_LAST_BLOCK, BLOCK_COMPUTING, block if z3 else 0)
+    ledger.add(Phase.BACKWARD_LAST_BLOCK, ADAPTER_PREFETCH,
+               prefetch if z3 and cfg.n_layer > 1 else 0)
+    ledger.add(Phase.BACKWARD_END, ROOT_PARAMETERS, root)
+    ledger.add(Phase.BACKWARD_END, FIRST_BLOCK, block)
+    ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
+    for term, nbytes in fsdp1_lora_block_end_terms(cfg, step.workload, setup).items():
+        (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
+
+
 def fsdp1_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
     """What `rank` keeps between optimizer steps: its sharded flat parameters, the optimizer
     states and the sharded flat gradients. `zero_grad(set_to_none=True)` drops the original
@@ -278,12 +465,7 @@ class FSDP1(Engine):
                                           f"modelled: FSDP1 is modelled with data parallelism "
                                           f"alone (use --engine fsdp2)")
         if setup.lora_rank:
-            # measured on 2 gloo ranks: a unit's frozen weights are views of its flat
-            # parameter, which trains, so backward computes their gradients (the whole flat
-            # gradient is reduce-scattered) and saves activations as full training does
-            raise ConfigError("lora_rank", "--lora-rank with --engine fsdp1 is not modelled: "
-                                           "FSDP1's flat parameters give the frozen weights "
-                                           "gradients (use --engine fsdp2)")
+            self._check_lora(setup)
 
     def label(self, setup: TrainingSetup) -> str:
         strategy = "FULL_SHARD" if setup.zero == 3 else "SHARD_GRAD_OP"
@@ -294,8 +476,9 @@ class FSDP1(Engine):
                 f"parameters and reduction)")
 
     def assumptions(self, setup: TrainingSetup) -> str:
-        return ("; FSDP1 units per block and the root, use_orig_params, BACKWARD_PRE "
-                "prefetch")
+        peft = ", PEFT's wrap policy (a unit per lora_A and lora_B)" if setup.lora_rank else ""
+        return ("; FSDP1 units per block and the root" + peft + ", use_orig_params, "
+                "BACKWARD_PRE prefetch")
 
     def replicated(self, setup: TrainingSetup) -> bool:
         return False
@@ -307,6 +490,18 @@ class FSDP1(Engine):
     def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return fsdp1_resident(cfg, setup, rank)
 
+    def finetune_states(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        self._check_blocks(cfg)
+        return fsdp1_lora_states(cfg, setup, first_rank(setup, "first"))
+
+    def finetune_resident(self, cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]:
+        """The adapters' sharded flat gradients stay until the next forward, as in full
+        training (`fsdp1_resident`)."""
+        lines = self.finetune_states(cfg, setup)
+        return {"weights (sharded)": lines["base/weights"] + lines["adapter/weights"],
+                "optimizer states": lines["adapter/optimizer"],
+                "gradients (sharded, freed at the next forward)": lines["adapter/gradients"]}
+
     def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
         """The fp32 flat parameters are the master weights, their gradients the sharded
         ones."""
@@ -314,16 +509,47 @@ class FSDP1(Engine):
 
     def largest_optimizer_tensor(self, cfg: GPTConfig, setup: TrainingSetup,
                                  params: int) -> int:
-        """The largest original parameter's view in a rank's shard."""
+        """The largest original parameter's view in a rank's shard (LoRA: an adapter's)."""
+        if setup.lora_rank:
+            return max(max(u.owned(setup.dp, r)) for u, _, _ in fsdp1_adapter_units(cfg, setup)
+                       for r in range(setup.dp))
         return max(max(u.owned(setup.dp, r), default=0)
                    for u in fsdp1_units(cfg, setup).values() for r in range(setup.dp))
+
+    def optimizer_step_pairs(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                             ) -> set[tuple[int, int]]:
+        """LoRA: the adapters' views in the first rank's shards, lora_A then lora_B of each
+        adapter (`states.step_order_pairs`' order); full training: the default."""
+        if not setup.lora_rank:
+            return super().optimizer_step_pairs(cfg, setup, stage)
+        from ..states import consecutive_pairs
+
+        units = fsdp1_adapter_units(cfg, setup)
+        sizes = [u.owned(setup.dp, 0)[0] for u, _, _ in units]
+        return consecutive_pairs(sizes * (2 if any(c > 1 for _, c, _ in units) else 1))
 
     def head_gradient_sharded(self, setup: TrainingSetup) -> bool:
         """The root's gradient stays unsharded until its post-backward reduce-scatter."""
         return False
 
     def adjust(self, ledger: Ledger, step: Step) -> None:
-        fsdp1_adjust(ledger, step)
+        (fsdp1_lora_adjust if step.setup.lora_rank else fsdp1_adjust)(ledger, step)
+
+    @staticmethod
+    def _check_lora(setup: TrainingSetup) -> None:
+        """LoRA is modelled as PEFT wraps it (`fsdp1_lora_states`): the adapters' units beside
+        frozen ones over a 16-bit or fp32 base, with an adapter in the blocks."""
+        if setup.base_dtype == "nf4":
+            raise ConfigError("weights_dtype", "--weights-dtype nf4 with --engine fsdp1 is not "
+                                               "modelled (QLoRA's quantised base in FSDP1's "
+                                               "flat parameters): use --engine fsdp2")
+        if setup.dora:
+            raise ConfigError("dora", "--dora with --engine fsdp1 is not modelled: use "
+                                      "--engine fsdp2")
+        if set(setup.lora_targets) <= {"lm_head"}:
+            raise ConfigError("lora_targets", "--lora-targets lm_head alone with --engine "
+                                              "fsdp1 is not modelled (no block runs a "
+                                              "backward): adapt a block Linear too")
 
     @staticmethod
     def _check_blocks(cfg: GPTConfig) -> None:
