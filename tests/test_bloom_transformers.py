@@ -1,0 +1,151 @@
+"""BLOOM (ALiBi, word_embeddings_layernorm) under the transformers profile, against transformers'
+own BloomForCausalLM built from a BloomConfig (no download): its saved tensors
+(saved_tensors_hooks, deduplicated by storage) equal to the byte, and the step peak (MemTracker)
+within the tolerance of the other families; LoRA on it against PEFT's LoraModel.
+
+Expected values are measured on the models; the profile under test never computes them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gptcalc import TrainingSetup, Workload, config_from_hf
+from gptcalc.cli import cli
+from gptcalc.errors import ConfigError
+from gptcalc.memory import saved_activations
+from gptcalc.memory.profile_transformers import default_attention, transformers_family
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+tw = pytest.importorskip("reference_model.transformers_twin")
+
+from .test_memory_transformers import PEAK_TOLERANCE  # noqa: E402
+
+# exact saved-tensor sets and allocator numbers of torch 2.13 (transformers 5.24)
+pytestmark = [pytest.mark.requires_torch_213,
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+
+# weights' dtype, autocast dtype per mode
+MODES = {"fp32": (torch.float32, None), "amp": (torch.float32, torch.bfloat16),
+         "bf16": (torch.bfloat16, None)}
+
+
+def bloom_raw(E: int = 32, L: int = 2, H: int = 4, V: int = 128, p: float = 0.0) -> dict:
+    """A BloomConfig's config.json fields; one dropout rate for both of BLOOM's."""
+    return {"model_type": "bloom", "hidden_size": E, "n_layer": L, "n_head": H,
+            "vocab_size": V, "hidden_dropout": p, "attention_dropout": p}
+
+
+def _setup(mode: str, recompute: str = "none", **lora) -> TrainingSetup:
+    return TrainingSetup(mode=mode, impl="transformers", attn_impl="manual", device="cpu",
+                         recompute=recompute, **lora)
+
+
+def _measured(raw: dict, mode: str, B: int, S: int, recompute: str = "none") -> int:
+    dtype, amp = MODES[mode]
+    model = tw.apply_recompute(tw.build(raw, dtype=dtype), recompute)
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    # every storage, autocast's 16-bit weight copies included (gptcalc's weight_copy/ lines)
+    return sum(t.nbytes for t in tw.measure_saved(model, idx, labels, amp_dtype=amp).tensors)
+
+
+def _predicted(raw: dict, mode: str, B: int, S: int, recompute: str = "none") -> int:
+    return sum(saved_activations(config_from_hf(raw), Workload(B, S),
+                                 _setup(mode, recompute)).values())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(list(MODES)), E=st.sampled_from([32, 64]),
+       H=st.sampled_from([1, 2, 4, 8]), L=st.integers(1, 3), V=st.sampled_from([50, 128, 300]),
+       B=st.integers(1, 3), S=st.integers(1, 24), p=st.sampled_from([0.0, 0.1]),
+       recompute=st.sampled_from(["none", "none", "full"]))
+def test_saved_bytes_exact(mode, E, H, L, V, B, S, p, recompute):
+    raw = bloom_raw(E, L, H, V, p)
+    assert _predicted(raw, mode, B, S, recompute) == _measured(raw, mode, B, S, recompute)
+
+
+# the shapes where BLOOM's q is a view of query_key_value's whole output (b = 1, H = 1, S = 1:
+# the reshape to (b * H, S, hd) folds without a copy), each mode, dropout on and off
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("B,S,H", [(2, 8, 4), (1, 8, 4), (2, 8, 1), (2, 1, 4), (1, 1, 1)])
+def test_saved_bytes_exact_grid(mode, p, B, S, H):
+    raw = bloom_raw(H=H, p=p)
+    assert _predicted(raw, mode, B, S) == _measured(raw, mode, B, S)
+
+
+def test_saved_lines_by_hand():
+    # E 32, H 4, 2 layers, V 128, b 2 x S 8 (N 16), fp32 (bf16 weights: 2-byte activations and
+    # LayerNorm statistics, fp32 softmax): what BloomForCausalLM's forward saves, per
+    # modeling_bloom.py (transformers 5.24)
+    cfg, wl = config_from_hf(bloom_raw()), Workload(2, 8)
+    N, E, att = 16, 32, 2 * 4 * 8 * 8
+    for mode, a in (("fp32", 4), ("bf16", 2)):
+        lines = saved_activations(cfg, wl, _setup(mode))
+        assert lines["embedding/ln_emb/input"] == N * E * a  # word_embeddings_layernorm
+        assert lines["embedding/ln_emb/mean"] == N * a
+        assert lines["layer/attn/q"] == 2 * N * E * a  # baddbmm's q, a copy (b, H > 1)
+        assert lines["layer/attn/k_t"] == lines["layer/attn/v"] == 2 * N * E * a  # the cache's
+        assert lines["layer/attn/softmax"] == 2 * att * 4  # softmax(dtype=float32)
+        assert lines["layer/attn/probs"] == (0 if a == 4 else 2 * att * a)  # .to(bf16)
+        assert lines["layer/mlp/hidden"] == 2 * 2 * N * 4 * E * a  # GeLU's input, its output
+        assert not any(k.startswith("embedding/") and v for k, v in lines.items()
+                       if not k.startswith("embedding/ln_emb/"))  # no positions, no dropout
+    recomputed = saved_activations(cfg, wl, _setup("amp", "full"))
+    assert recomputed["embedding/alibi"] == 2 * 4 * 8 * 4  # (b * H, 1, S), fp32 under amp
+    assert recomputed["embedding/attention_mask"] == 2 * 8 * 8 * 4  # inputs_embeds' fp32
+    assert recomputed["embedding/position_ids"] == 0
+
+
+def test_eager_mask_under_autocast_is_fp32_in_llama_too():
+    # the eager mask bound into every recomputed layer is in the embeddings' dtype: fp32 under
+    # amp, as in BLOOM (transformers' Llama, eager, recompute full, bf16 autocast)
+    raw = {"model_type": "llama", "num_hidden_layers": 2, "intermediate_size": 96,
+           "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 128, "max_position_embeddings": 64}
+    model = tw.apply_recompute(tw.build(raw, "eager"), "full")
+    idx, labels = tw.make_batch(128, 2, 16)
+    measured = sum(t.nbytes for t in tw.measure_saved(model, idx, labels,
+                                                      amp_dtype=torch.bfloat16).tensors)
+    assert _predicted(raw, "amp", 2, 16, "full") == measured
+
+
+@pytest.mark.parametrize("mode, B, S", [("fp32", 4, 64), ("fp32", 1, 32), ("bf16", 2, 32),
+                                        ("amp", 2, 32)])
+def test_step_peak_within_tolerance(mode, B, S, tmp_path):
+    raw = bloom_raw(E=64, V=1000)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", str(B),
+                                 "--seq-len", str(S), "--mode", mode, "--device", "cpu",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["training"]["impl"] == "transformers"  # --hf-config's default profile now
+    dtype, amp = MODES[mode]
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    peak = tw.measure_step_peak(tw.build(raw, dtype=dtype), idx, labels,
+                                amp_dtype=amp).peak_bytes
+    assert abs(out["peak"] - peak) <= PEAK_TOLERANCE * peak, (out["peak"], peak)
+
+
+def test_family_defaults_and_refusals():
+    cfg = config_from_hf(bloom_raw())
+    assert transformers_family(cfg) == "bloom" and default_attention(cfg) == "manual"
+    assert tw.build(bloom_raw()).config._attn_implementation == "eager"  # its only path
+    with pytest.raises(ConfigError, match="no SDPA path"):
+        saved_activations(cfg, Workload(1, 8), TrainingSetup(impl="transformers",
+                                                             attn_impl="sdpa"))
+    with pytest.raises(ConfigError, match="recompute op"):
+        saved_activations(cfg, Workload(1, 8), _setup("fp32", "op"))
+    # ALiBi or an embedding norm outside BLOOM's block stays refused, naming the switch
+    for other in (cfg.replace(qkv_layout="separate"), cfg.replace(pos_embedding="learned")):
+        with pytest.raises(ConfigError, match="ALiBi outside BLOOM|embedding norm outside"):
+            transformers_family(other)
+    # BLOOM fixes d_ff at 4E: a GPTConfig with another cannot be built as BloomForCausalLM
+    with pytest.raises(ConfigError, match="d_ff 4E"):
+        tw.hf_config_for(cfg.replace(d_ff=96))
