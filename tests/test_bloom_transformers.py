@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 tw = pytest.importorskip("reference_model.transformers_twin")
 
+from .test_lora_peak import PEAK_TOLERANCE as LORA_PEAK_TOLERANCE  # noqa: E402
 from .test_memory_transformers import PEAK_TOLERANCE  # noqa: E402
 
 # exact saved-tensor sets and allocator numbers of torch 2.13 (transformers 5.24)
@@ -149,3 +150,102 @@ def test_family_defaults_and_refusals():
     # BLOOM fixes d_ff at 4E: a GPTConfig with another cannot be built as BloomForCausalLM
     with pytest.raises(ConfigError, match="d_ff 4E"):
         tw.hf_config_for(cfg.replace(d_ff=96))
+
+
+# --------------------------------------------------------------------------- LoRA (PEFT 0.21)
+
+# BLOOM's Linears as PEFT names them (gptcalc: qkv, o, up, down); PEFT's default is
+# query_key_value
+TARGETS = ["query_key_value", "all", "dense", "dense_h_to_4h", "dense_4h_to_h",
+           "query_key_value,dense_4h_to_h", "dense,dense_h_to_4h", "dense,dense_4h_to_h",
+           "lm_head", "all,lm_head"]
+
+
+def _lora_predicted(raw: dict, targets: str, B: int, S: int, tmp_path, mode: str = "fp32",
+                    rank: int = 8, p: float = 0.0, recompute: str = "none") -> dict:
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", str(B),
+                                 "--seq-len", str(S), "--mode", mode, "--device", "cpu",
+                                 "--impl", "transformers", "--lora-rank", str(rank),
+                                 "--lora-targets", targets, "--lora-dropout", str(p),
+                                 "--recompute", recompute, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def _lora_model(raw: dict, targets: str, mode: str = "fp32", rank: int = 8, p: float = 0.0,
+                recompute: str = "none"):
+    """PEFT's LoraModel over BloomForCausalLM: adapters fp32 unless bf16 (PEFT's
+    autocast_adapter_dtype; amp: a bf16 base under bf16 autocast, as in tests/
+    test_lora_dropout.py)."""
+    from gptcalc.lora import parse_targets
+
+    dtype = torch.float32 if mode == "fp32" else torch.bfloat16
+    names = "all-linear" if targets == "all" else parse_targets(targets, config_from_hf(raw))
+    built = tw.apply_recompute(tw.build(raw, dtype=dtype), recompute)
+    return tw.peft_lora(built, rank, names, dropout=p, fp32_adapters=mode != "bf16")
+
+
+def _lora_measured(raw: dict, targets: str, B: int, S: int, mode: str, rank: int, p: float,
+                   recompute: str) -> int:
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    model = _lora_model(raw, targets, mode, rank, p, recompute)
+    saved = tw.measure_saved(model, idx, labels, amp_dtype=MODES[mode][1])
+    return sum(t.nbytes for t in saved.tensors)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(targets=st.sampled_from(TARGETS), mode=st.sampled_from(list(MODES)),
+       rank=st.sampled_from([4, 8]), p=st.sampled_from([0.0, 0.0, 0.05, 0.1]),
+       E=st.sampled_from([32, 64]), H=st.sampled_from([1, 2, 4]), L=st.integers(1, 3),
+       V=st.sampled_from([64, 128, 300]), B=st.integers(1, 3),
+       S=st.sampled_from([1, 5, 8, 16]), recompute=st.sampled_from(["none", "none", "full"]))
+def test_lora_saved_bytes_exact(targets, mode, rank, p, E, H, L, V, B, S, recompute,
+                                tmp_path_factory):
+    raw = bloom_raw(E, L, H, V)
+    out = _lora_predicted(raw, targets, B, S, tmp_path_factory.mktemp("cfg"), mode, rank, p,
+                          recompute)
+    measured = _lora_measured(raw, targets, B, S, mode, rank, p, recompute)
+    assert sum(out["breakdown"]["activations"].values()) == measured
+
+
+# the frozen embedding LayerNorm saves nothing, unless the blocks are checkpointed: PEFT then
+# makes the embeddings' output require a gradient (peft_model.py,
+# prepare_model_for_gradient_checkpointing -> enable_input_require_grads), and the norm, the
+# blocks' inputs and the final norm are saved even with the head alone adapted (Llama alike)
+@pytest.mark.parametrize("family", ["bloom", "llama"])
+@pytest.mark.parametrize("targets", ["lm_head", "dense"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_lora_frozen_embeddings_and_checkpointing(family, targets, recompute, tmp_path):
+    raw = bloom_raw() if family == "bloom" else {
+        "model_type": "llama", "num_hidden_layers": 2, "intermediate_size": 96,
+        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 128, "max_position_embeddings": 64}
+    if family == "llama":
+        targets = {"dense": "o_proj"}.get(targets, targets)
+    out = _lora_predicted(raw, targets, 2, 8, tmp_path, "bf16", recompute=recompute)
+    measured = _lora_measured(raw, targets, 2, 8, "bf16", 8, 0.0, recompute)
+    assert sum(out["breakdown"]["activations"].values()) == measured
+
+
+@pytest.mark.parametrize("targets, B, S, mode, p, recompute", [
+    ("query_key_value", 4, 64, "fp32", 0.0, "none"), ("query_key_value", 1, 16, "fp32", 0.0,
+                                                       "none"),
+    ("all", 4, 64, "fp32", 0.0, "none"), ("all", 4, 64, "amp", 0.05, "none"),
+    ("query_key_value", 4, 64, "bf16", 0.1, "none"), ("all", 4, 64, "fp32", 0.0, "full")])
+def test_lora_step_peak_within_tolerance(targets, B, S, mode, p, recompute, tmp_path):
+    raw = bloom_raw(E=64, V=1000)
+    out = _lora_predicted(raw, targets, B, S, tmp_path, mode, 8, p, recompute)
+    idx, labels = tw.make_batch(raw["vocab_size"], B, S)
+    model = _lora_model(raw, targets, mode, 8, p, recompute)
+    peak = tw.measure_step_peak(model, idx, labels, amp_dtype=MODES[mode][1]).peak_bytes
+    assert abs(out["peak"] - peak) <= LORA_PEAK_TOLERANCE * peak, (out["peak"], peak)
+
+
+def test_lora_on_bloom_is_modelled_under_transformers_only(tmp_path):
+    # the reference profile has not measured LoRA with ALiBi and an embedding norm: refused
+    (tmp_path / "config.json").write_text(json.dumps(bloom_raw()))
+    base = ["memory", "--hf-config", str(tmp_path), "--lora-rank", "8"]
+    assert CliRunner().invoke(cli, base + ["--impl", "transformers"]).exit_code == 0
+    r = CliRunner().invoke(cli, base + ["--impl", "reference"])
+    assert r.exit_code == 2 and "ALiBi" in r.stderr and "Traceback" not in r.output

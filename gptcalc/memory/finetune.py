@@ -55,8 +55,9 @@ ATTENTION_TARGETS = frozenset(ATTN_INPUT_TARGETS + ("o", "q_b", "kv_b"))
 
 
 # transformers families beyond the classic blocks whose PEFT-wrapped training is measured:
-# routed experts adapted through parameter targeting (router and fused experts), q/k norms
-LORA_TRANSFORMERS_FAMILIES = ("mixtral", "qwen3_moe", "qwen3")
+# routed experts adapted through parameter targeting (router and fused experts), q/k norms,
+# BLOOM's ALiBi and embedding norm (tests/test_bloom_transformers.py)
+LORA_TRANSFORMERS_FAMILIES = ("mixtral", "qwen3_moe", "qwen3", "bloom")
 
 
 def lora_on_transformers(cfg: GPTConfig, setup: TrainingSetup) -> bool:
@@ -127,7 +128,10 @@ def input_grad_instances(cfg: GPTConfig, setup: TrainingSetup, adapter) -> int:
     the first block's, unless an adapter sits ahead of it in that block (the embeddings and
     the norms are frozen): q, k, v never; o after q, k or v; the MLP after an attention
     adapter (in a parallel block only after the MLP's own); down after up or gate too; the
-    head after any block adapter."""
+    head after any block adapter. With the blocks checkpointed (recompute full) every input
+    needs one: PEFT makes the embeddings' output require a gradient (enable_input_require_grads)."""
+    if setup.recompute == "full":
+        return adapter.count
     covered_all = covered(cfg, setup.lora_targets)
     attention = covered_all & set(ATTN_INPUT_TARGETS)
     ahead = {"o": bool(attention),
@@ -251,7 +255,9 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     reads = targets - ({c for a in selected(cfg, setup.lora_targets) if not a.param_target
                         for c in a.covers} if own_input_copies(setup, amp) else set())
     out = dict(lines)
-    if not targets - {"lm_head"}:  # the head alone: nothing ahead of it needs a gradient
+    # the head alone: nothing ahead of it needs a gradient, unless the blocks are checkpointed
+    # (PEFT then makes the embeddings' output require one: enable_input_require_grads)
+    if not targets - {"lm_head"} and setup.recompute != "full":
         out = {k: v for k, v in out.items()
                if not k.startswith(("layer/", "embedding/", "final/ln_f/"))}
     drop = ["input/idx", "embedding/positions"] + ["final/lm_head_input"] * (
@@ -272,6 +278,9 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     N = workload.batch_size * workload.seq_len
     for k in ("embedding/dropout_mask",):  # the frozen embeddings' output needs no gradient
         out.pop(k, None)
+    if setup.recompute != "full":  # nor BLOOM's frozen embedding LayerNorm's: it saves
+        for k in [k for k in out if k.startswith("embedding/ln_emb/")]:  # nothing
+            out.pop(k)
     L, n_moe, a = cfg.n_layer, moe_layers(cfg) if cfg.moe else 0, setup.act_bytes
     if "layer/mlp/fc_input" in out:  # the MLP's input: an MoE layer's router reads it too
         fc = out.pop("layer/mlp/fc_input") // L
