@@ -147,9 +147,12 @@ def test_family_defaults_and_refusals():
     for other in (cfg.replace(qkv_layout="separate"), cfg.replace(pos_embedding="learned")):
         with pytest.raises(ConfigError, match="ALiBi outside BLOOM|embedding norm outside"):
             transformers_family(other)
-    # BLOOM fixes d_ff at 4E: a GPTConfig with another cannot be built as BloomForCausalLM
-    with pytest.raises(ConfigError, match="d_ff 4E"):
-        tw.hf_config_for(cfg.replace(d_ff=96))
+    # BLOOM fixes d_ff at 4E and biases everywhere: a GPTConfig with others is not BLOOM
+    for other in (cfg.replace(d_ff=96), cfg.replace(mlp_bias=False)):
+        with pytest.raises(ConfigError, match="ALiBi outside BLOOM"):
+            transformers_family(other)
+        with pytest.raises(ConfigError, match="d_ff 4E"):
+            tw.hf_config_for(other, "bloom")
 
 
 # --------------------------------------------------------------------------- LoRA (PEFT 0.21)

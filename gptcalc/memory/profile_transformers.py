@@ -162,11 +162,15 @@ def _gemma(cfg: GPTConfig) -> bool:
 
 def _bloom(cfg: GPTConfig) -> bool:
     """BLOOM's block (BloomForCausalLM): ALiBi, an embedding LayerNorm, fused biased
-    query_key_value, LayerNorms, a 4E tanh-GELU MLP with biases, multi-head attention."""
+    query_key_value, LayerNorms, a 4E tanh-GELU MLP with biases, multi-head attention of
+    E / H wide heads (BloomAttention and BloomMLP fix those widths)."""
     return (cfg.pos_embedding == "alibi" and cfg.embd_norm and cfg.qkv_layout == "fused"
             and cfg.norm == "layernorm" and cfg.mlp == "gelu_tanh" and cfg.pre_norm
-            and not (cfg.post_norm or cfg.parallel_residual or cfg.moe or cfg.mla)
-            and cfg.qk_norm == "none" and cfg.kv_heads == cfg.n_head)
+            and not (cfg.post_norm or cfg.parallel_residual or cfg.moe or cfg.mla
+                     or cfg.embd_dropout or cfg.sliding_window is not None)
+            and cfg.qk_norm == "none" and cfg.kv_heads == cfg.n_head
+            and cfg.head_size * cfg.n_head == cfg.n_embd and cfg.ffn_dim == 4 * cfg.n_embd
+            and cfg.qkv_bias and cfg.attn_out_bias and cfg.mlp_bias)
 
 
 def _not_modelled(cfg: GPTConfig) -> list[str]:
