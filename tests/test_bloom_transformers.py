@@ -252,3 +252,56 @@ def test_lora_on_bloom_is_modelled_under_transformers_only(tmp_path):
     assert CliRunner().invoke(cli, base + ["--impl", "transformers"]).exit_code == 0
     r = CliRunner().invoke(cli, base + ["--impl", "reference"])
     assert r.exit_code == 2 and "ALiBi" in r.stderr and "Traceback" not in r.output
+
+
+# --------------------------------------------------------------------------- preset and recipes
+
+
+def _memory(*args: str) -> dict:
+    r = CliRunner().invoke(cli, ["memory", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    out.pop("recipe", None)
+    return out
+
+
+def test_preset_is_the_published_config():
+    from gptcalc import from_name
+    from gptcalc.params import count_params
+
+    from .hf_published import PUBLISHED
+
+    published = config_from_hf(PUBLISHED["bloom-560m"])
+    assert from_name("bloom-560m").replace(hf_model_type="") == published.replace(
+        hf_model_type="")
+    # bigscience/bloom-560m's model card: 559,214,592 parameters
+    assert count_params(from_name("bloom-560m")).total == 559_214_592
+
+
+def test_impl_transformers_takes_blooms_only_attention():
+    # --impl transformers on the preset: BLOOM's eager attention unless --attn is typed
+    typed = _memory("--preset", "bloom-560m", "--impl", "transformers", "--attn", "manual",
+                    "-B", "1", "--seq-len", "64")
+    assert _memory("--preset", "bloom-560m", "--impl", "transformers", "-B", "1",
+                   "--seq-len", "64") == typed
+    r = CliRunner().invoke(cli, ["memory", "--preset", "bloom-560m", "--impl", "transformers",
+                                 "--attn", "sdpa"])
+    assert r.exit_code == 2 and "no SDPA path" in r.stderr and "Traceback" not in r.output
+
+
+def test_a_recipe_naming_bloomz_answers_as_the_preset(tmp_path):
+    # PEFT's own examples fine-tune bigscience/bloomz-560m (BLOOM 560M's config.json): a TRL
+    # recipe naming it answers as --preset bloom-560m under transformers' BLOOM
+    from gptcalc.recipes.models import hub_preset
+
+    assert hub_preset("bigscience/bloomz-560m") == hub_preset("bigscience/bloom-560m") == (
+        "bloom-560m")
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("model_name_or_path: bigscience/bloomz-560m\nuse_peft: true\n"
+                      "lora_target_modules: [query_key_value]\nlora_dropout: 0\n")
+    # TRL's SFTConfig defaults (tests/test_recipes.py): max_length 1024, batch 8, bf16,
+    # gradient checkpointing
+    typed = ["--preset", "bloom-560m", "--impl", "transformers", "-B", "8", "--mode", "amp",
+             "--recompute", "full", "--seq-len", "1024", "--no-keep-logits", "--lora-rank",
+             "16", "--lora-targets", "query_key_value"]
+    assert _memory("--recipe", str(recipe)) == _memory(*typed)
