@@ -138,6 +138,8 @@ def test_family_defaults_and_refusals():
     cfg = config_from_hf(bloom_raw())
     assert transformers_family(cfg) == "bloom" and default_attention(cfg) == "manual"
     assert tw.build(bloom_raw()).config._attn_implementation == "eager"  # its only path
+    with pytest.raises(ValueError, match="does not support"):  # should SDPA come, model it
+        tw.build(bloom_raw(), "sdpa")
     with pytest.raises(ConfigError, match="no SDPA path"):
         saved_activations(cfg, Workload(1, 8), TrainingSetup(impl="transformers",
                                                              attn_impl="sdpa"))
