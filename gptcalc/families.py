@@ -63,6 +63,10 @@ ARCHS.update({
     "olmo2": dict(_LLAMA, pre_norm=False, post_norm=True, qk_norm="proj"),
     # Phi-3 (Abdin et al. 2024): Llama's switches with fused qkv_proj and gate_up_proj.
     "phi3": dict(_LLAMA, qkv_layout="fused"),
+    # BLOOM (BigScience 2022, sec. 3.2.4): GPT-2's fused, biased block with ALiBi instead of a
+    # position table and a LayerNorm after the embedding (word_embeddings_layernorm).
+    "bloom": dict(ARCHS["gpt2"], pos_embedding="alibi", embd_norm=True, embd_dropout=False,
+                  dropout=0.0),
 })
 
 

@@ -56,6 +56,10 @@ PRESETS: dict[str, Preset] = {
     # in Table D.1); we take 5120.
     "gpt3-13b": _gpt3(40, 5120, 40, note="Table 2.1 prints 5140; took 40x128 = 5120"),
     "gpt3-175b": _gpt3(96, 12288, 96),
+    # BLOOM 560M (bigscience/bloom-560m config.json: n_layer 24, hidden_size 1024, n_head 16,
+    # vocab_size 250880, tied head; BigScience 2022, Table 3: sequence length 2048).
+    "bloom-560m": Preset("bloom", dict(n_layer=24, n_head=16, n_embd=1024, block_size=2048,
+                                        vocab_size=250880), hub="bloom"),
     # Llama 2 7B (Touvron et al. 2023; meta-llama/Llama-2-7b-hf config.json): 4096 context,
     # intermediate_size 11008, 32 heads, vocabulary 32000.
     "llama2-7b": Preset("llama", dict(n_layer=32, n_head=32, n_embd=4096, d_ff=11008,

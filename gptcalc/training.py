@@ -202,6 +202,11 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             values["engine"] in names() and engine_named(values["engine"]).mixed_by_default):
         values["mode"] = "mixed"  # the engine's own mixed precision is how it is run
     _engine_impl(cfg, values, given, set(origin), values["engine"])
+    if values["impl"] == "transformers" and given.get("attn") is None and "attn" not in origin:
+        from .memory.profile_transformers import default_attention  # torch-free
+
+        if default_attention(cfg) == "manual":  # a class with eager attention only (BLOOM)
+            values["attn"] = "manual"
     tables = {table: {k: values[k] for k in table_keys(table)} for table in SETUP_TABLES}
     tables["parallel"].update(engine_table)
     # what the engine derives is left out of the tables unless chosen (the engine from the ZeRO

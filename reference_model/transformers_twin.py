@@ -1,7 +1,8 @@
 """The memory measurements of `reference_model.memory`, on Hugging Face transformers models.
 
 What people fine-tune is transformers' `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`,
-`GPT2LMHeadModel` and `GPTNeoXForCausalLM` with their default attention, not the reference model.
+`GPT2LMHeadModel`, `GPTNeoXForCausalLM` and `BloomForCausalLM` with their default attention, not
+the reference model.
 This module builds those classes from a `GPTConfig` (or a config.json dict), offline and with random
 weights, and measures what they hold:
 
@@ -41,7 +42,7 @@ from .memory import (SavedReport, SavedTensor, saved_during, tensors_in,
                      track_skipping_frozen)
 from .recompute import OpCheckpoint
 
-FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "bloom")
 _HF_GELU = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # gptcalc mlp -> HF act
 
 
@@ -60,6 +61,8 @@ def hf_config_for(cfg: GPTConfig, family: str | None = None) -> dict[str, Any]:
 
     gpt2: GPT2LMHeadModel (fused c_attn, biases, learned positions, `gelu_new` for gelu_tanh);
     gpt_neox: GPTNeoXForCausalLM (fused query_key_value, partial rotary, parallel residual);
+    bloom: BloomForCausalLM (ALiBi, word_embeddings_layernorm, fused query_key_value, eager
+    attention only);
     llama / mistral: no or shared biases, RMSNorm, SwiGLU, separate q/k/v, grouped-query;
     qwen2: q/k/v bias without an output-projection bias. Raises ConfigError for a
     switch the class cannot express (ConfigError, field \"family\") (e.g. a GPT-2 without biases, a NeoX with grouped-query).
@@ -82,6 +85,17 @@ def hf_config_for(cfg: GPTConfig, family: str | None = None) -> dict[str, Any]:
                     n_inner=None if cfg.d_ff is None else cfg.d_ff,
                     activation_function=_HF_GELU[cfg.mlp], resid_pdrop=p, embd_pdrop=p,
                     attn_pdrop=p, tie_word_embeddings=cfg.tie_embeddings)
+    if fam == "bloom":
+        # BloomAttention and BloomMLP fix what a GPTConfig could vary: head_dim E / H, d_ff 4E,
+        # biases everywhere, one dropout rate read by both hidden_dropout and attention_dropout
+        _require(cfg.head_dim in (None, cfg.n_embd // cfg.n_head) and cfg.ffn_dim == 4 * cfg.n_embd
+                 and cfg.qkv_bias and cfg.attn_out_bias and cfg.mlp_bias
+                 and not cfg.embd_dropout, fam,
+                 "head_dim E / H, d_ff 4E, biased Linears, no embedding dropout")
+        return dict(model_type="bloom", hidden_size=cfg.n_embd, n_layer=cfg.n_layer,
+                    n_head=cfg.n_head, vocab_size=cfg.vocab_size, seq_length=cfg.block_size,
+                    hidden_dropout=p, attention_dropout=p,
+                    tie_word_embeddings=cfg.tie_embeddings)
     if fam == "gpt_neox":
         _require(cfg.pos_embedding == "rotary" and cfg.qkv_layout == "fused"
                  and cfg.norm == "layernorm", fam, "needs rotary, fused q/k/v, LayerNorm")

@@ -55,8 +55,9 @@ ATTENTION_TARGETS = frozenset(ATTN_INPUT_TARGETS + ("o", "q_b", "kv_b"))
 
 
 # transformers families beyond the classic blocks whose PEFT-wrapped training is measured:
-# routed experts adapted through parameter targeting (router and fused experts), q/k norms
-LORA_TRANSFORMERS_FAMILIES = ("mixtral", "qwen3_moe", "qwen3")
+# routed experts adapted through parameter targeting (router and fused experts), q/k norms,
+# BLOOM's ALiBi and embedding norm (tests/test_bloom_transformers.py)
+LORA_TRANSFORMERS_FAMILIES = ("mixtral", "qwen3_moe", "qwen3", "bloom")
 
 
 def lora_on_transformers(cfg: GPTConfig, setup: TrainingSetup) -> bool:
@@ -122,12 +123,25 @@ def dora_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> dict
     return out
 
 
+def embeddings_require_grad(setup: TrainingSetup) -> bool:
+    """Whether the frozen embeddings' output requires a gradient all the same: PEFT 0.21 on a
+    transformers model with checkpointed blocks (peft_model.py,
+    `prepare_model_for_gradient_checkpointing` -> `enable_input_require_grads`), so that the
+    checkpointed blocks' recomputation reaches the adapters; everything ahead of the first
+    adapter then saves what full training saves (measured on transformers' BLOOM and Llama,
+    tests/test_bloom_transformers.py)."""
+    return setup.recompute == "full" and setup.impl == "transformers"
+
+
 def input_grad_instances(cfg: GPTConfig, setup: TrainingSetup, adapter) -> int:
     """How many of an adapted Linear's instances read an input that needs a gradient: all but
     the first block's, unless an adapter sits ahead of it in that block (the embeddings and
     the norms are frozen): q, k, v never; o after q, k or v; the MLP after an attention
     adapter (in a parallel block only after the MLP's own); down after up or gate too; the
-    head after any block adapter."""
+    head after any block adapter; every one where the embeddings' output needs a gradient
+    (`embeddings_require_grad`)."""
+    if embeddings_require_grad(setup):
+        return adapter.count
     covered_all = covered(cfg, setup.lora_targets)
     attention = covered_all & set(ATTN_INPUT_TARGETS)
     ahead = {"o": bool(attention),
@@ -251,7 +265,8 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     reads = targets - ({c for a in selected(cfg, setup.lora_targets) if not a.param_target
                         for c in a.covers} if own_input_copies(setup, amp) else set())
     out = dict(lines)
-    if not targets - {"lm_head"}:  # the head alone: nothing ahead of it needs a gradient
+    # the head alone: nothing ahead of it needs a gradient (unless `embeddings_require_grad`)
+    if not targets - {"lm_head"} and not embeddings_require_grad(setup):
         out = {k: v for k, v in out.items()
                if not k.startswith(("layer/", "embedding/", "final/ln_f/"))}
     drop = ["input/idx", "embedding/positions"] + ["final/lm_head_input"] * (
@@ -272,6 +287,9 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     N = workload.batch_size * workload.seq_len
     for k in ("embedding/dropout_mask",):  # the frozen embeddings' output needs no gradient
         out.pop(k, None)
+    if not embeddings_require_grad(setup):  # nor BLOOM's frozen embedding LayerNorm's: it
+        for k in [k for k in out if k.startswith("embedding/ln_emb/")]:  # saves nothing
+            out.pop(k)
     L, n_moe, a = cfg.n_layer, moe_layers(cfg) if cfg.moe else 0, setup.act_bytes
     if "layer/mlp/fc_input" in out:  # the MLP's input: an MoE layer's router reads it too
         fc = out.pop("layer/mlp/fc_input") // L

@@ -9,7 +9,9 @@ lines as Llama's, o_proj's input a copy as in NeoX), Gemma2ForCausalLM (eager, i
 logits) and Gemma3ForCausalLM (gemma3_text: q/k norms, a local and a global rotary embedding,
 sliding layers with a mask once S >= window), MixtralForCausalLM and Qwen3MoeForCausalLM (their
 experts on transformers' default grouped_mm path, not experts_implementation="eager") and
-DeepseekV3ForCausalLM (MLA, dense first layers, group-limited sigmoid routing, shared experts);
+DeepseekV3ForCausalLM (MLA, dense first layers, group-limited sigmoid routing, shared experts)
+and BloomForCausalLM (ALiBi added by baddbmm, word_embeddings_layernorm, fused query_key_value,
+dropout_add after each branch; eager attention only: transformers 5.24 gives BLOOM no SDPA path);
 other families (Qwen2-MoE's gated shared expert, gpt-oss, Gemma 1, OLMo 2, ...) raise a
 ConfigError naming --impl, run as `model(input_ids,
 labels=labels)` in train mode with the config's defaults (`use_cache=True`: a DynamicCache holds a
@@ -17,7 +19,8 @@ copy of every layer's key and value; `attn_implementation` "sdpa", or "eager" = 
 
 Measured (saved_tensors_hooks deduplicated by storage; transformers 5.23, torch 2.13, CPU):
 fp32 and bf16 weights, sdpa and eager, dropout 0 and > 0, b and H 1 or more, every family
-(Gemma 2: eager only, as transformers runs it; Gemma 3: both):
+(Gemma 2 and BLOOM: eager only, as transformers runs them; Gemma 3: both; BLOOM also under
+bf16 autocast and with recompute full: tests/test_bloom_transformers.py):
 exact (tests/test_transformers_twin.py). Documented only (not measurable here): device cuda,
 where nn.Dropout saves a 1-byte bool mask (native_dropout), LayerNorm statistics are fp32, and
 SDPA always runs a fused kernel (flash for 16-bit: q, k, v, out and an fp32 logsumexp b x H x S;
@@ -46,6 +49,7 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     embedding/rotary_cos_sin  2 * S * R * r  cos, sin (1, 1, S, R) shared by all layers, R = rotary dims
                               (Gemma 3: one pair per layer type present, sliding and global)
     embedding/dropout_mask    N * E * a      nn.Dropout's float mask (GPT-2, NeoX)
+    embedding/ln_emb/...      as ln_1        BLOOM's word_embeddings_layernorm
     layer/ln_1/...            LayerNorm: input N*E*r, mean N*4, rstd N*4;
                               RMSNorm: fp32 input N*E*4, rsqrt N*4, normalized N*E*a;
                               Gemma's RMSNorm, all fp32: input N*E*4, rsqrt N*4,
@@ -65,6 +69,8 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     eager, or sdpa with dropout on CPU (the math path; 16-bit inputs computed in fp32, m = 4):
     layer/attn/q, k_t, v      N * Dq * m     matmul's contiguous copies (or repeat_kv's outputs);
                               GPT-2 eager with b or H = 1: q is c_attn's N*3E output;
+                              BLOOM: q as GPT-2's (also at S = 1), saved by baddbmm with k (the
+                              ALiBi bias is its `self`, not saved); k and v the cache's copies
                               eager with one KV head and b = 1: k and v are views of it, N*Dkv
     layer/attn/softcap_tanh   b * H * S^2 * a  Gemma 2's tanh(scores / cap) output (eager only)
     layer/attn/softmax        b * H * S^2 * 4  eager softmax(dtype=float32) (GPT-2: in its input dtype)
@@ -72,15 +78,18 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     layer/attn/dropout_mask   b * H * S^2 * a  float mask (CPU), 1 byte on CUDA
     layer/attn/dropped        b * H * S^2 * a  the dropped probabilities att @ v saves
     layer/attn/out_input      N * Dq * a     o_proj's input (a copy unless shared with sdpa_out)
-    layer/attn/resid_dropout_mask N * E * a  GPT-2 resid_dropout, NeoX post_attention_dropout
+    layer/attn/resid_dropout_mask N * E * a  GPT-2 resid_dropout, NeoX post_attention_dropout,
+                              BLOOM's dropout_add (F.dropout) on dense's output
     layer/ln_post_attn/...    Gemma's post_attention_layernorm on o_proj's output, as its ln_1
     layer/ln_2/...            as ln_1; NeoX's parallel residual reads the block input ln_1 saved
     layer/mlp/fc_input        N * E * a      up (and gate) projection input
-    layer/mlp/hidden          k * N * Dff * a  relu 1 (its output), gelu 2 (input, output),
+    layer/mlp/hidden          k * N * Dff * a  relu 1 (its output), gelu 2 (input, output; BLOOM's
+                              GeLUFunction saves its input, dense_4h_to_h the output),
                               gelu_new 5 (x for pow, tanh output, 0.5x, 1 + tanh, output),
                               SwiGLU 4 (gate output, silu output, up output, product),
                               GeGLU (gelu_pytorch_tanh, one fused op) 4 likewise
-    layer/mlp/dropout_mask    N * E * a      GPT-2 mlp.dropout, NeoX post_mlp_dropout
+    layer/mlp/dropout_mask    N * E * a      GPT-2 mlp.dropout, NeoX post_mlp_dropout, BLOOM's
+                              dropout_add on dense_4h_to_h's output
     MoE layers (Mixtral, Qwen3-MoE; X experts, top k, Nk = N*k, F expert width), instead of
     mlp/hidden (mlp/fc_input is the router's and the experts' shared input):
     layer/moe/router_probs    N * X * 4      softmax of the fp32 router logits
@@ -118,8 +127,10 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
     layer/block_input         N * E * r      each layer's input, saved by the checkpoint
     layer/op/...              `op_block_lines` (op only)
     embedding/position_ids    S * 8          bound into every recomputation (not GPT-2)
-    embedding/attention_mask  b * S^2 * a    eager's mask per layer type, likewise (SDPA: a
-                              window's bool S^2 once S >= window)
+    embedding/attention_mask  b * S^2 * r    eager's mask per layer type, likewise, in the
+                              embeddings' dtype (SDPA: a window's bool S^2 once S >= window)
+    embedding/alibi           b * H * S * r  BLOOM's ALiBi bias (b * H, 1, S), likewise (BLOOM
+                              has no position ids)
     input/idx                 N * 8          the embedding's int64 indices
     input/labels              N * 8          the shifted labels (pad + [..., 1:].contiguous());
                               b = 1: (S + 1) * 8, a view of the padded labels
@@ -138,7 +149,7 @@ from .profile_reference import op_block_lines
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
 # three more N x Dff tensors than a fused GELU)
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2",
-            "gemma3_text", "mixtral", "qwen3_moe", "deepseek_v3")
+            "gemma3_text", "mixtral", "qwen3_moe", "deepseek_v3", "bloom")
 _SDPA_GQA_MAX_HEAD_DIM = 256  # transformers' use_gqa_in_sdpa: enable_gqa only up to this head dim
 
 
@@ -149,9 +160,23 @@ def _gemma(cfg: GPTConfig) -> bool:
             and not cfg.parallel_residual)
 
 
+def _bloom(cfg: GPTConfig) -> bool:
+    """BLOOM's block (BloomForCausalLM): ALiBi, an embedding LayerNorm, fused biased
+    query_key_value, LayerNorms, a 4E tanh-GELU MLP with biases, multi-head attention of
+    E / H wide heads (BloomAttention and BloomMLP fix those widths)."""
+    return (cfg.pos_embedding == "alibi" and cfg.embd_norm and cfg.qkv_layout == "fused"
+            and cfg.norm == "layernorm" and cfg.mlp == "gelu_tanh" and cfg.pre_norm
+            and not (cfg.post_norm or cfg.parallel_residual or cfg.moe or cfg.mla
+                     or cfg.embd_dropout or cfg.sliding_window is not None)
+            and cfg.qk_norm == "none" and cfg.kv_heads == cfg.n_head
+            and cfg.head_size * cfg.n_head == cfg.n_embd and cfg.ffn_dim == 4 * cfg.n_embd
+            and cfg.qkv_bias and cfg.attn_out_bias and cfg.mlp_bias)
+
+
 def _not_modelled(cfg: GPTConfig) -> list[str]:
     """Switches of `cfg` whose transformers modules this profile has not measured."""
     gemma = _gemma(cfg)
+    bloom = _bloom(cfg)
     deepseek = (cfg.mla and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.pre_norm
                 and not cfg.post_norm and cfg.qk_norm == "none" and cfg.sliding_window is None)
     moe = cfg.moe and not (cfg.shared_expert_gate or cfg.router_bias or cfg.expert_bias
@@ -167,10 +192,11 @@ def _not_modelled(cfg: GPTConfig) -> list[str]:
             (f"q/k norm {cfg.qk_norm!r}", cfg.qk_norm not in ("none", "head")),
             ("a pattern of global and sliding layers",
              "G" in cfg.attn_pattern.upper() and not gemma),
-            ("attention sinks", cfg.attn_sinks), ("ALiBi", cfg.pos_embedding == "alibi"),
+            ("attention sinks", cfg.attn_sinks),
+            ("ALiBi outside BLOOM", cfg.pos_embedding == "alibi" and not bloom),
             ("GeGLU without Gemma's post-norms", cfg.mlp == "geglu" and not gemma),
             ("soft-capping outside Gemma", (cfg.attn_softcap or cfg.logit_softcap) and not gemma),
-            ("an embedding norm", cfg.embd_norm),
+            ("an embedding norm outside BLOOM", cfg.embd_norm and not bloom),
             ("OPT's embedding projections", cfg.embd_proj_dim is not None or cfg.pos_offset))
     return [name for name, on in used if on]
 
@@ -180,7 +206,8 @@ def transformers_family(cfg: GPTConfig) -> str:
     LayerNorm), gpt_neox (rotary, fused q/k/v, LayerNorm), qwen2 (RMSNorm, SwiGLU, separate
     q/k/v with q/k/v bias and no output bias), qwen3 (RMSNorm over each q and k head) or llama
     (the same without that bias pattern; mistral is the same network, with or without its
-    sliding window), phi3 (Llama's block with fused qkv_proj and gate_up_proj). Raises ConfigError(field="impl") for switches the profile has not measured
+    sliding window), phi3 (Llama's block with fused qkv_proj and gate_up_proj), bloom (ALiBi
+    and an embedding LayerNorm around GPT-2's fused, biased block). Raises ConfigError(field="impl") for switches the profile has not measured
     (MoE, MLA, Gemma's norms and GeGLU, ...) and for a set of switches no class has."""
     missing = _not_modelled(cfg)
     if missing:
@@ -188,6 +215,8 @@ def transformers_family(cfg: GPTConfig) -> str:
                                   "(its saved tensors are not measured); use --impl reference")
     if _gemma(cfg):
         return "gemma3_text" if cfg.qk_norm == "head" else "gemma2"
+    if _bloom(cfg):
+        return "bloom"
     if cfg.mla:
         return "deepseek_v3"
     if cfg.qkv_layout == "fused" and cfg.norm == "layernorm" and cfg.qk_norm == "none":
@@ -226,11 +255,16 @@ def _layer_kinds(cfg: GPTConfig, S: int) -> list[tuple[int, bool]]:
     return [(n, m) for n, m in ((n_slide, masked), (cfg.n_layer - n_slide, False)) if n]
 
 
+# the classes with an eager attention only: Gemma 2 (its soft-capping) and BLOOM (ALiBi added
+# by baddbmm; BloomPreTrainedModel declares no SDPA or flash support in transformers 5.24)
+EAGER_ONLY = ("gemma2", "bloom")
+
+
 def default_attention(cfg: GPTConfig) -> str:
-    """transformers' default attention for `cfg`'s class: Gemma 2 has no SDPA path (its
-    soft-capping), eager = "manual"; every other family here defaults to "sdpa"."""
+    """transformers' default attention for `cfg`'s class: Gemma 2 and BLOOM have no SDPA path
+    (`EAGER_ONLY`), eager = "manual"; every other family here defaults to "sdpa"."""
     try:
-        return "manual" if transformers_family(cfg) == "gemma2" else "sdpa"
+        return "manual" if transformers_family(cfg) in EAGER_ONLY else "sdpa"
     except ConfigError:
         return "sdpa"
 
@@ -240,6 +274,9 @@ def _check(setup: Any, cfg: GPTConfig | None = None) -> None:
         raise ConfigError("recompute", "transformers checkpoints whole decoder layers only "
                                        "(gradient_checkpointing_enable): recompute none, op "
                                        "or full")
+    if setup.recompute == "op" and cfg is not None and _bloom(cfg):
+        raise ConfigError("recompute", "recompute op is not measured on BLOOM's blocks (ALiBi "
+                                       "through baddbmm): use --recompute none or full")
     if setup.recompute == "op" and cfg is not None and cfg.moe:
         raise ConfigError("recompute", "recompute op keeps every second matmul of a layer, "
                                        "which in an MoE layer depends on the routing; use "
@@ -250,6 +287,10 @@ def _check_attention(cfg: GPTConfig, fam: str, setup: Any) -> None:
     if fam == "gemma2" and setup.attn_impl == "sdpa":
         raise ConfigError("attn_impl", "transformers' Gemma2 has no SDPA path (soft-capping): "
                                        "its default is eager attention (attn_impl manual)")
+    if fam == "bloom" and setup.attn_impl == "sdpa":
+        raise ConfigError("attn_impl", "transformers' BLOOM has no SDPA path (ALiBi through "
+                                       "baddbmm): its only attention is eager (attn_impl "
+                                       "manual)")
 
 
 def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int) -> dict[str, int]:
@@ -387,8 +428,11 @@ def _attention(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, masked: boo
     # contiguous k or v, such as the cache's copies or repeat_kv's output, a view of it: the
     # same N*Dq bytes, since the cache holds H heads without grouping)
     # GPT-2's q is a view of c_attn's output: where the fold is a view too (b or H = 1) eager
-    # matmul saves that whole N*3E storage (the math path scales q into a fresh tensor first)
-    q_view = fam == "gpt2" and not math_path and (b == 1 or H == 1)
+    # matmul saves that whole N*3E storage (the math path scales q into a fresh tensor first);
+    # BLOOM's likewise, of query_key_value's output, by baddbmm (its k and v: the cache's
+    # copies), and also at S = 1, where (b, H) strides 3E and 3hd merge into a view
+    q_view = fam in ("gpt2", "bloom") and not math_path and (
+        b == 1 or H == 1 or (fam == "bloom" and S == 1))
     lines["attn/q"] = N * (3 * cfg.n_embd if q_view else Dq) * m
     # one KV head (multi-query): repeat_kv's expand-reshape is a view of the cache's one head
     # (stride 0 over the repeats), and with b = 1 matmul folds it as a view too: that one head
@@ -435,7 +479,8 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     up_casts = 2 if amp and cfg.mlp in GATED_MLPS else 1
     drop = cfg.dropout > 0
     mask = 1 if cuda else a  # nn.Dropout: float mask on CPU, bool on CUDA
-    resid_drop = drop and fam in ("gpt2", "gpt_neox")  # Llama-shaped models drop attention only
+    # Llama-shaped models drop attention only; BLOOM's dropout_add drops each branch's output
+    resid_drop = drop and fam in ("gpt2", "gpt_neox", "bloom")
     rot = cfg.rotary_dims
     gemma = fam in ("gemma2", "gemma3_text")
     kinds = _layer_kinds(cfg, S)
@@ -444,19 +489,23 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     out: dict[str, int] = {
         "embedding/positions": 8 * S if fam == "gpt2" else 0,  # wpe(position_ids): (1, S) int64
         "embedding/rotary_cos_sin": n_rotary * 2 * S * rot * r,
-        "embedding/dropout_mask": N * E * mask if resid_drop else 0,
+        "embedding/dropout_mask": N * E * mask if resid_drop and fam != "bloom" else 0,
     }
+    if fam == "bloom":  # word_embeddings_layernorm on the embedding's output
+        out.update({f"embedding/ln_emb/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
     layer: dict[str, int] = {}
     checkpointed = setup.recompute in ("full", "op")
     if checkpointed:
         layer["block_input"] = N * E * r  # torch.utils.checkpoint keeps each layer's input
         # the keyword arguments bound into every layer's recomputation (one tensor for all
-        # layers): position ids (GPT-2's are wpe's, counted above) and the attention masks,
-        # one per layer type: eager's b x S x S in the compute dtype; SDPA's only for a window
-        # that cuts keys off, a bool S x S broadcast over the batch
-        out["embedding/position_ids"] = 8 * S if fam != "gpt2" else 0
+        # layers): position ids (GPT-2's are wpe's, counted above; BLOOM has none) and the
+        # attention masks, one per layer type: eager's b x S x S in the embeddings' dtype (fp32
+        # under amp); SDPA's only for a window that cuts keys off, a bool S x S broadcast over
+        # the batch; BLOOM's ALiBi bias, (b * H, 1, S) in the residual stream's dtype
+        out["embedding/position_ids"] = 8 * S if fam not in ("gpt2", "bloom") else 0
+        out["embedding/alibi"] = b * cfg.n_head * S * r if fam == "bloom" else 0
         if setup.attn_impl == "manual":
-            out["embedding/attention_mask"] = len(kinds) * b * S * S * a
+            out["embedding/attention_mask"] = len(kinds) * b * S * S * r
         else:
             out["embedding/attention_mask"] = sum(S * S for _, m in kinds if m)
         if setup.recompute == "op":

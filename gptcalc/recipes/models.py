@@ -45,6 +45,8 @@ HUB: dict[str, str] = {
     "microsoft/phi-4": "phi-4",
     "microsoft/phi-3-mini-4k-instruct": "phi-3-mini",
     "allenai/olmo-2-1124-7b": "olmo2-7b",
+    # BLOOMZ 560M is BLOOM 560M fine-tuned on xP3: the same config.json
+    **dict.fromkeys(("bigscience/bloom-560m", "bigscience/bloomz-560m"), "bloom-560m"),
 }
 
 # torchtune's model builders (torchtune/models/*/_model_builders.py, pytorch/torchtune at
@@ -72,7 +74,7 @@ TORCHTUNE: dict[str, str] = {
 # recipe run by the Hugging Face Trainer counts their activations as transformers saves them
 TRANSFORMERS_MODELLED = frozenset({"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3",
                                    "qwen3_moe", "phi3", "gemma2", "gemma3_text",
-                                   "deepseek_v3"})
+                                   "deepseek_v3", "bloom"})
 
 
 def hub_preset(repo_id: str) -> str | None:
