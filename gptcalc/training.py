@@ -202,6 +202,10 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
             values["engine"] in names() and engine_named(values["engine"]).mixed_by_default):
         values["mode"] = "mixed"  # the engine's own mixed precision is how it is run
     _engine_impl(cfg, values, given, set(origin), values["engine"])
+    if values["impl"] == "litgpt":  # litgpt's bf16-true, its loop holding the logits
+        for key, value in (("mode", "bf16"), ("keep_logits", True)):
+            if given.get(key) is None and key not in origin:
+                values[key] = value
     tables = {table: {k: values[k] for k in table_keys(table)} for table in SETUP_TABLES}
     tables["parallel"].update(engine_table)
     # what the engine derives is left out of the tables unless chosen (the engine from the ZeRO
