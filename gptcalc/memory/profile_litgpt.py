@@ -46,8 +46,8 @@ E width, Dq = H hd, Dkv = G hd with G key/value heads, Dff d_ff, V vocabulary):
     cross_entropy/total_weight n * a        each chunk's nll_loss total weight (0-d), n chunks
     cross_entropy/count       8             the int64 count of counted targets the sum divides by
     input/idx                 N * 8         the embedding's int64 indices
-    input/labels              N' * 8        targets[..., 1:].reshape(-1), a copy (b, S > 1); else a
-                                            view of the batch's (b, S) targets, N * 8
+    input/labels              N' * 8        targets[..., 1:].reshape(-1), a copy (b > 1, S > 2); else
+                                            a view of the batch's (b, S) targets, N * 8
 """
 
 from __future__ import annotations
@@ -126,6 +126,13 @@ def check_litgpt(cfg: GPTConfig, setup: TrainingSetup) -> None:
                                     f"(one device, or FSDP over --dp): not --{name}")
 
 
+def _shift_copies(workload: Workload) -> bool:
+    """Whether `x[..., 1:]` (or `[..., :-1, :]`) then `reshape` copies: b > 1 rows of S - 1 > 1
+    positions are not one stride apart; with b = 1, or one position left per row (S = 2), the
+    reshape is a view of the batch's (or the logits') storage."""
+    return workload.batch_size > 1 and workload.seq_len > 2
+
+
 def loss_chunks(workload: Workload) -> int:
     """Chunks of `chunked_cross_entropy`: ceil(N' / 128) over N' = b (S - 1) rows, at least one
     (`split` of an empty tensor returns it whole)."""
@@ -168,7 +175,7 @@ def litgpt_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> di
     out["cross_entropy/total_weight"] = loss_chunks(workload) * a
     out["cross_entropy/count"] = 8
     out["input/idx"] = 8 * N
-    out["input/labels"] = 8 * (rows if b > 1 and S > 1 else N)
+    out["input/labels"] = 8 * (rows if _shift_copies(workload) else N)
     return out
 
 
@@ -179,7 +186,7 @@ def litgpt_loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSe
     largest chunk, min(128, N') rows).
 
     forward: the larger of the loss's own moment, the shifted logits' reshape copy (n' when
-    b > 1 and S > 1; a view otherwise) beside the chunks' per-row losses and their cat
+    b > 1 and S > 2; a view otherwise) beside the chunks' per-row losses and their cat
     (2 N' a), and the model's last op, where the loop's `logits` still holds the previous
     step's logits beside the new ones and no log-probability is made yet (n - n').
     backward: autograd runs the chunks' losses from the last: each chunk's nll_loss gradient
@@ -191,7 +198,7 @@ def litgpt_loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSe
     b, S, V, a = workload.batch_size, workload.seq_len, cfg.vocab_size, setup.act_bytes
     rows = b * (S - 1)
     logits, shifted = b * S * V * a, rows * V * a
-    copy = shifted if b > 1 and S > 1 else 0
+    copy = shifted if _shift_copies(workload) else 0
     forward = max(copy + 2 * rows * a, logits - shifted)
     return {"forward": forward, "backward": max(2 * min(CHUNK_SIZE, rows) * V * a, logits)}
 
@@ -209,21 +216,37 @@ def litgpt_loop(ledger: Ledger, cfg: GPTConfig, workload: Workload, setup: Train
                 ) -> None:
     """full.py's loop in `ledger`: the rope cache at every moment, and the logits at the
     optimizer step (the loop's `logits` name holds them until the next forward returns).
-    On one CPU device AdamW steps one tensor at a time (`_single_tensor_adamw`), in the
-    model's parameter order, where litgpt's GPT registers lm_head first and the token
-    embedding second: lm_head's denom is alive beside the embedding's two temporaries, three
-    V x E tensors (the step's temporaries, when larger)."""
+    On one CPU device AdamW steps one tensor at a time (`_single_tensor_adamw`) in the
+    model's parameter order, the previous tensor's denom alive beside this one's two
+    temporaries: litgpt's order (`parameter_order`), not the inventory's."""
     for phase in ledger.phases:
         ledger.add(phase, ROPE_CACHE, rope_cache_bytes(cfg, workload, setup))
     ledger.add(Phase.OPTIMIZER_STEP, LOGITS,
                workload.batch_size * workload.seq_len * cfg.vocab_size * setup.act_bytes)
     if (setup.device == "cpu" and setup.optimizer == "adamw" and setup.dp == 1
             and setup.zero == 0):
-        head = 3 * cfg.vocab_size * cfg.n_embd * setup.weight_bytes
-        temps = ledger.get(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES)
-        ledger.replace(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES, max(temps, head))
+        sizes = parameter_order(cfg)
+        pairs = max(p + 2 * n for p, n in zip([0] + sizes, sizes))
+        ledger.replace(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES,
+                       pairs * setup.weight_bytes)
+
+
+def parameter_order(cfg: GPTConfig) -> list[int]:
+    """Elements of litgpt's GPT parameters in `parameters()` order, with at most two blocks
+    (every block repeats the first's order): lm_head (weight, bias), then transformer.wte, each
+    block's norm_1, attn.qkv (weight, bias), attn.proj, norm_2, mlp.fc_1, fc_2, proj (weight,
+    bias each where `bias`), and transformer.ln_f."""
+    E, V, Dff = cfg.n_embd, cfg.vocab_size, cfg.ffn_dim
+    qkv = cfg.q_width + 2 * cfg.kv_width
+    bias = cfg.mlp_bias  # litgpt's `bias`: proj's and the MLP's
+    block = [E, E * qkv] + ([qkv] if cfg.qkv_bias else []) + [cfg.q_width * E] + (
+        [E] if bias else []) + [E]
+    for fan_in, fan_out in ((E, Dff), (E, Dff), (Dff, E)):
+        block += [fan_in * fan_out] + ([fan_out] if bias else [])
+    head = [V * E] + ([V] if cfg.lm_head_bias else [])
+    return head + [V * E] + block * min(cfg.n_layer, 2) + [E]
 
 
 __all__ = ["CHUNK_SIZE", "ROPE_CACHE", "check_litgpt", "check_litgpt_config",
            "litgpt_loop", "litgpt_loss_transients", "litgpt_saved", "loss_chunks",
-           "rope_cache_bytes"]
+           "parameter_order", "rope_cache_bytes"]
