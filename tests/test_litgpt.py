@@ -156,15 +156,16 @@ def test_loss_backward_chunk_or_logits_gradient():
 @st.composite
 def shapes(draw, proportioned: bool = False):
     """Tiny litgpt models; S up to 150 puts b (S - 1) on both sides of the 128-row chunk.
-    `proportioned`: E = H hd of 32 or 64, d_ff 2E or 3E and V >= 4E, as in every
+    `proportioned`: E = H hd of 32 or 64, d_ff 2E or 3E and V >= 7E, as in every
     Llama-family model (d_ff / E 2.7 to 3.5; V / E from 7.8, Llama 2, to 31, Llama 3), where
     the loss and the optimizer make the step's peak: litgpt's block backward (fp32 RMSNorm,
     repeat_interleave) is counted with the reference model's block backward transients, which
-    an MLP six times the width beside a vocabulary of 4E (E 8, d_ff 48, V 32) puts 1.4% high."""
+    read up to 1.4% high where the last block's backward is the peak (V 4E: E 8, d_ff 48,
+    V 32; E 32, d_ff 96, V 128 in fp32)."""
     if proportioned:
         H, hd = draw(st.sampled_from([(1, 32), (2, 16), (4, 8), (4, 16)]))
         E = H * hd
-        d_ff, V = draw(st.sampled_from([2 * E, 3 * E])), draw(st.integers(4 * E, 300))
+        d_ff, V = draw(st.sampled_from([2 * E, 3 * E])), draw(st.integers(7 * E, 600))
     else:
         H, hd = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([8, 16]))
         E, d_ff = draw(st.sampled_from([32, 64])), draw(st.sampled_from([16, 48]))
@@ -196,7 +197,7 @@ def _measure(lt, s: dict, peak: bool):
 
 
 @pytest.mark.requires_torch_213
-@settings(max_examples=25)
+@settings(max_examples=20)
 @given(shapes())
 def test_saved_bytes_equal_litgpts_saved_tensors(s):
     lt = _twin()
@@ -205,6 +206,7 @@ def test_saved_bytes_equal_litgpts_saved_tensors(s):
     assert sum(saved_activations(cfg, wl, setup(s["mode"])).values()) == measured
 
 
+@pytest.mark.slow  # about 25 s with litgpt installed (two steps per draw); skipped without it
 @pytest.mark.requires_torch_213
 @settings(max_examples=8)
 @given(shapes(proportioned=True))
@@ -216,6 +218,7 @@ def test_step_peak_within_tolerance_of_litgpts_loop(s):
     assert abs(predicted - measured) <= PEAK_TOLERANCE * measured, (predicted, measured)
 
 
+@pytest.mark.slow  # about 16 s with litgpt installed; skipped without it
 @pytest.mark.requires_torch_213
 @pytest.mark.parametrize("key", list(PINNED))
 def test_pins_are_what_litgpt_measures(key):
