@@ -115,6 +115,8 @@ def test_tinyllama_full_finetune_against_litgpts_published_peak(tmp_path):
     (["--preset", "llama3-8b", "--loss", "chunked"], "--impl"),
     (["--preset", "llama3-8b", "--no-keep-logits"], "--keep-logits"),
     (["--preset", "llama3-8b", "--tp", "2"], "--tp"),
+    (["--preset", "llama3-8b", "--optimizer-in-backward"], "--optimizer-in-backward"),
+    (["--preset", "llama3-8b", "--offload-activations"], "--offload-activations"),
 ])
 def test_unmodelled_set_ups_are_refused_naming_the_option(args, option):
     r = CliRunner().invoke(cli, ["memory", *args, "--impl", "litgpt"])

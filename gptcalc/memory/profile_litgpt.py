@@ -120,6 +120,11 @@ def check_litgpt(cfg: GPTConfig, setup: TrainingSetup) -> None:
         raise ConfigError("attn", "--impl litgpt: litgpt's attention is SDPA (--attn sdpa)")
     if setup.lora_rank:
         raise ConfigError("lora_rank", "--impl litgpt models litgpt's full fine-tune, not LoRA")
+    for name, on in (("optimizer_in_backward", setup.optimizer_in_backward),
+                     ("offload_activations", setup.offload_activations)):
+        if on:
+            raise ConfigError(name, f"--impl litgpt: litgpt's full fine-tune has no "
+                                    f"--{name.replace('_', '-')}")
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(setup, name) > 1:
             raise ConfigError(name, f"--impl litgpt: litgpt's full fine-tune shards data only "
