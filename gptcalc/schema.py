@@ -131,8 +131,9 @@ _TRAINING = (
            ATTN_IMPLS),
     Option("impl", "--impl", "choice", "Whose saved tensors: reference (this project's model; "
            "presets' default), transformers (--hf-config's default), paper (Korthikanti et "
-           "al. 2022) or megatron-core (Megatron-Core's GPT model; --engine megatron's "
-           "default).", "training", IMPLS),
+           "al. 2022), megatron-core (Megatron-Core's GPT model; --engine megatron's "
+           "default) or litgpt (litgpt's GPT, Llama-family blocks, and its full fine-tune "
+           "loop: chunked cross entropy, logits held to the next step).", "training", IMPLS),
     Option("megatron_te", "--megatron-te", "flag", "Under --impl megatron-core: the layer "
            "built from Transformer Engine's modules (default {default}: fused attention, norms "
            "fused into the next Linear); --no-megatron-te: Megatron's local modules (Apex norms, "

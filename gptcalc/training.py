@@ -207,6 +207,10 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
 
         if default_attention(cfg) == "manual":  # a class with eager attention only (BLOOM)
             values["attn"] = "manual"
+    if values["impl"] == "litgpt":  # litgpt's bf16-true, its loop holding the logits
+        for key, value in (("mode", "bf16"), ("keep_logits", True)):
+            if given.get(key) is None and key not in origin:
+                values[key] = value
     tables = {table: {k: values[k] for k in table_keys(table)} for table in SETUP_TABLES}
     tables["parallel"].update(engine_table)
     # what the engine derives is left out of the tables unless chosen (the engine from the ZeRO

@@ -23,8 +23,9 @@ RECOMPUTE = ("none", "selective", "op", "full")
 ATTN_IMPLS = ("manual", "sdpa")
 DEVICES = ("cpu", "cuda")
 # megatron-core: Megatron-Core's GPT model (gptcalc.memory.profile_megatron), with Transformer
-# Engine's modules or its local ones (`megatron_te`)
-IMPLS = ("reference", "transformers", "paper", "megatron-core")
+# Engine's modules or its local ones (`megatron_te`); litgpt: litgpt's GPT and its full
+# fine-tune loop (gptcalc.memory.profile_litgpt)
+IMPLS = ("reference", "transformers", "paper", "megatron-core", "litgpt")
 # the loss over the logits: standard (the whole logits, cross_entropy over them); chunked
 # (torchtune's CEWithChunkedOutputLoss: the head's output in loss_chunks chunks of tokens, each
 # upcast to fp32 in the loss); fused (Liger's fused linear cross entropy: the logits made one

@@ -21,6 +21,7 @@ from ..workload import Workload
 from .compiled import compiled_lines
 from .float8 import float8_lines
 from .losses import logits_alive, loss_saved_lines
+from .profile_litgpt import check_litgpt, litgpt_saved
 from .profile_megatron import check_megatron_core, megatron_saved, unmodelled
 from .profile_reference import reference_saved
 from .profile_transformers import transformers_loss_transients, transformers_saved
@@ -74,7 +75,7 @@ def _transformers(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> d
 
 
 PROFILES = {"reference": reference_saved, "transformers": _transformers, "paper": paper_saved,
-            "megatron-core": megatron_saved}
+            "megatron-core": megatron_saved, "litgpt": litgpt_saved}
 
 
 def profile_models(impl: str, cfg: GPTConfig) -> bool:
@@ -85,9 +86,11 @@ def profile_models(impl: str, cfg: GPTConfig) -> bool:
 
 def check_profile(cfg: GPTConfig, setup: TrainingSetup) -> None:
     """ConfigError for a set-up the `setup.impl` profile does not model (megatron-core's
-    `check_megatron_core`; the others check as they count)."""
+    `check_megatron_core`, litgpt's `check_litgpt`; the others check as they count)."""
     if setup.impl == "megatron-core":
         check_megatron_core(cfg, setup)
+    if setup.impl == "litgpt":
+        check_litgpt(cfg, setup)
 
 
 def transformers_loss(cfg: GPTConfig, workload: Workload, setup: TrainingSetup

@@ -50,6 +50,7 @@ from .ledger import (ATTENTION_CORE_TRANSIENTS, BLOCK_GRADIENTS, EMBEDDING_INPUT
                      SAVED, SAVED_TO_ATTENTION_CORE, TARGETS, TIED_EMBEDDING_GRADIENT, WEIGHTS,
                      Ledger, Phase)
 from .offload import brought_back_bytes, check_offload, forward_stash_bytes, offload_split
+from .profile_litgpt import litgpt_loop, litgpt_loss_transients
 from ..optimizers import StepView
 from ..optimizers import generation as optimizer_generation
 # each optimizer's update of one tensor, read where the step's temporaries are summed
@@ -94,6 +95,8 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         return chunked_loss_transients(cfg, workload, setup)
     if setup.loss == "fused":
         return fused_loss_transients(cfg, workload, setup)
+    if setup.impl == "litgpt":  # full.py's chunked_cross_entropy: the profile's own terms
+        return litgpt_loss_transients(cfg, workload, setup)
     if setup.impl == "transformers":  # its loss upcasts and shifts: the profile's own terms
         return {k: v // setup.tp for k, v in transformers_loss(cfg, workload, setup).items()}
     n = workload.batch_size * workload.seq_len * -(-cfg.vocab_size // setup.tp)
@@ -491,6 +494,8 @@ def rank_account(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage
         ledger.add(Phase.BACKWARD_START, OFFLOAD_STASH, stash)
         ledger.add(Phase.BACKWARD_LAST_BLOCK, OFFLOADED_BACK,
                    brought_back_bytes(cfg, setup, offloaded, blocks))
+    if setup.impl == "litgpt":  # its rope cache; the loop's logits bound to the next step
+        litgpt_loop(ledger, cfg, workload, setup)
     # an engine's own moment (FSDP2's root all-gather at backward start) starts from the
     # forward's tensors without the loss's transients
     forward = {**base, SAVED: saved, LOGITS: kept_at_start, GRADIENTS_ACCUMULATING: grads_early}
