@@ -330,6 +330,8 @@ def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tup
         else:
             pairs[key] = value
     offloaded = [k for k in ("offload_optimizer", "offload_param") if k in pairs]
+    if offloaded and given.get("engine") == "fsdp2":
+        return _fsdp2_offload(pairs)
     if offloaded:
         if given.get("engine") not in (None, "", "deepspeed"):
             key = offloaded[0]
@@ -338,6 +340,19 @@ def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tup
                                    f"--engine deepspeed)")
         given["engine"] = "deepspeed"
     return tuple(pairs.items())
+
+
+def _fsdp2_offload(pairs: dict[str, Any]) -> tuple:
+    """FSDP2's CPUOffloadPolicy as --offload-param cpu: it moves the sharded parameters,
+    their gradients and the optimizer step to the host together, so --offload-optimizer cpu
+    may accompany it but not stand alone; NVMe is DeepSpeed's."""
+    if pairs.get("offload_param", "none") != "cpu" or pairs.get(
+            "offload_optimizer", "cpu") != "cpu":
+        key = "offload_param" if "offload_param" in pairs else "offload_optimizer"
+        raise ConfigError(key, "FSDP2's CPUOffloadPolicy moves parameters, gradients and the "
+                               "optimizer to the host together: give --offload-param cpu "
+                               "(--offload-optimizer cpu alone or nvme is DeepSpeed's)")
+    return (("offload_param", "cpu"),)
 
 
 def training_for(setup: Any, **given: Any) -> TrainingSetup:
