@@ -1,0 +1,131 @@
+"""FSDP2's CPUOffloadPolicy (`--engine fsdp2 --offload-param cpu`): the states are the host's,
+the device holds what is gathered, reduced and saved; measured shape-only with FSDPMemTracker
+on a fake accelerator apart from the host (reference_model.distributed.fake_device)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gptcalc import from_name
+from gptcalc.cli import cli
+from gptcalc.memory import step_peak
+from gptcalc.memory.engines import host, rank_states
+from gptcalc.memory.ledger import Phase
+from gptcalc.memory.peak import stage_ledger
+from gptcalc.memory.engines.fsdp2 import (HOST_GRADIENTS, HOST_OPTIMIZER, HOST_PARAMETERS,
+                                          fsdp2_sharded_states)
+from gptcalc.training_setup import TrainingSetup
+from gptcalc.workload import Workload
+
+OFFLOAD = (("offload_param", "cpu"),)
+DEBUG = from_name("debug")
+
+
+def _setup(**kw) -> TrainingSetup:
+    return TrainingSetup(engine="fsdp2", engine_settings=OFFLOAD, **kw)
+
+
+@pytest.mark.parametrize("dp,zero", [(1, 3), (2, 3), (3, 2), (8, 3)])
+def test_the_states_move_to_the_host_whole(dp, zero):
+    setup = _setup(dp=dp, zero=zero, mode="mixed")
+    plain = fsdp2_sharded_states(DEBUG, setup)
+    st = rank_states(DEBUG, setup, 0)
+    assert (st.weights, st.gradients, st.optimizer) == (0, 0, 0)
+    assert host(DEBUG, setup) == {HOST_PARAMETERS: plain.weights,
+                                  HOST_GRADIENTS: plain.gradients,
+                                  HOST_OPTIMIZER: plain.optimizer}
+    # the same shards FSDP2 keeps on the device without offload
+    assert plain == rank_states(DEBUG, TrainingSetup(engine="fsdp2", dp=dp, zero=zero,
+                                                     mode="mixed"), 0)
+    assert host(DEBUG, TrainingSetup(engine="fsdp2", dp=dp, zero=zero)) == {}
+
+
+def test_the_device_peak_loses_the_states_and_the_optimizer_step():
+    setup = _setup(dp=2, zero=3, mode="fp32")
+    p = step_peak(DEBUG, Workload(2, 16), setup)
+    assert p.lines["weights"] == p.lines["optimizer states"] == 0
+    # AdamW steps the host's shards: the optimizer step holds the batch's targets alone
+    terms = {t.label: v for t, v in stage_ledger(DEBUG, Workload(2, 16), setup, "first").terms(
+        Phase.OPTIMIZER_STEP).items() if v}
+    assert terms == {"targets": 2 * 16 * 8}
+    plain = step_peak(DEBUG, Workload(2, 16), TrainingSetup(engine="fsdp2", dp=2, zero=3,
+                                                             mode="fp32"))
+    assert p.bytes < plain.bytes
+
+
+def test_llama_shaped_peak_is_the_measured_one():
+    # FSDPMemTracker shape-only on the fake accelerator, torch 2.13, Llama-3-8B at L 2, dp 8,
+    # ZeRO-3, fp32, 1 x 2048 tokens, the model's buffers left out: 13,300,244,492 B, the root's
+    # re-all-gather for backward; the phase model is 8 B below (as without offload)
+    cfg = from_name("llama3-8b").replace(n_layer=2)
+    p = step_peak(cfg, Workload(1, 2048), _setup(dp=8, zero=3, mode="fp32"))
+    assert p.phase == "backward start, root all-gather"
+    assert p.bytes == 13_300_244_484
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--offload-optimizer", "cpu"], "--offload-optimizer"),
+    (["--offload-param", "nvme"], "--offload-param"),
+    (["--offload-param", "cpu", "--offload-optimizer", "nvme"], "--offload-optimizer"),
+    (["--offload-param", "cpu", "--pp", "2"], "--offload-param"),
+])
+def test_what_cpu_offload_policy_does_not_run_is_one_line(args, option):
+    r = CliRunner().invoke(cli, ["memory", "--preset", "debug", "--engine", "fsdp2",
+                                 "--dp", "2", "--zero", "3", *args])
+    assert r.exit_code == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and option in lines[0], r.stderr
+
+
+def test_offload_param_cpu_keeps_the_fsdp2_engine_and_prints_the_host():
+    r = CliRunner().invoke(cli, ["memory", "--preset", "debug", "--engine", "fsdp2", "--dp",
+                                 "2", "--zero", "3", "--offload-param", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("Assuming engine fsdp2,") and "CPUOffloadPolicy" in r.output
+    assert "host memory per rank (offloaded)" in r.output
+    both = CliRunner().invoke(cli, ["memory", "--preset", "debug", "--engine", "fsdp2", "--dp",
+                                    "2", "--zero", "3", "--offload-param", "cpu",
+                                    "--offload-optimizer", "cpu"])
+    assert both.exit_code == 0 and both.output == r.output
+
+
+# --------------------------------------------------------------------------- the twin
+
+TWIN = [
+    (DEBUG, Workload(2, 16), 2, 3),
+    (DEBUG, Workload(2, 16), 3, 3),
+    (DEBUG, Workload(2, 16), 4, 2),
+    (DEBUG, Workload(2, 16), 8, 3),
+    (from_name("llama3-8b").replace(n_layer=2), Workload(1, 2048), 8, 3),
+    (from_name("llama3-8b").replace(n_layer=2), Workload(1, 2048), 4, 2),
+]
+
+
+@pytest.mark.parametrize("cfg,workload,dp,zero", TWIN)
+def test_twin_measures_the_device_and_the_host(cfg, workload, dp, zero):
+    pytest.importorskip("torch")
+    from reference_model.verify import DIST_PEAK_TOLERANCE, distributed_checks
+
+    setup = _setup(dp=dp, zero=zero, mode="fp32")
+    checks, results = distributed_checks(cfg, workload, setup, tensors="shape-only",
+                                         ranks=(0,))
+    by = {c.name: c for c in checks}
+    for what in ("weight", "gradient", "optimizer state"):
+        assert by[f"rank 0 {what} bytes"].measured == 0  # nothing of them on the device
+        assert by[f"rank 0 {what} bytes"].ok
+    assert results[0].host == host(cfg, setup)  # exact
+    peak = by["rank 0 step peak bytes"]
+    # the FSDP2 fake-mode bound of the other twins (verify.DIST_PEAK_TOLERANCE), unchanged
+    assert abs(peak.analytic - peak.measured) <= DIST_PEAK_TOLERANCE["fsdp2"] * peak.measured
+    assert all(c.ok for c in checks), [c.as_dict() for c in checks if not c.ok]
+
+
+def test_twin_runs_offload_shape_only():
+    pytest.importorskip("torch")
+    from gptcalc.errors import ConfigError
+    from reference_model.distributed import check_layout
+
+    with pytest.raises(ConfigError) as e:
+        check_layout(DEBUG, Workload(2, 16), _setup(dp=2, zero=3), "reference", "real")
+    assert e.value.field == "tensors"
