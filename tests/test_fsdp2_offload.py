@@ -129,3 +129,70 @@ def test_twin_runs_offload_shape_only():
     with pytest.raises(ConfigError) as e:
         check_layout(DEBUG, Workload(2, 16), _setup(dp=2, zero=3), "reference", "real")
     assert e.value.field == "tensors"
+
+
+# --------------------------------------------------------------------------- recipes
+
+TRL_FSDP2 = "trl/trl/accelerate_configs/fsdp2.yaml"  # huggingface/trl f2cd577, fsdp_version 2
+
+
+def _memory(*args: str) -> dict:
+    r = CliRunner().invoke(cli, ["memory", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = __import__("json").loads(r.stdout)
+    out.pop("recipe", None)
+    return out
+
+
+def _recipe(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_torchtune_fsdp_cpu_offload_is_offload_param_cpu(tmp_path):
+    text = ("model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nbatch_size: 2\n"
+            "dtype: bf16\nfsdp_cpu_offload: {}\n")
+    typed = ["--preset", "llama3.2-1b", "-B", "2", "--grad-accum", "1", "--mode", "bf16",
+             "--optimizer", "adamw", "--loss", "chunked", "--recompute", "none", "--device",
+             "cuda", "--engine", "fsdp2", "--zero", "3", "--dp", "4", "--no-keep-logits"]
+    on = _recipe(tmp_path, "on.yaml", text.format("True"))
+    assert _memory("--recipe", on, "--gpus", "4") == _memory(*typed, "--offload-param", "cpu",
+                                                             "--gpus", "4")
+    off = _recipe(tmp_path, "off.yaml", text.format("False"))
+    assert _memory("--recipe", off, "--gpus", "4") == _memory(*typed, "--gpus", "4")
+
+
+def test_torchtitan_enable_cpu_offload_is_offload_param_cpu_under_fsdp(tmp_path):
+    base = ('[model]\nname = "llama3"\nflavor = "debugmodel"\n[activation_checkpoint]\n'
+            'mode = "none"\n[parallelism]\ndata_parallel_shard_degree = {}\n'
+            '[training]\nenable_cpu_offload = true\n')
+    job = _recipe(tmp_path, "job.toml", base.format(2))
+    plain = _recipe(tmp_path, "plain.toml", base.format(2).replace("true", "false"))
+    with_offload = _memory("--recipe", job)
+    # the same file without the key, and --offload-param cpu typed
+    assert with_offload == _memory("--recipe", plain, "--offload-param", "cpu")
+    assert with_offload != _memory("--recipe", plain)
+    one = _recipe(tmp_path, "one.toml", base.format(1))
+    r = CliRunner().invoke(cli, ["memory", "--recipe", one])
+    assert r.exit_code == 2 and "training.enable_cpu_offload" in r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_accelerate_fsdp_offload_params_is_offload_param_cpu_under_fsdp2(tmp_path):
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parent / "recipes" / "shipped" / TRL_FSDP2
+    text = shipped.read_text()
+    assert "fsdp_offload_params: false" in text and "fsdp_version: 2" in text
+    on = _recipe(tmp_path, "fsdp2.yaml", text.replace("fsdp_offload_params: false",
+                                                      "fsdp_offload_params: true"))
+    args = ("--preset", "llama3.2-1b")
+    typed = ["--engine", "fsdp2", "--zero", "3", "--mode", "mixed", "--dp", "8", *args]
+    assert _memory("--recipe", on, *args) == _memory(*typed, "--offload-param", "cpu")
+    v1 = _recipe(tmp_path, "fsdp1.yaml", text.replace("fsdp_offload_params: false",
+                                                      "fsdp_offload_params: true").replace(
+        "fsdp_version: 2", "fsdp_version: 1\n  fsdp_backward_prefetch: BACKWARD_PRE"))
+    r = CliRunner().invoke(cli, ["memory", "--recipe", v1, *args])
+    assert r.exit_code == 2 and "fsdp_config.fsdp_offload_params" in r.stderr
+    assert "FSDP1's CPU offload is not modelled" in r.stderr
