@@ -427,7 +427,32 @@ def fake_device() -> str:
             get_amp_supported_dtype=lambda: [torch.bfloat16, torch.float16]).items():
         setattr(Module, name, staticmethod(fn) if not isinstance(fn, type) else fn)
     _setup_privateuseone_for_python_backend(FAKE_DEVICE, backend_module=Module)
+    _AUTOCAST.append(_fake_device_autocast())
     return FAKE_DEVICE
+
+
+_AUTOCAST: list = []  # the fake accelerator's autocast kernels, kept registered
+
+
+def _fake_device_autocast():
+    """torch.autocast on the fake accelerator as on the CPU for the reference model's ops:
+    every op passes through unchanged (its parameters are bf16 already under
+    MixedPrecisionPolicy), except the cross entropy, which CPU (and CUDA) autocast runs in
+    fp32 (aten::cross_entropy_loss is on both fp32 lists)."""
+    key = torch._C.DispatchKey.AutocastPrivateUse1
+    everything = torch.library.Library("_", "IMPL")
+    everything.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
+    lib = torch.library.Library("aten", "IMPL")
+
+    def cross_entropy(input, target, weight=None, reduction=1, ignore_index=-100,
+                      label_smoothing=0.0):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return torch.ops.aten.cross_entropy_loss(
+                input.float() if input.is_floating_point() else input, target, weight,
+                reduction, ignore_index, label_smoothing)
+
+    lib.impl("cross_entropy_loss", cross_entropy, "AutocastPrivateUse1")
+    return everything, lib
 
 
 def cpu_offloaded(setup: TrainingSetup) -> bool:
