@@ -348,7 +348,7 @@ def _fsdp2_offload(pairs: dict[str, Any]) -> tuple:
     may accompany it but not stand alone; NVMe is DeepSpeed's."""
     if pairs.get("offload_param", "none") != "cpu" or pairs.get(
             "offload_optimizer", "cpu") != "cpu":
-        key = "offload_param" if "offload_param" in pairs else "offload_optimizer"
+        key = "offload_optimizer" if pairs.get("offload_param") == "cpu" else "offload_param"
         raise ConfigError(key, "FSDP2's CPUOffloadPolicy moves parameters, gradients and the "
                                "optimizer to the host together: give --offload-param cpu "
                                "(--offload-optimizer cpu alone or nvme is DeepSpeed's)")

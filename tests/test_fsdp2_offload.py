@@ -26,7 +26,7 @@ def _setup(**kw) -> TrainingSetup:
     return TrainingSetup(engine="fsdp2", engine_settings=OFFLOAD, **kw)
 
 
-@pytest.mark.parametrize("dp,zero", [(1, 3), (2, 3), (3, 2), (8, 3)])
+@pytest.mark.parametrize("dp,zero", [(2, 3), (3, 2), (8, 3)])
 def test_the_states_move_to_the_host_whole(dp, zero):
     setup = _setup(dp=dp, zero=zero, mode="mixed")
     plain = fsdp2_sharded_states(DEBUG, setup)
@@ -69,6 +69,7 @@ def test_llama_shaped_peak_is_the_measured_one():
     (["--offload-param", "nvme"], "--offload-param"),
     (["--offload-param", "cpu", "--offload-optimizer", "nvme"], "--offload-optimizer"),
     (["--offload-param", "cpu", "--pp", "2"], "--offload-param"),
+    (["--offload-param", "cpu", "--dp", "1"], "--offload-param"),
 ])
 def test_what_cpu_offload_policy_does_not_run_is_one_line(args, option):
     r = CliRunner().invoke(cli, ["memory", "--preset", "debug", "--engine", "fsdp2",

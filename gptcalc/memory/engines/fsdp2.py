@@ -389,7 +389,16 @@ def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
       block's reduce-scatter", `fsdp2_reduce_scatter_terms`);
     - without a pipeline, the last block's forward all-gather beside the previous block's
       output (phase "forward, last block's all-gather", `fsdp2_forward_gather_terms`).
-    Nothing at dp = 1."""
+    Nothing at dp = 1.
+
+    Under CPU offload the step's states are the host's (`fsdp2_rank_states` gives none to the
+    device, the blocks' sharded gradients at the end of backward included) and the optimizer
+    runs there (no temporaries on the device). Each all-gather's host-to-device copies of the
+    shards (1/dp of its group, `FSDPParam.all_gather_inputs`) are freed by its copy-in, and
+    each reduce-scatter's output (1/dp of its input) is copied to the host inside
+    `foreach_reduce`: both are shorter-lived and smaller than the buffers beside them at the
+    moments above, none of which they enter (measured with FSDPMemTracker, shape-only, on a
+    fake accelerator apart from the host)."""
     cfg, setup, stage = step.cfg, step.setup, step.stage
     if cpu_offload(setup):  # the optimizer steps the host's shards (CPUOffloadPolicy)
         ledger.replace(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES, 0)
@@ -485,10 +494,13 @@ class FSDP2(Engine):
 
     def check(self, setup: TrainingSetup) -> None:
         super().check(setup)
-        if cpu_offload(setup) and (setup.pp > 1 or setup.tp > 1 or setup.lora_rank
-                                   or setup.cp > 1):
+        # at dp 1 the step's gathered copies are the device's only parameters, which the
+        # model (nothing of FSDP2's own at dp 1) does not count
+        if cpu_offload(setup) and (setup.dp < 2 or setup.pp > 1 or setup.tp > 1
+                                   or setup.lora_rank or setup.cp > 1):
             raise ConfigError("offload_param", "FSDP2's CPU offload is modelled for data "
-                                               "parallel alone (pp, tp, cp 1, no LoRA)")
+                                               "parallel alone (dp 2 or more; pp, tp, cp 1; "
+                                               "no LoRA)")
 
     def assumptions(self, setup: TrainingSetup) -> str:
         return "; CPUOffloadPolicy (states on the host)" if cpu_offload(setup) else ""
@@ -530,7 +542,7 @@ class FSDP2(Engine):
 register(FSDP2())
 
 __all__ = ["FSDP2", "HOST_GRADIENTS", "HOST_OPTIMIZER", "HOST_PARAMETERS", "cpu_offload",
-           "fsdp2_adapter_elements", "fsdp2_host", "fsdp2_sharded_states", "fsdp2_adjust", "fsdp2_forward_gather_terms",
-           "fsdp2_gradient_elements", "fsdp2_lora_states", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
+           "fsdp2_adapter_elements", "fsdp2_adjust", "fsdp2_forward_gather_terms",
+           "fsdp2_host", "fsdp2_sharded_states", "fsdp2_gradient_elements", "fsdp2_lora_states", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
            "fsdp2_resident", "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes",
            "reduce_bytes", "sharded_bytes", "unsharded_bytes"]
