@@ -209,3 +209,12 @@ def test_accelerate_fsdp_offload_params_is_offload_param_cpu_under_fsdp2(tmp_pat
     r = CliRunner().invoke(cli, ["memory", "--recipe", v1, *args])
     assert r.exit_code == 2 and "fsdp_config.fsdp_offload_params" in r.stderr
     assert "FSDP1's CPU offload is not modelled" in r.stderr
+
+
+def test_a_saved_config_reads_back_as_fsdp2_offload(tmp_path):
+    saved = tmp_path / "run.toml"
+    args = ["--preset", "debug", "--engine", "fsdp2", "--dp", "2", "--zero", "3",
+            "--offload-param", "cpu"]
+    r = CliRunner().invoke(cli, ["memory", *args, "--save-config", str(saved)])
+    assert r.exit_code == 0, r.output
+    assert _memory("--config", str(saved)) == _memory(*args)
