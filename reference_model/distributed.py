@@ -573,8 +573,8 @@ class _FSDP2(_Engine):
         kw: dict[str, Any] = {"reshard_after_forward": reshard, "mp_policy": mp}
         if cpu_offloaded(s):
             self._to_fake_device()
-            # pin_memory=False: pinning asks the accelerator's host allocator, which the fake
-            # one has not; pinned or not, the host holds the same bytes
+            # pin_memory=False: FakeTensorMode has no aten._pin_memory ("NYI", torch 2.13);
+            # pinned or not, the host holds the same bytes
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
         for block in self.model.blocks:
             fully_shard(block, mesh=dp_mesh, **kw)
