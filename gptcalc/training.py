@@ -353,9 +353,9 @@ def _fsdp2_offload(pairs: dict[str, Any]) -> tuple:
     if pairs.get("offload_param", "none") != "cpu" or pairs.get(
             "offload_optimizer", "cpu") != "cpu":
         key = "offload_optimizer" if pairs.get("offload_param") == "cpu" else "offload_param"
-        raise ConfigError(key, "FSDP2's CPUOffloadPolicy moves parameters, gradients and the "
-                               "optimizer to the host together: give --offload-param cpu "
-                               "(--offload-optimizer cpu alone or nvme is DeepSpeed's)")
+        raise ConfigError(key, "with --engine fsdp2 only --offload-param cpu "
+                               "(CPUOffloadPolicy) is modelled; --offload-optimizer alone and "
+                               "nvme are DeepSpeed's")
     return (("offload_param", "cpu"),)
 
 

@@ -498,9 +498,9 @@ class FSDP2(Engine):
         # model (nothing of FSDP2's own at dp 1) does not count
         if cpu_offload(setup) and (setup.dp < 2 or setup.pp > 1 or setup.tp > 1
                                    or setup.lora_rank or setup.cp > 1):
-            raise ConfigError("offload_param", "FSDP2's CPU offload is modelled for data "
-                                               "parallel alone (dp 2 or more; pp, tp, cp 1; "
-                                               "no LoRA)")
+            raise ConfigError("offload_param", "--offload-param cpu with --engine fsdp2 is "
+                                               "modelled for data parallel alone (--dp 2 or "
+                                               "more; no --pp, --tp, --cp or --lora-rank)")
 
     def assumptions(self, setup: TrainingSetup) -> str:
         return "; CPUOffloadPolicy (states on the host)" if cpu_offload(setup) else ""
