@@ -218,3 +218,26 @@ def test_a_saved_config_reads_back_as_fsdp2_offload(tmp_path):
     r = CliRunner().invoke(cli, ["memory", *args, "--save-config", str(saved)])
     assert r.exit_code == 0, r.output
     assert _memory("--config", str(saved)) == _memory(*args)
+
+
+
+@pytest.mark.xfail(strict=True, reason="a gap of the model found by a property draw: under CPU "
+                   "offload a Llama-style block of E 32 holds ~47 kB more in its backward than "
+                   "FSDP2's terms count (-13%; -4% without offload)")
+def test_twin_small_llama_backward_under_offload():
+    # FSDPMemTracker shape-only on the fake accelerator, torch 2.13, llama-style debug model
+    # E 32, H 2, L 2, V 97, 1 x 16 tokens, dp 2, ZeRO-3, fp32: 356,808 B measured (the last
+    # block's backward: its unsharded parameters, one all-gather output and 106,752 B of
+    # temporaries) against 309,504 B modelled; without offload 567,516 B against 544,788 B.
+    # Offload's own share is at least 24,576 B (its peak less the peak without offload less
+    # the states); which buffer holds it is not identified
+    pytest.importorskip("torch")
+    from reference_model.verify import DIST_PEAK_TOLERANCE, distributed_checks
+
+    cfg = from_name("debug", arch="llama").replace(n_embd=32, n_head=2, n_layer=2,
+                                                   vocab_size=97)
+    setup = _setup(dp=2, zero=3, mode="fp32")
+    checks, _ = distributed_checks(cfg, Workload(1, 16), setup, tensors="shape-only",
+                                   ranks=(0,))
+    peak = next(c for c in checks if c.name == "rank 0 step peak bytes")
+    assert abs(peak.analytic - peak.measured) <= DIST_PEAK_TOLERANCE["fsdp2"] * peak.measured
