@@ -230,9 +230,10 @@ def test_twin_small_llama_backward_under_offload():
     # backward. The live storages there, with offload on the fake accelerator and without it
     # on the CPU, differ in the activations' gradients alone: seven 8,192 B (1 x 16 x 128
     # fp32) temporaries against one, 49,152 B; the parameters, all-gather output and weight
-    # gradients are the same. CPUOffloadPolicy moves no activation: the twin's device runs the
-    # MLP's backward differently, so a small model whose MLP backward is its peak is outside
-    # what this twin can check.
+    # gradients are the same. FSDP2 without offload on the fake accelerator holds the same
+    # seven there (598,152 B, the states beside them): the twin's device runs the MLP's
+    # backward differently, so a small model whose MLP backward is its peak is outside what
+    # this twin can check.
     pytest.importorskip("torch")
     from reference_model.verify import DIST_PEAK_TOLERANCE, distributed_checks
 
