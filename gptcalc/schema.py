@@ -188,7 +188,9 @@ _TRAINING = (
            "deepspeed (default none).", choices=("cpu", "nvme", "none")),
     Option("offload_param", "--offload-param", "choice", "DeepSpeed ZeRO-Infinity: the 16-bit "
            "parameter partitions in host memory (cpu) or on NVMe (nvme), gathered to the "
-           "device when used; needs --zero 3 (default none).", choices=("cpu", "nvme", "none")),
+           "device when used; needs --zero 3 (default none). With --engine fsdp2, cpu is FSDP2's "
+           "CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host.",
+           choices=("cpu", "nvme", "none")),
     Option("distributed_optimizer", "--distributed-optimizer", "flag",
            "Megatron-LM's distributed optimizer (default {default}): fp32 master weights and Adam "
            "states sharded over dp.", "parallel"),

@@ -182,7 +182,9 @@ def resolve_training(cfg: GPTConfig, sections: Mapping[str, Any] | None = None,
     from_file = bool(given.get("deepspeed_config"))
     if from_file:
         given, ds_zero = _with_ds_config(cfg, given, ds)
-    ds_zero = _with_offload(given, ds_zero, from_file)
+    filed_engine = next((t.get("engine") for t in (sections.get("parallel"), sections.get(
+        LEGACY_TRAINING)) if isinstance(t, Mapping) and t.get("engine")), None)
+    ds_zero = _with_offload(given, ds_zero, from_file, filed_engine)
     in_file, origin = _file_values(sections, where)
     values: dict[str, Any] = {}
     for defaults in setup_table_defaults(cfg, from_hf).values():
@@ -323,7 +325,8 @@ def _with_ds_config(cfg: GPTConfig, given: dict[str, Any], ds: Mapping[str, Any]
     return given, ds["deepspeed_zero"]
 
 
-def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tuple:
+def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool,
+                  file_engine: Any = None) -> tuple:
     """The engine settings with --offload-optimizer and --offload-param (popped from `given`)
     in place of the ds_config's devices; one that disagrees with the file is an error. An
     offload implies the DeepSpeed engine (`given["engine"]`)."""
@@ -339,6 +342,9 @@ def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tup
         else:
             pairs[key] = value
     offloaded = [k for k in ("offload_optimizer", "offload_param") if k in pairs]
+    # FSDP2's own offload, the engine given or (unless given) the config file's
+    if offloaded and (given.get("engine") or file_engine) == "fsdp2":
+        return _fsdp2_offload(pairs)
     if offloaded:
         if given.get("engine") not in (None, "", "deepspeed"):
             key = offloaded[0]
@@ -347,6 +353,19 @@ def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool) -> tup
                                    f"--engine deepspeed)")
         given["engine"] = "deepspeed"
     return tuple(pairs.items())
+
+
+def _fsdp2_offload(pairs: dict[str, Any]) -> tuple:
+    """FSDP2's CPUOffloadPolicy as --offload-param cpu: it moves the sharded parameters,
+    their gradients and the optimizer step to the host together, so --offload-optimizer cpu
+    may accompany it but not stand alone; NVMe is DeepSpeed's."""
+    if pairs.get("offload_param", "none") != "cpu" or pairs.get(
+            "offload_optimizer", "cpu") != "cpu":
+        key = "offload_optimizer" if pairs.get("offload_param") == "cpu" else "offload_param"
+        raise ConfigError(key, "with --engine fsdp2 only --offload-param cpu "
+                               "(CPUOffloadPolicy) is modelled; --offload-optimizer alone and "
+                               "nvme are DeepSpeed's")
+    return (("offload_param", "cpu"),)
 
 
 def training_for(setup: Any, **given: Any) -> TrainingSetup:

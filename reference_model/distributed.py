@@ -145,6 +145,9 @@ def check_layout(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, impl:
         raise ConfigError("tensors", "plain data parallel (--zero 0) runs real tensors only: "
                                      "DistributedDataParallel's reducer cannot run on "
                                      "FakeTensorMode; use --max-layers or --zero 1, 2 or 3")
+    if cpu_offloaded(setup) and tensors != "shape-only":
+        raise ConfigError("tensors", "FSDP2's CPU offload is verified shape-only (its device "
+                                     "is a fake accelerator apart from the host)")
     if engine == "deepspeed" and tensors == "shape-only":
         raise ConfigError("tensors", "the DeepSpeed twin runs real tensors only (its engine "
                                      "cannot run on FakeTensorMode); use --max-layers")
@@ -363,11 +366,110 @@ def _flop_counter():
     return LocalFlopCounter(display=False, custom_mapping=CPU_SDPA_FLOPS)
 
 
+# FSDP2's CPUOffloadPolicy needs a device apart from the host ("cpu"): shape-only, the ranks
+# run on a fake accelerator, PyTorch's PrivateUse1 backend renamed, with a Python device guard
+# (which autograd asks for streams; a CPU-only build has no CUDA guard, so fake "cuda" tensors
+# cannot enter autograd) and no-op streams and events. FakeTensorMode runs its ops as it runs
+# CUDA's (on meta); FSDPMemTracker counts its tensors under their own device, apart from the
+# host's.
+FAKE_DEVICE = "gpu"
+
+
+def fake_device() -> str:
+    """Register the fake accelerator `FAKE_DEVICE` once per process; return its name."""
+    if torch._C._get_privateuse1_backend_name() == FAKE_DEVICE:
+        return FAKE_DEVICE
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    class Event:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def record(self, *args, **kwargs):
+            return self
+
+        def wait(self, *args, **kwargs) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    class Stream:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def wait_stream(self, *args) -> None:
+            pass
+
+        def wait_event(self, *args) -> None:
+            pass
+
+        def record_event(self, event=None):
+            return event or Event()
+
+        def synchronize(self) -> None:
+            pass
+
+    current = Stream()
+
+    class Module:  # the device handle FSDP2 asks (torch.<device>)
+        pass
+
+    for name, fn in dict(
+            Stream=Stream, Event=Event, current_device=lambda: 0, device_count=lambda: 1024,
+            is_available=lambda: True, is_initialized=lambda: True, set_device=lambda *a: None,
+            current_stream=lambda *a: current, stream=lambda s: contextlib.nullcontext(),
+            synchronize=lambda *a: None, _is_in_bad_fork=lambda: False,
+            manual_seed_all=lambda *a: None,
+            get_amp_supported_dtype=lambda: [torch.bfloat16, torch.float16]).items():
+        setattr(Module, name, staticmethod(fn) if not isinstance(fn, type) else fn)
+    _setup_privateuseone_for_python_backend(FAKE_DEVICE, backend_module=Module)
+    _AUTOCAST.append(_fake_device_autocast())
+    return FAKE_DEVICE
+
+
+_AUTOCAST: list = []  # the fake accelerator's autocast kernels, kept registered
+
+
+def _fake_device_autocast():
+    """torch.autocast on the fake accelerator as on the CPU for the reference model's ops:
+    every op passes through unchanged (its parameters are bf16 already under
+    MixedPrecisionPolicy), except the cross entropy, which CPU (and CUDA) autocast runs in
+    fp32 (aten::cross_entropy_loss is on both fp32 lists)."""
+    key = torch._C.DispatchKey.AutocastPrivateUse1
+    everything = torch.library.Library("_", "IMPL")
+    everything.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
+    lib = torch.library.Library("aten", "IMPL")
+
+    def cross_entropy(input, target, weight=None, reduction=1, ignore_index=-100,
+                      label_smoothing=0.0):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return torch.ops.aten.cross_entropy_loss(
+                input.float() if input.is_floating_point() else input, target, weight,
+                reduction, ignore_index, label_smoothing)
+
+    lib.impl("cross_entropy_loss", cross_entropy, "AutocastPrivateUse1")
+    return everything, lib
+
+
+def cpu_offloaded(setup: TrainingSetup) -> bool:
+    """Whether the layout runs FSDP2's CPUOffloadPolicy (`--offload-param cpu`)."""
+    from gptcalc.memory.engines.fsdp2 import cpu_offload
+
+    return setup.engine == "fsdp2" and cpu_offload(setup)
+
+
 def _meshes(setup: TrainingSetup) -> dict[str, Any]:
     """The device meshes and process groups of the layout, made before any fake tensor mode
     (a mesh is made of real rank tensors)."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    if cpu_offloaded(setup):  # data parallel alone, on the fake accelerator
+        return {"dp": DeviceMesh(fake_device(), torch.arange(setup.dp), mesh_dim_names=("dp",))}
 
     if setup.pp > 1 and setup.dp > 1:  # FSDP2 inside each stage: a (pp, dp) mesh
         mesh = init_device_mesh("cpu", (setup.pp, setup.dp), mesh_dim_names=("pp", "dp"))
@@ -411,8 +513,9 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
     tracker = runner.tracker()
     with tracker:
         runner.step(live)
+    device = getattr(runner, "device_type", "cpu")  # the host's tensors apart, if offloaded
     snap = next(v for k, v in tracker.get_tracker_snapshot("peak").items()
-                if getattr(k, "type", str(k)) == "cpu")
+                if getattr(k, "type", str(k)) == device)
     peak = snap["Total"]
     cats = {getattr(k, "value", str(k)): v for k, v in snap.items() if k != "Total" and v}
     weights, grads, opt = runner.states()
@@ -457,7 +560,7 @@ class _FSDP2(_Engine):
     def build(self) -> None:
         from torch.distributed.fsdp import fully_shard
 
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
         s = self.setup
         reshard = s.zero == 3
@@ -467,9 +570,15 @@ class _FSDP2(_Engine):
         # mode mixed: torchtitan's policy, bf16 compute over fp32 shards, fp32 reduction
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
             s.mode == "mixed") else MixedPrecisionPolicy()
+        kw: dict[str, Any] = {"reshard_after_forward": reshard, "mp_policy": mp}
+        if cpu_offloaded(s):
+            self._to_fake_device()
+            # pin_memory=False: FakeTensorMode has no aten._pin_memory ("NYI", torch 2.13);
+            # pinned or not, the host holds the same bytes
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
         for block in self.model.blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(self.model.module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(block, mesh=dp_mesh, **kw)
+        fully_shard(self.model.module, mesh=dp_mesh, **kw)
         self.loss_parallel = s.tp > 1
         self.opt = self.optimizer(self.model.module.parameters())
 
@@ -482,8 +591,54 @@ class _FSDP2(_Engine):
             # the cross entropy in fp32 on the bf16 logits, as the reference model's mixed
             # mode and torchtitan's loss compute it; with bf16 parameters autocast casts
             # nothing else
-            stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+            stack.enter_context(torch.autocast(self.device_type, dtype=torch.bfloat16))
         return stack
+
+    @property
+    def device_type(self) -> str:
+        """The device the step computes on: the fake accelerator under CPU offload."""
+        return FAKE_DEVICE if cpu_offloaded(self.setup) else "cpu"
+
+    def _to_fake_device(self) -> None:
+        """The model, its buffers and the batch onto the fake accelerator (a CPU tensor's
+        storage cannot be set to another backend's: the module's tensors are replaced)."""
+        device = fake_device()
+        moved: dict[int, torch.Tensor] = {}  # a tied weight stays one parameter
+        for module in self.model.module.modules():
+            for table, make in ((module._parameters, lambda t: torch.nn.Parameter(
+                    t.detach().to(device), requires_grad=t.requires_grad)),
+                                (module._buffers, lambda t: t.to(device))):
+                for name, t in table.items():
+                    if t is not None:
+                        table[name] = moved.setdefault(id(t), make(t))
+        self.idx, self.targets = self.idx.to(device), self.targets.to(device)
+
+    def states(self) -> tuple[int, int, int]:
+        """The states on the device (under CPU offload none: `host`)."""
+        if not cpu_offloaded(self.setup):
+            return super().states()
+        params = list(self.tracked_module.parameters())
+
+        def device(ts):
+            return storage_bytes(t for t in ts if t is not None and _local(t).device.type != "cpu")
+
+        return device(params), device(p.grad for p in params), device(self.opt_state())
+
+    def host(self) -> dict[str, int]:
+        """The states on the host under CPU offload, by gptcalc's lines (`gptcalc.memory.
+        engines.fsdp2.fsdp2_host`); {} without it."""
+        from gptcalc.memory.engines import fsdp2
+
+        if not cpu_offloaded(self.setup):
+            return {}
+        params = list(self.tracked_module.parameters())
+
+        def host(ts):
+            return storage_bytes(t for t in ts if t is not None and _local(t).device.type == "cpu")
+
+        return {fsdp2.HOST_PARAMETERS: host(params),
+                fsdp2.HOST_GRADIENTS: host(p.grad for p in params),
+                fsdp2.HOST_OPTIMIZER: host(self.opt_state())}
 
     def tracker(self):
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker

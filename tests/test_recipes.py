@@ -230,11 +230,9 @@ TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSD
                                    'converters = ["mx"]'),
      "model.converters = ['mx']: converters other than float8"),
     ("job.toml", TITAN_ONE + "[training]\nenable_cpu_offload = true\n",
-     "training.enable_cpu_offload = True: FSDP's CPU offload is not modelled"),
+     "training.enable_cpu_offload = True: CPU offload is FSDP's"),
     ("job.toml", TITAN_ONE.replace("debugmodel", "13B"),
      "model.flavor: llama3 '13B' has no gptcalc preset; llama3's known flavors: debugmodel"),
-    ("tune.yaml", TUNE_MIN + "fsdp_cpu_offload: true\n",
-     "fsdp_cpu_offload = True: FSDP's CPU offload is not modelled"),
     ("tune.yaml", TUNE_MIN + "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1bb\n",
      "model._component_: 'torchtune.models.llama3_2.llama3_2_1bb' has no gptcalc preset; "
      "did you mean llama3_2_1b?"),

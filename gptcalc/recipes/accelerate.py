@@ -50,7 +50,6 @@ KEYS: dict[str, tuple] = {
                      "fsdp_config.fsdp_min_num_params", "fsdp_config.fsdp_limit_all_gathers"),
                     ignored("wrapping, prefetching, state-dict format or loading")),
     "use_cpu": off(False, "training on the CPU"),
-    "fsdp_config.fsdp_offload_params": off(False, "FSDP's CPU offload is not modelled"),
     "fp8_config.*": off(None, "float8 through accelerate is not modelled"),
     "parallelism_config.*": off(None, "accelerate's parallelism config (tp, cp) is not "
                                       "modelled"),
@@ -61,7 +60,8 @@ KEYS: dict[str, tuple] = {
                      "deepspeed_config.deepspeed_config_file", "fsdp_config.fsdp_version",
                      "fsdp_config.fsdp_sharding_strategy",
                      "fsdp_config.fsdp_reshard_after_forward",
-                     "fsdp_config.fsdp_activation_checkpointing"), READ),
+                     "fsdp_config.fsdp_activation_checkpointing",
+                     "fsdp_config.fsdp_offload_params"), READ),
 }
 TYPES = ("NO", "MULTI_GPU", "DEEPSPEED", "FSDP")
 RESHARD = {"FULL_SHARD": True, "1": True, "SHARD_GRAD_OP": False, "2": False}
@@ -147,6 +147,12 @@ def _fsdp(r: Reading, keys: dict[str, Any], precision: str) -> None:
             r.refuse(p + "fsdp_forward_prefetch", keys[p + "fsdp_forward_prefetch"],
                      "--engine fsdp1 is modelled without forward prefetch")
     r.set("distributed_type", "engine", "fsdp1" if str(version) == "1" else "fsdp2")
+    offload = p + "fsdp_offload_params"
+    if r.flag(offload, keys.get(offload, False)):
+        if str(version) == "1":
+            r.refuse(offload, keys[offload], "FSDP1's CPU offload is not modelled")
+        # fully_shard's CPUOffloadPolicy (accelerate's fsdp2_prepare_model)
+        r.set(offload, "offload_param", "cpu")
     if p + "fsdp_reshard_after_forward" in keys:
         value = keys[p + "fsdp_reshard_after_forward"]
         reshard = RESHARD.get(str(value).upper()) if isinstance(value, str) else value

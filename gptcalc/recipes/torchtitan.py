@@ -109,7 +109,7 @@ KEYS: dict[str, tuple] = {
     "compile.backend": ignored("the compiler backend (inductor)"),
     # the converters' settings act only when model.converters names them (read below)
     "quantize.*": READ, "float8.*": READ, "mx.*": READ,
-    "training.enable_cpu_offload": off(False, "FSDP's CPU offload is not modelled"),
+    "training.enable_cpu_offload": READ,
     "training.compile": READ,  # the older spelling of compile.enable
     "parallelism.enable_compiled_autograd": off(False, "compiled autograd is not modelled"),
     "parallelism.expert_tensor_parallel_degree": off(1, "tensor parallelism inside the "
@@ -144,7 +144,7 @@ DEFAULTS = {"model.name": "llama3", "model.flavor": "debugmodel", "model.convert
             "optimizer.name": "AdamW", "optimizer.early_step_in_backward": False,
             "training.local_batch_size": 8, "training.global_batch_size": -1,
             "training.seq_len": 2048, "training.dtype": "float32",
-            "training.mixed_precision_param": "bfloat16",
+            "training.mixed_precision_param": "bfloat16", "training.enable_cpu_offload": False,
             "parallelism.data_parallel_replicate_degree": 1,
             "parallelism.data_parallel_shard_degree": ALL_RANKS,
             "parallelism.fsdp_reshard_after_forward": "default",
@@ -304,7 +304,13 @@ def _parallel(r: Reading, v: dict[str, Any], given: dict[str, Any]) -> None:
                          f"{shown(policy)}")
         reshard = policy == "always" or (policy == "default" and pp == 1)
         r.set(p + "fsdp_reshard_after_forward", "zero", 3 if reshard else 2)
-    else:
+    # apply_fsdp's CPUOffloadPolicy, which torchtitan applies only under FSDP
+    if r.flag("training.enable_cpu_offload", v["training.enable_cpu_offload"]):
+        if not fsdp:
+            r.refuse("training.enable_cpu_offload", True, "CPU offload is FSDP's: "
+                     "data_parallel_shard_degree above 1")
+        r.set("training.enable_cpu_offload", "offload_param", "cpu")
+    if not fsdp:
         r.set(p + "data_parallel_replicate_degree", "dp", replicate)
     r.set(p + "tensor_parallel_degree", "tp", tp)
     if cp > 1:

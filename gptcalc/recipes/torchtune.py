@@ -73,14 +73,14 @@ KEYS: dict[str, tuple] = {
     "model.lora_alpha": ignored("the adapters' scale, a number in the forward"),
     "tensor_parallel_plan.*": ignored("read only with tensor_parallel_dim above 1"),
     "tensor_parallel_dim": off(1, "torchtune's tensor-parallel plan is not modelled"),
-    "fsdp_cpu_offload": off(False, "FSDP's CPU offload is not modelled"),
     **dict.fromkeys((
         "model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp",
         "model.apply_lora_to_output", "model.lora_rank", "model.quantize_base",
         "tokenizer.max_seq_len", "batch_size", "gradient_accumulation_steps",
         "optimizer._component_", "optimizer.momentum", "optimizer_in_bwd", "loss.*", "device",
         "dtype", "enable_activation_checkpointing", "enable_activation_offloading", "compile",
-        "fsdp_reshard_after_forward", "model.lora_dropout", "model.use_dora"), READ),
+        "fsdp_reshard_after_forward", "model.lora_dropout", "model.use_dora",
+        "fsdp_cpu_offload"), READ),
 }
 
 
@@ -135,6 +135,9 @@ def read_torchtune(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Re
         reshard = r.flag("fsdp_reshard_after_forward", keys.get("fsdp_reshard_after_forward",
                                                                 True))
         r.set(key, "zero", 3 if reshard else 2)
+        # fully_shard(..., offload_policy=CPUOffloadPolicy()) (torchtune's shard_model)
+        if r.flag("fsdp_cpu_offload", keys.get("fsdp_cpu_offload", False)):
+            r.set("fsdp_cpu_offload", "offload_param", "cpu")
         if not given.get("dp"):  # the distributed recipes shard over every rank
             r.set(key, "dp", r.world(key, "(all ranks)", given))
     r.set("(training loop)", "keep_logits", False)

@@ -13,17 +13,25 @@ parameter); the all-gather runs in bf16, so the unsharded parameters of the bloc
 and their unsharded gradients are bf16, and the reduce-scatter input is fp32 (the bf16
 gradients cast to reduce_dtype). No autocast weight copies; the activations are bf16.
 
+CPU offload (`--offload-param cpu`, FSDP2's `CPUOffloadPolicy`: torchtune's
+`fsdp_cpu_offload`, torchtitan's `enable_cpu_offload`, accelerate's `fsdp_offload_params`):
+the sharded parameters live on the host, and so do their gradients (each reduce-scatter's
+output is copied to the host, `foreach_reduce`) and the optimizer's states and step
+(`fsdp2_host`); the device keeps none of them, only what is gathered, reduced and saved
+(torch 2.13, torch/distributed/fsdp/_fully_shard/_fsdp_param.py, _fsdp_collectives.py).
+
 Every function here is pure and never imports torch.
 """
 
 from __future__ import annotations
 
 from ...config import GPTConfig
+from ...errors import ConfigError
 from ...schedules import Stage, holds_head, stage_hold, stage_layers
 from ...training_setup import TrainingSetup
 from ...workload import Workload
 from ...inventory import ParamTensor
-from ..ledger import GRADIENTS, LOGITS, SAVED, Ledger, Phase, Term
+from ..ledger import GRADIENTS, LOGITS, OPTIMIZER_TEMPORARIES, SAVED, Ledger, Phase, Term
 from ..states import optimizer_bytes_per_param, stage_tensors, step_order_pairs
 from .base import Engine, Step, register
 from .shards import (RankStates, chunk_rows, coords, first_rank, optimizer_over, padded_rows,
@@ -61,7 +69,38 @@ def optimizer_bytes(setup: TrainingSetup) -> int:
     return optimizer_bytes_per_param(setup, optimizer_mode(setup))
 
 
+def cpu_offload(setup: TrainingSetup) -> bool:
+    """Whether the set-up runs FSDP2's CPUOffloadPolicy (`--offload-param cpu`)."""
+    return dict(setup.engine_settings).get("offload_param") == "cpu"
+
+
 def fsdp2_rank_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
+    """The states `rank`'s device holds under FSDP2 (`fsdp2_sharded_states`); none under CPU
+    offload, where they are the host's (`fsdp2_host`)."""
+    st = fsdp2_sharded_states(cfg, setup, rank)
+    if cpu_offload(setup):
+        return RankStates(0, 0, 0, 0, st.rule + "; CPUOffloadPolicy: every state on the host")
+    return st
+
+
+HOST_PARAMETERS = "sharded parameters (CPUOffloadPolicy)"
+HOST_GRADIENTS = "sharded gradients (CPUOffloadPolicy)"
+HOST_OPTIMIZER = "optimizer states (CPUOffloadPolicy)"
+
+
+def fsdp2_host(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
+    """Bytes the host holds for `rank` under CPUOffloadPolicy, by line; {} without it: the
+    padded sharded parameters and gradients and the optimizer's states and 0-d tensors
+    (`fsdp2_sharded_states`), which FSDP2 keeps on the CPU (pinned by default:
+    `CPUOffloadPolicy.pin_memory`), the optimizer stepping them there."""
+    if not cpu_offload(setup):
+        return {}
+    st = fsdp2_sharded_states(cfg, setup, rank)
+    return {HOST_PARAMETERS: st.weights, HOST_GRADIENTS: st.gradients,
+            HOST_OPTIMIZER: st.optimizer}
+
+
+def fsdp2_sharded_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> RankStates:
     """FSDP2's states on `rank`: every tensor (tensor-parallel shard first) split on dim 0 over
     dp; weights and gradients in padded ceil(rows / dp) storages (`sharded_bytes`), optimizer
     states over the rank's own rows (`states.tensor_optimizer_bytes` in `optimizer_mode`), plus
@@ -106,7 +145,7 @@ def fsdp2_lora_states(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> di
 
     _, dp_rank, _ = coords(rank, setup)
     sb, dp = sharded_bytes(setup), setup.dp
-    base = fsdp2_rank_states(cfg, setup, rank).weights
+    base = fsdp2_sharded_states(cfg, setup, rank).weights
     if setup.base_dtype == "nf4":
         dense = sum(m.weights for m in block_linears(cfg))
         nf4 = sum(qlora_base_bytes(cfg, setup.double_quant).values())
@@ -350,8 +389,19 @@ def fsdp2_adjust(ledger: Ledger, step: Step) -> None:
       block's reduce-scatter", `fsdp2_reduce_scatter_terms`);
     - without a pipeline, the last block's forward all-gather beside the previous block's
       output (phase "forward, last block's all-gather", `fsdp2_forward_gather_terms`).
-    Nothing at dp = 1."""
+    Nothing at dp = 1.
+
+    Under CPU offload the step's states are the host's (`fsdp2_rank_states` gives none to the
+    device, the blocks' sharded gradients at the end of backward included) and the optimizer
+    runs there (no temporaries on the device). Each all-gather's host-to-device copies of the
+    shards (1/dp of its group, `FSDPParam.all_gather_inputs`) are freed by its copy-in, and
+    each reduce-scatter's output (1/dp of its input) is copied to the host inside
+    `foreach_reduce`: both are shorter-lived and smaller than the buffers beside them at the
+    moments above, none of which they enter (measured with FSDPMemTracker, shape-only, on a
+    fake accelerator apart from the host)."""
     cfg, setup, stage = step.cfg, step.setup, step.stage
+    if cpu_offload(setup):  # the optimizer steps the host's shards (CPUOffloadPolicy)
+        ledger.replace(Phase.OPTIMIZER_STEP, OPTIMIZER_TEMPORARIES, 0)
     if setup.dp == 1:
         return
     un = fsdp2_unsharded(cfg, setup, stage)
@@ -439,6 +489,22 @@ class FSDP2(Engine):
     def resident(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
         return fsdp2_resident(cfg, setup, rank)
 
+    def host(self, cfg: GPTConfig, setup: TrainingSetup, rank: int) -> dict[str, int]:
+        return fsdp2_host(cfg, setup, rank)
+
+    def check(self, setup: TrainingSetup) -> None:
+        super().check(setup)
+        # at dp 1 the step's gathered copies are the device's only parameters, which the
+        # model (nothing of FSDP2's own at dp 1) does not count
+        if cpu_offload(setup) and (setup.dp < 2 or setup.pp > 1 or setup.tp > 1
+                                   or setup.lora_rank or setup.cp > 1):
+            raise ConfigError("offload_param", "--offload-param cpu with --engine fsdp2 is "
+                                               "modelled for data parallel alone (--dp 2 or "
+                                               "more; no --pp, --tp, --cp or --lora-rank)")
+
+    def assumptions(self, setup: TrainingSetup) -> str:
+        return "; CPUOffloadPolicy (states on the host)" if cpu_offload(setup) else ""
+
     def master_gradient_bytes(self, setup: TrainingSetup, params: int) -> int:
         """The fp32 shards are the master weights and their gradients the sharded ones."""
         return 0
@@ -475,7 +541,8 @@ class FSDP2(Engine):
 
 register(FSDP2())
 
-__all__ = ["FSDP2", "fsdp2_adapter_elements", "fsdp2_adjust", "fsdp2_forward_gather_terms",
-           "fsdp2_gradient_elements", "fsdp2_lora_states", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
+__all__ = ["FSDP2", "HOST_GRADIENTS", "HOST_OPTIMIZER", "HOST_PARAMETERS", "cpu_offload",
+           "fsdp2_adapter_elements", "fsdp2_adjust", "fsdp2_forward_gather_terms",
+           "fsdp2_host", "fsdp2_sharded_states", "fsdp2_gradient_elements", "fsdp2_lora_states", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
            "fsdp2_resident", "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes",
            "reduce_bytes", "sharded_bytes", "unsharded_bytes"]
