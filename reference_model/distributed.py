@@ -376,7 +376,9 @@ FAKE_DEVICE = "gpu"
 
 
 def fake_device() -> str:
-    """Register the fake accelerator `FAKE_DEVICE` once per process; return its name."""
+    """Register the fake accelerator `FAKE_DEVICE` once per process; return its name. Only
+    before the process's first backward: autograd sizes its per-device ready queues then, and
+    a later device's backward fails an internal assert (tests run it in a fresh interpreter)."""
     if torch._C._get_privateuse1_backend_name() == FAKE_DEVICE:
         return FAKE_DEVICE
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend

@@ -115,23 +115,63 @@ TWIN = [
 ]
 
 
-@pytest.mark.parametrize("cfg,workload,dp,zero,mode", TWIN)
-def test_twin_measures_the_device_and_the_host(cfg, workload, dp, zero, mode):
-    pytest.importorskip("torch")
-    from reference_model.verify import DIST_PEAK_TOLERANCE, distributed_checks
+# the llama-style case a property draw found outside the bound (test_twin_small_llama_...)
+SMALL = (from_name("debug", arch="llama").replace(n_embd=32, n_head=2, n_layer=2,
+                                                   vocab_size=97), Workload(1, 16), 2, 3, "fp32")
 
-    setup = _setup(dp=dp, zero=zero, mode=mode)
-    checks, results = distributed_checks(cfg, workload, setup, tensors="shape-only",
-                                         ranks=(0,))
-    by = {c.name: c for c in checks}
+
+def _measure(cases) -> list[dict]:
+    """Each case's rank-0 checks ({name: (analytic, measured, ok)}) and host lines, from the
+    fake-accelerator twin (`reference_model.verify.distributed_checks`, shape-only)."""
+    from reference_model.verify import distributed_checks
+
+    out = []
+    for cfg, workload, dp, zero, mode in cases:
+        setup = _setup(dp=dp, zero=zero, mode=mode)
+        checks, results = distributed_checks(cfg, workload, setup, tensors="shape-only",
+                                             ranks=(0,))
+        out.append({"checks": {c.name: (c.analytic, c.measured, c.ok) for c in checks},
+                    "host": dict(results[0].host)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def twin():
+    """The twin's figures for TWIN and SMALL, measured in a fresh interpreter: autograd sizes
+    its per-device ready queues once, at a process's first backward, so the fake accelerator
+    must be registered before any backward runs (in a test process, other tests' have)."""
+    pytest.importorskip("torch")
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "tests.test_fsdp2_offload"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("i", range(len(TWIN)), ids=[
+    f"{'llama' if cfg is LLAMA_L2 else 'debug'}-dp{dp}-zero{zero}-{mode}"
+    for cfg, _wl, dp, zero, mode in TWIN])
+def test_twin_measures_the_device_and_the_host(twin, i):
+    from reference_model.verify import DIST_PEAK_TOLERANCE
+
+    cfg, _workload, dp, zero, mode = TWIN[i]
+    checks = twin[i]["checks"]
     for what in ("weight", "gradient", "optimizer state"):
-        assert by[f"rank 0 {what} bytes"].measured == 0  # nothing of them on the device
-        assert by[f"rank 0 {what} bytes"].ok
-    assert results[0].host == host(cfg, setup)  # exact
-    peak = by["rank 0 step peak bytes"]
+        _analytic, measured, ok = checks[f"rank 0 {what} bytes"]
+        assert measured == 0 and ok  # nothing of them on the device
+    assert twin[i]["host"] == host(cfg, _setup(dp=dp, zero=zero, mode=mode))  # exact
+    analytic, measured, _ok = checks["rank 0 step peak bytes"]
     # the FSDP2 fake-mode bound of the other twins (verify.DIST_PEAK_TOLERANCE), unchanged
-    assert abs(peak.analytic - peak.measured) <= DIST_PEAK_TOLERANCE["fsdp2"] * peak.measured
-    assert all(c.ok for c in checks), [c.as_dict() for c in checks if not c.ok]
+    assert abs(analytic - measured) <= DIST_PEAK_TOLERANCE["fsdp2"] * measured
+    assert all(ok for _a, _m, ok in checks.values()), checks
 
 
 def test_twin_runs_offload_shape_only():
@@ -223,7 +263,7 @@ def test_a_saved_config_reads_back_as_fsdp2_offload(tmp_path):
 
 @pytest.mark.xfail(strict=True, reason="the fake accelerator's artefact, not offload's: its "
                    "SwiGLU backward holds six more B x T x d_ff fp32 gradients than the CPU's")
-def test_twin_small_llama_backward_under_offload():
+def test_twin_small_llama_backward_under_offload(twin):
     # Found by a property draw over small models. FSDPMemTracker shape-only, torch 2.13,
     # llama-style debug model E 32, H 2, L 2, V 97 (d_ff 128), 1 x 16 tokens, dp 2, ZeRO-3,
     # fp32: 356,808 B measured against 309,504 B modelled (-13%), at the last block's c_fc
@@ -234,13 +274,13 @@ def test_twin_small_llama_backward_under_offload():
     # seven there (598,152 B, the states beside them): the twin's device runs the MLP's
     # backward differently, so a small model whose MLP backward is its peak is outside what
     # this twin can check.
-    pytest.importorskip("torch")
-    from reference_model.verify import DIST_PEAK_TOLERANCE, distributed_checks
+    from reference_model.verify import DIST_PEAK_TOLERANCE
 
-    cfg = from_name("debug", arch="llama").replace(n_embd=32, n_head=2, n_layer=2,
-                                                   vocab_size=97)
-    setup = _setup(dp=2, zero=3, mode="fp32")
-    checks, _ = distributed_checks(cfg, Workload(1, 16), setup, tensors="shape-only",
-                                   ranks=(0,))
-    peak = next(c for c in checks if c.name == "rank 0 step peak bytes")
-    assert abs(peak.analytic - peak.measured) <= DIST_PEAK_TOLERANCE["fsdp2"] * peak.measured
+    analytic, measured, _ok = twin[len(TWIN)]["checks"]["rank 0 step peak bytes"]
+    assert abs(analytic - measured) <= DIST_PEAK_TOLERANCE["fsdp2"] * measured
+
+
+if __name__ == "__main__":  # the `twin` fixture's fresh interpreter
+    import json
+
+    print(json.dumps(_measure([*TWIN, SMALL])))
