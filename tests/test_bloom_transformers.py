@@ -26,6 +26,7 @@ tw = pytest.importorskip("reference_model.transformers_twin")
 
 from .test_lora_peak import PEAK_TOLERANCE as LORA_PEAK_TOLERANCE  # noqa: E402
 from .test_memory_transformers import PEAK_TOLERANCE  # noqa: E402
+from .test_recipes_shipped import memory  # noqa: E402
 
 # exact saved-tensor sets and allocator numbers of torch 2.13 (transformers 5.24)
 pytestmark = [pytest.mark.requires_torch_213,
@@ -259,12 +260,6 @@ def test_lora_on_bloom_is_modelled_under_transformers_only(tmp_path):
 # --------------------------------------------------------------------------- preset and recipes
 
 
-def _memory(*args: str) -> dict:
-    r = CliRunner().invoke(cli, ["memory", *args, "--json"])
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
-    out.pop("recipe", None)
-    return out
 
 
 def test_preset_is_the_published_config():
@@ -282,9 +277,9 @@ def test_preset_is_the_published_config():
 
 def test_impl_transformers_takes_blooms_only_attention():
     # --impl transformers on the preset: BLOOM's eager attention unless --attn is typed
-    typed = _memory("--preset", "bloom-560m", "--impl", "transformers", "--attn", "manual",
+    typed = memory("--preset", "bloom-560m", "--impl", "transformers", "--attn", "manual",
                     "-B", "1", "--seq-len", "64")
-    assert _memory("--preset", "bloom-560m", "--impl", "transformers", "-B", "1",
+    assert memory("--preset", "bloom-560m", "--impl", "transformers", "-B", "1",
                    "--seq-len", "64") == typed
     r = CliRunner().invoke(cli, ["memory", "--preset", "bloom-560m", "--impl", "transformers",
                                  "--attn", "sdpa"])
@@ -306,4 +301,4 @@ def test_a_recipe_naming_bloomz_answers_as_the_preset(tmp_path):
     typed = ["--preset", "bloom-560m", "--impl", "transformers", "-B", "8", "--mode", "amp",
              "--recompute", "full", "--seq-len", "1024", "--no-keep-logits", "--lora-rank",
              "16", "--lora-targets", "query_key_value"]
-    assert _memory("--recipe", str(recipe)) == _memory(*typed)
+    assert memory("--recipe", str(recipe)) == memory(*typed)

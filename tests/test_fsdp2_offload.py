@@ -18,6 +18,8 @@ from gptcalc.memory.engines.fsdp2 import (HOST_GRADIENTS, HOST_OPTIMIZER, HOST_P
 from gptcalc.training_setup import TrainingSetup
 from gptcalc.workload import Workload
 
+from .test_recipes_shipped import memory
+
 OFFLOAD = (("offload_param", "cpu"),)
 DEBUG = from_name("debug")
 
@@ -189,12 +191,6 @@ def test_twin_runs_offload_shape_only():
 TRL_FSDP2 = "trl/trl/accelerate_configs/fsdp2.yaml"  # huggingface/trl f2cd577, fsdp_version 2
 
 
-def _memory(*args: str) -> dict:
-    r = CliRunner().invoke(cli, ["memory", *args, "--json"])
-    assert r.exit_code == 0, r.output
-    out = __import__("json").loads(r.stdout)
-    out.pop("recipe", None)
-    return out
 
 
 def _recipe(tmp_path, name: str, text: str) -> str:
@@ -210,10 +206,10 @@ def test_torchtune_fsdp_cpu_offload_is_offload_param_cpu(tmp_path):
              "--optimizer", "adamw", "--loss", "chunked", "--recompute", "none", "--device",
              "cuda", "--engine", "fsdp2", "--zero", "3", "--dp", "4", "--no-keep-logits"]
     on = _recipe(tmp_path, "on.yaml", text.format("True"))
-    assert _memory("--recipe", on, "--gpus", "4") == _memory(*typed, "--offload-param", "cpu",
+    assert memory("--recipe", on, "--gpus", "4") == memory(*typed, "--offload-param", "cpu",
                                                              "--gpus", "4")
     off = _recipe(tmp_path, "off.yaml", text.format("False"))
-    assert _memory("--recipe", off, "--gpus", "4") == _memory(*typed, "--gpus", "4")
+    assert memory("--recipe", off, "--gpus", "4") == memory(*typed, "--gpus", "4")
 
 
 def test_torchtitan_enable_cpu_offload_is_offload_param_cpu_under_fsdp(tmp_path):
@@ -222,10 +218,10 @@ def test_torchtitan_enable_cpu_offload_is_offload_param_cpu_under_fsdp(tmp_path)
             '[training]\nenable_cpu_offload = true\n')
     job = _recipe(tmp_path, "job.toml", base.format(2))
     plain = _recipe(tmp_path, "plain.toml", base.format(2).replace("true", "false"))
-    with_offload = _memory("--recipe", job)
+    with_offload = memory("--recipe", job)
     # the same file without the key, and --offload-param cpu typed
-    assert with_offload == _memory("--recipe", plain, "--offload-param", "cpu")
-    assert with_offload != _memory("--recipe", plain)
+    assert with_offload == memory("--recipe", plain, "--offload-param", "cpu")
+    assert with_offload != memory("--recipe", plain)
     one = _recipe(tmp_path, "one.toml", base.format(1))
     r = CliRunner().invoke(cli, ["memory", "--recipe", one])
     assert r.exit_code == 2 and "training.enable_cpu_offload" in r.stderr
@@ -242,7 +238,7 @@ def test_accelerate_fsdp_offload_params_is_offload_param_cpu_under_fsdp2(tmp_pat
                                                       "fsdp_offload_params: true"))
     args = ("--preset", "llama3.2-1b")
     typed = ["--engine", "fsdp2", "--zero", "3", "--mode", "mixed", "--dp", "8", *args]
-    assert _memory("--recipe", on, *args) == _memory(*typed, "--offload-param", "cpu")
+    assert memory("--recipe", on, *args) == memory(*typed, "--offload-param", "cpu")
     v1 = _recipe(tmp_path, "fsdp1.yaml", text.replace("fsdp_offload_params: false",
                                                       "fsdp_offload_params: true").replace(
         "fsdp_version: 2", "fsdp_version: 1\n  fsdp_backward_prefetch: BACKWARD_PRE"))
@@ -257,7 +253,7 @@ def test_a_saved_config_reads_back_as_fsdp2_offload(tmp_path):
             "--offload-param", "cpu"]
     r = CliRunner().invoke(cli, ["memory", *args, "--save-config", str(saved)])
     assert r.exit_code == 0, r.output
-    assert _memory("--config", str(saved)) == _memory(*args)
+    assert memory("--config", str(saved)) == memory(*args)
 
 
 
