@@ -135,6 +135,22 @@ def stage_tensors(cfg: GPTConfig, setup: TrainingSetup, stage: Stage) -> list[Pa
     copy of the token embedding for the head (Megatron-LM's word-embedding copy on the last
     stage). With pp = 1 both names are the one device.
     """
+    key = (cfg, setup.pp, setup.pp_virtual, setup.ep, stage)
+    kept = _STAGE_TENSORS.get(key)
+    if kept is None:
+        if len(_STAGE_TENSORS) >= 512:
+            _STAGE_TENSORS.clear()
+        kept = _STAGE_TENSORS[key] = tuple(_stage_tensors(cfg, setup, stage))
+    return list(kept)
+
+
+# `time` and `plan` ask for one stage's list many times (each collective, each micro-batch
+# tried): kept per configuration and what the list reads of the set-up (pp, its virtual
+# stages, ep); the callers get their own list
+_STAGE_TENSORS: dict[tuple, tuple[ParamTensor, ...]] = {}
+
+
+def _stage_tensors(cfg: GPTConfig, setup: TrainingSetup, stage: Stage) -> list[ParamTensor]:
     p, out = setup.pp, []
     blocks, L = stage_layers(cfg, setup, stage), cfg.n_layer
     for t in inventory(cfg):

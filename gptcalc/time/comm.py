@@ -25,6 +25,7 @@ nodes: two passes of (k - 1) intra-node and ceil(log2 nodes) network steps.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -497,6 +498,20 @@ def deepspeed_stage3_gathers(cfg: GPTConfig, setup: TrainingSetup, blocks: int
     The replay runs on at most 2w + 1 blocks and one more (w: `stage3_blocks`, the blocks
     the reuse distance, prefetch bucket and live limit span): beyond that a block's calls
     repeat, and the stage's `blocks` add the difference of the two once each."""
+    fwd, bwd = _stage3_gathers(cfg, setup, blocks)
+    return dict(fwd), dict(bwd)
+
+
+def _items(sides: tuple[dict[int, int], dict[int, int]]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    return tuple(tuple(side.items()) for side in sides)
+
+
+# `plan` asks for the same set-up's gathers at every micro-batch size it tries, and each replay
+# walks a coordinator trace: kept, as tuples, per (cfg, set-up, blocks)
+@functools.lru_cache(maxsize=512)
+def _stage3_gathers(cfg: GPTConfig, setup: TrainingSetup, blocks: int
+                    ) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """`deepspeed_stage3_gathers`' replay, its two sides as (elements, calls) pairs."""
     from ..memory.engines.deepspeed import stage3_blocks, stage3_gathered, stage3_trace
 
     dp = setup.dp
@@ -514,15 +529,15 @@ def deepspeed_stage3_gathers(cfg: GPTConfig, setup: TrainingSetup, blocks: int
 
     k = min(blocks, 2 * stage3_blocks(cfg, setup, 0) + 1)
     if k == blocks:
-        return replay(blocks)
+        return _items(replay(blocks))
     out = []
     for a, b in zip(replay(k), replay(k + 1)):
         per_block = {n: b.get(n, 0) - a.get(n, 0) for n in dict.fromkeys([*a, *b])}
         if min(per_block.values(), default=0) < 0:  # not periodic yet: the whole stage
-            return replay(blocks)
+            return _items(replay(blocks))
         out.append({n: a.get(n, 0) + (blocks - k) * d for n, d in per_block.items()
                     if a.get(n, 0) + (blocks - k) * d})
-    return out[0], out[1]
+    return _items((out[0], out[1]))
 
 
 def _deepspeed_zero3(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int,
