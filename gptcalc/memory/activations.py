@@ -175,8 +175,8 @@ _GATHERED = ("layer/attn/qkv_input", "layer/mlp/fc_input", "final/lm_head_input"
 
 def dtensor_tp(setup: TrainingSetup) -> bool:
     """Whether tensor parallel is PyTorch's DTensor `parallelize_module` with `loss_parallel`
-    (torchtitan's plan; the reference, transformers and litgpt models), not Megatron-LM's own
-    (the paper's and megatron-core's profiles)."""
+    (torchtitan's plan, measured on the reference model; transformers' Linears take the same
+    plan), not Megatron-LM's own (the paper's and megatron-core's profiles)."""
     return setup.tp > 1 and setup.impl not in ("paper", "megatron-core")
 
 
