@@ -568,6 +568,7 @@ class _FSDP2(_Engine):
         reshard = s.zero == 3
         if s.tp > 1:
             _parallelize(self.model, self.meshes["tp"], s.sp)
+        _recompute(self.model, s)
         dp_mesh = self.meshes["dp"]
         # mode mixed: torchtitan's policy, bf16 compute over fp32 shards, fp32 reduction
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
@@ -717,12 +718,27 @@ class _DDP(_Engine):
 class _TensorParallel(_Engine):
     def build(self) -> None:
         _parallelize(self.model, self.meshes["tp"], self.setup.sp)
+        _recompute(self.model, self.setup)
         self.opt = self.optimizer(self.model.module.parameters())
 
     def context(self):
         from torch.distributed.tensor.parallel import loss_parallel
 
         return loss_parallel()
+
+
+def _recompute(model: _Model, setup: TrainingSetup) -> None:
+    """Full activation checkpointing of every block after tensor parallel and before FSDP2, in
+    torchtitan's order (parallelize_llama: apply_tp, apply_ac, apply_fsdp): each block's forward
+    under non-reentrant torch.utils.checkpoint (reference_model.memory.apply_recompute)."""
+    if setup.recompute == "none":
+        return
+    if setup.recompute != "full" or model.impl != "reference":
+        raise ConfigError("recompute", "the distributed twin recomputes whole blocks of the "
+                                       "reference model only (--recompute full)")
+    from .memory import apply_recompute
+
+    apply_recompute(model.module, "full")
 
 
 def _regroup_fused_qkv(linear: torch.nn.Linear, widths: list[int], tp: int) -> None:

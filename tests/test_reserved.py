@@ -315,6 +315,40 @@ def test_torchtitan_reserved_falls_with_dp_by_the_published_difference():
     assert 0.85 * published <= gib[8] - gib[128] <= published
 
 
+# torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan 820504e; runs of
+# torchtitan 9dec370 and torch 1963fc8, December 2024; Memory(GiB) is max reserved), Llama 3.1
+# 70B on 256 H100s, FSDP 32 x TP 8, local batch 16, full activation checkpointing, torch.compile
+# + Float8: Table 4's "2D" row; seq_len 8192 from train_configs/llama3_70b.toml at 9dec370,
+# loss_parallel on (its default), sequence parallel in its plan (parallelize_llama.apply_tp).
+# And Table 5's 1F1B row: Llama 3.1 405B on 512 H100s, FSDP 8 x TP 8 x PP 8, local batch 32 in
+# pp = 8 micro-batches (pipeline_parallel_microbatches' default) of 4, seq_len 8192.
+TORCHTITAN_FSDP_TP = {"70b": 71.9, "405b-1f1b": 82.5}
+TORCHTITAN_FSDP_TP_ARGS = {
+    "70b": ["--preset", "llama3.1-70b", "-B", "16", "--dp", "32", "--tp", "8"],
+    "405b-1f1b": ["--preset", "llama3.1-405b", "-B", "4", "--grad-accum", "8", "--dp", "8",
+                  "--tp", "8", "--pp", "8", "--pp-schedule", "1f1b"],
+}
+# gptcalc's reserved sits below: 68.65 GiB (-4.5%) for the 70B, 72.52 GiB (-12.1%) for the
+# 405B's fullest pipeline rank. Before DTensor's gathered Linear inputs (whole b x S x E, also
+# inside the recomputed block) and loss_parallel's third vocabulary shard in the loss's backward
+# were counted they read 51.25 GiB (-28.7%) and 69.89 GiB (-15.3%). Not modelled: Float8's
+# scales and float8 all-gathers, torch.compile's blocks (full recomputation leaves them only the
+# block inputs), the pipeline's p2p and schedule buffers beyond the modelled ones, torch end of
+# 2024 vs 2.13. Table 4's "2D + AsyncTP" row (67.6 GiB) sits below this figure: async TP (its
+# symmetric-memory collectives under compile) is not modelled. Stated: the 70B within 10%
+# below, the 405B within 15% below, never above.
+TORCHTITAN_FSDP_TP_GAP = {"70b": 0.10, "405b-1f1b": 0.15}
+
+
+@pytest.mark.parametrize("run", list(TORCHTITAN_FSDP_TP))
+def test_torchtitan_llama3_fsdp_by_tensor_parallel_max_reserved(run):
+    args = ["memory", *TORCHTITAN_FSDP_TP_ARGS[run], "--seq-len", "8192", "--engine", "fsdp2",
+            "--zero", "3", "--sp", "--recompute", "full", "--no-keep-logits", "--json"]
+    out = json.loads(CliRunner().invoke(cli, args).output)
+    reserved, published = out["reserved"] / GiB, TORCHTITAN_FSDP_TP[run]
+    assert (1 - TORCHTITAN_FSDP_TP_GAP[run]) * published <= reserved <= published
+
+
 @settings(max_examples=15, deadline=None)
 @given(models, workloads, st.sampled_from([2, 3]), st.sampled_from(["mixed", "bf16"]))
 def test_fsdp2_gradients_are_replayed_on_the_reduce_scatter_stream(cfg, wl, zero, mode):

@@ -166,8 +166,24 @@ _REPLICATED = ("input/", "layer/attn/causal_mask", "layer/attn/window_mask",
                "weight_copy/")  # weight copies arrive tensor-parallel sharded already
 
 
+# The inputs of the column-parallel Linears under PyTorch's DTensor tensor parallel
+# (`parallelize_module`: PrepareModuleInput / ColwiseParallel redistribute the sequence-sharded
+# input to Replicate, and the matmul saves that all-gathered tensor, b x S x E whole on every
+# rank), where Megatron-LM saves its sequence shard and gathers it again in backward.
+_GATHERED = ("layer/attn/qkv_input", "layer/mlp/fc_input", "final/lm_head_input")
+
+
+def dtensor_tp(setup: TrainingSetup) -> bool:
+    """Whether tensor parallel is PyTorch's DTensor `parallelize_module` with `loss_parallel`
+    (torchtitan's plan, measured on the reference model; transformers' Linears take the same
+    plan), not Megatron-LM's own (the paper's and megatron-core's profiles)."""
+    return setup.tp > 1 and setup.impl not in ("paper", "megatron-core")
+
+
 def _tp_divisor(key: str, setup: TrainingSetup) -> int:
     if key.startswith(_REPLICATED):
+        return 1
+    if key.startswith(_GATHERED) and dtensor_tp(setup):
         return 1
     if key.startswith(_SEQUENCE_SHARDED):
         return setup.tp if setup.sp else 1

@@ -37,7 +37,7 @@ from ..schedules import Stage, StageHold, holds_embedding, stage_hold
 from ..schedules import holds_head as stage_holds_head
 from ..training_setup import TrainingSetup
 from ..workload import Workload
-from .activations import device_activations, saved_in, transformers_loss
+from .activations import device_activations, dtensor_tp, saved_in, transformers_loss
 from .context_parallel import (local_workload, ring_backward_bytes, ring_forward_bytes,
                                sharding_setup)
 from .compiled import compiled_loss_transients, loss_saves_logits
@@ -104,7 +104,11 @@ def loss_transients(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
         return {"forward": 0, "backward": n * setup.act_bytes}
     autocast = setup.mode in ("amp", "mixed")
     lp = 4 if autocast else setup.act_bytes
-    return {"forward": 4 * n if autocast else 0, "backward": 2 * n * lp}
+    # loss_parallel (torch.distributed.tensor.parallel.loss,
+    # _nll_loss_and_log_softmax_backward): `(zeros_like(x) + exp(x)) * grad_output` holds three
+    # vocabulary shards at once beside the saved log-probabilities x
+    held = 3 if dtensor_tp(setup) else 2
+    return {"forward": 4 * n if autocast else 0, "backward": held * n * lp}
 
 
 def attention_backward_freed(cfg: GPTConfig, acts: dict[str, int], setup: TrainingSetup,
