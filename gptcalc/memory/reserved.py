@@ -63,6 +63,7 @@ from ..config import GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .allocator import simulate
+from .load import kept_bytes, load_events
 from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACCUMULATING,
                      LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY, OFFLOAD_STASH, OPTIMIZER_STATES,
                      OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
@@ -396,11 +397,26 @@ def step_events(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     return replay.events
 
 
+def after_load(load: list[tuple], step: list[tuple]) -> list[tuple]:
+    """`step`'s events continued from the allocator state `load` leaves (`load.load_events`):
+    the step's weights are the tensors the load made, so its own weight allocations are left
+    out, and what they hold beyond the load's (the adapters, made after loading) is one tensor."""
+    weights = sum(e[2] for e in step if e[0] == "alloc" and isinstance(e[1], tuple)
+                  and e[1][0] == "weights")
+    rest = [e for e in step if not (isinstance(e[1], tuple) and e[1][0] == "weights")]
+    extra = max(0, weights - kept_bytes(load))
+    return load + [("alloc", "weights beyond the load", extra)] + rest
+
+
 def stage_reserved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                    stage: str = "first", blocks: int | None = None) -> int:
     """The reserved bytes after `step_events` on one device of `stage` (`blocks` blocks, default
-    the stage's), under the set-up's allocator (`TrainingSetup.allocator`)."""
+    the stage's), under the set-up's allocator (`TrainingSetup.allocator`); where the model is
+    quantised as it loads (`load.load_events`), the steps continue from the load's segments."""
     events = step_events(cfg, workload, setup, stage, blocks)
+    load = load_events(cfg, setup) if blocks is None else None
+    if load is not None:
+        events = after_load(load, events)
     return simulate(events, setup.allocator == "expandable").reserved
 
 
@@ -445,6 +461,6 @@ def nvidia_smi_lines(reserved: int, setup: TrainingSetup) -> dict[str, int]:
             "NCCL buffers": nccl_buffer_bytes(setup)}
 
 
-__all__ = ["CUDA_CONTEXT_BYTES", "MAX_SIMULATED_BLOCKS", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
+__all__ = ["CUDA_CONTEXT_BYTES", "after_load", "MAX_SIMULATED_BLOCKS", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
            "RESERVED_LINE", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
            "rank_reserved", "reserved_bytes", "stage_reserved", "step_events"]
