@@ -40,7 +40,7 @@ class Verdict:
     """Bytes per device of the most loaded device against `budget`, the usable memory."""
 
     budget: int
-    allocated: int  # the step peak (max_memory_allocated): the lower bound
+    allocated: int  # max_memory_allocated, the lower bound: the step's peak or the load's
     reserved: int | None  # max_memory_reserved simulated; None where not simulated or on CPU
     cuda_context: int
     nccl_buffers: int
