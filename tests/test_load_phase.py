@@ -75,6 +75,23 @@ def test_the_warm_up_counts_half_a_byte_per_quantised_element():
     assert events[:2] == [("alloc", "warm-up", 2 * other + quantised // 2), ("free", "warm-up")]
 
 
+@pytest.mark.parametrize("n,scales", [(64 * 256, 4), (64 * 256 + 1, 8), (64 * 257, 8)])
+def test_a_weights_quantisation_events_by_hand(n, scales):
+    """One double-quantised weight of n elements, B = ceil(n / 64) blocks: bf16 copy 2n, fp32
+    absmax 4B, packed (n + 1) // 2, the NF4 code 64 (and its two temporaries), the offset 4,
+    the centred absmax 4B, fp32 scales of 256 absmax each (one fp32 up to 256 blocks, two
+    from 257), the uint8 absmax B, the map's copy 1,024; then the frees."""
+    from gptcalc.memory.load import LoadTensor, quantize_events
+    B = -(-n // 64)
+    ev = quantize_events(LoadTensor("w", n, True), double_quant=True, first=False)
+    assert [e[2] for e in ev if e[0] == "alloc"] == [2 * n, 4 * B, (n + 1) // 2, 64, 64, 4, 4,
+                                                     4 * B, scales, B, 1024]
+    assert [e[1][1] for e in ev if e[0] == "free"] == ["code abs", "code max", "absmax centred",
+                                                       "absmax fp32", "16-bit"]
+    plain = quantize_events(LoadTensor("w", n, True), double_quant=False, first=False)
+    assert kept_bytes(plain) == (n + 1) // 2 + 4 * B + 64  # the fp32 absmax kept
+
+
 def test_the_load_phase_is_qlora_on_cuda_with_transformers_under_a_whole_model_engine():
     cfg = from_name("llama3-8b")
     assert applies(cfg, qlora())
