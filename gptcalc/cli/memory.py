@@ -12,6 +12,7 @@ from ..training_setup import TrainingSetup
 from ..workload import Workload
 from ..memory import MemoryReport, memory_report
 from ..memory.engines import engine_for
+from ..memory.load import LoadPhase, load_phase
 from ..memory.reserved import (MAX_SIMULATED_BLOCKS, RESERVED_LINE, nvidia_smi_lines,
                                rank_reserved)
 from ..schedules import pp_rank as pipeline_rank
@@ -67,13 +68,15 @@ def command(ctx: click.Context, model: tuple[GPTConfig, Workload], gpu_name, gpu
     if per_rank and rep.stages:
         rep = dataclasses.replace(rep, stages=[dataclasses.replace(s, reserved=r)
                                                for s, r in zip(rep.stages, per_rank)])
+    load = load_phase(cfg, setup)  # QLoRA quantised as it loads (CUDA, transformers)
     if as_json:
-        emit_json(_json(cfg, wl, setup, rep, fit, node, smi, recipe))
+        emit_json({**_json(cfg, wl, setup, rep, fit, node, smi, recipe),
+                   "load": load.as_dict() if load else None})
         return
     if detail:
-        _render(cfg, wl, setup, rep, fit, node, smi, recipe)
+        _render(cfg, wl, setup, rep, fit, node, smi, recipe, load)
     else:
-        _render_short(cfg, wl, setup, rep, fit, node, smi, recipe)
+        _render_short(cfg, wl, setup, rep, fit, node, smi, recipe, load)
 
 
 def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
@@ -104,6 +107,15 @@ def _json(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
                          "read": [{"key": k, "setting": v} for k, v in rec.read],
                          "ignored": [{"key": k, "why": v} for k, v in rec.ignored]}
     return out
+
+
+def _load_line(load: LoadPhase) -> str:
+    """The load phase: the allocated peak while from_pretrained quantises, the reserved bytes
+    it leaves (the steps continue from them)."""
+    return (f"load (from_pretrained quantising the 16-bit checkpoint to NF4 on the device): "
+            f"allocated peak {binary_bytes(load.peak)} (quantising {load.peak_tensor}), "
+            f"{binary_bytes(load.allocated)} after; reserved after load "
+            f"{binary_bytes(load.reserved)}, which the step's reserved bytes start from")
 
 
 def _rows(lines: dict[str, int]) -> list[list[str]]:
@@ -178,7 +190,7 @@ _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
 def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
-                  smi: dict[str, int] | None, recipe) -> None:
+                  smi: dict[str, int] | None, recipe, load: LoadPhase | None = None) -> None:
     """One screen: the verdict (on the worst pipeline rank), the assumptions, the peak's terms
     on the most loaded rank, every rank's peak on a line, what fits; --detail prints the
     rest."""
@@ -198,6 +210,8 @@ def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: i
                    "buffers, estimated)")
     elif setup.device == "cuda" and not smi:
         print_wrapped(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
+    if load:
+        print_wrapped(_load_line(load))
     if rep.host:
         print_wrapped(f"host memory per rank (offloaded): {binary_bytes(rep.host_total)}; per "
                    f"node ({node} ranks) {binary_bytes(rep.host_total * node)}")
@@ -209,7 +223,7 @@ def _render_short(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: i
 
 
 def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
-            smi: dict[str, int] | None, recipe) -> None:
+            smi: dict[str, int] | None, recipe, load: LoadPhase | None = None) -> None:
     _head(cfg, wl, setup, fit, recipe)
     stage = ""
     if setup.pp > 1:
@@ -243,6 +257,8 @@ def _render(cfg, wl, setup: TrainingSetup, rep: MemoryReport, fit, node: int,
                    + " (the CUDA context and NCCL buffers estimated)")
     elif setup.device == "cuda":
         print_wrapped(f"reserved: not simulated above {MAX_SIMULATED_BLOCKS} blocks on a stage")
+    if load:
+        print_wrapped(_load_line(load))
     print_table(f"The peak, {rep.peak.phase}: its terms", ["term", "bytes", "binary"],
                 _rows(rep.peak.lines))
     if rep.host:

@@ -6,7 +6,9 @@ The sequence is built from the step's account (`peak.step_account`: its ledger, 
 included, and its saved-tensor lines), in the order a step makes them:
 
 - before the first step: each parameter tensor's weights (an engine's kept gradient buffers
-  too);
+  too); where QLoRA's base is quantised as the model loads (`load.load_events`), the load's
+  allocations and frees instead, the steps continuing from the segments it reserved
+  (`after_load`);
 - forward: the batch and the embeddings' saved tensors, then block by block each saved line's
   share of one block (a line of the profile is one tensor per block: `layer/attn/q`, ...), the
   head's lines, the logits and the loss's fp32 copy;
@@ -63,6 +65,7 @@ from ..config import GPTConfig
 from ..training_setup import TrainingSetup
 from ..workload import Workload
 from .allocator import simulate
+from .load import kept_bytes, load_events
 from .ledger import (BLOCK_GRADIENTS, EMBEDDING_INPUTS, GRADIENTS, GRADIENTS_ACCUMULATING,
                      LOGITS, LOSS_GRADIENT, LOSS_LOGITS_COPY, OFFLOAD_STASH, OPTIMIZER_STATES,
                      OPTIMIZER_TEMPORARIES, OVERHEAD, RECOMPUTED_BLOCK, SAVED,
@@ -396,11 +399,28 @@ def step_events(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, stage:
     return replay.events
 
 
+def after_load(load: list[tuple], step: list[tuple]) -> list[tuple]:
+    """`step`'s events continued from the allocator state `load` leaves (`load.load_events`):
+    the step's weights are the tensors the load made, so its own weight allocations are left
+    out, and what they hold beyond the load's (the adapters, made after loading) is one tensor."""
+    def own(e: tuple) -> bool:  # a parameter tensor's weights, as `each_tensor` keys them
+        return isinstance(e[1], tuple) and len(e[1]) == 4 and e[1][0] == "weights"
+    weights = sum(e[2] for e in step if e[0] == "alloc" and own(e))
+    rest = [e for e in step if not own(e)]
+    extra = max(0, weights - kept_bytes(load))
+    return load + [("alloc", "weights beyond the load", extra)] + rest
+
+
 def stage_reserved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
                    stage: str = "first", blocks: int | None = None) -> int:
     """The reserved bytes after `step_events` on one device of `stage` (`blocks` blocks, default
-    the stage's), under the set-up's allocator (`TrainingSetup.allocator`)."""
+    the stage's), under the set-up's allocator (`TrainingSetup.allocator`); where the model is
+    quantised as it loads (`load.load_events`), the steps continue from the load's segments
+    (with the stage's own blocks only: a load of `blocks` blocks is not a model's)."""
     events = step_events(cfg, workload, setup, stage, blocks)
+    load = load_events(cfg, setup) if blocks is None else None
+    if load is not None:
+        events = after_load(load, events)
     return simulate(events, setup.allocator == "expandable").reserved
 
 
@@ -445,6 +465,6 @@ def nvidia_smi_lines(reserved: int, setup: TrainingSetup) -> dict[str, int]:
             "NCCL buffers": nccl_buffer_bytes(setup)}
 
 
-__all__ = ["CUDA_CONTEXT_BYTES", "MAX_SIMULATED_BLOCKS", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
+__all__ = ["CUDA_CONTEXT_BYTES", "after_load", "MAX_SIMULATED_BLOCKS", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "NCCL_RING_PEERS",
            "RESERVED_LINE", "STEPS", "nccl_buffer_bytes", "nvidia_smi_lines",
            "rank_reserved", "reserved_bytes", "stage_reserved", "step_events"]

@@ -9,7 +9,9 @@
   within a run (no `empty_cache`), so the card holds them all;
 - the CUDA context and NCCL's buffers: outside PyTorch's allocator (`reserved.nvidia_smi_lines`);
 - the allocated peak (`torch.cuda.max_memory_allocated()`, `peak.step_peak`) is below reserved:
-  the lower bound, printed beside the verdict, never the verdict itself.
+  the lower bound, printed beside the verdict, never the verdict itself; where the model is
+  quantised as it loads (`load.load_phase`), the larger of the load's and the step's (the
+  step's reserved bytes already continue from the load's).
 
 Where the reserved bytes are not simulated (a stage of more than `MAX_SIMULATED_BLOCKS` blocks)
 the verdict stands on the allocated peak, the lower bound, and says so (`reserved` None). On
@@ -26,6 +28,7 @@ from ..config import GPTConfig
 from ..errors import ConfigError
 from ..training_setup import TrainingSetup
 from ..workload import Workload
+from .load import load_phase
 from .peak import step_peak
 from .reserved import RESERVED_LINE, nvidia_smi_lines, rank_reserved
 from .rules import validate_setup
@@ -37,7 +40,7 @@ class Verdict:
     """Bytes per device of the most loaded device against `budget`, the usable memory."""
 
     budget: int
-    allocated: int  # the step peak (max_memory_allocated): the lower bound
+    allocated: int  # max_memory_allocated, the lower bound: the step's peak or the load's
     reserved: int | None  # max_memory_reserved simulated; None where not simulated or on CPU
     cuda_context: int
     nccl_buffers: int
@@ -70,6 +73,7 @@ def verdict(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: in
     `reserved` (`rank_reserved`'s list) when the caller has them already."""
     if allocated is None:
         allocated = step_peak(cfg, workload, setup).bytes
+    allocated = max(allocated, _load_peak(cfg, setup))
     if setup.device != "cuda":
         return Verdict(budget, allocated, None, 0, 0)
     if reserved is None:
@@ -77,6 +81,13 @@ def verdict(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: in
     smi = nvidia_smi_lines(max(reserved) if reserved else 0, setup)
     return Verdict(budget, allocated, smi[RESERVED_LINE] if reserved else None,
                    smi["CUDA context"], smi["NCCL buffers"])
+
+
+def _load_peak(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """The allocated peak of loading the model where it is quantised as it loads
+    (`load.load_phase`), else 0: the card holds it before the first step."""
+    load = load_phase(cfg, setup)
+    return load.peak if load else 0
 
 
 def fits(cfg: GPTConfig, workload: Workload, setup: TrainingSetup, budget: int) -> bool:
@@ -104,7 +115,7 @@ def verdict_floor(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     """The verdict on the allocated peak (no replay): a lower bound of what the card holds.
     ConfigError for a set-up or workload the rules refuse (`rules.validate_setup`)."""
     validate_setup(cfg, workload, setup)
-    allocated = step_peak(cfg, workload, setup).bytes
+    allocated = max(step_peak(cfg, workload, setup).bytes, _load_peak(cfg, setup))
     if setup.device != "cuda":
         return Verdict(budget, allocated, None, 0, 0)
     smi = nvidia_smi_lines(0, setup)
