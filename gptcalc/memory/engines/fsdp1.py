@@ -22,6 +22,14 @@ backward computes), no forward prefetch, limit_all_gathers.
 Mode mixed is `MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)`: fp32 flat parameters are
 the master weights, bf16 unsharded parameters and gradients, an fp32 reduce-scatter.
 
+Gradient accumulation (`fsdp1_sync`): by default every micro-batch but the last runs under
+`model.no_sync()`, as the Hugging Face Trainer runs FSDP1 through accelerate (transformers 5.24
+`Trainer._inner_training_loop` enters `accelerator.no_sync` for every micro-batch but the last
+unless accelerate's GradientAccumulationPlugin `sync_each_batch` is set, which defaults False;
+accelerate 1.15), the most common way FSDP1 is run with accumulation; each-batch is
+`sync_each_batch=True` or a plain loop (torchtitan and plain-PyTorch loops have no FSDP1
+default), its sharded gradients accumulating (`fsdp1_no_sync_adjust`).
+
 LoRA is FSDP1 as the Trainer and accelerate run a PEFT model: PEFT's `fsdp_auto_wrap_policy`
 adds a unit per lora_A and lora_B beside the blocks, so the blocks' and the root's units hold
 frozen weights only (`fsdp1_lora_states`, `fsdp1_lora_adjust`).
@@ -38,7 +46,7 @@ from ...errors import ConfigError
 from ...schedules import Stage
 from ...training_setup import TrainingSetup
 from ...workload import Workload
-from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
+from ..ledger import GRADIENTS, GRADIENTS_ACCUMULATING, SAVED, Ledger, Phase, Term
 from ..states import stage_tensors
 from .base import Engine, Step, register
 from .shards import RankStates, coords, first_rank, optimizer_over, step_counters
@@ -260,6 +268,72 @@ def fsdp1_block_gradient_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     return max(made, hook, key=lambda terms: sum(terms.values()))
 
 
+NO_SYNC_GRADIENTS = Term("FSDP1 unsharded gradients kept through no_sync (every unit)")
+
+
+def fsdp1_no_sync_bytes(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Bytes of the unsharded flat gradients FSDP1 keeps through `no_sync()`: every unit's
+    padded flat gradient in `compute_bytes` (MixedPrecision's param_dtype in mode mixed);
+    under LoRA only the adapters' units have gradients (`fsdp1_adapter_units`). Under
+    no_sync the post-backward hook reshards the unit but reduces nothing and keeps
+    `flat_param.grad` whole (`_post_backward_hook`: `_sync_gradients` False,
+    `_use_unsharded_grad_views`; the final callback keeps it, `_finalize_params`; torch 2.13,
+    torch/distributed/fsdp/_runtime_utils.py); the next backward accumulates into it in place
+    (`FlatParamHandle.prepare_gradient_for_backward` keeps a gradient of the unsharded size).
+    In fp32: dp times the sharded gradients. Measured against FSDP1 itself
+    (tests/test_fsdp1_no_sync.py)."""
+    cb = compute_bytes(setup)
+    if setup.lora_rank:
+        return cb * sum(count * u.padded for u, count, _ in fsdp1_adapter_units(cfg, setup))
+    units = fsdp1_units(cfg, setup)
+    return cb * (units["root"].padded + cfg.n_layer * units["block"].padded)
+
+
+def fsdp1_no_sync_adjust(ledger: Ledger, step: Step) -> None:
+    """FSDP1 with grad_accum m > 1 under `no_sync()` (`fsdp1_sync` no-sync), after the moments
+    of one micro-batch (`fsdp1_adjust`, `fsdp1_lora_adjust`): the sharded gradients of earlier
+    micro-batches (`GRADIENTS_ACCUMULATING`, what each-batch holds) do not exist; instead every
+    unit's unsharded flat gradient (`fsdp1_no_sync_bytes`) is alive from the second
+    micro-batch's forward to the last one's backward, whose post-backward hooks reduce-scatter
+    each unit's accumulated gradient into its sharded one (`_reduce_grad`, `_saved_grad_shard`)
+    and free it. By the end of backward the blocks' are gone; the root's (reduced last: the
+    embedding's gradient closes the backward) is still alive there beside the new one made
+    into it (full training; under LoRA the root is frozen). SHARD_GRAD_OP keeps its units
+    gathered through the no_sync backwards (`_should_free_in_backward`), as `fsdp1_adjust`
+    keeps them from a forward to its backward; FULL_SHARD re-gathers them as in one
+    micro-batch. The largest micro-batch is the last: its moments are the first one's plus the
+    kept gradients."""
+    cfg, setup = step.cfg, step.setup
+    held = fsdp1_no_sync_bytes(cfg, setup)
+    during = (*ledger.forward_phases(), Phase.BACKWARD_START, Phase.BACKWARD_LAST_BLOCK,
+              Phase.REDUCE_SCATTER)
+    for phase in during:
+        if GRADIENTS_ACCUMULATING in ledger.terms(phase):
+            ledger.replace(phase, GRADIENTS_ACCUMULATING, 0)
+        ledger.add(phase, NO_SYNC_GRADIENTS, held)
+    # before the last block's backward only the head's gradient (full training) is made
+    ledger.replace(Phase.BACKWARD_LAST_BLOCK, GRADIENTS, 0 if setup.lora_rank else
+                   setup.weight_bytes * cfg.vocab_size * cfg.n_embd)
+    ledger.add(Phase.BACKWARD_END, NO_SYNC_GRADIENTS, 0 if setup.lora_rank else
+               compute_bytes(setup) * fsdp1_units(cfg, setup)["root"].padded)
+
+
+def fsdp1_accumulation(setup: TrainingSetup, m: int) -> str:
+    """What the first line says of how FSDP1 accumulates `m` micro-batches ("; ..."), else
+    "" (another engine, one micro-batch, or dp 1)."""
+    if setup.engine != "fsdp1" or m == 1 or setup.dp == 1:
+        return ""
+    if setup.fsdp1_sync == "no-sync":
+        return ("; FSDP1 accumulates under no_sync (the Trainer's: every unit's unsharded "
+                "gradient kept, reduce-scattered after the last micro-batch; --fsdp1-sync)")
+    return "; FSDP1 reduce-scatters every micro-batch (--fsdp1-sync each-batch)"
+
+
+def no_sync(step: Step) -> bool:
+    """Whether the step accumulates micro-batches under FSDP1's `no_sync()`."""
+    return step.workload.grad_accum > 1 and step.setup.fsdp1_sync == "no-sync"
+
+
 def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
     """What FSDP1 holds beyond the sharded states at each moment of the step peak:
 
@@ -303,6 +377,8 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
                    sb * cfg.n_layer * units["block"].shard(setup.dp))
     ledger.add(Phase.BACKWARD_END, ROOT_REDUCE, (rb * rg if rb != cb else 0)
                + rb * units["root"].shard(setup.dp))
+    if no_sync(step):
+        fsdp1_no_sync_adjust(ledger, step)
 
 
 FIRST_NORM_BACKWARD = Term("FSDP1 the last block's first norm's backward (its input and "
@@ -433,6 +509,8 @@ def fsdp1_lora_adjust(ledger: Ledger, step: Step) -> None:
     ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
     for term, nbytes in fsdp1_lora_block_end_terms(cfg, step.workload, setup).items():
         (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
+    if no_sync(step):
+        fsdp1_no_sync_adjust(ledger, step)
 
 
 def fsdp1_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
@@ -560,6 +638,7 @@ class FSDP1(Engine):
 
 register(FSDP1())
 
-__all__ = ["ALIGNMENT_BYTES", "FSDP1", "FlatUnit", "aligned_numel", "compute_bytes",
-           "flat_unit", "fsdp1_adjust", "fsdp1_rank_states", "fsdp1_resident",
+__all__ = ["ALIGNMENT_BYTES", "FSDP1", "FlatUnit", "NO_SYNC_GRADIENTS", "aligned_numel",
+           "compute_bytes", "flat_unit", "fsdp1_accumulation", "fsdp1_adjust", "fsdp1_no_sync_adjust",
+           "fsdp1_no_sync_bytes", "fsdp1_rank_states", "fsdp1_resident",
            "fsdp1_units", "fsdp1_unsharded", "reduce_bytes", "sharded_bytes"]
