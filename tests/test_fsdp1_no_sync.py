@@ -173,3 +173,65 @@ def test_accumulation_under_fsdp1_matches_the_twin():
             assert r.resident == sum(resident(cfg, setup, "first", r.rank).values()), setup
             measured = r.peak - r.peak_categories.get("Buffer", 0)
             assert abs(peak - measured) <= FSDP_GLOO_GAP * measured, (setup, peak, measured)
+
+
+def _memory(*args: str):
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    return CliRunner().invoke(cli, ["memory", *args])
+
+
+COMMON = ("--preset", "llama3-8b", "--engine", "fsdp1", "--zero", "3", "--dp", "8")
+
+
+def test_the_option_sets_the_memory_model_and_the_first_line():
+    import json
+
+    quiet = json.loads(_memory(*COMMON, "--grad-accum", "4", "--json").stdout)
+    each = json.loads(_memory(*COMMON, "--grad-accum", "4", "--fsdp1-sync", "each-batch",
+                              "--json").stdout)
+    assert quiet["setup"]["fsdp1_sync"] == "no-sync" and each["setup"]["fsdp1_sync"] == (
+        "each-batch")
+    assert "FSDP1 accumulates under no_sync" in quiet["assumptions"]
+    assert "FSDP1 reduce-scatters every micro-batch" in each["assumptions"]
+    # Llama 3 8B's 8.03 B parameters kept as bf16 gradients (every unit's, unsharded) where
+    # each-batch holds an eighth of them in fp32: 16.06 GB against 4.02 GB
+    assert quiet["peak"] > each["peak"]
+    # one micro-batch: nothing to accumulate, nothing said
+    one = _memory(*COMMON)
+    assert one.exit_code == 0 and "no_sync" not in one.output.splitlines()[0]
+
+
+def test_a_bad_fsdp1_sync_is_one_line_naming_the_option():
+    r = _memory(*COMMON, "--fsdp1-sync", "sometimes")
+    assert r.exit_code == 2 and "--fsdp1-sync" in r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("Error")]) == 1
+
+
+@pytest.mark.parametrize("value, sync", [("true", "each-batch"), ("false", "no-sync")])
+def test_the_trainers_sync_each_batch_is_fsdp1_sync(tmp_path, value, sync):
+    import json
+
+    launch = tmp_path / "fsdp.yaml"
+    launch.write_text("distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 8\n"
+                      "fsdp_config:\n  fsdp_backward_prefetch: BACKWARD_PRE\n")
+    sft = tmp_path / "sft.yaml"
+    sft.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\ngradient_accumulation_steps: 4\n"
+                   "accelerator_config:\n  dispatch_batches: false\n"
+                   f"  gradient_accumulation_kwargs:\n    sync_each_batch: {value}\n")
+    r = _memory("--recipe", str(sft), "--recipe", str(launch), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["setup"]["fsdp1_sync"] == sync
+    sft.write_text(sft.read_text().replace(f"sync_each_batch: {value}",
+                                           "sync_each_batch: sometimes"))
+    bad = _memory("--recipe", str(sft), "--recipe", str(launch))
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1
+    assert "accelerator_config.gradient_accumulation_kwargs.sync_each_batch" in bad.output
+
+
+def test_fsdp1_cpu_offload_is_refused_in_one_line_naming_fsdp2s():
+    r = _memory(*COMMON, "--offload-param", "cpu")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "--offload-param" in r.output and "--engine fsdp2" in r.output
