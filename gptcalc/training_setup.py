@@ -139,7 +139,9 @@ class TrainingSetup:
     `engine`: the training engine's name (gptcalc.memory.engines: its registry checks it and
     gives the default of the ZeRO stage when None), `engine_settings` the engine's own settings
     that differ from its defaults, as (key, value) pairs (a ds_config's zero_optimization
-    sizes). `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
+    sizes); `fsdp1_sync` how FSDP1 accumulates micro-batches (`FSDP1_SYNCS`: no-sync, the
+    Hugging Face Trainer's through accelerate, or each-batch).
+    `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
     base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4, its absmax constants
     double-quantised (`double_quant`, bitsandbytes' bnb_4bit_use_double_quant) or fp32;
     `bnb_version` the bitsandbytes release that runs it (before 0.43.2 its 4-bit matmul kept

@@ -201,7 +201,6 @@ def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
         raise r.fail("load_in_4bit without use_peft: a 4-bit base is frozen")
     attention(r, doc)
     trainer_settings(r, doc, weights, adapters=peft, given=given)
-    accelerator_config(r, doc.get("accelerator_config"))
     return r.recipe()
 
 
@@ -334,10 +333,12 @@ def deepspeed_file(r: Reading, key: str, value: Any, given: dict[str, Any]) -> N
 
 def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bool,
                      given: dict[str, Any] | None = None) -> None:
-    """Precision, recomputation, compilation, optimizer, DeepSpeed and FSDP as the Trainer
-    reads them; `weights`: the dtype the model was loaded in (fp32, bf16); `adapters`: LoRA
-    adapters, which PEFT keeps in fp32 over a 16-bit base."""
+    """Precision, recomputation, compilation, optimizer, DeepSpeed and FSDP (and FSDP1's
+    accumulation, `accelerator_config`) as the Trainer reads them; `weights`: the dtype the
+    model was loaded in (fp32, bf16); `adapters`: LoRA adapters, which PEFT keeps in fp32 over
+    a 16-bit base."""
     given = given or {}
+    accelerator_config(r, doc.get("accelerator_config"))
     bf16, fp16 = doc.get("bf16", False), doc.get("fp16", False)
     if bf16 == "auto":  # axolotl: bf16 where the GPU has it, as every current one does
         bf16 = True
