@@ -62,8 +62,8 @@ class FSDP1Rank(_Engine):
 
     def step(self, live=None, flops: bool = False) -> None:
         """One optimizer step over the workload's grad_accum micro-batches (`fsdp1_sync`);
-        `moments["no_sync gradients"]`: the bytes of the flat parameters' gradients held when
-        the last micro-batch starts (the unsharded ones kept through no_sync)."""
+        `moments["gradients held"]`: the bytes of the flat parameters' gradients when the last
+        micro-batch starts (under no_sync the unsharded ones it kept, else the sharded ones)."""
         import contextlib
 
         m = self.wl.grad_accum
@@ -77,7 +77,7 @@ class FSDP1Rank(_Engine):
             if i == m - 1:
                 from .rank import storage_bytes
 
-                self.moments = {"no_sync gradients": storage_bytes(
+                self.moments = {"gradients held": storage_bytes(
                     f.grad for f in self.flat_parameters())}
             sync = contextlib.nullcontext() if i == m - 1 or not quiet else self.fsdp.no_sync()
             with sync, live.hooks() if live else contextlib.nullcontext(), self.context():

@@ -199,7 +199,7 @@ def test_accumulation_under_fsdp1_matches_the_twin():
             # or (each-batch) the sharded ones accumulating
             kept = (fsdp1_no_sync_bytes(cfg, setup) if setup.fsdp1_sync == "no-sync"
                     else grads)
-            assert r.moments == {"no_sync gradients": kept}, setup
+            assert r.moments == {"gradients held": kept}, setup
             # between steps: the sharded states, as after one micro-batch
             assert r.resident == sum(resident(cfg, setup, "first", r.rank).values()), setup
             measured = r.peak - r.peak_categories.get("Buffer", 0)
