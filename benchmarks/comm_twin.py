@@ -246,7 +246,7 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
 
 def _fsdp1_accumulating():
     """FSDP1's runner (reference_model.fsdp1_twin) stepping the optimizer once after the
-    workload's grad_accum micro-batches, each synced, or with engine setting no_sync every one
+    workload's grad_accum micro-batches, each synced, or with fsdp1_sync no-sync every one
     but the last under `no_sync()` as the Trainer runs them (accelerate's `accumulate`)."""
     from gptcalc.time.comm import fsdp1_no_sync
     from reference_model.fsdp1_twin import FSDP1Rank
@@ -443,9 +443,9 @@ def fsdp1_cases():
     odd = from_name("debug", arch="gpt2", n_embd=63, n_head=7, vocab_size=1601,
                     block_size=32, n_layer=3)
 
-    def fsdp1(zero, mode="mixed", **settings):
+    def fsdp1(zero, mode="mixed", no_sync=0):
         return TrainingSetup(dp=2, zero=zero, mode=mode, engine="fsdp1",
-                             engine_settings=tuple(settings.items()))
+                             fsdp1_sync="no-sync" if no_sync else "each-batch")
 
     return [("FSDP1 --zero 3", cfg, one, fsdp1(3)),
             ("FSDP1 --zero 2", cfg, one, fsdp1(2)),

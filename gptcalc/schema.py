@@ -19,8 +19,8 @@ from .lora import TARGETS_HELP
 from .optimizers import describe as describe_optimizers
 from .presets import DEFAULT_PRESET
 from .training_setup import (ALLOCATORS, ATTN_IMPLS, AUTOCAST_DTYPES, COMPILES, DEVICES,
-                             FLOAT8, IMPLS, LOSSES, MODES, OPTIMIZERS, PP_SCHEDULES, RECOMPUTE,
-                             SECTIONS, field_defaults, section_of)
+                             FLOAT8, FSDP1_SYNCS, IMPLS, LOSSES, MODES, OPTIMIZERS, PP_SCHEDULES,
+                             RECOMPUTE, SECTIONS, field_defaults, section_of)
 from .units import parse_bytes
 
 
@@ -194,6 +194,11 @@ _TRAINING = (
     Option("distributed_optimizer", "--distributed-optimizer", "flag",
            "Megatron-LM's distributed optimizer (default {default}): fp32 master weights and Adam "
            "states sharded over dp.", "parallel"),
+    Option("fsdp1_sync", "--fsdp1-sync", "choice", "How --engine fsdp1 accumulates "
+           "--grad-accum micro-batches: no-sync (default: every one but the last under "
+           "no_sync(), keeping each unit's unsharded gradient, as the Hugging Face Trainer runs "
+           "it through accelerate) or each-batch (each reduce-scattered: accelerate's "
+           "sync_each_batch, a plain loop).", "parallel", FSDP1_SYNCS),
     Option("dp", "--dp", "int", "Data-parallel replicas (default {default}).", "parallel"),
     Option("tp", "--tp", "int", "Tensor-parallel ranks (default {default}).", "parallel"),
     Option("pp", "--pp", "int", "Pipeline stages (default {default}); pp not dividing the layers "

@@ -346,6 +346,11 @@ def _with_offload(given: dict[str, Any], ds_zero: tuple, from_file: bool,
     if offloaded and (given.get("engine") or file_engine) == "fsdp2":
         return _fsdp2_offload(pairs)
     if offloaded:
+        if given.get("engine") == "fsdp1":
+            key = offloaded[0]
+            raise ConfigError(key, f"--{key.replace('_', '-')} with --engine fsdp1 is not "
+                                   f"modelled (FSDP1's CPUOffload); FSDP2's is (--engine fsdp2 "
+                                   f"--offload-param cpu), DeepSpeed's too (--engine deepspeed)")
         if given.get("engine") not in (None, "", "deepspeed"):
             key = offloaded[0]
             raise ConfigError(key, f"--{key.replace('_', '-')} is DeepSpeed's offload; with "

@@ -49,6 +49,9 @@ COMPILES = ("none", "blocks", "model")
 # torchao float8 training of the blocks' Linears (Float8Linear): none; tensorwise (one fp32
 # scale per tensor); rowwise (one fp32 scale per row of each operand)
 FLOAT8 = ("none", "tensorwise", "rowwise")
+# how FSDP1 accumulates micro-batches: every one but the last under `no_sync()` (the Hugging
+# Face Trainer through accelerate), or each reduce-scattered (`sync_each_batch`, a plain loop)
+FSDP1_SYNCS = ("no-sync", "each-batch")
 
 
 # the bitsandbytes release assumed unless --bnb-version names another (the one measured)
@@ -88,7 +91,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "precision": ("mode", "autocast_dtype"),
     "optimizer": ("optimizer", "optimizer_in_backward"),
     "parallel": ("dp", "zero", "tp", "pp", "pp_schedule", "pp_virtual", "sp", "ep", "cp",
-                 "engine", "distributed_optimizer", "engine_settings"),
+                 "engine", "distributed_optimizer", "engine_settings", "fsdp1_sync"),
     "stack": ("recompute", "attn_impl", "device", "impl", "megatron_te", "loss", "loss_chunks",
               "keep_logits", "allocator", "compile", "float8", "offload_activations",
               "overhead"),
@@ -136,7 +139,9 @@ class TrainingSetup:
     `engine`: the training engine's name (gptcalc.memory.engines: its registry checks it and
     gives the default of the ZeRO stage when None), `engine_settings` the engine's own settings
     that differ from its defaults, as (key, value) pairs (a ds_config's zero_optimization
-    sizes). `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
+    sizes); `fsdp1_sync` how FSDP1 accumulates micro-batches (`FSDP1_SYNCS`: no-sync, the
+    Hugging Face Trainer's through accelerate, or each-batch).
+    `lora_rank` > 0: LoRA fine-tuning of `lora_targets` (gptcalc.lora's names) on a frozen
     base, stored in the mode's dtype or (`base_dtype` nf4) as QLoRA's NF4, its absmax constants
     double-quantised (`double_quant`, bitsandbytes' bnb_4bit_use_double_quant) or fp32;
     `bnb_version` the bitsandbytes release that runs it (before 0.43.2 its 4-bit matmul kept
@@ -188,6 +193,7 @@ class TrainingSetup:
     double_quant: bool = True
     bnb_version: str = DEFAULT_BNB_VERSION
     engine_settings: tuple[tuple[str, int], ...] = ()
+    fsdp1_sync: str = "no-sync"  # FSDP1's accumulation (`FSDP1_SYNCS`, engines/fsdp1.py)
     loss: str = "standard"
     loss_chunks: int = DEFAULT_LOSS_CHUNKS
     keep_logits: bool = True
@@ -208,7 +214,7 @@ class TrainingSetup:
                               ("attn_impl", ATTN_IMPLS), ("device", DEVICES), ("impl", IMPLS),
                               ("loss", LOSSES), ("allocator", ALLOCATORS),
                               ("pp_schedule", PP_SCHEDULES), ("compile", COMPILES),
-                              ("float8", FLOAT8)):
+                              ("float8", FLOAT8), ("fsdp1_sync", FSDP1_SYNCS)):
             one_of(name, getattr(self, name), choices)
         for name in ("dp", "tp", "pp", "ep", "cp", "pp_virtual"):
             positive_int(name, getattr(self, name))

@@ -75,6 +75,7 @@ class RankResult:
     peak_categories: dict[str, int] = dataclasses.field(default_factory=dict)
     resident: int = -1  # live tensor bytes between steps (-1: not measured, shape-only)
     host: dict[str, int] = dataclasses.field(default_factory=dict)  # offloaded, by line
+    moments: dict[str, int] = dataclasses.field(default_factory=dict)  # an engine's own, named
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -522,6 +523,7 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
     cats = {getattr(k, "value", str(k)): v for k, v in snap.items() if k != "Total" and v}
     weights, grads, opt = runner.states()
     host = runner.host() if hasattr(runner, "host") else {}
+    moments = dict(getattr(runner, "moments", {}))
     runner.opt.zero_grad(set_to_none=True)
     kept = -1
     if not fake:  # a mesh's rank tensor is real: not to be touched under FakeTensorMode
@@ -535,7 +537,7 @@ def _run_rank(spec, rank, world, fake, meshes, engine, coords, start) -> RankRes
                       peak_tool=type(tracker).__name__ + (" on FakeTensorMode" if fake else ""),
                       flops=counter.get_total_flops(),
                       seconds=round(time.perf_counter() - start, 3), peak_categories=cats,
-                      resident=kept, host=host)
+                      resident=kept, host=host, moments=moments)
 
 
 def resident_bytes(model: torch.nn.Module, inputs) -> int:

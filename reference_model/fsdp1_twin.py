@@ -5,7 +5,9 @@ prefetch, limit_all_gathers) with use_orig_params=True (the Trainer's default, a
 torch.compile and frozen parameters need); `--zero 3` is ShardingStrategy.FULL_SHARD, `--zero 2`
 SHARD_GRAD_OP. FSDP1 refuses a CPU-only machine unless its device is given: `device_id=cpu`.
 With LoRA the wrap policy is PEFT's (`peft_wrap_policy`): a unit per lora_A and lora_B beside the
-blocks, as the Trainer wraps a PEFT model.
+blocks, as the Trainer wraps a PEFT model. With the workload's grad_accum m > 1 a step runs m
+micro-batches before the optimizer step, every one but the last under `no_sync()` as the Trainer
+runs them through accelerate (`fsdp1_sync` no-sync), or each synced (each-batch).
 
 The step peak is MemTracker's (it follows FSDP1's storage resizes of the flat parameters'
 unsharded buffers); the states are the flat parameters' sharded storages, their sharded
@@ -58,6 +60,37 @@ class FSDP1Rank(_Engine):
         self.model.module = self.fsdp
         self.opt = self.optimizer(self.fsdp.parameters())
 
+    def step(self, live=None, flops: bool = False) -> None:
+        """One optimizer step over the workload's grad_accum micro-batches (`fsdp1_sync`);
+        `moments["gradients held"]`: the bytes of the flat parameters' gradients when the last
+        micro-batch starts (under no_sync the unsharded ones it kept, else the sharded ones)."""
+        import contextlib
+
+        m = self.wl.grad_accum
+        if m == 1:
+            return super().step(live, flops)
+        quiet = self.setup.fsdp1_sync == "no-sync"
+        self.opt.zero_grad(set_to_none=True)
+        for i in range(m):
+            if i and getattr(self, "memtracker", None):  # it tracks a module once a region
+                self.memtracker.reset_mod_stats()  # (its device-wide peak is kept)
+            if i == m - 1:
+                from .rank import storage_bytes
+
+                self.moments = {"gradients held": storage_bytes(
+                    f.grad for f in self.flat_parameters())}
+            sync = contextlib.nullcontext() if i == m - 1 or not quiet else self.fsdp.no_sync()
+            with sync, live.hooks() if live else contextlib.nullcontext(), self.context():
+                out, loss = self.model.loss(self.idx, self.targets)
+                if not self.setup.keep_logits:
+                    out = None  # the Trainer drops the logits before backward
+                loss.backward()
+            del out, loss
+        if not flops:
+            self.opt.step()
+        else:
+            self.opt.zero_grad(set_to_none=True)
+
     def context(self):
         import contextlib
 
@@ -76,6 +109,7 @@ class FSDP1Rank(_Engine):
         t._track_module_params_and_buffers = lambda module, install_grad_hooks=True: track(
             module, install_grad_hooks=False)
         t.track_external(self.tracked_module, self.opt, *self.flat_parameters())
+        self.memtracker = t
         return t
 
     def flat_parameters(self) -> list[torch.Tensor]:

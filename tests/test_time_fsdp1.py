@@ -29,9 +29,10 @@ H100 = gpu("h100-sxm")
 LLAMA8 = from_name("llama3-8b")
 
 
-def fsdp1(zero=3, mode="mixed", dp=8, **settings) -> TrainingSetup:
+def fsdp1(zero=3, mode="mixed", dp=8, no_sync=0) -> TrainingSetup:
+    """FSDP1 accumulating each micro-batch synced, or (no_sync) under `no_sync()`."""
     return TrainingSetup(dp=dp, zero=zero, mode=mode, engine="fsdp1", attn_impl="sdpa",
-                         device="cuda", engine_settings=tuple(settings.items()))
+                         device="cuda", fsdp1_sync="no-sync" if no_sync else "each-batch")
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +231,11 @@ def test_fsdp1_time_command():
     assert [c["count"] for c in z2["collectives"]] == [1, 32, 1, 32]
     # with accumulation the first line says how the gradients are reduced
     ga = json.loads(CliRunner().invoke(cli, args + ["--grad-accum", "2", "--json"]).output)
-    assert "FSDP1 reduce-scatters every micro-batch" in ga["assumptions"]
+    assert "FSDP1 accumulates under no_sync" in ga["assumptions"]  # the Trainer's, the default
+    each = json.loads(CliRunner().invoke(cli, args + ["--grad-accum", "2", "--json",
+                                                      "--fsdp1-sync", "each-batch"]).output)
+    assert "FSDP1 reduce-scatters every micro-batch" in each["assumptions"]
+    assert each["assumptions"].count("FSDP1 reduce-scatters") == 1
     assert "reduce-scatters" not in d["assumptions"]
     assert "under no_sync" in accumulation_assumption(fsdp1(no_sync=1), 2)
 

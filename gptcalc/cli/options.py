@@ -571,9 +571,11 @@ def deepspeed_workload(cfg: GPTConfig, wl: Workload, given: dict[str, Any],
 def assumptions(cfg: GPTConfig, wl: Workload, setup) -> str:
     """One line naming every assumption behind a memory figure."""
     from ..memory.engines import describe
+    from ..memory.engines.fsdp1 import fsdp1_accumulation
     from ..units import binary_bytes
 
-    return (f"Assuming {describe(setup)}; dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
+    return (f"Assuming {describe(setup)}{fsdp1_accumulation(setup, wl.grad_accum)}; "
+            f"dropout {cfg.dropout:g}; seq_len {wl.seq_len:,}; "
             f"micro-batch {wl.batch_size} x grad_accum {wl.grad_accum} x dp {setup.dp} = global "
             f"batch {wl.global_batch(setup.dp):,}; overhead {binary_bytes(setup.overhead)}")
 

@@ -13,7 +13,6 @@ from ..config import GPTConfig
 from ..errors import ConfigError, positive_int
 from ..workload import Workload
 from ..gpus import gpu as find_gpu
-from ..time.comm import accumulation_assumption
 from ..time import (StepTime, TrainingTime, achieved_mfu, check_fraction, check_positive,
                     step_time, training_time)
 from ..training_setup import TrainingSetup
@@ -179,7 +178,7 @@ def _assumptions(cfg, wl, setup: TrainingSetup, t: TrainingTime, step: StepTime,
     how = ("MFU given" if view["mfu_source"] == "given" else
            "step time predicted op by op (compute on the roofline, collectives on the "
            "two-level network, overlap and bubble)")
-    return (f"{assumptions(cfg, wl, setup)}{accumulation_assumption(setup, wl.grad_accum)}; "
+    return (f"{assumptions(cfg, wl, setup)}; "
             f"{t.gpus:,} x {t.gpu} at its dense {t.precision} peak; {how}; {t.tokens:,} tokens")
 
 

@@ -150,7 +150,8 @@ def _fsdp(r: Reading, keys: dict[str, Any], precision: str) -> None:
     offload = p + "fsdp_offload_params"
     if r.flag(offload, keys.get(offload, False)):
         if str(version) == "1":
-            r.refuse(offload, keys[offload], "FSDP1's CPU offload is not modelled")
+            r.refuse(offload, keys[offload], "FSDP1's CPU offload is not modelled; FSDP2's "
+                     "is (fsdp_version 2: --engine fsdp2 --offload-param cpu)")
         # fully_shard's CPUOffloadPolicy (accelerate's fsdp2_prepare_model)
         r.set(offload, "offload_param", "cpu")
     if p + "fsdp_reshard_after_forward" in keys:

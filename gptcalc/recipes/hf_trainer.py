@@ -102,7 +102,8 @@ TRAINER_KEYS: dict[str, tuple] = {
                      "group_by_length", "length_column_name"), _DATA),
     **dict.fromkeys(("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
                      "ddp_static_graph", "ddp_backend", "ddp_timeout", "local_rank",
-                     "accelerator_config", "torch_empty_cache_steps", "use_cache"), _LOOP),
+                     "torch_empty_cache_steps", "use_cache"), _LOOP),
+    "accelerator_config": READ,
     "tf32": ignored("TF32 matmuls: speed, not memory"),
     "gradient_checkpointing_kwargs": ignored("use_reentrant: how the checkpoint reruns, not "
                                              "what it saves"),
@@ -201,6 +202,36 @@ def read_hf_trainer(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> R
     attention(r, doc)
     trainer_settings(r, doc, weights, adapters=peft, given=given)
     return r.recipe()
+
+
+def accelerator_config(r: Reading, config: Any) -> None:
+    """TrainingArguments' accelerator_config: `gradient_accumulation_kwargs.sync_each_batch`
+    (accelerate's GradientAccumulationPlugin, False by default: the Trainer runs every
+    micro-batch but the last under `no_sync()`, transformers 5.24 trainer.py) as
+    --fsdp1-sync each-batch (true) or no-sync (false); its other keys are the loop's
+    bookkeeping. A path (a JSON file of them) is not read."""
+    key = "accelerator_config"
+    if config is None:
+        return
+    if isinstance(config, str):
+        r.ignore(key, "a file of accelerate's settings, not read (its sync_each_batch: give "
+                      "--fsdp1-sync)")
+        return
+    if not isinstance(config, dict):
+        raise r.fail(f"{key} must be a mapping or a file, got {shown(config)}")
+    kwargs = config.get("gradient_accumulation_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise r.fail(f"{key}.gradient_accumulation_kwargs must be a mapping, got "
+                     f"{shown(kwargs)}")
+    for name, value in kwargs.items():
+        where = f"{key}.gradient_accumulation_kwargs.{name}"
+        if name == "sync_each_batch":
+            r.set(where, "fsdp1_sync", "each-batch" if r.flag(where, value) else "no-sync")
+        else:
+            r.ignore(where, "the training loop's bookkeeping")
+    for name in config:
+        if name != "gradient_accumulation_kwargs":
+            r.ignore(f"{key}.{name}", "the training loop's bookkeeping")
 
 
 def _peft(r: Reading, doc: dict[str, Any], dropout: float) -> None:
@@ -302,10 +333,12 @@ def deepspeed_file(r: Reading, key: str, value: Any, given: dict[str, Any]) -> N
 
 def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bool,
                      given: dict[str, Any] | None = None) -> None:
-    """Precision, recomputation, compilation, optimizer, DeepSpeed and FSDP as the Trainer
-    reads them; `weights`: the dtype the model was loaded in (fp32, bf16); `adapters`: LoRA
-    adapters, which PEFT keeps in fp32 over a 16-bit base."""
+    """Precision, recomputation, compilation, optimizer, DeepSpeed and FSDP (and FSDP1's
+    accumulation, `accelerator_config`) as the Trainer reads them; `weights`: the dtype the
+    model was loaded in (fp32, bf16); `adapters`: LoRA adapters, which PEFT keeps in fp32 over
+    a 16-bit base."""
     given = given or {}
+    accelerator_config(r, doc.get("accelerator_config"))
     bf16, fp16 = doc.get("bf16", False), doc.get("fp16", False)
     if bf16 == "auto":  # axolotl: bf16 where the GPU has it, as every current one does
         bf16 = True
@@ -395,8 +428,8 @@ def _fsdp(r: Reading, fsdp: Any, config: Any, mixed: bool) -> tuple[str, bool]:
     return ("mixed" if mixed else "fp32"), ckpt
 
 
-__all__ = ["KEYS", "MODEL_KEYS", "OPTIM", "TRAINER_KEYS", "attention", "deepspeed_file",
-           "file_beside", "model", "model_path", "read_hf_trainer", "targets",
+__all__ = ["KEYS", "MODEL_KEYS", "OPTIM", "TRAINER_KEYS", "accelerator_config", "attention",
+           "deepspeed_file", "file_beside", "model", "model_path", "read_hf_trainer", "targets",
            "trainer_settings"]
 
 def _deepspeed_config(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Recipe:

@@ -326,29 +326,19 @@ def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w:
     return out
 
 
-# FSDP1's gradient accumulation: by default every micro-batch's backward reduce-scatters (a
-# plain loop; accelerate's GradientAccumulationPlugin(sync_each_batch=True)), which is what the
-# memory model holds (sharded gradients accumulating). `engine_settings` ("no_sync", 1) runs every
-# micro-batch but the last under FSDP1's `no_sync()`, as the Hugging Face Trainer does through
-# accelerate's `Accelerator.accumulate` unless sync_each_batch is set (accelerate 1.15
-# accelerator.py, `accumulate` and `no_sync`; transformers 5.24 trainer.py)
-FSDP1_NO_SYNC = "no_sync"
-
-
 def fsdp1_no_sync(setup: TrainingSetup) -> bool:
     """Whether FSDP1 accumulates under `no_sync()` (reduce-scatters after the last
-    micro-batch only) rather than reducing every micro-batch."""
-    return bool(dict(setup.engine_settings).get(FSDP1_NO_SYNC, 0))
+    micro-batch only) rather than reducing every micro-batch: `fsdp1_sync` no-sync, the
+    default (`gptcalc.memory.engines.fsdp1` says why)."""
+    return setup.fsdp1_sync == "no-sync"
 
 
 def accumulation_assumption(setup: TrainingSetup, m: int) -> str:
     """What the first line says of how the engine accumulates `m` micro-batches' gradients
-    where the time model assumes it ("; ..."), else ""."""
-    if setup.engine != "fsdp1" or m == 1 or setup.dp == 1:
-        return ""
-    if fsdp1_no_sync(setup):
-        return "; FSDP1 accumulates under no_sync (reduce-scatters after the last micro-batch)"
-    return "; FSDP1 reduce-scatters every micro-batch (no no_sync)"
+    where the time model assumes it ("; ..."), else "" (`fsdp1.fsdp1_accumulation`)."""
+    from ..memory.engines.fsdp1 import fsdp1_accumulation
+
+    return fsdp1_accumulation(setup, m)
 
 
 def fsdp1_rounds(setup: TrainingSetup, m: int) -> list[tuple[int, bool, bool, bool]]:

@@ -22,6 +22,14 @@ backward computes), no forward prefetch, limit_all_gathers.
 Mode mixed is `MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)`: fp32 flat parameters are
 the master weights, bf16 unsharded parameters and gradients, an fp32 reduce-scatter.
 
+Gradient accumulation (`fsdp1_sync`): by default every micro-batch but the last runs under
+`model.no_sync()`, as the Hugging Face Trainer runs FSDP1 through accelerate (transformers 5.24
+`Trainer._inner_training_loop` enters `accelerator.no_sync` for every micro-batch but the last
+unless accelerate's GradientAccumulationPlugin `sync_each_batch` is set, which defaults False;
+accelerate 1.15), the most common way FSDP1 is run with accumulation; each-batch is
+`sync_each_batch=True` or a plain loop (torchtitan and plain-PyTorch loops have no FSDP1
+default), its sharded gradients accumulating (`fsdp1_no_sync_adjust`).
+
 LoRA is FSDP1 as the Trainer and accelerate run a PEFT model: PEFT's `fsdp_auto_wrap_policy`
 adds a unit per lora_A and lora_B beside the blocks, so the blocks' and the root's units hold
 frozen weights only (`fsdp1_lora_states`, `fsdp1_lora_adjust`).
@@ -38,7 +46,7 @@ from ...errors import ConfigError
 from ...schedules import Stage
 from ...training_setup import TrainingSetup
 from ...workload import Workload
-from ..ledger import GRADIENTS, SAVED, Ledger, Phase, Term
+from ..ledger import GRADIENTS, GRADIENTS_ACCUMULATING, SAVED, Ledger, Phase, Term
 from ..states import stage_tensors
 from .base import Engine, Step, register
 from .shards import RankStates, coords, first_rank, optimizer_over, step_counters
@@ -260,6 +268,120 @@ def fsdp1_block_gradient_terms(cfg: GPTConfig, workload: Workload, setup: Traini
     return max(made, hook, key=lambda terms: sum(terms.values()))
 
 
+ROOT_GRADIENT_PARTS = Term("FSDP1 the root's parameters' gradients (concatenated into its "
+                           "flat gradient)")
+NO_SYNC_GRADIENTS = Term("FSDP1 unsharded gradients kept through no_sync (every unit)")
+
+
+def fsdp1_root_end_terms(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, dict[Term, int]]:
+    """The end of backward, where the root's flat gradient is made and reduced, as two
+    moments (the terms that differ between them; the root's unsharded flat gradient is alive
+    at both), as `fsdp1_block_gradient_terms` has them for the last block:
+
+    - `made`: the embedding's gradient closes the backward; autograd concatenates the root's
+      parameters' gradients (the head's, made first, the final norm's and the embedding's)
+      into the padded flat gradient, the parts and the whole alive together beside the root's
+      unsharded parameters;
+    - `hook`: its post-backward hook reshards the root (frees its unsharded parameters), casts
+      the flat gradient to reduce_dtype where it differs, makes the reduce-scatter's output
+      shard, and on CPU gloo copies the input.
+    Measured with MemTracker on CPU/gloo, torch 2.13 (tests/test_fsdp1_no_sync.py: a large
+    vocabulary, where the end of backward is the step's peak)."""
+    units = fsdp1_units(cfg, setup)
+    root, cb, rb = units["root"], compute_bytes(setup), reduce_bytes(setup)
+    made = {ROOT_PARAMETERS: fsdp1_unsharded(cfg, setup)["root"],
+            ROOT_GRADIENT_PARTS: cb * sum(root.numels), ROOT_REDUCE: 0}
+    hook = {ROOT_PARAMETERS: 0, ROOT_GRADIENT_PARTS: 0,
+            ROOT_REDUCE: (rb * root.padded if rb != cb else 0) + rb * root.shard(setup.dp)
+            + (rb * root.padded if setup.device == "cpu" else 0)}
+    return {"made": made, "hook": hook}
+
+
+def fsdp1_no_sync_bytes(cfg: GPTConfig, setup: TrainingSetup) -> int:
+    """Bytes of the unsharded flat gradients FSDP1 keeps through `no_sync()`: every unit's
+    padded flat gradient in `compute_bytes` (MixedPrecision's param_dtype in mode mixed);
+    under LoRA only the adapters' units have gradients (`fsdp1_adapter_units`). Under
+    no_sync the post-backward hook reshards the unit but reduces nothing and keeps
+    `flat_param.grad` whole (`_post_backward_hook`: `_sync_gradients` False,
+    `_use_unsharded_grad_views`; the final callback keeps it, `_finalize_params`; torch 2.13,
+    torch/distributed/fsdp/_runtime_utils.py); the next backward accumulates into it in place
+    (`FlatParamHandle.prepare_gradient_for_backward` keeps a gradient of the unsharded size).
+    In fp32: dp times the sharded gradients. Measured against FSDP1 itself
+    (tests/test_fsdp1_no_sync.py)."""
+    cb = compute_bytes(setup)
+    if setup.lora_rank:
+        return cb * sum(count * u.padded for u, count, _ in fsdp1_adapter_units(cfg, setup))
+    units = fsdp1_units(cfg, setup)
+    return cb * (units["root"].padded + cfg.n_layer * units["block"].padded)
+
+
+def fsdp1_no_sync_adjust(ledger: Ledger, step: Step) -> None:
+    """FSDP1 with grad_accum m > 1 under `no_sync()` (`fsdp1_sync` no-sync), after the moments
+    of one micro-batch (`fsdp1_adjust`, `fsdp1_lora_adjust`): the sharded gradients of earlier
+    micro-batches (`GRADIENTS_ACCUMULATING`, what each-batch holds) do not exist; instead every
+    unit's unsharded flat gradient (`fsdp1_no_sync_bytes`) is alive from the second
+    micro-batch's forward to the last one's backward, whose post-backward hooks reduce-scatter
+    each unit's accumulated gradient into its sharded one (`_reduce_grad`, `_saved_grad_shard`)
+    and free it. The end of backward is the larger of two: a no_sync micro-batch's (every
+    unit's gradient kept, the root's new one made beside it and added in place; no sharded
+    gradient, no reduce-scatter) and the last one's (the blocks' kept gradients reduced and
+    freed, the root's, reduced last as the embedding's gradient closes the backward, still
+    alive beside its new one; under LoRA the root is frozen). SHARD_GRAD_OP keeps its units
+    gathered through the no_sync backwards (`_should_free_in_backward`), as `fsdp1_adjust`
+    keeps them from a forward to its backward; FULL_SHARD re-gathers them as in one
+    micro-batch. Before the end of backward every later micro-batch holds the first one's
+    moments plus the kept gradients."""
+    cfg, setup = step.cfg, step.setup
+    held = fsdp1_no_sync_bytes(cfg, setup)
+    during = (*ledger.forward_phases(), Phase.BACKWARD_START, Phase.BACKWARD_LAST_BLOCK,
+              Phase.REDUCE_SCATTER)
+    for phase in during:
+        if GRADIENTS_ACCUMULATING in ledger.terms(phase):
+            ledger.replace(phase, GRADIENTS_ACCUMULATING, 0)
+        ledger.add(phase, NO_SYNC_GRADIENTS, held)
+    # before the last block's backward only the head's gradient (full training) is made
+    ledger.replace(Phase.BACKWARD_LAST_BLOCK, GRADIENTS, 0 if setup.lora_rank else
+                   setup.weight_bytes * cfg.vocab_size * cfg.n_embd)
+    if setup.lora_rank:  # the root is frozen: a no_sync backward's end keeps the adapters'
+        if held > ledger.get(Phase.BACKWARD_END, GRADIENTS):
+            ledger.replace(Phase.BACKWARD_END, GRADIENTS, 0)
+            ledger.add(Phase.BACKWARD_END, NO_SYNC_GRADIENTS, held)
+        return
+    # the end of backward, the largest of three moments: the last micro-batch's root gradient
+    # made (its kept one beside the new one and its parts) or reduced (the post-backward hook
+    # runs on AccumulateGrad's node, whose input, the new gradient, is alive beside the kept
+    # one it was added into), and a no_sync micro-batch's made: the blocks' kept gradients
+    # (and from the third micro-batch on the root's), none sharded yet, SHARD_GRAD_OP's blocks
+    # still gathered
+    end = fsdp1_root_end_terms(cfg, setup)
+    rg = compute_bytes(setup) * fsdp1_units(cfg, setup)["root"].padded
+    sharded = ledger.get(Phase.BACKWARD_END, GRADIENTS)
+    kept = 0 if setup.zero == 3 else cfg.n_layer * fsdp1_unsharded(cfg, setup)["block"]
+    quiet = held if step.workload.grad_accum > 2 else held - rg
+    moments = [{GRADIENTS: sharded, **end["made"], NO_SYNC_GRADIENTS: rg, BLOCKS_KEPT: 0},
+               {GRADIENTS: sharded, **end["hook"], NO_SYNC_GRADIENTS: rg, BLOCKS_KEPT: 0},
+               {GRADIENTS: 0, **end["made"], NO_SYNC_GRADIENTS: quiet, BLOCKS_KEPT: kept}]
+    terms = ledger.terms(Phase.BACKWARD_END)
+    for term, nbytes in max(moments, key=lambda t: sum(t.values())).items():
+        (ledger.replace if term in terms else ledger.add)(Phase.BACKWARD_END, term, nbytes)
+
+
+def fsdp1_accumulation(setup: TrainingSetup, m: int) -> str:
+    """What the first line says of how FSDP1 accumulates `m` micro-batches ("; ..."), else
+    "" (another engine, one micro-batch, or dp 1)."""
+    if setup.engine != "fsdp1" or m == 1 or setup.dp == 1:
+        return ""
+    if setup.fsdp1_sync == "no-sync":
+        return ("; FSDP1 accumulates under no_sync (the Trainer's: every unit's unsharded "
+                "gradient kept, reduce-scattered after the last micro-batch; --fsdp1-sync)")
+    return "; FSDP1 reduce-scatters every micro-batch (--fsdp1-sync each-batch)"
+
+
+def no_sync(step: Step) -> bool:
+    """Whether the step accumulates micro-batches under FSDP1's `no_sync()`."""
+    return step.workload.grad_accum > 1 and step.setup.fsdp1_sync == "no-sync"
+
+
 def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
     """What FSDP1 holds beyond the sharded states at each moment of the step peak:
 
@@ -270,8 +392,11 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
     - SHARD_GRAD_OP: every block stays unsharded from its forward to its backward;
     - at the end of the last block's backward its flat gradient is made, then reduce-scattered
       (phase "backward, last block's reduce-scatter", `fsdp1_block_gradient_terms`);
-    - at the end of backward the root's unsharded gradient beside its parameters, the blocks'
-      sharded gradients, and the root's reduce-scatter input and output.
+    - at the end of backward the root's unsharded gradient and the blocks' sharded ones, with
+      the larger of the root's gradient made (its parts, beside its parameters) or reduced
+      (its reduce-scatter's input and output, `fsdp1_root_end_terms`); with grad_accum > 1
+      each-batch, the root's sharded gradient of the earlier micro-batches too, and under
+      no_sync `fsdp1_no_sync_adjust`.
     Nothing at dp = 1."""
     cfg, setup = step.cfg, step.setup
     if setup.dp == 1:
@@ -281,7 +406,7 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
     root, block = un["root"], un["block"]
     z3 = setup.zero == 3
     kept = cfg.n_layer * block if not z3 else 0
-    cb, rb, sb = compute_bytes(setup), reduce_bytes(setup), sharded_bytes(setup)
+    cb, sb = compute_bytes(setup), sharded_bytes(setup)
     for phase in ledger.forward_phases():
         ledger.add(phase, ROOT_PARAMETERS, root)
         ledger.add(phase, BLOCKS_KEPT, kept)
@@ -296,13 +421,17 @@ def fsdp1_adjust(ledger: Ledger, step: Step) -> None:
     ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
     for term, nbytes in fsdp1_block_gradient_terms(cfg, step.workload, setup).items():
         (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
-    rg = units["root"].padded
-    ledger.add(Phase.BACKWARD_END, ROOT_PARAMETERS, root)
-    ledger.add(Phase.BACKWARD_END, ROOT_GRADIENTS, cb * rg)
+    ledger.add(Phase.BACKWARD_END, ROOT_GRADIENTS, cb * units["root"].padded)
     ledger.replace(Phase.BACKWARD_END, GRADIENTS,
                    sb * cfg.n_layer * units["block"].shard(setup.dp))
-    ledger.add(Phase.BACKWARD_END, ROOT_REDUCE, (rb * rg if rb != cb else 0)
-               + rb * units["root"].shard(setup.dp))
+    end = fsdp1_root_end_terms(cfg, setup)
+    for term, nbytes in max(end.values(), key=lambda terms: sum(terms.values())).items():
+        ledger.add(Phase.BACKWARD_END, term, nbytes)
+    if no_sync(step):
+        fsdp1_no_sync_adjust(ledger, step)
+    elif step.workload.grad_accum > 1:  # each-batch: the root's sharded gradient of the
+        # earlier micro-batches (`_saved_grad_shard`), which its reduce-scatter adds into
+        ledger.add(Phase.BACKWARD_END, GRADIENTS_ACCUMULATING, sb * units["root"].shard(setup.dp))
 
 
 FIRST_NORM_BACKWARD = Term("FSDP1 the last block's first norm's backward (its input and "
@@ -433,6 +562,8 @@ def fsdp1_lora_adjust(ledger: Ledger, step: Step) -> None:
     ledger.open(Phase.REDUCE_SCATTER, step.forward_tensors)
     for term, nbytes in fsdp1_lora_block_end_terms(cfg, step.workload, setup).items():
         (ledger.replace if term is SAVED else ledger.add)(Phase.REDUCE_SCATTER, term, nbytes)
+    if no_sync(step):
+        fsdp1_no_sync_adjust(ledger, step)
 
 
 def fsdp1_resident(cfg: GPTConfig, setup: TrainingSetup, rank: int = 0) -> dict[str, int]:
@@ -560,6 +691,8 @@ class FSDP1(Engine):
 
 register(FSDP1())
 
-__all__ = ["ALIGNMENT_BYTES", "FSDP1", "FlatUnit", "aligned_numel", "compute_bytes",
-           "flat_unit", "fsdp1_adjust", "fsdp1_rank_states", "fsdp1_resident",
+__all__ = ["ALIGNMENT_BYTES", "FSDP1", "FlatUnit", "NO_SYNC_GRADIENTS", "aligned_numel",
+           "compute_bytes", "flat_unit", "fsdp1_accumulation", "fsdp1_adjust",
+           "fsdp1_no_sync_adjust", "fsdp1_no_sync_bytes", "fsdp1_rank_states", "fsdp1_resident",
+           "fsdp1_root_end_terms",
            "fsdp1_units", "fsdp1_unsharded", "reduce_bytes", "sharded_bytes"]
