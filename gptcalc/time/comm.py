@@ -143,11 +143,11 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
         kv = tokens * 2 * cfg.q_width / tp  # k and v with every query head (repeat_kv)
         add("cp", "all-gather", kv * a * cp, cp, tp, m * blocks * (fwd_runs + 1))
         add("cp", "all-to-all", kv * CP_GRAD_BYTES, cp, tp, m * blocks * cp)
-    # expert parallel: dispatch and combine in forward, their gradients in backward
+    # expert parallel: per MoE block, the token counts, dispatch and combine (`ep_all_to_alls`)
     if cfg.moe and ep > 1:
         moe_blocks = max(1, round(blocks * _moe_share(cfg)))
-        routed = tokens * cfg.n_expert_active * E * a
-        add("ep", "all-to-all", routed, ep, tp * cp, m * moe_blocks * 2 * (fwd_runs + 1))
+        for size, count in ep_all_to_alls(cfg, tokens, a, fwd_runs):
+            add("ep", "all-to-all", size, ep, tp * cp, m * moe_blocks * count)
     # pipeline: each chunk sends its activation forward and its input's gradient backward
     if pp > 1:
         size = act / tp if setup.sp else act
@@ -157,6 +157,30 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
                               tp * cp * dp * pp > node, 1))
     out += _data_parallel(cfg, setup, m, node, blocks)
     return out
+
+
+# the token counts torchtitan's dispatcher exchanges: one int64 per routed expert
+# (`num_local_tokens_per_expert_E`, a sum over a bool routing map)
+EP_COUNT_BYTES = 8
+
+
+def ep_all_to_alls(cfg: GPTConfig, tokens: float, act_bytes: int,
+                   fwd_runs: int) -> list[tuple[float, int]]:
+    """(bytes, calls) of the all-to-alls one MoE block issues per micro-batch on one
+    expert-parallel rank of `tokens` tokens, as torchtitan 0.3.0's `AllToAllTokenDispatcher`
+    issues them (torchtitan/models/common/token_dispatcher.py):
+
+        token counts   n_expert x 8 B                      each forward run (under no_grad)
+        dispatch       T x k x E x act_bytes               each forward run, and backward
+        combine        T x k x E x act_bytes (balanced)    each forward run, and backward
+
+    `fwd_runs` is 2 under full recomputation (the checkpointed block's forward runs again in
+    backward, its exchanges too). The dispatch sends this rank's T x k routed rows; the
+    combine sends back the rows it received, T x k under balanced routing and on average over
+    the ranks under any routing (the rows the ranks send are the rows they receive); backward
+    sends the gradients of both, the same sizes. Sizes as nccl-tests': each call's input."""
+    routed = tokens * cfg.n_expert_active * cfg.n_embd * act_bytes
+    return [(cfg.n_expert * EP_COUNT_BYTES, fwd_runs), (routed, 2 * (fwd_runs + 1))]
 
 
 # torch's ring attention backward passes dk and dv around the ring in fp32 (torch 2.13,
@@ -554,8 +578,10 @@ def _deepspeed_zero3(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, 
 
 __all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
            "DEEPSPEED_GRAD_NORM_BYTES",
-           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
+           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "EP_COUNT_BYTES",
+           "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
+           "ep_all_to_alls",
            "accumulation_assumption", "fsdp1_no_sync", "fsdp1_rounds",
            "pipeline_sends", "placement"]
