@@ -11,10 +11,12 @@
   recorded with its kind, bytes and group;
   PyTorch's tensor parallel (DTensor's functional collectives, `funcol_log`) and
   torch.distributed.pipelining (its sends) likewise;
-- `count_ring`: torch's ring attention (context parallel) on a fake group in this process.
+- `count_ring`: torch's ring attention (context parallel) on a fake group in this process;
+- `ep_rows`: torchtitan's MoE layer and all-to-all dispatcher (expert parallel,
+  reference_model.ep_twin) on 2 or 4 gloo ranks.
 
 tests/test_time_twin.py runs them; `python benchmarks/comm_twin.py` prints the tables of
-docs/time.md (FSDP2, FSDP1, DeepSpeed 1-3, tensor, pipeline and context parallel)."""
+docs/time.md (FSDP2, FSDP1, DeepSpeed 1-3, tensor, pipeline, context and expert parallel)."""
 
 from __future__ import annotations
 
@@ -549,6 +551,40 @@ def modelled(cfg, workload, setup) -> list[tuple[str, int, int]]:
         for _ in range(c.count)]
 
 
+# ------------------------------------------------------------------ expert parallel
+EP_CASES = (("balanced routing, fp32", "balanced", "fp32", False),
+            ("skewed routing, bf16", "skewed", "bf16", False),
+            ("skewed routing, fp32, full recomputation", "skewed", "fp32", True))
+
+
+def ep_rows(world: int = 2) -> list[tuple[str, str, str, bool]]:
+    """torchtitan's MoE layer and all-to-all dispatcher on `world` gloo ranks
+    (reference_model.ep_twin), one MoE block of 8 experts, k 2, E 32, 2 x 16 tokens a rank:
+    (label, gptcalc's calls, the calls counted on every rank, whether the counts and bytes
+    agree: the routed rows on average over the ranks)."""
+    from gptcalc import GPTConfig, TrainingSetup
+    from gptcalc.time.comm import collectives
+    from reference_model.ep_twin import EPCase, count_ep
+
+    cases = [EPCase(routing=r, dtype=d, recompute=rc) for _, r, d, rc in EP_CASES]
+    rows = []
+    for (label, *_), case, ranks in zip(EP_CASES, cases, count_ep(cases, world)):
+        cfg = GPTConfig(block_size=64, vocab_size=64, n_layer=1, n_head=4,
+                        n_embd=case.n_embd, n_expert=case.n_expert,
+                        n_expert_active=case.top_k, moe_ffn_dim=case.ffn)
+        setup = TrainingSetup(mode=case.dtype, recompute="full" if case.recompute else "none",
+                              dp=world, ep=world, engine="fsdp2", zero=3)
+        model = [("all-to-all", int(c.size), world) for c in collectives(
+            cfg, setup, case.batch, case.seq, 1, 8) if c.part == "ep" for _ in range(c.count)]
+        counted = [[("all-to-all", size, world) for _, size, _, _ in calls] for calls in ranks]
+        mean = sum(size for calls in counted for _, size, _ in calls) / world
+        equal = all(len(calls) == len(model) for calls in counted) \
+            and mean == sum(size for _, size, _ in model)
+        rows.append((f"expert parallel {world}, {label}", summary(model),
+                     " / ".join(summary(calls) for calls in counted), equal))
+    return rows
+
+
 def summary(calls: list[tuple[str, int, int]]) -> str:
     """'kind count x bytes' per distinct collective, as the table prints them."""
     from collections import Counter
@@ -575,3 +611,6 @@ if __name__ == "__main__":
         calls = count_ring(cfg, wl, setup)
         print(f"| {label} (one block) | {summary(model)} | {summary(calls)} | "
               f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")
+    for world in (2, 4):  # torchtitan's expert parallel, one MoE block; ranks 0 / 1 / ...
+        for label, model, counted, equal in ep_rows(world):
+            print(f"| {label} | {model} | {counted} | {'yes' if equal else 'no'} |")
