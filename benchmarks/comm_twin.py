@@ -5,8 +5,9 @@
   (every bucket DDP all-reduces, with its bytes);
 - `count_collectives`: FSDP2 (`fully_shard` per block and at the root, as
   reference_model.distributed builds it), FSDP1 (reference_model.fsdp1_twin, gradient
-  accumulation synced each micro-batch or under `no_sync()`) and DeepSpeed ZeRO 1-3
-  (reference_model.deepspeed_twin, its CPU accelerator) on the reference model:
+  accumulation synced each micro-batch or under `no_sync()`), DeepSpeed ZeRO 1-3
+  (reference_model.deepspeed_twin, its CPU accelerator) and Megatron-core's distributed
+  optimizer (reference_model.megatron_twin, CUDA shimmed) on the reference model:
   torch.distributed's collective functions wrapped in each rank (`CollectiveLog`), every call
   recorded with its kind, bytes and group;
   PyTorch's tensor parallel (DTensor's functional collectives, `funcol_log`) and
@@ -15,8 +16,9 @@
 - `ep_rows`: torchtitan's MoE layer and all-to-all dispatcher (expert parallel,
   reference_model.ep_twin) on 2 or 4 gloo ranks.
 
-tests/test_time_twin.py runs them; `python benchmarks/comm_twin.py` prints the tables of
-docs/time.md (FSDP2, FSDP1, DeepSpeed 1-3, tensor, pipeline, context and expert parallel)."""
+tests/test_time_twin.py, tests/test_comm_megatron.py and tests/test_comm_ep.py run them;
+`python benchmarks/comm_twin.py` prints the tables of docs/time.md (FSDP2, FSDP1, DeepSpeed
+1-3, Megatron's distributed optimizer, tensor, pipeline, context and expert parallel)."""
 
 from __future__ import annotations
 
@@ -218,10 +220,12 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     from reference_model import distributed as rd
 
     setup = spec["setup"]
-    engine = rd.engine_of(setup)
+    engine = "megatron" if setup.engine == "megatron" else rd.engine_of(setup)
     torch.manual_seed(0)
-    meshes = rd._meshes(setup)
-    if engine == "deepspeed":
+    meshes = None if engine == "megatron" else rd._meshes(setup)
+    if engine == "megatron":  # Megatron-core's DDP and distributed optimizer, CUDA shimmed
+        from reference_model.megatron_twin import MegatronRank as runner_class
+    elif engine == "deepspeed":
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
     elif engine == "fsdp1":
         runner_class = _fsdp1_accumulating()
@@ -478,6 +482,25 @@ def tp_cases():
              TrainingSetup(tp=2, sp=True))]
 
 
+def megatron_cases():
+    """Megatron-core's distributed optimizer on the two-block Llama (vocabulary 1,601: the
+    buffer's padding shows), mixed (bf16 weights, fp32 gradients) and fp32, and the GPT-2
+    shape (biases, learned positions, tied head)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)  # twin_cases' models
+    gpt2 = from_name("debug", arch="gpt2", n_embd=64, n_head=4, vocab_size=1601,
+                     block_size=32, n_layer=3)
+    wl = Workload(2, 32)
+    mixed = dict(dp=2, engine="megatron", mode="mixed", attn_impl="manual")
+    return [("Megatron distributed optimizer, mixed (bf16)", cfg, wl, TrainingSetup(**mixed)),
+            ("Megatron distributed optimizer, fp32", cfg, wl,
+             TrainingSetup(**dict(mixed, mode="fp32"))),
+            ("GPT-2 shape, Megatron distributed optimizer, mixed", gpt2, wl,
+             TrainingSetup(**mixed))]
+
+
 def pp_cases():
     """(label, model, workload, set-up) of torch.distributed.pipelining on 2 ranks (each a
     stage): a four-block Llama, 4 micro-batches, under GPipe, 1F1B, interleaved 1F1B and
@@ -593,7 +616,7 @@ def summary(calls: list[tuple[str, int, int]]) -> str:
 
 
 if __name__ == "__main__":
-    cases = twin_cases() + fsdp1_cases() + tp_cases() + pp_cases()
+    cases = twin_cases() + fsdp1_cases() + tp_cases() + pp_cases() + megatron_cases()
     steady = stage3_cases()
     counted = count_collectives([c[1:] for c in cases]) \
         + count_collectives([c[1:] for c in steady], warmup=STAGE3_WARMUP)

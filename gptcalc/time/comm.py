@@ -320,9 +320,57 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     ddp = c("all-reduce", total / buckets, buckets)
     if setup.engine == "zero-redundancy":  # DDP's all-reduce, then each shard broadcast back
         return [ddp, c("all-gather", params * w, 1)]
-    if setup.zero in (1, 2) or (setup.engine == "megatron" and setup.distributed_optimizer):
+    if setup.engine == "megatron" and setup.distributed_optimizer:
+        return _megatron_distributed_optimizer(cfg, setup, g, w, c)
+    if setup.zero in (1, 2):
         return [c("reduce-scatter", total, 1), c("all-gather", params * w, 1)]
     return [ddp]
+
+
+# Megatron-core's distributed optimizer buffer (megatron/core/distributed/
+# param_and_grad_buffer.py, 0.16.1): each parameter starts at a multiple of 64 elements
+# (`_pad_start_of_param_if_needed`), each bucket ends at a multiple of lcm(dp, 128)
+# (`_pad_end_of_bucket_if_needed`)
+MEGATRON_PARAM_ALIGN = 64
+MEGATRON_BUCKET_ALIGN = 128
+# the gradient norm Megatron's optimizer all-reduces before clipping (one fp32,
+# `get_grad_norm_fp32`; clip_grad 1.0 is Megatron-LM's default)
+MEGATRON_GRAD_NORM_BYTES = 4
+
+
+def megatron_buffer_elements(sizes: list[int], n: int) -> int:
+    """Elements of Megatron-core's distributed-optimizer buffer for parameters of `sizes`
+    elements in one bucket over `n` data-parallel ranks: each parameter padded to a multiple of
+    MEGATRON_PARAM_ALIGN, the whole to a multiple of lcm(n, MEGATRON_BUCKET_ALIGN)."""
+    a = MEGATRON_PARAM_ALIGN
+    total = sum(-(-k // a) * a for k in sizes)
+    d = math.lcm(n, MEGATRON_BUCKET_ALIGN)
+    return -(-total // d) * d
+
+
+def _megatron_distributed_optimizer(cfg: GPTConfig, setup: TrainingSetup, g: int, w: int,
+                                    c) -> list[Collective]:
+    """Megatron-core 0.16.1's DistributedDataParallel with its distributed optimizer, as
+    Megatron-LM runs it by default (no --overlap-grad-reduce: `bucket_size` None, one bucket
+    per buffer), per step: the main-gradient buffer reduce-scattered once (`start_grad_sync`,
+    `finish_grad_sync`), in the gradients' dtype (`MEGATRON_BYTES`: fp32 under bf16, Megatron-LM
+    accumulating and reducing bf16 training's gradients in fp32); the gradient norm all-reduced
+    (MEGATRON_GRAD_NORM_BYTES); after the step the parameter buffer all-gathered once
+    (`start_param_sync`) in the weights' dtype. Both buffers are `megatron_buffer_elements` of
+    the stage's parameters (with pp > 1 the last stage's; its embedding copy's own bucket is
+    not counted apart). Not counted: --overlap-grad-reduce's buckets of max(4e7, 1e6 x dp)
+    elements, expert parameters' own buffer under ep, fp16's found-inf all-reduce. Outside
+    Megatron-LM's precisions (which its engine refuses) the weights' and gradients' bytes are
+    `w` and `g`, as given."""
+    from ..memory.engines.megatron import MEGATRON_BYTES
+    from ..memory.states import stage_tensors
+
+    w, g, _ = MEGATRON_BYTES.get((setup.mode, setup.autocast_dtype), (w, g, 0))
+    sizes = [t.shard(setup.tp) for t in stage_tensors(cfg, setup, "first" if setup.pp == 1
+                                                      else "last") for _ in range(t.count)]
+    n = megatron_buffer_elements(sizes, setup.dp * setup.cp)
+    return [c("reduce-scatter", n * g, 1), c("all-reduce", MEGATRON_GRAD_NORM_BYTES, 1),
+            c("all-gather", n * w, 1)]
 
 
 def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w: int,
@@ -582,6 +630,7 @@ __all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
            "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
-           "ep_all_to_alls",
+           "ep_all_to_alls", "megatron_buffer_elements", "MEGATRON_BUCKET_ALIGN",
+           "MEGATRON_GRAD_NORM_BYTES", "MEGATRON_PARAM_ALIGN",
            "accumulation_assumption", "fsdp1_no_sync", "fsdp1_rounds",
            "pipeline_sends", "placement"]
