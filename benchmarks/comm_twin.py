@@ -483,9 +483,11 @@ def tp_cases():
 
 
 def megatron_cases():
-    """Megatron-core's distributed optimizer on the two-block Llama (vocabulary 1,601: the
-    buffer's padding shows), mixed (bf16 weights, fp32 gradients) and fp32, and the GPT-2
-    shape (biases, learned positions, tied head)."""
+    """Megatron-core's distributed optimizer on the two-block Llama, mixed (bf16 weights, fp32
+    gradients) and fp32, with --overlap-grad-reduce (its default buckets hold the whole model)
+    and without, with a bucket size of exactly the head's and the final norm's elements and
+    one more (the first MLP matrix joins the first bucket); and the GPT-2 shape
+    (biases, learned positions, tied head)."""
     from gptcalc import TrainingSetup, Workload, from_name
 
     cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
@@ -494,9 +496,21 @@ def megatron_cases():
                      block_size=32, n_layer=3)
     wl = Workload(2, 32)
     mixed = dict(dp=2, engine="megatron", mode="mixed", attn_impl="manual")
+
+    def settings(**kw):
+        return TrainingSetup(**mixed, engine_settings=tuple(kw.items()))
+
+    # backward reaches the untied head first, then the final norm: a bucket of exactly both
+    last = cfg.vocab_size * cfg.n_embd + cfg.n_embd
     return [("Megatron distributed optimizer, mixed (bf16)", cfg, wl, TrainingSetup(**mixed)),
             ("Megatron distributed optimizer, fp32", cfg, wl,
              TrainingSetup(**dict(mixed, mode="fp32"))),
+            ("Megatron distributed optimizer, no --overlap-grad-reduce", cfg, wl,
+             settings(overlap_grad_reduce=0)),
+            (f"Megatron distributed optimizer, --ddp-bucket-size {last:,} (head and final norm)",
+             cfg, wl, settings(bucket_size=last)),
+            (f"Megatron distributed optimizer, --ddp-bucket-size {last + 1:,} (one over)", cfg,
+             wl, settings(bucket_size=last + 1)),
             ("GPT-2 shape, Megatron distributed optimizer, mixed", gpt2, wl,
              TrainingSetup(**mixed))]
 

@@ -3,7 +3,8 @@
 `megatron.core.optimizer.get_megatron_optimizer`) on a gloo rank of this machine, around the
 reference model, as Megatron-LM sets them up by default: bf16 weights in mixed mode with the
 gradients accumulated and reduced in fp32 (Megatron-LM's accumulate_allreduce_grads_in_fp32,
-forced under bf16), no --overlap-grad-reduce (one bucket per buffer), Adam with clip_grad 1.0.
+forced under bf16), --overlap-grad-reduce and its buckets as the set-up's engine_settings say
+(`gptcalc.time.comm.megatron_settings`), Adam with clip_grad 1.0.
 
 Megatron-core assumes CUDA; `shim_cuda` makes it run on CPU without changing what it
 communicates: torch.cuda.current_device() returns "cpu", a device="cuda" argument to a torch
@@ -92,10 +93,14 @@ class MegatronRank:
             def forward(self, idx, targets):
                 return self.gpt(idx, targets)[1]
 
+        from gptcalc.time.comm import megatron_settings
+
+        overlap, bucket = megatron_settings(self.setup)
         self.model = DistributedDataParallel(
             config, DistributedDataParallelConfig(use_distributed_optimizer=True,
                                                   grad_reduce_in_fp32=True,
-                                                  overlap_grad_reduce=False), Wrapped())
+                                                  overlap_grad_reduce=bool(overlap),
+                                                  bucket_size=bucket or None), Wrapped())
         self.opt = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=1e-4, bf16=bf16, clip_grad=1.0,
                             use_distributed_optimizer=True), [self.model])

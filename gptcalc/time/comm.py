@@ -336,41 +336,92 @@ MEGATRON_BUCKET_ALIGN = 128
 # the gradient norm Megatron's optimizer all-reduces before clipping (one fp32,
 # `get_grad_norm_fp32`; clip_grad 1.0 is Megatron-LM's default)
 MEGATRON_GRAD_NORM_BYTES = 4
+# `engine_settings` keys of the megatron engine: ("overlap_grad_reduce", 0) runs without
+# --overlap-grad-reduce (one bucket per buffer, Megatron-LM's flag default); ("bucket_size", n)
+# is --ddp-bucket-size. Overlap is the default: Megatron-LM's example scripts pass
+# --overlap-grad-reduce, and `step` overlaps the buckets with backward
+MEGATRON_OVERLAP = "overlap_grad_reduce"
+MEGATRON_BUCKET = "bucket_size"
+# distributed_data_parallel.py: with overlap and no --ddp-bucket-size, buckets of
+# max(40,000,000, 1,000,000 x dp) elements
+MEGATRON_MIN_BUCKET = 40_000_000
+MEGATRON_BUCKET_PER_RANK = 1_000_000
 
 
-def megatron_buffer_elements(sizes: list[int], n: int) -> int:
-    """Elements of Megatron-core's distributed-optimizer buffer for parameters of `sizes`
-    elements in one bucket over `n` data-parallel ranks: each parameter padded to a multiple of
-    MEGATRON_PARAM_ALIGN, the whole to a multiple of lcm(n, MEGATRON_BUCKET_ALIGN)."""
-    a = MEGATRON_PARAM_ALIGN
-    total = sum(-(-k // a) * a for k in sizes)
-    d = math.lcm(n, MEGATRON_BUCKET_ALIGN)
-    return -(-total // d) * d
+def megatron_settings(setup: TrainingSetup) -> tuple[int, int]:
+    """(whether --overlap-grad-reduce, the --ddp-bucket-size given or 0) of a megatron
+    set-up's `engine_settings`."""
+    d = dict(setup.engine_settings)
+    return int(d.get(MEGATRON_OVERLAP, 1)), int(d.get(MEGATRON_BUCKET, 0))
+
+
+def megatron_bucket_size(setup: TrainingSetup) -> int | None:
+    """Elements at which Megatron-core closes a gradient bucket: None (one bucket) without
+    --overlap-grad-reduce, else the given size or max(MEGATRON_MIN_BUCKET,
+    MEGATRON_BUCKET_PER_RANK x dp)."""
+    overlap, given = megatron_settings(setup)
+    if not overlap:
+        return None
+    return given or max(MEGATRON_MIN_BUCKET, MEGATRON_BUCKET_PER_RANK * setup.dp)
+
+
+def megatron_buckets(sizes: list[int], n: int, bucket_size: int | None) -> list[int]:
+    """Elements of each bucket of Megatron-core's distributed-optimizer buffer over `n`
+    data-parallel ranks for parameters of `sizes` elements in module order
+    (`_ParamAndGradBuffer.__init__`): taken in reverse (backward's order), each starting at a
+    multiple of MEGATRON_PARAM_ALIGN; a bucket closes once its parameters span at least
+    `bucket_size` elements (`>=`), the rest form the last; each bucket padded to a multiple of
+    lcm(n, MEGATRON_BUCKET_ALIGN)."""
+    a, d = MEGATRON_PARAM_ALIGN, math.lcm(n, MEGATRON_BUCKET_ALIGN)
+    out, span, open_ = [], 0, False
+    for k in reversed(sizes):
+        span = -(-span // a) * a + k  # a bucket starts aligned to d, a multiple of a
+        open_ = True
+        if bucket_size is not None and span >= bucket_size:
+            out.append(-(-span // d) * d)
+            span, open_ = 0, False
+    return out + ([-(-span // d) * d] if open_ else [])
+
+
+def module_order_sizes(tensors, tp: int) -> list[int]:
+    """Elements of each parameter tensor (its tensor-parallel shard) in a GPT module's
+    `parameters()` order: the embeddings, then block by block each block's tensors in
+    inventory order (a kind that fewer blocks hold: in the first of them), then the head's."""
+    blocks = [t for t in tensors if t.place == "block"]
+    out = [t.shard(tp) for t in tensors if t.place == "embedding" for _ in range(t.count)]
+    for i in range(max((t.layers for t in blocks), default=0)):
+        out += [t.shard(tp) for t in blocks if i < t.layers for _ in range(t.copies)]
+    return out + [t.shard(tp) for t in tensors if t.place == "head" for _ in range(t.count)]
 
 
 def _megatron_distributed_optimizer(cfg: GPTConfig, setup: TrainingSetup, g: int, w: int,
                                     c) -> list[Collective]:
-    """Megatron-core 0.16.1's DistributedDataParallel with its distributed optimizer, as
-    Megatron-LM runs it by default (no --overlap-grad-reduce: `bucket_size` None, one bucket
-    per buffer), per step: the main-gradient buffer reduce-scattered once (`start_grad_sync`,
-    `finish_grad_sync`), in the gradients' dtype (`MEGATRON_BYTES`: fp32 under bf16, Megatron-LM
-    accumulating and reducing bf16 training's gradients in fp32); the gradient norm all-reduced
-    (MEGATRON_GRAD_NORM_BYTES); after the step the parameter buffer all-gathered once
-    (`start_param_sync`) in the weights' dtype. Both buffers are `megatron_buffer_elements` of
-    the stage's parameters (with pp > 1 the last stage's; its embedding copy's own bucket is
-    not counted apart). Not counted: --overlap-grad-reduce's buckets of max(4e7, 1e6 x dp)
-    elements, expert parameters' own buffer under ep, fp16's found-inf all-reduce. Outside
-    Megatron-LM's precisions (which its engine refuses) the weights' and gradients' bytes are
-    `w` and `g`, as given."""
+    """Megatron-core 0.16.1's DistributedDataParallel with its distributed optimizer, per step:
+    each bucket of the main-gradient buffer reduce-scattered once (`start_grad_sync`; during
+    the last micro-batch's backward under --overlap-grad-reduce, after it without), in the
+    gradients' dtype (`MEGATRON_BYTES`: fp32 under bf16, Megatron-LM accumulating and reducing
+    bf16 training's gradients in fp32); the gradient norm all-reduced
+    (MEGATRON_GRAD_NORM_BYTES); each bucket of the parameter buffer all-gathered after the
+    step (`start_param_sync`) in the weights' dtype. The buckets are `megatron_buckets` of the
+    stage's parameters (`module_order_sizes`; with pp > 1 the last stage's, its embedding
+    copy's own bucket not split off) at `megatron_bucket_size`. Not counted: expert parameters' own
+    buffer under ep, fp16's found-inf all-reduce. Outside Megatron-LM's precisions (which its
+    engine refuses) the weights' and gradients' bytes are `w` and `g`, as given."""
     from ..memory.engines.megatron import MEGATRON_BYTES
+    from ..memory.engines.shards import MAX_TENSORS
     from ..memory.states import stage_tensors
 
     w, g, _ = MEGATRON_BYTES.get((setup.mode, setup.autocast_dtype), (w, g, 0))
-    sizes = [t.shard(setup.tp) for t in stage_tensors(cfg, setup, "first" if setup.pp == 1
-                                                      else "last") for _ in range(t.count)]
-    n = megatron_buffer_elements(sizes, setup.dp * setup.cp)
-    return [c("reduce-scatter", n * g, 1), c("all-reduce", MEGATRON_GRAD_NORM_BYTES, 1),
-            c("all-gather", n * w, 1)]
+    tensors = stage_tensors(cfg, setup, "first" if setup.pp == 1 else "last")
+    if sum(t.count for t in tensors) > MAX_TENSORS:
+        raise ConfigError("n_layer", f"more than {MAX_TENSORS:,} parameter tensors: Megatron's "
+                                     "buckets are counted per tensor")
+    sizes = module_order_sizes(tensors, setup.tp)
+    buckets = megatron_buckets(sizes, setup.dp * setup.cp, megatron_bucket_size(setup))
+    order = dict.fromkeys(buckets)
+    return [*(c("reduce-scatter", n * g, buckets.count(n)) for n in order),
+            c("all-reduce", MEGATRON_GRAD_NORM_BYTES, 1),
+            *(c("all-gather", n * w, buckets.count(n)) for n in order)]
 
 
 def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w: int,
@@ -630,7 +681,10 @@ __all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
            "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
-           "ep_all_to_alls", "megatron_buffer_elements", "MEGATRON_BUCKET_ALIGN",
-           "MEGATRON_GRAD_NORM_BYTES", "MEGATRON_PARAM_ALIGN",
+           "ep_all_to_alls", "megatron_bucket_size", "megatron_buckets", "megatron_settings",
+           "module_order_sizes",
+           "MEGATRON_BUCKET", "MEGATRON_BUCKET_ALIGN", "MEGATRON_BUCKET_PER_RANK",
+           "MEGATRON_GRAD_NORM_BYTES", "MEGATRON_MIN_BUCKET", "MEGATRON_OVERLAP",
+           "MEGATRON_PARAM_ALIGN",
            "accumulation_assumption", "fsdp1_no_sync", "fsdp1_rounds",
            "pipeline_sends", "placement"]
