@@ -7,7 +7,7 @@
   reference_model.distributed builds it), FSDP1 (reference_model.fsdp1_twin, gradient
   accumulation synced each micro-batch or under `no_sync()`), DeepSpeed ZeRO 1-3
   (reference_model.deepspeed_twin, its CPU accelerator) and Megatron-core's distributed
-  optimizer (reference_model.megatron_twin, CUDA shimmed) on the reference model:
+  optimizer (reference_model.megatron_optimizer_twin, CUDA shimmed) on the reference model:
   torch.distributed's collective functions wrapped in each rank (`CollectiveLog`), every call
   recorded with its kind, bytes and group;
   PyTorch's tensor parallel (DTensor's functional collectives, `funcol_log`) and
@@ -224,7 +224,7 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     torch.manual_seed(0)
     meshes = None if engine == "megatron" else rd._meshes(setup)
     if engine == "megatron":  # Megatron-core's DDP and distributed optimizer, CUDA shimmed
-        from reference_model.megatron_twin import MegatronRank as runner_class
+        from reference_model.megatron_optimizer_twin import MegatronRank as runner_class
     elif engine == "deepspeed":
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
     elif engine == "fsdp1":

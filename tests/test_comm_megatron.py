@@ -1,6 +1,6 @@
 """Megatron-core's distributed optimizer (`gptcalc.time.comm`'s megatron rows): its buffer's
 padding on both sides of each boundary, and megatron-core 0.16.1 itself counted on 2 gloo
-ranks (reference_model/megatron_twin.py, driven by benchmarks/comm_twin.py)."""
+ranks (reference_model/megatron_optimizer_twin.py, driven by benchmarks/comm_twin.py)."""
 
 from __future__ import annotations
 
