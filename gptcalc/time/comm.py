@@ -404,9 +404,10 @@ def _megatron_distributed_optimizer(cfg: GPTConfig, setup: TrainingSetup, g: int
     (MEGATRON_GRAD_NORM_BYTES); each bucket of the parameter buffer all-gathered after the
     step (`start_param_sync`) in the weights' dtype. The buckets are `megatron_buckets` of the
     stage's parameters (`module_order_sizes`; with pp > 1 the last stage's, its embedding
-    copy's own bucket not split off) at `megatron_bucket_size`. Not counted: expert parameters' own
-    buffer under ep, fp16's found-inf all-reduce. Outside Megatron-LM's precisions (which its
-    engine refuses) the weights' and gradients' bytes are `w` and `g`, as given."""
+    copy's own bucket not split off) at `megatron_bucket_size`. Not counted: expert
+    parameters' own buffer under ep, fp16's found-inf all-reduce. Outside Megatron-LM's
+    precisions (which its engine refuses) the weights' and gradients' bytes are `w` and `g`,
+    as given."""
     from ..memory.engines.megatron import MEGATRON_BYTES
     from ..memory.engines.shards import MAX_TENSORS
     from ..memory.states import stage_tensors
