@@ -5,16 +5,20 @@
   (every bucket DDP all-reduces, with its bytes);
 - `count_collectives`: FSDP2 (`fully_shard` per block and at the root, as
   reference_model.distributed builds it), FSDP1 (reference_model.fsdp1_twin, gradient
-  accumulation synced each micro-batch or under `no_sync()`) and DeepSpeed ZeRO 1-3
-  (reference_model.deepspeed_twin, its CPU accelerator) on the reference model:
+  accumulation synced each micro-batch or under `no_sync()`), DeepSpeed ZeRO 1-3
+  (reference_model.deepspeed_twin, its CPU accelerator) and Megatron-core's distributed
+  optimizer (reference_model.megatron_optimizer_twin, CUDA shimmed) on the reference model:
   torch.distributed's collective functions wrapped in each rank (`CollectiveLog`), every call
   recorded with its kind, bytes and group;
   PyTorch's tensor parallel (DTensor's functional collectives, `funcol_log`) and
   torch.distributed.pipelining (its sends) likewise;
-- `count_ring`: torch's ring attention (context parallel) on a fake group in this process.
+- `count_ring`: torch's ring attention (context parallel) on a fake group in this process;
+- `ep_rows`: torchtitan's MoE layer and all-to-all dispatcher (expert parallel,
+  reference_model.ep_twin) on 2 or 4 gloo ranks.
 
-tests/test_time_twin.py runs them; `python benchmarks/comm_twin.py` prints the tables of
-docs/time.md (FSDP2, FSDP1, DeepSpeed 1-3, tensor, pipeline and context parallel)."""
+tests/test_time_twin.py, tests/test_comm_megatron.py and tests/test_comm_ep.py run them;
+`python benchmarks/comm_twin.py` prints the tables of docs/time.md (FSDP2, FSDP1, DeepSpeed
+1-3, Megatron's distributed optimizer, tensor, pipeline, context and expert parallel)."""
 
 from __future__ import annotations
 
@@ -216,10 +220,12 @@ def _count_job(rank: int, world: int, port: int, spec: dict) -> list[tuple[str, 
     from reference_model import distributed as rd
 
     setup = spec["setup"]
-    engine = rd.engine_of(setup)
+    engine = "megatron" if setup.engine == "megatron" else rd.engine_of(setup)
     torch.manual_seed(0)
-    meshes = rd._meshes(setup)
-    if engine == "deepspeed":
+    meshes = None if engine == "megatron" else rd._meshes(setup)
+    if engine == "megatron":  # Megatron-core's DDP and distributed optimizer, CUDA shimmed
+        from reference_model.megatron_optimizer_twin import MegatronRank as runner_class
+    elif engine == "deepspeed":
         from reference_model.deepspeed_twin import DeepSpeedRank as runner_class
     elif engine == "fsdp1":
         runner_class = _fsdp1_accumulating()
@@ -476,6 +482,39 @@ def tp_cases():
              TrainingSetup(tp=2, sp=True))]
 
 
+def megatron_cases():
+    """Megatron-core's distributed optimizer on the two-block Llama, mixed (bf16 weights, fp32
+    gradients) and fp32, with --overlap-grad-reduce (its default buckets hold the whole model)
+    and without, with a bucket size of exactly the head's and the final norm's elements and
+    one more (the first MLP matrix joins the first bucket); and the GPT-2 shape
+    (biases, learned positions, tied head)."""
+    from gptcalc import TrainingSetup, Workload, from_name
+
+    cfg = from_name("debug", arch="llama", n_embd=64, n_head=4, n_kv_head=2, d_ff=176,
+                    vocab_size=1601, block_size=32)  # twin_cases' models
+    gpt2 = from_name("debug", arch="gpt2", n_embd=64, n_head=4, vocab_size=1601,
+                     block_size=32, n_layer=3)
+    wl = Workload(2, 32)
+    mixed = dict(dp=2, engine="megatron", mode="mixed", attn_impl="manual")
+
+    def settings(**kw):
+        return TrainingSetup(**mixed, engine_settings=tuple(kw.items()))
+
+    # backward reaches the untied head first, then the final norm: a bucket of exactly both
+    last = cfg.vocab_size * cfg.n_embd + cfg.n_embd
+    return [("Megatron distributed optimizer, mixed (bf16)", cfg, wl, TrainingSetup(**mixed)),
+            ("Megatron distributed optimizer, fp32", cfg, wl,
+             TrainingSetup(**dict(mixed, mode="fp32"))),
+            ("Megatron distributed optimizer, no --overlap-grad-reduce", cfg, wl,
+             settings(overlap_grad_reduce=0)),
+            (f"Megatron distributed optimizer, --ddp-bucket-size {last:,} (head and final norm)",
+             cfg, wl, settings(bucket_size=last)),
+            (f"Megatron distributed optimizer, --ddp-bucket-size {last + 1:,} (one over)", cfg,
+             wl, settings(bucket_size=last + 1)),
+            ("GPT-2 shape, Megatron distributed optimizer, mixed", gpt2, wl,
+             TrainingSetup(**mixed))]
+
+
 def pp_cases():
     """(label, model, workload, set-up) of torch.distributed.pipelining on 2 ranks (each a
     stage): a four-block Llama, 4 micro-batches, under GPipe, 1F1B, interleaved 1F1B and
@@ -549,6 +588,40 @@ def modelled(cfg, workload, setup) -> list[tuple[str, int, int]]:
         for _ in range(c.count)]
 
 
+# ------------------------------------------------------------------ expert parallel
+EP_CASES = (("balanced routing, fp32", "balanced", "fp32", False),
+            ("skewed routing, bf16", "skewed", "bf16", False),
+            ("skewed routing, fp32, full recomputation", "skewed", "fp32", True))
+
+
+def ep_rows(world: int = 2) -> list[tuple[str, str, str, bool]]:
+    """torchtitan's MoE layer and all-to-all dispatcher on `world` gloo ranks
+    (reference_model.ep_twin), one MoE block of 8 experts, k 2, E 32, 2 x 16 tokens a rank:
+    (label, gptcalc's calls, the calls counted on every rank, whether the counts and bytes
+    agree: the routed rows on average over the ranks)."""
+    from gptcalc import GPTConfig, TrainingSetup
+    from gptcalc.time.comm import collectives
+    from reference_model.ep_twin import EPCase, count_ep
+
+    cases = [EPCase(routing=r, dtype=d, recompute=rc) for _, r, d, rc in EP_CASES]
+    rows = []
+    for (label, *_), case, ranks in zip(EP_CASES, cases, count_ep(cases, world)):
+        cfg = GPTConfig(block_size=64, vocab_size=64, n_layer=1, n_head=4,
+                        n_embd=case.n_embd, n_expert=case.n_expert,
+                        n_expert_active=case.top_k, moe_ffn_dim=case.ffn)
+        setup = TrainingSetup(mode=case.dtype, recompute="full" if case.recompute else "none",
+                              dp=world, ep=world, engine="fsdp2", zero=3)
+        model = [("all-to-all", int(c.size), world) for c in collectives(
+            cfg, setup, case.batch, case.seq, 1, 8) if c.part == "ep" for _ in range(c.count)]
+        counted = [[("all-to-all", size, world) for _, size, _, _ in calls] for calls in ranks]
+        mean = sum(size for calls in counted for _, size, _ in calls) / world
+        equal = all(len(calls) == len(model) for calls in counted) \
+            and mean == sum(size for _, size, _ in model)
+        rows.append((f"expert parallel {world}, {label}", summary(model),
+                     " / ".join(summary(calls) for calls in counted), equal))
+    return rows
+
+
 def summary(calls: list[tuple[str, int, int]]) -> str:
     """'kind count x bytes' per distinct collective, as the table prints them."""
     from collections import Counter
@@ -557,7 +630,7 @@ def summary(calls: list[tuple[str, int, int]]) -> str:
 
 
 if __name__ == "__main__":
-    cases = twin_cases() + fsdp1_cases() + tp_cases() + pp_cases()
+    cases = twin_cases() + fsdp1_cases() + tp_cases() + pp_cases() + megatron_cases()
     steady = stage3_cases()
     counted = count_collectives([c[1:] for c in cases]) \
         + count_collectives([c[1:] for c in steady], warmup=STAGE3_WARMUP)
@@ -575,3 +648,6 @@ if __name__ == "__main__":
         calls = count_ring(cfg, wl, setup)
         print(f"| {label} (one block) | {summary(model)} | {summary(calls)} | "
               f"{'yes' if sorted(model) == sorted(calls) else 'no'} |")
+    for world in (2, 4):  # torchtitan's expert parallel, one MoE block; ranks 0 / 1 / ...
+        for label, model, counted, equal in ep_rows(world):
+            print(f"| {label} | {model} | {counted} | {'yes' if equal else 'no'} |")

@@ -144,11 +144,11 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
         kv = tokens * 2 * cfg.q_width / tp  # k and v with every query head (repeat_kv)
         add("cp", "all-gather", kv * a * cp, cp, tp, m * blocks * (fwd_runs + 1))
         add("cp", "all-to-all", kv * CP_GRAD_BYTES, cp, tp, m * blocks * cp)
-    # expert parallel: dispatch and combine in forward, their gradients in backward
+    # expert parallel: per MoE block, the token counts, dispatch and combine (`ep_all_to_alls`)
     if cfg.moe and ep > 1:
         moe_blocks = max(1, round(blocks * _moe_share(cfg)))
-        routed = tokens * cfg.n_expert_active * E * a
-        add("ep", "all-to-all", routed, ep, tp * cp, m * moe_blocks * 2 * (fwd_runs + 1))
+        for size, count in ep_all_to_alls(cfg, tokens, a, fwd_runs):
+            add("ep", "all-to-all", size, ep, tp * cp, m * moe_blocks * count)
     # pipeline: each chunk sends its activation forward and its input's gradient backward
     if pp > 1:
         size = act / tp if setup.sp else act
@@ -158,6 +158,30 @@ def collectives(cfg: GPTConfig, setup: TrainingSetup, batch: int, seq_len: int,
                               tp * cp * dp * pp > node, 1))
     out += _data_parallel(cfg, setup, m, node, blocks)
     return out
+
+
+# the token counts torchtitan's dispatcher exchanges: one int64 per routed expert
+# (`num_local_tokens_per_expert_E`, a sum over a bool routing map)
+EP_COUNT_BYTES = 8
+
+
+def ep_all_to_alls(cfg: GPTConfig, tokens: float, act_bytes: int,
+                   fwd_runs: int) -> list[tuple[float, int]]:
+    """(bytes, calls) of the all-to-alls one MoE block issues per micro-batch on one
+    expert-parallel rank of `tokens` tokens, as torchtitan 0.3.0's `AllToAllTokenDispatcher`
+    issues them (torchtitan/models/common/token_dispatcher.py):
+
+        token counts   n_expert x 8 B                      each forward run (under no_grad)
+        dispatch       T x k x E x act_bytes               each forward run, and backward
+        combine        T x k x E x act_bytes (balanced)    each forward run, and backward
+
+    `fwd_runs` is 2 under full recomputation (the checkpointed block's forward runs again in
+    backward, its exchanges too). The dispatch sends this rank's T x k routed rows; the
+    combine sends back the rows it received, T x k under balanced routing and on average over
+    the ranks under any routing (the rows the ranks send are the rows they receive); backward
+    sends the gradients of both, the same sizes. Sizes as nccl-tests': each call's input."""
+    routed = tokens * cfg.n_expert_active * cfg.n_embd * act_bytes
+    return [(cfg.n_expert * EP_COUNT_BYTES, fwd_runs), (routed, 2 * (fwd_runs + 1))]
 
 
 # torch's ring attention backward passes dk and dv around the ring in fp32 (torch 2.13,
@@ -297,9 +321,109 @@ def _data_parallel(cfg: GPTConfig, setup: TrainingSetup, m: int, node: int,
     ddp = c("all-reduce", total / buckets, buckets)
     if setup.engine == "zero-redundancy":  # DDP's all-reduce, then each shard broadcast back
         return [ddp, c("all-gather", params * w, 1)]
-    if setup.zero in (1, 2) or (setup.engine == "megatron" and setup.distributed_optimizer):
+    if setup.engine == "megatron" and setup.distributed_optimizer:
+        return _megatron_distributed_optimizer(cfg, setup, g, w, c)
+    if setup.zero in (1, 2):
         return [c("reduce-scatter", total, 1), c("all-gather", params * w, 1)]
     return [ddp]
+
+
+# Megatron-core's distributed optimizer buffer (megatron/core/distributed/
+# param_and_grad_buffer.py, 0.16.1): each parameter starts at a multiple of 64 elements
+# (`_pad_start_of_param_if_needed`), each bucket ends at a multiple of lcm(dp, 128)
+# (`_pad_end_of_bucket_if_needed`)
+MEGATRON_PARAM_ALIGN = 64
+MEGATRON_BUCKET_ALIGN = 128
+# the gradient norm Megatron's optimizer all-reduces before clipping (one fp32,
+# `get_grad_norm_fp32`; clip_grad 1.0 is Megatron-LM's default)
+MEGATRON_GRAD_NORM_BYTES = 4
+# `engine_settings` keys of the megatron engine: ("overlap_grad_reduce", 0) runs without
+# --overlap-grad-reduce (one bucket per buffer, Megatron-LM's flag default); ("bucket_size", n)
+# is --ddp-bucket-size. Overlap is the default: Megatron-LM's example scripts pass
+# --overlap-grad-reduce, and `step` overlaps the buckets with backward
+MEGATRON_OVERLAP = "overlap_grad_reduce"
+MEGATRON_BUCKET = "bucket_size"
+# distributed_data_parallel.py: with overlap and no --ddp-bucket-size, buckets of
+# max(40,000,000, 1,000,000 x dp) elements
+MEGATRON_MIN_BUCKET = 40_000_000
+MEGATRON_BUCKET_PER_RANK = 1_000_000
+
+
+def megatron_settings(setup: TrainingSetup) -> tuple[int, int]:
+    """(whether --overlap-grad-reduce, the --ddp-bucket-size given or 0) of a megatron
+    set-up's `engine_settings`."""
+    d = dict(setup.engine_settings)
+    return int(d.get(MEGATRON_OVERLAP, 1)), int(d.get(MEGATRON_BUCKET, 0))
+
+
+def megatron_bucket_size(setup: TrainingSetup) -> int | None:
+    """Elements at which Megatron-core closes a gradient bucket: None (one bucket) without
+    --overlap-grad-reduce, else the given size or max(MEGATRON_MIN_BUCKET,
+    MEGATRON_BUCKET_PER_RANK x dp)."""
+    overlap, given = megatron_settings(setup)
+    if not overlap:
+        return None
+    return given or max(MEGATRON_MIN_BUCKET, MEGATRON_BUCKET_PER_RANK * setup.dp)
+
+
+def megatron_buckets(sizes: list[int], n: int, bucket_size: int | None) -> list[int]:
+    """Elements of each bucket of Megatron-core's distributed-optimizer buffer over `n`
+    data-parallel ranks for parameters of `sizes` elements in module order
+    (`_ParamAndGradBuffer.__init__`): taken in reverse (backward's order), each starting at a
+    multiple of MEGATRON_PARAM_ALIGN; a bucket closes once its parameters span at least
+    `bucket_size` elements (`>=`), the rest form the last; each bucket padded to a multiple of
+    lcm(n, MEGATRON_BUCKET_ALIGN)."""
+    a, d = MEGATRON_PARAM_ALIGN, math.lcm(n, MEGATRON_BUCKET_ALIGN)
+    out, span, open_ = [], 0, False
+    for k in reversed(sizes):
+        span = -(-span // a) * a + k  # a bucket starts aligned to d, a multiple of a
+        open_ = True
+        if bucket_size is not None and span >= bucket_size:
+            out.append(-(-span // d) * d)
+            span, open_ = 0, False
+    return out + ([-(-span // d) * d] if open_ else [])
+
+
+def module_order_sizes(tensors, tp: int) -> list[int]:
+    """Elements of each parameter tensor (its tensor-parallel shard) in a GPT module's
+    `parameters()` order: the embeddings, then block by block each block's tensors in
+    inventory order (a kind that fewer blocks hold: in the first of them), then the head's."""
+    blocks = [t for t in tensors if t.place == "block"]
+    out = [t.shard(tp) for t in tensors if t.place == "embedding" for _ in range(t.count)]
+    for i in range(max((t.layers for t in blocks), default=0)):
+        out += [t.shard(tp) for t in blocks if i < t.layers for _ in range(t.copies)]
+    return out + [t.shard(tp) for t in tensors if t.place == "head" for _ in range(t.count)]
+
+
+def _megatron_distributed_optimizer(cfg: GPTConfig, setup: TrainingSetup, g: int, w: int,
+                                    c) -> list[Collective]:
+    """Megatron-core 0.16.1's DistributedDataParallel with its distributed optimizer, per step:
+    each bucket of the main-gradient buffer reduce-scattered once (`start_grad_sync`; during
+    the last micro-batch's backward under --overlap-grad-reduce, after it without), in the
+    gradients' dtype (`MEGATRON_BYTES`: fp32 under bf16, Megatron-LM accumulating and reducing
+    bf16 training's gradients in fp32); the gradient norm all-reduced
+    (MEGATRON_GRAD_NORM_BYTES); each bucket of the parameter buffer all-gathered after the
+    step (`start_param_sync`) in the weights' dtype. The buckets are `megatron_buckets` of the
+    stage's parameters (`module_order_sizes`; with pp > 1 the last stage's, its embedding
+    copy's own bucket not split off) at `megatron_bucket_size`. Not counted: expert
+    parameters' own buffer under ep, fp16's found-inf all-reduce. Outside Megatron-LM's
+    precisions (which its engine refuses) the weights' and gradients' bytes are `w` and `g`,
+    as given."""
+    from ..memory.engines.megatron import MEGATRON_BYTES
+    from ..memory.engines.shards import MAX_TENSORS
+    from ..memory.states import stage_tensors
+
+    w, g, _ = MEGATRON_BYTES.get((setup.mode, setup.autocast_dtype), (w, g, 0))
+    tensors = stage_tensors(cfg, setup, "first" if setup.pp == 1 else "last")
+    if sum(t.count for t in tensors) > MAX_TENSORS:
+        raise ConfigError("n_layer", f"more than {MAX_TENSORS:,} parameter tensors: Megatron's "
+                                     "buckets are counted per tensor")
+    sizes = module_order_sizes(tensors, setup.tp)
+    buckets = megatron_buckets(sizes, setup.dp * setup.cp, megatron_bucket_size(setup))
+    order = dict.fromkeys(buckets)
+    return [*(c("reduce-scatter", n * g, buckets.count(n)) for n in order),
+            c("all-reduce", MEGATRON_GRAD_NORM_BYTES, 1),
+            *(c("all-gather", n * w, buckets.count(n)) for n in order)]
 
 
 def _fsdp2(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, g: int, w: int,
@@ -559,8 +683,14 @@ def _deepspeed_zero3(cfg: GPTConfig, setup: TrainingSetup, m: int, blocks: int, 
 
 __all__ = ["CP_GRAD_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
            "DEEPSPEED_GRAD_NORM_BYTES",
-           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "KINDS",
+           "DEEPSPEED_OVERFLOW_FLAG_BYTES", "DEEPSPEED_STAGE3_GRAD_NORM_BYTES", "EP_COUNT_BYTES",
+           "KINDS",
            "Collective", "collective_seconds",
            "collectives", "ddp_buckets", "deepspeed_reduce_buckets", "deepspeed_stage3_gathers",
+           "ep_all_to_alls", "megatron_bucket_size", "megatron_buckets", "megatron_settings",
+           "module_order_sizes",
+           "MEGATRON_BUCKET", "MEGATRON_BUCKET_ALIGN", "MEGATRON_BUCKET_PER_RANK",
+           "MEGATRON_GRAD_NORM_BYTES", "MEGATRON_MIN_BUCKET", "MEGATRON_OVERLAP",
+           "MEGATRON_PARAM_ALIGN",
            "accumulation_assumption", "fsdp1_no_sync", "fsdp1_rounds",
            "pipeline_sends", "placement"]
