@@ -35,10 +35,11 @@ def _setup(**kw) -> TrainingSetup:
 
 
 @pytest.mark.slow
-@settings(max_examples=5, deadline=None)  # ~5 s of CPU each: Dynamo traces the whole model
+@settings(max_examples=6, deadline=None)  # ~5 s of CPU each: Dynamo traces the whole model
 @example(family="llama", mode="bf16", recompute="none", L=2, heads=(4, 2), hd=8, b=1, S=8)
-@example(family="qwen2", mode="fp32", recompute="full", L=1, heads=(4, 1), hd=8, b=2, S=5)
+@example(family="qwen2", mode="fp32", recompute="full", L=2, heads=(4, 1), hd=8, b=2, S=5)
 @example(family="llama", mode="mixed", recompute="full", L=2, heads=(2, 2), hd=16, b=1, S=12)
+@example(family="llama", mode="bf16", recompute="none", L=1, heads=(2, 2), hd=8, b=1, S=6)
 @given(family=st.sampled_from(["llama", "qwen2"]),
        mode=st.sampled_from(["fp32", "bf16", "mixed"]),
        recompute=st.sampled_from(["none", "full"]), L=st.integers(1, 2),
@@ -50,6 +51,8 @@ def test_compiled_transformers_saved_bytes_exact_cpu(family, mode, recompute, L,
     from reference_model.compiled import measure_compiled_transformers_saved
 
     H, kv = heads
+    if recompute == "full":
+        L += 1  # 2 or 3 layers (test_recompute_full_is_modelled_from_two_layers)
     cfg, wl = _cfg(family, L, H, kv, hd), Workload(b, S)
     setup = _setup(mode=mode, recompute=recompute)
     measured = sum(measure_compiled_transformers_saved(cfg, wl, setup).values())
@@ -69,6 +72,16 @@ def test_compiled_transformers_saved_bytes_exact_cpu(family, mode, recompute, L,
 def test_compiled_transformers_saved_bytes_as_measured(family, mode, recompute, b, S, measured):
     setup = _setup(mode=mode, recompute=recompute)
     assert sum(saved_activations(_cfg(family), Workload(b, S), setup).values()) == measured
+
+
+def test_recompute_full_is_modelled_from_two_layers():
+    # one checkpointed layer: measured, the partitioner keeps the causal mask's bool form
+    # (b 2, S 5: 50 B) or the position ids (b 1, S 6: 48 B) instead of the 16-bit mask
+    setup = _setup(mode="bf16", recompute="full")
+    assert sum(saved_activations(_cfg(L=2), Workload(1, 6), setup).values()) > 0
+    with pytest.raises(ConfigError) as e:
+        saved_activations(_cfg(L=1), Workload(1, 6), setup)
+    assert e.value.field == "compile" and "2 or more layers" in e.value.message
 
 
 def test_compiled_transformers_drops_what_the_partitioner_recomputes():

@@ -33,6 +33,14 @@ tests/test_compile.py): the reference implementation; dense pre-norm blocks with
 q/k norms, post-norms or a parallel residual; SDPA; modes fp32, mixed and bf16 (amp's autocast
 weight copies are not modelled under compile); recompute none, op or full.
 
+Under `--impl transformers`, `model` is the Hugging Face Trainer's `torch_compile` (accelerate's
+`prepare_model` wraps the whole model in torch.compile; TRL, LLaMA-Factory and axolotl set it):
+the same rules on transformers' Llama / Mistral / Qwen2 blocks, ForCausalLMLoss inside the
+compiled forward (`compiled_transformers_lines`), and the compiled backward handed zeros for
+the outputs the Trainer drops (`compiled_transformers_loss_transients`); measured on
+transformers' own models (tests/test_compile_transformers.py), refused elsewhere
+(`check_compile_transformers`).
+
 LoRA (torchtune's LoRA recipes with compile on: the adapters added, then each block compiled):
 the partitioner's rules meet the frozen base's, and the eager LoRA lines
 (`finetune.finetune_saved`) applied to the compiled ones are what the compiled blocks save,
@@ -119,6 +127,10 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
         why = "--mode fp32, bf16 or mixed (autocast's weight copies are not modelled compiled)"
     elif setup.recompute not in ("none", "full"):
         why = "--recompute none or full (gradient_checkpointing_enable)"
+    elif setup.recompute == "full" and cfg.n_layer < 2:
+        # one checkpointed layer: the partitioner keeps the causal mask's bool form or the
+        # position ids by its tie-breaks, not modelled
+        why = "--recompute full with 2 or more layers"
     elif setup.attn_impl != "sdpa":
         why = "--attn sdpa"
     elif setup.loss != "standard":
@@ -151,7 +163,8 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
     first's (the embedding's output, recomputed from the token ids), (L - 1) N E a, and per
     layer the generator state the compiled checkpoint saves (`RNG_STATE_BYTES`); beside them
     the causal mask the traced model builds, b S^2 in the model's dtype (torch 2.13 Dynamo:
-    transformers does not skip it while compiling), bound into every layer's recomputation;
+    transformers does not skip it while compiling), bound into every layer's recomputation
+    (L >= 2: one layer is refused, its mask kept by the partitioner's tie-breaks);
     the rotary cos/sin and position ids are recomputed, not kept; ln_f as above.
     Both: the loss as `compiled_loss_lines` (logits N V a, row max and log-sum-exp, fp32 N
     each, instead of log_probs) plus nll_loss's decomposed `target != -100` mask (bool, N) and
@@ -176,6 +189,7 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
         out["layer/block_input"] = (L - 1) * N * E * a
         out["layer/rng_state"] = L * RNG_STATE_BYTES[setup.device]
         out["embedding/position_ids"] = 0  # an arange, recomputed
+        # the mask in the model's dtype, which every layer's recomputation reads
         out["embedding/attention_mask"] = b * S * S * a
     else:
         norms += [("layer/ln_1", L), ("layer/ln_2", L)]
