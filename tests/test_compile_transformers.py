@@ -40,6 +40,7 @@ def _setup(**kw) -> TrainingSetup:
 @example(family="qwen2", mode="fp32", recompute="full", L=2, heads=(4, 1), hd=8, b=2, S=5)
 @example(family="llama", mode="mixed", recompute="full", L=2, heads=(2, 2), hd=16, b=1, S=12)
 @example(family="llama", mode="bf16", recompute="none", L=1, heads=(2, 2), hd=8, b=1, S=6)
+@example(family="llama", mode="fp32", recompute="none", L=1, heads=(4, 2), hd=8, b=1, S=3)
 @given(family=st.sampled_from(["llama", "qwen2"]),
        mode=st.sampled_from(["fp32", "bf16", "mixed"]),
        recompute=st.sampled_from(["none", "full"]), L=st.integers(1, 2),

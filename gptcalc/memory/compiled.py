@@ -168,7 +168,8 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
     the rotary cos/sin and position ids are recomputed, not kept; ln_f as above.
     Both: the loss as `compiled_loss_lines` (logits N V a, row max and log-sum-exp, fp32 N
     each, instead of log_probs) plus nll_loss's decomposed `target != -100` mask (bool, N) and
-    its (N, 1) int64 target index, 8 N (eager: a view of the padded labels, 8 (S + 1) for b 1).
+    its (N, 1) int64 target index, 8 N (eager: a view of the padded labels, 8 (S + 1) for b 1);
+    the mean's divisor, the fp32 count (4), or for N < 4 tokens the bool it sums (N).
 
     Measured (tests/test_compile_transformers.py: transformers 5.24, torch 2.13, CPU, the
     graphs partitioned as Inductor partitions them): exact. CUDA is the same graph: its
@@ -199,6 +200,9 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
         out.pop(f"{name}/normalized", None)
     out = compiled_loss_lines(cfg, workload, setup, out)
     out["cross_entropy/ignore_mask"] = N  # bool: target != ignore_index (-100)
+    # the mean's divisor: the fp32 count, or below 4 tokens the (N,) bool it is summed from
+    # (the partitioner saves the smaller and recomputes the other)
+    out["cross_entropy/total_weight"] = min(4, N)
     out["input/labels"] = 8 * N
     return out
 
