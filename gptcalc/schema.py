@@ -163,7 +163,8 @@ _TRAINING = (
            "(torchtitan's per-block compile: the min-cut partitioner recomputes a block's "
            "cheap pointwise ops in backward) or model (the blocks and the loss: the loss keeps "
            "the logits and two fp32 numbers per token, not fp32 log-probabilities); --impl "
-           "reference.", "training", COMPILES),
+           "reference, and model under --impl transformers (the Hugging Face Trainer's "
+           "torch_compile).", "training", COMPILES),
     Option("float8", "--float8", "choice", "torchao float8 training of the blocks' Linears: "
            "none (default), tensorwise or rowwise scaling (what each Linear saves for "
            "backward, and float8 all-gathers under FSDP2 with tensorwise).", "training",

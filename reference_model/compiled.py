@@ -129,5 +129,53 @@ def measure_compiled_saved(cfg, workload, setup) -> dict[tuple, int]:
     return out
 
 
-__all__ = ["build_compiled", "compile_blocks", "compile_loss", "measure_compiled_saved",
-           "min_cut_backend"]
+def build_compiled_transformers(cfg, setup, device: str = "cpu"):
+    """transformers' causal LM for `cfg` (`transformers_twin.build`, SDPA) compiled whole, as
+    the Hugging Face Trainer's `torch_compile` does (accelerate's `prepare_model`:
+    `torch.compile(model)`, no fullgraph), with the min-cut partitioner's backend;
+    `setup.recompute` full: `gradient_checkpointing_enable()` first, the cache off (as
+    checkpointing turns it off, without the warning's graph break)."""
+    from .memory import model_dtype
+    from .transformers_twin import build, hf_config_for
+
+    # mode mixed: 16-bit weights (the profile counts it as bf16, the masters apart)
+    model = build(hf_config_for(cfg), "sdpa", model_dtype(setup), device)
+    if setup.recompute == "full":
+        enable = getattr(model, "activation_checkpointing_enable", None) or \
+            model.gradient_checkpointing_enable
+        enable()
+        model.config.use_cache = False
+    torch._dynamo.reset()
+    return torch.compile(model, backend=min_cut_backend())
+
+
+def measure_compiled_transformers_saved(cfg, workload, setup) -> dict[tuple, int]:
+    """Every storage the compiled transformers model saves for backward in one training
+    forward `model(input_ids, labels=labels)` on CPU, as `measure_compiled_saved` captures
+    them: (dtype, shape of its first saved view) -> bytes."""
+    from .memory import storage_key
+    from .transformers_twin import make_batch
+
+    model = build_compiled_transformers(cfg, setup)
+    idx, labels = make_batch(cfg.vocab_size, workload.batch_size, workload.seq_len)
+    excluded = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
+    seen: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in excluded and key not in seen and t.untyped_storage().nbytes():
+            seen[key] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=idx, labels=labels)
+    del out
+    res: dict[tuple, int] = {}
+    for t in seen.values():
+        key = (str(t.dtype).replace("torch.", ""), tuple(t.shape))
+        res[key] = res.get(key, 0) + t.untyped_storage().nbytes()
+    return res
+
+
+__all__ = ["build_compiled", "build_compiled_transformers", "compile_blocks", "compile_loss",
+           "measure_compiled_saved", "measure_compiled_transformers_saved", "min_cut_backend"]

@@ -33,6 +33,14 @@ tests/test_compile.py): the reference implementation; dense pre-norm blocks with
 q/k norms, post-norms or a parallel residual; SDPA; modes fp32, mixed and bf16 (amp's autocast
 weight copies are not modelled under compile); recompute none, op or full.
 
+Under `--impl transformers`, `model` is the Hugging Face Trainer's `torch_compile` (accelerate's
+`prepare_model` wraps the whole model in torch.compile; TRL, LLaMA-Factory and axolotl set it):
+the same rules on transformers' Llama / Mistral / Qwen2 blocks, ForCausalLMLoss inside the
+compiled forward (`compiled_transformers_lines`), and the compiled backward handed zeros for
+the outputs the Trainer drops (`compiled_transformers_loss_transients`); measured on
+transformers' own models (tests/test_compile_transformers.py), refused elsewhere
+(`check_compile_transformers`).
+
 LoRA (torchtune's LoRA recipes with compile on: the adapters added, then each block compiled):
 the partitioner's rules meet the frozen base's, and the eager LoRA lines
 (`finetune.finetune_saved`) applied to the compiled ones are what the compiled blocks save,
@@ -57,9 +65,13 @@ def check_compile(cfg: GPTConfig, setup: TrainingSetup) -> None:
     """ConfigError("compile") for a set-up whose compiled blocks are not modelled."""
     if setup.compile == "none":
         return
+    if setup.impl == "transformers":
+        check_compile_transformers(cfg, setup)
+        return
     why = None
     if setup.impl != "reference":
-        why = "--impl reference (the compiled blocks are the reference model's)"
+        why = "--impl reference or transformers (the compiled model is the reference model or " \
+              "a transformers causal LM)"
     elif setup.mode == "amp":
         why = "--mode fp32, mixed or bf16 (autocast's weight copies are not modelled compiled)"
     elif setup.recompute == "selective":
@@ -89,6 +101,110 @@ def check_compile(cfg: GPTConfig, setup: TrainingSetup) -> None:
     if why:
         raise ConfigError("lora_rank", f"--compile {setup.compile} with --lora-rank is "
                                        f"modelled for {why}")
+
+
+# the transformers classes whose whole-model compile is measured (tests/
+# test_compile_transformers.py): LlamaForCausalLM, MistralForCausalLM (Llama's network) and
+# Qwen2ForCausalLM, as `profile_transformers.transformers_family` names them
+COMPILED_TRANSFORMERS = ("llama", "qwen2")
+
+
+def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
+    """ConfigError for `--compile` under `--impl transformers` outside what is measured: the
+    Hugging Face Trainer's `torch_compile` (accelerate wraps the whole model in torch.compile,
+    the loss inside its forward) on Llama / Mistral / Qwen2 blocks without dropout, SDPA,
+    modes fp32, bf16 or mixed, recompute none or full, the standard loss, no LoRA, no
+    float8. One line naming both options."""
+    from .profile_transformers import transformers_family
+
+    why = None
+    if setup.compile != "model":
+        why = ("--compile model (the Trainer's torch_compile compiles the whole model; "
+               "per-block compile is torchtitan's, --impl reference)")
+    elif transformers_family(cfg) not in COMPILED_TRANSFORMERS or cfg.dropout:
+        why = "Llama, Mistral and Qwen2 blocks without dropout"
+    elif setup.mode == "amp":
+        why = "--mode fp32, bf16 or mixed (autocast's weight copies are not modelled compiled)"
+    elif setup.recompute not in ("none", "full"):
+        why = "--recompute none or full (gradient_checkpointing_enable)"
+    elif setup.recompute == "full" and cfg.n_layer < 2:
+        # one checkpointed layer: the partitioner keeps the causal mask's bool form or the
+        # position ids by its tie-breaks, not modelled
+        why = "--recompute full with 2 or more layers"
+    elif setup.attn_impl != "sdpa":
+        why = "--attn sdpa"
+    elif setup.loss != "standard":
+        why = "--loss standard (transformers' ForCausalLMLoss)"
+    elif setup.lora_rank:
+        why = "full training, not with --lora-rank (PEFT's adapters compiled are not measured)"
+    elif setup.float8 != "none":
+        why = "--float8 none"
+    elif setup.offload_activations:
+        why = "activations kept on the device, not with --offload-activations"
+    if why:
+        raise ConfigError("compile", f"--compile {setup.compile} with --impl transformers is "
+                                     f"modelled for {why}")
+
+
+def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
+                                lines: dict[str, int]) -> dict[str, int]:
+    """The transformers profile's saved lines (`profile_transformers.transformers_saved`,
+    Llama / Mistral / Qwen2) with the whole model compiled as the Hugging Face Trainer's
+    `torch_compile` compiles it (accelerate's `torch.compile(model)`; the labels passed, so
+    ForCausalLMLoss, logits.float() and the cross entropy, runs inside the compiled forward).
+
+    recompute none, what the min-cut partitioner changes (the rules of the module docstring):
+      embedding/rotary_cos_sin  0         recomputed in backward from the position ids
+      */ln_*/input              N E a     LlamaRMSNorm's x.float() is recomputed from the
+                                          16-bit residual it reads (eager: its fp32 copy)
+      */ln_*/normalized         gone      x * rsqrt, recomputed from the input and rsqrt
+      layer/mlp/hidden          3 N Dff a of the eager 4 (silu(gate) recomputed)
+    recompute full (gradient_checkpointing_enable, the cache off): each layer's input but the
+    first's (the embedding's output, recomputed from the token ids), (L - 1) N E a, and per
+    layer the generator state the compiled checkpoint saves (`RNG_STATE_BYTES`); beside them
+    the causal mask the traced model builds, b S^2 in the model's dtype (torch 2.13 Dynamo:
+    transformers does not skip it while compiling), bound into every layer's recomputation
+    (L >= 2: one layer is refused, its mask kept by the partitioner's tie-breaks);
+    the rotary cos/sin and position ids are recomputed, not kept; ln_f as above.
+    Both: the loss as `compiled_loss_lines` (logits N V a, row max and log-sum-exp, fp32 N
+    each, instead of log_probs) plus nll_loss's decomposed `target != -100` mask (bool, N) and
+    its (N, 1) int64 target index, 8 N (eager: a view of the padded labels, 8 (S + 1) for b 1);
+    the mean's divisor, the fp32 count (4), or for N < 4 tokens the bool it sums (N).
+
+    Measured (tests/test_compile_transformers.py: transformers 5.24, torch 2.13, CPU, the
+    graphs partitioned as Inductor partitions them): exact. CUDA is the same graph: its
+    attention lines are the eager profile's (SDPA runs causal without a mask under recompute
+    none)."""
+    N, E, L, S, b = workload.tokens, cfg.n_embd, cfg.n_layer, workload.seq_len, \
+        workload.batch_size
+    a = setup.act_bytes
+    if cfg.sliding_window is not None and S >= cfg.sliding_window:
+        raise ConfigError("compile", "--compile model with --impl transformers is modelled for "
+                                     "sequences shorter than the sliding window (a window's "
+                                     "mask under compile is not measured)")
+    out = dict(lines)
+    out["embedding/rotary_cos_sin"] = 0  # recomputed in backward from the position ids
+    norms = [("final/ln_f", 1)]
+    if setup.recompute == "full":
+        # the first layer's input is the embedding's output, recomputed from the token ids
+        out["layer/block_input"] = (L - 1) * N * E * a
+        out["layer/rng_state"] = L * RNG_STATE_BYTES[setup.device]
+        out["embedding/position_ids"] = 0  # an arange, recomputed
+        # the mask in the model's dtype, which every layer's recomputation reads
+        out["embedding/attention_mask"] = b * S * S * a
+    else:
+        norms += [("layer/ln_1", L), ("layer/ln_2", L)]
+        out["layer/mlp/hidden"] = out["layer/mlp/hidden"] * COMPILED_HIDDEN[cfg.mlp] // 4
+    for name, n in norms:
+        out[f"{name}/input"] = n * N * E * a
+        out.pop(f"{name}/normalized", None)
+    out = compiled_loss_lines(cfg, workload, setup, out)
+    out["cross_entropy/ignore_mask"] = N  # bool: target != ignore_index (-100)
+    # the mean's divisor: the fp32 count, or below 4 tokens the (N,) bool it is summed from
+    # (the partitioner saves the smaller and recomputes the other)
+    out["cross_entropy/total_weight"] = min(4, N)
+    out["input/labels"] = 8 * N
+    return out
 
 
 # the generator state a compiled checkpointed block saves: CPU, torch.get_rng_state() (the
@@ -150,6 +266,8 @@ def compiled_lines(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
     if setup.compile == "none":
         return lines
     check_compile(cfg, setup)
+    if setup.impl == "transformers":
+        return compiled_transformers_lines(cfg, workload, setup, lines)
     out = compiled_block_lines(cfg, setup, lines)
     if setup.compile == "model":
         out = compiled_loss_lines(cfg, workload, setup, out)
@@ -168,6 +286,8 @@ def compiled_loss_transients(cfg: GPTConfig, workload: Workload, setup: Training
     buffers are those of Inductor's generated code for the loss (torch 2.13, CPU): forward,
     two N x 1 fp32 and the scalars; backward, an N x 1 fp32 and the N x V' gradient
     (tests/test_compile.py reads them); the chunked loss's moments are modelled, not measured."""
+    if setup.impl == "transformers":
+        return compiled_transformers_loss_transients(cfg, workload, setup)
     V, a = -(-cfg.vocab_size // setup.tp), setup.act_bytes
     if setup.loss != "chunked":
         return {"forward": 0, "backward": workload.tokens * V * a}
@@ -182,12 +302,35 @@ def compiled_loss_transients(cfg: GPTConfig, workload: Workload, setup: Training
     return {"forward": 0, "backward": largest}
 
 
+def compiled_transformers_loss_transients(cfg: GPTConfig, workload: Workload,
+                                          setup: TrainingSetup) -> dict[str, int]:
+    """The whole compiled transformers model's loss beside its saved tensors, per device
+    (vocabulary shard V'): forward 0 (as `compiled_loss_transients`); backward, at the compiled
+    backward's start: autograd hands it a zero-filled gradient for every output the loop did
+    not differentiate, the logits (N V' a) and, with the cache on (recompute none), every
+    layer's DynamicCache key and value (2 L N Dkv a), then its first fused kernel writes the
+    logits' gradient (N V' a) and a row buffer (N x 1 fp32) while the saved logits and those
+    zeros are alive:
+
+        backward = 2 N V' a + 4 N + 2 L N Dkv a  (recompute none)
+
+    Read off Inductor's generated backward (torch 2.13, CPU: `tangents_*` inputs, buf0 and
+    buf1 of the loss kernel) and measured with the allocator's running total
+    (tests/test_compile_transformers.py)."""
+    N, a, L = workload.tokens, setup.act_bytes, cfg.n_layer
+    V = -(-cfg.vocab_size // setup.tp)
+    cache = 2 * L * N * cfg.kv_width * a if setup.recompute == "none" else 0
+    return {"forward": 0, "backward": 2 * N * V * a + 4 * N + cache}
+
+
 def loss_saves_logits(setup: TrainingSetup) -> bool:
     """Whether the loss saves the logits for its backward (a compiled loss): then they are a
     saved line, alive until the loss's backward whatever the training loop does."""
     return setup.compile == "model" and setup.loss != "fused"
 
 
-__all__ = ["COMPILED_HIDDEN", "RNG_STATE_BYTES", "check_compile", "compiled_block_lines", "compiled_lines",
+__all__ = ["COMPILED_HIDDEN", "COMPILED_TRANSFORMERS", "RNG_STATE_BYTES", "check_compile",
+           "check_compile_transformers", "compiled_block_lines", "compiled_lines",
+           "compiled_transformers_lines", "compiled_transformers_loss_transients",
            "compiled_loss_lines", "compiled_loss_transients",
            "loss_saves_logits"]

@@ -16,8 +16,8 @@ axolotl-ai-cloud/axolotl at ba1be71d), read as axolotl reads them:
   (bnb_4bit_use_double_quant=True in axolotl's loader: --weights-dtype nf4-dq);
 - `lora_target_linear` is PEFT's all-linear (--lora-targets all); `lora_target_modules` the
   model's own module names;
-- `optimizer`, `gradient_checkpointing`, `deepspeed` and `fsdp` go to the Hugging Face Trainer
-  (`gptcalc.recipes.hf_trainer`), with `fsdp_version` 2 as FSDP2.
+- `optimizer`, `gradient_checkpointing`, `torch_compile`, `deepspeed` and `fsdp` go to the
+  Hugging Face Trainer (`gptcalc.recipes.hf_trainer`), with `fsdp_version` 2 as FSDP2.
 """
 
 from __future__ import annotations
@@ -58,7 +58,11 @@ KEYS: dict[str, tuple] = {
                                                                   "gptcalc counts")),
     "xformers_attention": off(False, "xformers' attention is not modelled"),
     "load_in_8bit": off(False, "LLM.int8 weights are not modelled"),
-    "torch_compile": off(False, "axolotl's torch.compile of the model is not modelled"),
+    # axolotl hands torch_compile to the Trainer (its causal builder sets
+    # training_arguments_kwargs["torch_compile"]), which compiles the whole model
+    "torch_compile": READ,
+    **dict.fromkeys(("torch_compile_backend", "torch_compile_mode"),
+                    ignored("read only with torch_compile")),
     "lora_modules_to_save": off(None, "fully trained modules beside the adapters are not "
                                       "modelled"),
     "unfrozen_parameters": off(None, "training some parameters and freezing the rest is not "
@@ -128,7 +132,8 @@ def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Reci
         raise r.fail("load_in_4bit without an adapter: a 4-bit base is frozen")
     bf16 = doc.get("bf16", False)
     weights = "bf16" if bf16 in (True, "auto") else ("fp16" if doc.get("fp16") else "fp32")
-    settings = {k: doc[k] for k in ("bf16", "fp16", "deepspeed", "optimizer") if k in doc}
+    settings = {k: doc[k] for k in ("bf16", "fp16", "deepspeed", "optimizer", "torch_compile")
+                if k in doc}
     if "gradient_checkpointing" in doc:
         settings["gradient_checkpointing"] = doc["gradient_checkpointing"]
     if doc.get("fsdp") or doc.get("fsdp_config"):
