@@ -17,6 +17,7 @@ from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.cli import cli
 from gptcalc.errors import ConfigError
 from gptcalc.memory.allocator import simulate
+from gptcalc.memory.engines.fsdp2 import FSDP2
 from gptcalc.memory.ledger import LOGITS, Phase
 from gptcalc.memory.peak import stage_ledger, step_peak
 from gptcalc.memory.reserved import (CUDA_CONTEXT_BYTES, STEPS, nccl_buffer_bytes,
@@ -352,14 +353,23 @@ def test_torchtitan_llama3_fsdp_by_tensor_parallel_max_reserved(run):
 @settings(max_examples=15, deadline=None)
 @given(models, workloads, st.sampled_from([2, 3]), st.sampled_from(["mixed", "bf16"]))
 def test_fsdp2_gradients_are_replayed_on_the_reduce_scatter_stream(cfg, wl, zero, mode):
-    """Every gradient FSDP2's backward makes past the head's is on the reduce-scatter stream;
-    no other engine names a stream."""
+    """Every gradient FSDP2's backward makes past the head's is on the reduce-scatter stream,
+    its all-gather buffers on the copy-in stream (tests/test_fsdp2_streams.py), nothing else
+    on either; no other engine names a stream."""
     setup = cuda(mode=mode, engine="fsdp2", zero=zero, dp=4)
     drawn(cfg, wl, setup)
-    streams = {e[1][0] if isinstance(e[1], tuple) else e[1]: e[3]
-               for e in step_events(cfg, wl, setup) if e[0] == "alloc" and len(e) > 3}
-    assert set(streams.values()) == {"reduce-scatter"}
-    assert "gradients" in streams and "head gradient" not in streams
+    streams: dict = {}
+    for e in step_events(cfg, wl, setup):
+        if e[0] == "alloc" and len(e) > 3:
+            streams.setdefault(e[3], set()).add(e[1][0] if isinstance(e[1], tuple) else e[1])
+    assert set(streams) == {"reduce-scatter", "all-gather copy-in"}
+    assert "gradients" in streams["reduce-scatter"]
+    assert "head gradient" not in streams["reduce-scatter"]
+    assert streams["reduce-scatter"] <= {"gradients", "embedding gradients",
+                                         "rest of the gradients"}
+    assert "all-gather cast" in streams["all-gather copy-in"]
+    assert streams["all-gather copy-in"] - {"all-gather cast", "root all-gather output"} <= (
+        FSDP2.gather_terms)
     ddp = cuda(mode="amp", engine="ddp", dp=4)
     assert all(len(e) == 3 for e in step_events(cfg, wl, ddp) if e[0] == "alloc")
 
