@@ -87,7 +87,7 @@ def _gathers(cfg, setup: TrainingSetup, rank: int, steps: int = 2) -> list[tuple
         dist.destroy_process_group()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=st.sampled_from(["llama", "gpt2"]), heads=st.integers(1, 3),
        head_dim=st.integers(2, 9), layers=st.integers(1, 2), vocab=st.integers(3, 67),
        mode=st.sampled_from(["fp32", "bf16", "mixed"]), zero=st.sampled_from([2, 3]),

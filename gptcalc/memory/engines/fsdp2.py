@@ -283,7 +283,10 @@ def fsdp2_all_gather_buffers(cfg: GPTConfig, setup: TrainingSetup, stage: Stage 
       (`FSDPCommContext.all_gather_state`), in backward freed after its own.
 
     None at dp = 1 (nothing gathered). A QLoRA base's NF4 tensors gather through their own
-    `fsdp_pre_all_gather`, not the foreach copy: a block's cast is then its adapters' only."""
+    `fsdp_pre_all_gather`, not the foreach copy: a block's cast is then its adapters' only.
+    Under CPU offload each shard is copied to the device and cast on its own
+    (`FSDPParam.all_gather_inputs`), one parameter at a time: the cast here stands for them.
+    Checked against FSDP2 on a fake process group (tests/test_fsdp2_streams.py)."""
     if setup.dp == 1:
         return {}
     un = fsdp2_unsharded(cfg, setup, stage)
