@@ -154,3 +154,26 @@ def test_the_replay_puts_each_all_gather_on_the_copy_in_stream(name, layers, zer
     on_others = [e for e in events if e[0] == "alloc" and isinstance(e[1], tuple)
                  and e[1][0] in FSDP2.gather_terms and e not in gathered and e[2]]
     assert not on_others
+
+
+MiB2 = 2 << 20  # the caching allocator's large segments are multiples of 2 MiB (kRoundLarge)
+
+
+@pytest.mark.parametrize("dp", [8, 128])
+def test_the_copy_in_streams_pool_is_the_roots_buffers_and_one_blocks_output(dp):
+    """Llama 3.1 8B (torchtitan's run): the copy-in stream reserves the root's cast and output
+    and one block's output: the root's output is alive when the first block's is made (FSDP2
+    keeps it to that block's copy-out), every later block's output fits where the root's was,
+    every cast where the root's was. By hand: the root is the embedding and the untied head
+    (128,256 x 4,096 each) and the final norm (4,096); a block 218,112,000 parameters (q and o
+    4,096 x 4,096, k and v 1,024 x 4,096, the MLP 3 x 4,096 x 14,336, two norms); all rows
+    divide by 8 and 128; bf16 (MixedPrecisionPolicy), the cast 1/dp of the output."""
+    from gptcalc.memory.allocator import simulate
+
+    cfg, wl = from_name("llama3-8b"), Workload(2, 8192)
+    setup = _setup(mode="mixed", zero=3, dp=dp, recompute="op", device="cuda")
+    root, block = 2 * (2 * 128_256 * 4_096 + 4_096), 2 * 218_112_000
+    segments = [root // dp, root, block]
+    want = sum(-(-n // MiB2) * MiB2 for n in segments)
+    pools = simulate(step_events(cfg, wl, setup)).streams
+    assert pools[FSDP2.gather_stream].reserved == want
