@@ -49,8 +49,8 @@ gradients past the head's are views) has them replayed there, in a pool the comp
 requests cannot reuse (`allocator.DeviceAllocator`); so are its all-gathers' buffers
 (`Engine.gather_stream`, `Engine.gather_buffers`: FSDP2's copy-in stream, where each
 all-gather makes the copy-in's cast of the shards and the output, the cast freed once copied):
-the ledger's all-gather outputs (`Engine.gather_terms`) are made there, each after its cast,
-and so is the root's forward all-gather, kept until the first block's output is made (the
+the ledger's all-gather outputs (`Engine.gather_terms`) are made there, each after its cast
+(freed before the output is made: `_Replay.gather`), and so is the root's forward all-gather, kept until the first block's output is made (the
 ledger's kept output then stands for it). Each block's forward is the ledger's last-block
 all-gather moment again, its unsharded parameters alive while the block saves its tensors.
 Not replayed: each op's own outputs before autograd frees them, and NCCL's buffers (outside
