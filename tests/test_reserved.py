@@ -17,6 +17,7 @@ from gptcalc import TrainingSetup, Workload, from_name
 from gptcalc.cli import cli
 from gptcalc.errors import ConfigError
 from gptcalc.memory.allocator import simulate
+from gptcalc.memory.engines.fsdp2 import FSDP2
 from gptcalc.memory.ledger import LOGITS, Phase
 from gptcalc.memory.peak import stage_ledger, step_peak
 from gptcalc.memory.reserved import (CUDA_CONTEXT_BYTES, STEPS, nccl_buffer_bytes,
@@ -285,12 +286,14 @@ def test_a_bad_allocator_is_one_line_naming_the_option():
 # 67.0 GiB.
 TORCHTITAN_FSDP = [(8, 82.4), (128, 67.0)]
 # gptcalc's reserved sits below the measured: the replay does not make a block's own
-# transients (each op's outputs before autograd frees them, the op-level recomputation's) nor
-# FSDP2's all-gather buffers on their copy-in stream (its sharded gradients are replayed on
-# the reduce-scatter stream's own pool); torch differs (end of 2024 vs 2.13). The gap is 8.2%
-# at dp 8 (75.64 GiB) and 7.7% at dp 128 (61.85 GiB); with the gradients on the compute
-# stream it was 11.6% and 8.0%: stated as at most 15% below, never above.
-TORCHTITAN_GAP = 0.15
+# transients (each op's outputs before autograd frees them, the op-level recomputation's);
+# torch differs (end of 2024 vs 2.13). FSDP2's sharded gradients are replayed on the
+# reduce-scatter stream's own pool and its all-gather buffers on the copy-in stream's. The gap
+# is 5.5% at dp 8 (77.85 GiB) and 4.7% at dp 128 (63.83 GiB); with the all-gather buffers on
+# the compute stream it was 8.2% and 7.7% (75.64, 61.85 GiB), with the gradients there too
+# 11.6% and 8.0%. Stated as at most 10% below, never above: the gap reached plus 4.5 points
+# for the unreplayed transients and the torch versions, which a model change may move.
+TORCHTITAN_GAP = 0.10
 
 
 @pytest.mark.parametrize("dp,measured_gib", TORCHTITAN_FSDP)
@@ -306,7 +309,8 @@ def test_torchtitan_reserved_falls_with_dp_by_the_published_difference():
     # the published runs differ by 15.4 GiB between dp 8 and dp 128 (82.4 - 67.0): the sharded
     # states and, on the reduce-scatter stream's own pool, the sharded gradients; with the
     # gradients on the compute stream (filling the activations' freed blocks) the replay's
-    # difference was 11.2 GiB, now 13.8 GiB
+    # difference was 11.2 GiB, then 13.8 GiB, and 14.0 GiB with the all-gather buffers on the
+    # copy-in stream's pool
     cfg, wl = from_name("llama3-8b"), Workload(2, 8192)
     gib = {dp: reserved_bytes(cfg, wl, cuda(mode="mixed", engine="fsdp2", zero=3, dp=dp,
                                             recompute="op", keep_logits=False)) / GiB
@@ -328,8 +332,9 @@ TORCHTITAN_FSDP_TP_ARGS = {
     "405b-1f1b": ["--preset", "llama3.1-405b", "-B", "4", "--grad-accum", "8", "--dp", "8",
                   "--tp", "8", "--pp", "8", "--pp-schedule", "1f1b"],
 }
-# gptcalc's reserved sits below: 68.65 GiB (-4.5%) for the 70B, 72.52 GiB (-12.1%) for the
-# 405B's fullest pipeline rank. Before DTensor's gathered Linear inputs (whole b x S x E, also
+# gptcalc's reserved sits below: 68.96 GiB (-4.1%) for the 70B, 73.36 GiB (-11.1%) for the
+# 405B's fullest pipeline rank (68.65 and 72.52 GiB with FSDP2's all-gather buffers on the
+# compute stream). Before DTensor's gathered Linear inputs (whole b x S x E, also
 # inside the recomputed block) and loss_parallel's third vocabulary shard in the loss's backward
 # were counted they read 51.25 GiB (-28.7%) and 69.89 GiB (-15.3%). Not modelled: Float8's
 # scales and float8 all-gathers, torch.compile's blocks (full recomputation leaves them only the
@@ -352,14 +357,23 @@ def test_torchtitan_llama3_fsdp_by_tensor_parallel_max_reserved(run):
 @settings(max_examples=15, deadline=None)
 @given(models, workloads, st.sampled_from([2, 3]), st.sampled_from(["mixed", "bf16"]))
 def test_fsdp2_gradients_are_replayed_on_the_reduce_scatter_stream(cfg, wl, zero, mode):
-    """Every gradient FSDP2's backward makes past the head's is on the reduce-scatter stream;
-    no other engine names a stream."""
+    """Every gradient FSDP2's backward makes past the head's is on the reduce-scatter stream,
+    its all-gather buffers on the copy-in stream (tests/test_fsdp2_streams.py), nothing else
+    on either; no other engine names a stream."""
     setup = cuda(mode=mode, engine="fsdp2", zero=zero, dp=4)
     drawn(cfg, wl, setup)
-    streams = {e[1][0] if isinstance(e[1], tuple) else e[1]: e[3]
-               for e in step_events(cfg, wl, setup) if e[0] == "alloc" and len(e) > 3}
-    assert set(streams.values()) == {"reduce-scatter"}
-    assert "gradients" in streams and "head gradient" not in streams
+    streams: dict = {}
+    for e in step_events(cfg, wl, setup):
+        if e[0] == "alloc" and len(e) > 3:
+            streams.setdefault(e[3], set()).add(e[1][0] if isinstance(e[1], tuple) else e[1])
+    assert set(streams) == {"reduce-scatter", "all-gather copy-in"}
+    assert "gradients" in streams["reduce-scatter"]
+    assert "head gradient" not in streams["reduce-scatter"]
+    assert streams["reduce-scatter"] <= {"gradients", "embedding gradients",
+                                         "rest of the gradients"}
+    assert "all-gather cast" in streams["all-gather copy-in"]
+    assert streams["all-gather copy-in"] - {"all-gather cast", "root all-gather output"} <= (
+        FSDP2.gather_terms)
     ddp = cuda(mode="amp", engine="ddp", dp=4)
     assert all(len(e) == 3 for e in step_events(cfg, wl, ddp) if e[0] == "alloc")
 

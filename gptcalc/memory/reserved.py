@@ -9,9 +9,10 @@ included, and its saved-tensor lines), in the order a step makes them:
   too); where QLoRA's base is quantised as the model loads (`load.load_events`), the load's
   allocations and frees instead, the steps continuing from the segments it reserved
   (`after_load`);
-- forward: the batch and the embeddings' saved tensors, then block by block each saved line's
-  share of one block (a line of the profile is one tensor per block: `layer/attn/q`, ...), the
-  head's lines, the logits and the loss's fp32 copy;
+- forward: the batch and the embeddings' saved tensors (an engine's root all-gather), then
+  block by block (an engine's all-gather of it) each saved line's share of one block (a line
+  of the profile is one tensor per block: `layer/attn/q`, ...), the head's lines, the logits
+  and the loss's fp32 copy;
 - backward: the loss's gradient (two N x V tensors), the head's gradients, then block by block
   from the last: the recomputed block and the block's gradients in flight beside its saved
   tensors, which are then freed, and the block's parameter gradients; what the end of backward
@@ -45,9 +46,15 @@ block's backward moment again for each block). Saved lines that stand for severa
 one kind in a block are one tensor. Streams: an engine whose gradients are made on a stream of
 its own (`Engine.gradient_stream`: FSDP2's reduce-scatter output, of which the sharded
 gradients past the head's are views) has them replayed there, in a pool the compute stream's
-requests cannot reuse (`allocator.DeviceAllocator`). Not replayed: each op's own outputs
-before autograd frees them, FSDP2's all-gather buffers on its copy-in stream, and NCCL's
-buffers (outside the allocator: `nccl_buffer_bytes`).
+requests cannot reuse (`allocator.DeviceAllocator`); so are its all-gathers' buffers
+(`Engine.gather_stream`, `Engine.gather_buffers`: FSDP2's copy-in stream, where each
+all-gather makes the copy-in's cast of the shards and the output, the cast freed once copied):
+the ledger's all-gather outputs (`Engine.gather_terms`) are made there, each after its cast
+(freed before the output is made: `_Replay.gather`), and so is the root's forward all-gather, kept until the first block's output is made (the
+ledger's kept output then stands for it). Each block's forward is the ledger's last-block
+all-gather moment again, its unsharded parameters alive while the block saves its tensors.
+Not replayed: each op's own outputs before autograd frees them, and NCCL's buffers (outside
+the allocator: `nccl_buffer_bytes`).
 
 Every block is simulated: the reserved bytes are not linear in L (a large tensor that finds a
 hole at L blocks may need a new segment at L + 1), so no extrapolation from fewer blocks is
@@ -200,7 +207,17 @@ class _Replay:
         # the stream the blocks' and the rest's gradients are allocated on (FSDP2's
         # reduce-scatter stream), or None: the compute stream's; the head's, made before any
         # block's, stay on the compute stream (FSDP2 reduces the root's at the end of backward)
-        self.grad_stream = engine_for(account.setup).gradient_stream
+        engine = engine_for(account.setup)
+        self.grad_stream = engine.gradient_stream
+        # the engine's all-gather outputs (FSDP2's: `gather_terms`) are allocated on its
+        # all-gather stream, each after its copy-in's cast (freed once copied): by output bytes
+        self.gather_stream, self.gather_terms = engine.gather_stream, engine.gather_terms
+        buffers = engine.gather_buffers(cfg, account.setup, stage)
+        self.casts = {out: cast for cast, out in buffers.values()}
+        # the root's forward all-gather, whose output is kept until the first block's is
+        # copied out (the ledger's kept output, `moment`, stands for it from there); a pipeline
+        # stage's (`schedules`) is not replayed
+        self.root_gather = buffers.get("root", (0, 0)) if account.setup.pp == 1 else (0, 0)
         self.events: list[tuple] = []
 
     def alloc(self, key, nbytes: int, stream: str | None = None) -> None:
@@ -259,14 +276,32 @@ class _Replay:
         """All `lines` of `places`, kept and offloaded."""
         return [line for place in places for line in self.lines(place, b, None)]
 
-    def moment(self, phase: Phase, start: bool) -> None:
-        """Open (or close) the engine's terms of `phase`: inside another open moment only what
-        a term holds beyond its value there."""
+    def gather(self, key, cast: int, output: int) -> None:
+        """An all-gather's buffers on the engine's all-gather stream: the copy-in's cast of the
+        shards, then the output. The cast is freed before the output is made, where the
+        all-gather frees it once copied into the output: beside the output it would make a
+        moment the ledger does not count (up to 1/dp of a group above it); in the stream's
+        pool the freed cast is too small to serve the output, which takes the same block as
+        beside it unless a free neighbour of the cast's block fits it."""
+        self.alloc(("all-gather cast", key), cast, self.gather_stream)
+        self.free(("all-gather cast", key))
+        self.alloc(key, output, self.gather_stream)
+
+    def moment(self, phase: Phase, start: bool, gathered: bool | None = None) -> None:
+        """Open (or close) the engine's terms of `phase` (or, opening, only its all-gather
+        outputs: `gathered` True, or only its other terms: False): inside another open moment
+        only what a term holds beyond its value there; an all-gather output on the all-gather
+        stream, after its cast (`gather`)."""
         for t, v in self.moments.get(phase, {}).items():
             key = (t, phase)
+            if start and gathered is not None and gathered != (t in self.gather_terms):
+                continue
             if start:
                 extra = v - self.open.get(t, 0)
-                self.alloc(key, extra)
+                if t in self.gather_terms and extra > 0:
+                    self.gather(key, self.casts.get(extra, 0), extra)
+                else:
+                    self.alloc(key, extra)
                 self.open[key] = extra
                 self.open[t] = self.open.get(t, 0) + extra
             else:
@@ -286,13 +321,24 @@ class _Replay:
 
     def forward(self) -> None:
         self.made(self.places("input", "embedding"))
-        self.moment(Phase.FORWARD_END, True)
+        # the root's all-gather output is alive when the next all-gather's is made (the
+        # ledger's kept output), and freed before the root's unsharded parameters (as many
+        # bytes) are: the moment they are alive together is not the ledger's
+        cast, root = self.root_gather
+        if root:
+            self.gather("root all-gather output", cast, root)
+        self.moment(Phase.FORWARD_END, True, gathered=True)
+        if root:
+            self.free("root all-gather output")
+        self.moment(Phase.FORWARD_END, True, gathered=False)
         for b in range(self.n):
-            if b == self.n - 1:  # FSDP2's all-gather of the last block
-                self.moment(Phase.FORWARD_GATHER, True)
+            # FSDP2's all-gather of each block, its unsharded parameters alive while it
+            # computes; the ledger's moment is the last block's
+            self.moment(Phase.FORWARD_GATHER, True)
+            if b == self.n - 1:
                 self.mark(Phase.FORWARD_GATHER)
-                self.moment(Phase.FORWARD_GATHER, False)
             self.made(self.places("layer", "weight_copy", "lora", b=b))
+            self.moment(Phase.FORWARD_GATHER, False)
         self.alloc("forward stash", self.stash)
         self.made(self.places("final", "lora_head", "cross_entropy"))
         self.alloc("logits", self.get(Phase.FORWARD_END, LOGITS))

@@ -77,6 +77,16 @@ class Engine:
     # the CUDA stream its gradients are allocated on when not the compute stream (their cached
     # blocks are then a pool of their own: `allocator.DeviceAllocator`); None: the compute one
     gradient_stream: ClassVar[str | None] = None
+    # the CUDA stream its all-gather buffers are allocated on, and the ledger's terms that are
+    # such buffers (`gather_buffers`); None: none of its own
+    gather_stream: ClassVar[str | None] = None
+    gather_terms: ClassVar[frozenset] = frozenset()
+
+    def gather_buffers(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                       ) -> dict[str, tuple[int, int]]:
+        """Per group, the bytes each of its all-gathers allocates on `gather_stream`, in order
+        (the copy-in's cast, the output); none when the engine gathers nothing."""
+        return {}
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise ConfigError (naming the option) for a set-up the engine does not run."""

@@ -263,6 +263,41 @@ PIPELINE_GRADIENTS = Term("FSDP2 unsharded gradients accumulating over micro-bat
                           "(reduce-scatter deferred to the last)")
 
 
+def fsdp2_all_gather_buffers(cfg: GPTConfig, setup: TrainingSetup, stage: Stage = "first"
+                             ) -> dict[str, tuple[int, int]]:
+    """Per group (`root`, `block`), the two buffers each of its all-gathers allocates, in
+    order, as (cast, output) bytes; both on the all-gather copy-in stream, as every all-gather
+    of the forward and of backward's prefetches is issued (torch 2.13,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py `foreach_all_gather`, inside
+    `stream(all_gather_copy_in_stream)`; `FSDPCommContext.get_all_gather_streams` for the
+    FORWARD and PRE_BACKWARD states):
+
+    - cast = output / dp: `_get_param_all_gather_inputs`' flat copy of the rank's padded
+      shards in param_dtype (`torch._foreach_copy_` casts them), made only when
+      MixedPrecisionPolicy's param_dtype differs from the shards' (`sharded_bytes` vs
+      `unsharded_bytes`; FSDPParam sets an equal param_dtype to None) and freed once copied
+      into the output;
+    - output = `fsdp2_unsharded` of the group (dp x the padded shard, `all_gather_comm.
+      allocate`), which the copy-out then copies into the unsharded parameters (on the compute
+      stream); in the forward it is kept until the next group's copy-out
+      (`FSDPCommContext.all_gather_state`), in backward freed after its own.
+
+    None at dp = 1 (nothing gathered). A QLoRA base's NF4 tensors gather through their own
+    `fsdp_pre_all_gather`, not the foreach copy: a block's cast is then its adapters' only.
+    Under CPU offload each shard is copied to the device and cast on its own
+    (`FSDPParam.all_gather_inputs`), one parameter at a time: the cast here stands for them.
+    Checked against FSDP2 on a fake process group (tests/test_fsdp2_streams.py)."""
+    if setup.dp == 1:
+        return {}
+    un = fsdp2_unsharded(cfg, setup, stage)
+    if sharded_bytes(setup) == unsharded_bytes(setup):
+        return {g: (0, out) for g, out in un.items()}
+    cast = dict(un)
+    if setup.lora_rank and setup.base_dtype == "nf4":
+        cast["block"] = unsharded_bytes(setup) * fsdp2_adapter_elements(cfg, setup)["block"]
+    return {g: (cast[g] // setup.dp, out) for g, out in un.items()}
+
+
 def fsdp2_pipeline_accumulation(cfg: GPTConfig, setup: TrainingSetup, stage: Stage
                                 ) -> dict[Term, int]:
     """What FSDP2 holds across micro-batches under torch.distributed.pipelining once a stage's
@@ -472,6 +507,15 @@ class FSDP2(Engine):
     # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, `foreach_reduce` ("The RS output
     # is allocated in the RS stream and used in the default stream (for optimizer)")
     gradient_stream = "reduce-scatter"
+    # every all-gather's cast and output (`fsdp2_all_gather_buffers`) are allocated on the
+    # all-gather copy-in stream, and the terms below are those outputs
+    gather_stream = "all-gather copy-in"
+    gather_terms = frozenset({LAST_BLOCK_KEPT, LAST_BLOCK_PREFETCH, LAST_BLOCK_GATHER,
+                              NEXT_BLOCK, ROOT_REGATHERED})
+
+    def gather_buffers(self, cfg: GPTConfig, setup: TrainingSetup, stage: Stage
+                       ) -> dict[str, tuple[int, int]]:
+        return fsdp2_all_gather_buffers(cfg, setup, stage)
 
     def mixed_precision(self, setup: TrainingSetup) -> str:
         return (f"mixed (MixedPrecisionPolicy: {setup.autocast_dtype} parameters, fp32 shards "
@@ -542,7 +586,7 @@ class FSDP2(Engine):
 register(FSDP2())
 
 __all__ = ["FSDP2", "HOST_GRADIENTS", "HOST_OPTIMIZER", "HOST_PARAMETERS", "cpu_offload",
-           "fsdp2_adapter_elements", "fsdp2_adjust", "fsdp2_forward_gather_terms",
+           "fsdp2_adapter_elements", "fsdp2_all_gather_buffers", "fsdp2_adjust", "fsdp2_forward_gather_terms",
            "fsdp2_host", "fsdp2_sharded_states", "fsdp2_gradient_elements", "fsdp2_lora_states", "fsdp2_pipeline_accumulation", "fsdp2_rank_states", "fsdp2_reduce_scatter_terms",
            "fsdp2_resident", "fsdp2_unsharded", "fsdp2_unsharded_elements", "optimizer_bytes",
            "reduce_bytes", "sharded_bytes", "unsharded_bytes"]
