@@ -242,10 +242,7 @@ class TrainingSetup:
         if self.base_dtype == "nf4" and not self.lora_rank:
             raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
                                                "--lora-rank")
-        boolean("kbit_prepare", self.kbit_prepare)
-        if self.kbit_prepare and self.base_dtype != "nf4":
-            raise ConfigError("kbit_prepare", "prepare_model_for_kbit_training casts a 4-bit "
-                                              "model: give --weights-dtype nf4 or nf4-dq")
+        boolean("kbit_prepare", self.kbit_prepare)  # its pairs: memory.finetune
         nonneg_int("overhead", self.overhead)
         positive_int("loss_chunks", self.loss_chunks)
         boolean("keep_logits", self.keep_logits)

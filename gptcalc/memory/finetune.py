@@ -119,8 +119,11 @@ def check_kbit_prepare(setup: TrainingSetup) -> None:
     checkpointing on), not sharded (TRL and axolotl skip it under FSDP and ZeRO-3)."""
     from ..errors import ConfigError
 
-    if not kbit_prepared(setup):
+    if not setup.kbit_prepare:
         return
+    if setup.base_dtype != "nf4":
+        raise ConfigError("kbit_prepare", "prepare_model_for_kbit_training casts a 4-bit "
+                                          "model: give --weights-dtype nf4 or nf4-dq")
     for ok, what in ((setup.impl == "transformers", "--impl transformers"),
                      (setup.mode == "amp", "--mode amp"),
                      (setup.recompute == "full", "--recompute full (it turns checkpointing on)"),
