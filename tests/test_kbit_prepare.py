@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.requires_torch_213,
               pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
-TARGETS = ["q_proj,v_proj", "q_proj,v_proj,down_proj", "o_proj", "all"]
+TARGETS = ["q_proj,v_proj", "q_proj,v_proj,down_proj", "o_proj", "all", "q_proj,v_proj,lm_head",
+           "lm_head"]
 
 
 def raw_config(E: int, heads: int, kv: int, L: int, ffn: int, V: int) -> dict:
