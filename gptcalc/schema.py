@@ -232,6 +232,12 @@ _TRAINING = (
            "(default); nf4 = bitsandbytes' NF4 with an fp32 absmax per 64 weights; nf4-dq "
            "(or int4) = QLoRA's NF4 with double-quantised constants.", "training",
            ("bf16", "nf4", "nf4-dq", "int4")),
+    Option("kbit_prepare", "--kbit-prepare", "flag", "Under an NF4 base: peft's "
+           "prepare_model_for_kbit_training leaves every parameter but the 4-bit weights in "
+           "fp32 (embeddings, norms, output head), so the residual stream is fp32 and autocast "
+           "keeps a 16-bit copy of the head; with --impl transformers, --mode amp and "
+           "--recompute full (it turns checkpointing on). Off (default {default}): TRL and "
+           "axolotl leave those 16-bit.", "training"),
     Option("bnb_version", "--bnb-version", "text", "The bitsandbytes release under an NF4 base "
            "(default {default}): before 0.43.2 each 4-bit Linear keeps its input for backward.",
            "training", metavar="X.Y.Z"),

@@ -96,7 +96,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "keep_logits", "allocator", "compile", "float8", "offload_activations",
               "overhead"),
     "finetune": ("lora_rank", "lora_targets", "dora", "lora_dropout", "base_dtype",
-                 "double_quant", "bnb_version"),
+                 "double_quant", "bnb_version", "kbit_prepare"),
 }
 
 
@@ -146,6 +146,9 @@ class TrainingSetup:
     double-quantised (`double_quant`, bitsandbytes' bnb_4bit_use_double_quant) or fp32;
     `bnb_version` the bitsandbytes release that runs it (before 0.43.2 its 4-bit matmul kept
     its input for backward).
+    `kbit_prepare`: peft's prepare_model_for_kbit_training ran on the NF4 model (every
+    parameter but the 4-bit weights in fp32, checkpointed blocks; `gptcalc.memory.finetune.
+    kbit_prepared`).
     `overhead`: bytes added to every
     phase of the peak for what the model does not cover (framework context, allocator
     fragmentation, communication buckets); 0 unless given, always printed. `loss`: how the
@@ -192,6 +195,7 @@ class TrainingSetup:
     base_dtype: str = "same"
     double_quant: bool = True
     bnb_version: str = DEFAULT_BNB_VERSION
+    kbit_prepare: bool = False  # peft's prepare_model_for_kbit_training: fp32 non-4-bit params
     engine_settings: tuple[tuple[str, int], ...] = ()
     fsdp1_sync: str = "no-sync"  # FSDP1's accumulation (`FSDP1_SYNCS`, engines/fsdp1.py)
     loss: str = "standard"
@@ -244,6 +248,7 @@ class TrainingSetup:
         if self.base_dtype == "nf4" and not self.lora_rank:
             raise ConfigError("weights_dtype", "a 4-bit (NF4) base is frozen: QLoRA needs "
                                                "--lora-rank")
+        boolean("kbit_prepare", self.kbit_prepare)  # its pairs: memory.finetune
         nonneg_int("overhead", self.overhead)
         positive_int("loss_chunks", self.loss_chunks)
         boolean("keep_logits", self.keep_logits)
@@ -303,6 +308,9 @@ class TrainingSetup:
                 keeps = "keeps each 4-bit Linear's input" if matmul4bit_keeps_input(self) \
                     else "4-bit Linears keep no input"
                 base += f", bitsandbytes {self.bnb_version}: {keeps})"
+                if self.kbit_prepare:
+                    base += (" prepared for k-bit training (peft: embeddings, norms and "
+                             "head in fp32)")
             kind = "DoRA" if self.dora else "LoRA"
             dropped = f" (dropout {self.lora_dropout:g})" if self.lora_dropout else ""
             tune = (f", {kind} r={self.lora_rank}{dropped} on {','.join(self.lora_targets)} "

@@ -200,7 +200,8 @@ class Verified:
 # fields a single-device verification of the reference model cannot take from the report's
 # set-up, and the value it runs instead
 _ONE_DEVICE = {"impl": "reference", "dp": 1, "zero": 0, "tp": 1, "pp": 1, "sp": False, "ep": 1,
-               "engine_settings": (), "lora_rank": 0, "lora_targets": (), "base_dtype": "same"}
+               "engine_settings": (), "lora_rank": 0, "lora_targets": (), "base_dtype": "same",
+               "kbit_prepare": False}
 
 
 def verified_training(setup: TrainingSetup, device: str) -> TrainingSetup:

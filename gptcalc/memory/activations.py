@@ -123,8 +123,9 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     `cross_entropy/...`, `input/...` (the batch's own index tensors), `weight_copy/...`
     (autocast's 16-bit weight copies, mode amp)."""
     amp = setup.mode == "amp"
-    if setup.lora_rank and amp:
-        # a 16-bit frozen base under autocast computes as 16-bit weights do (fp32 adapters)
+    if setup.lora_rank and amp and not setup.kbit_prepare:
+        # a 16-bit frozen base under autocast computes as 16-bit weights do (fp32 adapters);
+        # prepared for k-bit training, its non-4-bit parameters are fp32 (`finetune.kbit_prepared`)
         from dataclasses import replace
 
         setup = replace(setup, mode="mixed")

@@ -74,6 +74,70 @@ def lora_on_transformers(cfg: GPTConfig, setup: TrainingSetup) -> bool:
         return False
 
 
+def kbit_prepared(setup: TrainingSetup) -> bool:
+    """Whether peft's `prepare_model_for_kbit_training` (peft 0.21.2, peft/utils/other.py) ran
+    on the NF4 model and its casts stand: it freezes every parameter, casts every fp16/bf16
+    parameter that is not a bitsandbytes Params4bit to fp32 (embeddings, norms, output head,
+    biases), and with its default use_gradient_checkpointing=True calls
+    `enable_input_require_grads` and `gradient_checkpointing_enable` (`TrainingSetup.
+    kbit_prepare`, checked to come with --recompute full).
+
+    What follows from the fp32 parameters, measured on transformers' Llama with bitsandbytes'
+    Linear4bit quantised on CPU and PEFT's adapters, bf16 autocast, checkpointed blocks
+    (tests/test_kbit_prepare.py): the residual stream is fp32 (the embeddings' output; a
+    Linear4bit returns its input's dtype), so each block's checkpointed input and the rotary
+    cos/sin are fp32 (the profile's lines under mode amp, `activations.saved_activations`); the
+    fp32 head under autocast matmuls a 16-bit copy of its weight, which autograd keeps for the
+    gradient of its input (`states.autocast_weight_copies`: only the head's, the blocks being
+    checkpointed); the logits stay 16-bit (autocast's matmul), the loss upcasts them as before.
+
+    Who leaves the casts standing (read from their sources):
+    - PEFT's QLoRA guide and scripts that call the function themselves: yes.
+    - axolotl (axolotl-ai-cloud/axolotl 067b021c, src/axolotl/loaders/model.py,
+      `_configure_embedding_dtypes`): calls it for adapter lora/qlora with load_in_4bit/8bit
+      unless skipped (Qwen with lora, LoftQ, QLoRA under FSDP, FSDP with cpu_ram_efficient_
+      loading, ZeRO-3), then, QLoRA without FSDP, casts every module named "norm" and the
+      embed_tokens / lm_head modules back to torch_dtype for flash attention: the parameters
+      end 16-bit (biases of 4-bit Linears stay fp32); `embeddings_skip_upcast` patches the
+      function to leave embed_tokens and lm_head alone.
+    - TRL (huggingface/trl): SFTTrainer before 0.22 called it in `_prepare_peft_model`, 0.22
+      to 0.26 its own copy without the fp32 cast (trl/models/utils.py, commit 65d7894b); both
+      then, under bf16, `peft_module_casting_to_bf16`: norms to fp32, fp32 embeddings and head
+      to bf16. SFTTrainer from 0.27 (commit 20cc2e1d, the functions moved to trl.experimental)
+      calls neither: the loaded dtypes stand.
+    - LLaMA-Factory (hiyouga/LLaMA-Factory ff6d4d12) does not call it: its own
+      `prepare_model_for_training` (model_utils/checkpointing.py) upcasts the norms only with
+      upcast_layernorm and the head's output only with upcast_lmhead_output (both off by
+      default).
+    So the recipe readers leave it off."""
+    return setup.kbit_prepare and setup.base_dtype == "nf4"
+
+
+def check_kbit_prepare(setup: TrainingSetup) -> None:
+    """`kbit_prepared` is modelled where it is measured: a transformers model under autocast
+    (mode amp), its blocks checkpointed (the function turns transformers' gradient
+    checkpointing on), not sharded (TRL and axolotl skip it under FSDP and ZeRO-3)."""
+    from ..errors import ConfigError
+
+    if not setup.kbit_prepare:
+        return
+    if setup.base_dtype != "nf4":
+        raise ConfigError("kbit_prepare", "prepare_model_for_kbit_training casts a 4-bit "
+                                          "model: give --weights-dtype nf4 or nf4-dq")
+    for ok, what in ((setup.impl == "transformers", "--impl transformers"),
+                     (setup.mode == "amp", "--mode amp"),
+                     (setup.recompute == "full", "--recompute full (it turns checkpointing on)"),
+                     (engine_shards_nothing(setup),
+                      "unsharded parameters (sharded QLoRA skips it)")):
+        if not ok:
+            raise ConfigError("kbit_prepare", f"--kbit-prepare is modelled with {what}")
+
+
+def engine_shards_nothing(setup: TrainingSetup) -> bool:
+    """Whether every rank holds every parameter whole: no FSDP, ZeRO below stage 3."""
+    return setup.zero < 3 and setup.engine not in ("fsdp1", "fsdp2")
+
+
 def adapter_tensors(cfg: GPTConfig, setup: TrainingSetup) -> int:
     """Adapter parameter tensors (lora_A and lora_B per adapted Linear, and DoRA's magnitude):
     AdamW's step counters."""
@@ -210,7 +274,8 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
 
     base/weights: the frozen parameters in the mode's weight dtype, or (base_dtype nf4) the
     block Linears in NF4 with their quantisation constants per tensor (`lora.qlora_base_bytes`,
-    double-quantised or not) and the rest 16-bit. adapter/...:
+    double-quantised or not) and the rest 16-bit (fp32 once prepared for k-bit training,
+    `kbit_prepared`). adapter/...:
     r (in + out) per adapted Linear in the mode's weight dtype; gradients likewise; the
     optimizer's states of each adapter matrix, lora_A (r, in) and lora_B (out, r)
     (`states.tensor_optimizer_bytes`: AdamW's two moments per adapter parameter; Adafactor
@@ -233,7 +298,9 @@ def finetune_state_bytes(cfg: GPTConfig, setup: TrainingSetup) -> dict[str, int]
     w = setup.weight_bytes
     if setup.base_dtype == "nf4":
         n_matrix = sum(m.weights for m in block_linears(cfg))
-        base = sum(qlora_base_bytes(cfg, setup.double_quant).values()) + 2 * (n_total - n_matrix)
+        rest = 4 if kbit_prepared(setup) else 2  # the parameters left out of NF4
+        base = sum(qlora_base_bytes(cfg, setup.double_quant).values()) + rest * (
+            n_total - n_matrix)
     else:
         base = (2 if setup.mode == "amp" else w) * n_total  # amp: a 16-bit frozen base
     steps = step_counter_bytes(setup) * adapter_tensors(cfg, setup)
@@ -319,6 +386,10 @@ def finetune_saved(cfg: GPTConfig, workload: Workload, setup: TrainingSetup,
             key = f"lora/{a.name}/lora_B_input"
             nbytes = a.count * N * a.rank_mult * setup.lora_rank * setup.act_bytes
         out[key] = out.get(key, 0) + nbytes
+    if kbit_prepared(setup):  # autocast's 16-bit copy of the fp32 head (blocks checkpointed)
+        from .states import autocast_weight_copies
+
+        out.update(autocast_weight_copies(cfg, setup))
     out.update(adapter_copies(cfg, workload, setup, amp))
     out.update(dora_saved(cfg, workload, setup))
     if matmul4bit_keeps_input(setup):

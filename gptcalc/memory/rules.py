@@ -10,7 +10,7 @@ from ..families import modern_switches
 from ..schedules import check_pipeline
 from ..training_setup import TrainingSetup, matmul4bit_keeps_input
 from ..workload import Workload, validate_workload
-from .finetune import ATTENTION_TARGETS, lora_on_transformers
+from .finetune import ATTENTION_TARGETS, check_kbit_prepare, lora_on_transformers
 from .activations import check_profile
 from .context_parallel import check_context_parallel
 from .engines import engine_for
@@ -78,6 +78,7 @@ def validate_setup(cfg: GPTConfig, workload: Workload, setup: TrainingSetup) -> 
         raise ConfigError("ep", f"ep {setup.ep} must divide the routed experts "
                                 f"({cfg.n_expert if cfg.moe else 0})")
     check_dora(cfg, setup)
+    check_kbit_prepare(setup)
     check_lora_dropout(cfg, setup)
     check_profile(cfg, setup)
 

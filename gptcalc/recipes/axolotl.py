@@ -13,7 +13,9 @@ axolotl-ai-cloud/axolotl at ba1be71d), read as axolotl reads them:
   bf16); under `adapter` lora/qlora PEFT keeps the adapters fp32 over the 16-bit base
   (--mode amp);
 - `load_in_4bit` is bitsandbytes' NF4 with double-quantised constants
-  (bnb_4bit_use_double_quant=True in axolotl's loader: --weights-dtype nf4-dq);
+  (bnb_4bit_use_double_quant=True in axolotl's loader: --weights-dtype nf4-dq); after
+  prepare_model_for_kbit_training the loader casts the norms, embeddings and head back to
+  torch_dtype (loaders/model.py, `_configure_embedding_dtypes`): --no-kbit-prepare;
 - `lora_target_linear` is PEFT's all-linear (--lora-targets all); `lora_target_modules` the
   model's own module names;
 - `optimizer`, `gradient_checkpointing`, `torch_compile`, `deepspeed` and `fsdp` go to the

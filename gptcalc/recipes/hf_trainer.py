@@ -33,7 +33,9 @@ What each setting does there:
 - TRL's `use_peft` with `lora_r` and `lora_target_modules` ("all-linear": --lora-targets all),
   `load_in_4bit` with `bnb_4bit_quant_type: nf4` and `use_bnb_nested_quant` (QLoRA:
   --weights-dtype nf4, nf4-dq nested); `max_length` (`max_seq_length` before TRL 0.20) is the
-  row length (--seq-len);
+  row length (--seq-len); the embeddings and head stay 16-bit (--no-kbit-prepare: under bf16
+  SFTTrainer casts them back after peft's prepare_model_for_kbit_training before TRL 0.22,
+  and from 0.22 no longer casts them, `gptcalc.memory.finetune.kbit_prepared`);
 - `attn_implementation`: flash_attention_2, sdpa and their kernels save what --attn sdpa
   counts; eager saves the attention probabilities (--attn manual);
 - a TRL or alignment-handbook YAML takes SFTConfig's own defaults where the file is silent:

@@ -12,6 +12,7 @@ read as its loader and trainer use them:
   (--mode amp over fp32 weights) unless `pure_bf16` (--mode bf16);
 - `quantization_bit: 4` with `quantization_method: bnb` is bitsandbytes' NF4
   (`quantization_type`), with double quantisation unless `double_quantization: false`;
+  LLaMA-Factory does not call peft's prepare_model_for_kbit_training (--no-kbit-prepare);
 - gradient checkpointing is on unless `disable_gradient_checkpointing` (--recompute full);
 - `cutoff_len` is the longest row (--seq-len); `flash_attn` auto, fa2 and sdpa are --attn sdpa,
   disabled is eager (--attn manual);
