@@ -191,8 +191,10 @@ def _measured(family, cfg, attn, mode, kernels, recompute, B, S, monkeypatch) ->
     idx, labels = tw.make_batch(cfg.vocab_size, B, S)
     saved = tw.measure_saved(model, idx, labels, amp_dtype=MODES[mode][1]).activation_bytes
     if mode == "amp":  # each Linear's bf16 weight copy, which gptcalc counts as weight_copy/
-        saved -= sum(2 * m.weight.numel() for m in model.modules()
-                     if isinstance(m, torch.nn.Linear))
+        # (a checkpointed layer's are made again in its recomputation, not saved)
+        saved -= sum(2 * m.weight.numel() for name, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear)
+                     and (recompute == "none" or ".layers." not in name))
     return saved
 
 
@@ -357,3 +359,79 @@ def test_setup_rejects_liger_outside_transformers():
     assert e.value.field == "liger"
     assert TrainingSetup(liger="all", impl="transformers").describe_stack() == \
         ", Liger's rms_norm/swiglu/rope kernels"
+
+
+# --------------------------------------------------------------------------- recipes
+
+LLAMA = dict(CASE, hidden_size=64, num_hidden_layers=2)  # a local Llama config.json
+
+
+def _recipe_run(tmp_path, name: str, text: str, *typed: str) -> tuple[dict, dict]:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    (tmp_path / name).write_text(text.replace("{model}", str(tmp_path)))
+
+    def run(*args):
+        r = CliRunner().invoke(cli, ["memory", *args, "--json"])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        out.pop("recipe", None)
+        return out
+    return run("--recipe", str(tmp_path / name)), run(*typed)
+
+
+AXO = ("base_model: {model}\nsequence_len: 64\nplugins:\n"
+       "  - axolotl.integrations.liger.LigerPlugin\n")
+
+
+@pytest.mark.parametrize("keys,liger,loss", [
+    # examples/llama-3/fft-8b-liger-fsdp.yaml's four switches
+    ("liger_rope: true\nliger_rms_norm: true\nliger_glu_activation: true\n"
+     "liger_fused_linear_cross_entropy: true\n", "rms_norm,swiglu,rope", "fused"),
+    ("liger_rms_norm: true\n", "rms_norm", "standard"),
+    ("liger_glu_activation: true\nliger_rope: false\n", "swiglu", "standard"),
+])
+def test_axolotl_liger_switches(keys, liger, loss, tmp_path):
+    got, typed = _recipe_run(tmp_path, "axo.yml", AXO + keys, "--hf-config", str(tmp_path),
+                             "--seq-len", "64", "-B", "1", "--mode", "fp32", "--liger", liger,
+                             "--loss", loss)
+    assert got == typed
+    assert got["training"]["liger"] == liger and got["training"]["loss"] == loss
+
+
+def test_axolotl_liger_layer_norm_refused_unless_liger_given(tmp_path):
+    path = tmp_path / "axo.yml"
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    path.write_text(AXO.replace("{model}", str(tmp_path)) + "liger_layer_norm: true\n")
+    r = CliRunner().invoke(cli, ["memory", "--recipe", str(path)])
+    assert r.exit_code == 2 and "liger_layer_norm = True" in r.output, r.output
+    r = CliRunner().invoke(cli, ["memory", "--recipe", str(path), "--liger", "none"])
+    assert r.exit_code == 0, r.output
+
+
+HF = '{"model_name_or_path": "{model}", "per_device_train_batch_size": 1, "block_size": 64'
+
+
+@pytest.mark.parametrize("extra,liger,loss", [
+    # the Trainer: _apply_liger_kernel_to_instance(model) with Liger's Llama defaults
+    (', "use_liger_kernel": true}', "rms_norm,swiglu,rope", "fused"),
+    (', "use_liger_kernel": true, "liger_kernel_config": {"rope": false, '
+     '"fused_linear_cross_entropy": false}}', "rms_norm,swiglu", "standard"),
+    (', "use_liger_kernel": false, "liger_kernel_config": {"rope": false}}', "none",
+     "standard"),
+])
+def test_trainer_use_liger_kernel(extra, liger, loss, tmp_path):
+    got, typed = _recipe_run(tmp_path, "args.json", HF + extra, "--hf-config", str(tmp_path),
+                             "--seq-len", "64", "-B", "1", "--mode", "fp32", "--liger", liger,
+                             "--loss", loss)
+    assert got == typed
+    assert got["training"]["liger"] == liger and got["training"]["loss"] == loss
+
+
+def test_llamafactory_enable_liger_kernel(tmp_path):
+    text = ("model_name_or_path: {model}\nstage: sft\nfinetuning_type: full\ncutoff_len: 64\n"
+            "per_device_train_batch_size: 1\nenable_liger_kernel: true\n")
+    got, typed = _recipe_run(tmp_path, "lf.yaml", text, "--hf-config", str(tmp_path),
+                             "--seq-len", "64", "-B", "1", "--mode", "fp32", "--recompute",
+                             "full", "--liger", "rms_norm,swiglu,rope", "--loss", "fused")
+    assert got == typed
+    assert got["training"]["liger"] == "rms_norm,swiglu,rope"

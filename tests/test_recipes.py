@@ -242,7 +242,8 @@ TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSD
      "lora_dropout must be a probability in [0, 1), got True"),
     ("axo.yml", AXO_MIN + "load_in_8bit: true\n",
      "load_in_8bit = True: LLM.int8 weights are not modelled"),
-    ("args.json", HF_MIN + ', "use_liger_kernel": true}}', "use_liger_kernel = True: Liger's"),
+    ("args.json", HF_MIN + ', "use_liger_kernel": true, "liger_kernel_config": '
+     '{{"cross_entropy": true}}}}', "liger_kernel_config.cross_entropy = True: Liger's"),
     # the Trainer compiles the whole transformers model, which gptcalc does not model
     ("args.json", HF_MIN + ', "torch_compile": true}}',
      "torch_compile -> --compile: --compile model is modelled for --impl reference"),
