@@ -169,6 +169,11 @@ _TRAINING = (
            "none (default), tensorwise or rowwise scaling (what each Linear saves for "
            "backward, and float8 all-gathers under FSDP2 with tensorwise).", "training",
            FLOAT8),
+    Option("liger", "--liger", "text", "Liger's Triton kernels patched into transformers' "
+           "Llama, Mistral or Qwen2 (--impl transformers): none (default), all, or a list of "
+           "rms_norm (LigerRMSNorm: saves its input and an fp32 rstd per row), swiglu "
+           "(LigerSwiGLUMLP: saves the gate and up outputs) and rope (in place on q and k); "
+           "Liger's fused loss is --loss fused.", "training", metavar="LIST"),
     Option("offload_activations", "--offload-activations", "flag", "Saved activations go "
            "to host memory as they are saved and come back for backward (torchtune's "
            "OffloadActivations): the device keeps tensors under its minimum size and the "

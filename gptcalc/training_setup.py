@@ -52,6 +52,25 @@ FLOAT8 = ("none", "tensorwise", "rowwise")
 # how FSDP1 accumulates micro-batches: every one but the last under `no_sync()` (the Hugging
 # Face Trainer through accelerate), or each reduce-scattered (`sync_each_batch`, a plain loop)
 FSDP1_SYNCS = ("no-sync", "each-batch")
+# Liger's Triton kernels that replace transformers' modules (liger_kernel/transformers/
+# monkey_patch.py, apply_liger_kernel_to_llama's rms_norm, swiglu and rope): LigerRMSNorm,
+# LigerSwiGLUMLP and liger_rotary_pos_emb; their fused loss is --loss fused
+LIGER_KERNELS = ("rms_norm", "swiglu", "rope")
+
+
+def liger_kernels(text: str) -> tuple[str, ...]:
+    """The Liger kernels a --liger list names, in `LIGER_KERNELS` order: "none" (or "") is
+    none, "all" every one; ConfigError("liger") for a name Liger's Llama patch has not."""
+    names = [n.strip() for n in str(text).replace(" ", ",").split(",") if n.strip()]
+    if names in ([], ["none"]):
+        return ()
+    if names == ["all"]:
+        return LIGER_KERNELS
+    for n in names:
+        if n not in LIGER_KERNELS:
+            raise ConfigError("liger", f"unknown Liger kernel {n!r}: give none, all or a list "
+                                       f"of {', '.join(LIGER_KERNELS)}")
+    return tuple(k for k in LIGER_KERNELS if k in names)
 
 
 # the bitsandbytes release assumed unless --bnb-version names another (the one measured)
@@ -94,7 +113,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "engine", "distributed_optimizer", "engine_settings", "fsdp1_sync"),
     "stack": ("recompute", "attn_impl", "device", "impl", "megatron_te", "loss", "loss_chunks",
               "keep_logits", "allocator", "compile", "float8", "offload_activations",
-              "overhead"),
+              "overhead", "liger"),
     "finetune": ("lora_rank", "lora_targets", "dora", "lora_dropout", "base_dtype",
                  "double_quant", "bnb_version", "kbit_prepare"),
 }
@@ -207,6 +226,7 @@ class TrainingSetup:
     compile: str = "none"
     float8: str = "none"
     offload_activations: bool = False
+    liger: str = "none"  # Liger's kernels patched into transformers' model (`LIGER_KERNELS`)
 
     def section(self, name: str) -> dict[str, Any]:
         """The fields of one section (`SECTIONS`) and their values: `setup.section("parallel")`."""
@@ -259,6 +279,12 @@ class TrainingSetup:
             raise ConfigError("optimizer_in_backward", "each parameter steps in its gradient "
                                                        "hook on its whole gradient: not with "
                                                        "sharded gradients (ZeRO 2 or 3)")
+        if liger_kernels(self.liger) and self.impl != "transformers":
+            raise ConfigError("liger", "Liger's kernels patch transformers' model classes: "
+                                       "--liger needs --impl transformers")
+        if liger_kernels(self.liger) and (self.compile != "none" or self.lora_rank):
+            raise ConfigError("liger", "Liger's kernels are measured without --compile and "
+                                       "--lora-rank: give --liger none or leave those out")
         if self.loss == "chunked" and self.impl == "transformers":
             raise ConfigError("loss", "transformers' models return the logits whole; the "
                                       "chunked output is torchtune's: use --impl reference")
@@ -343,6 +369,8 @@ class TrainingSetup:
             parts.append(f"float8 {self.float8} Linears (torchao)")
         if self.offload_activations:
             parts.append("activations offloaded to the host (torchtune)")
+        if liger_kernels(self.liger):
+            parts.append(f"Liger's {'/'.join(liger_kernels(self.liger))} kernels")
         return "".join(", " + p for p in parts)
 
     def describe_loss(self, merges_outputs: bool = True) -> str:

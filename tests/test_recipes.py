@@ -241,7 +241,8 @@ TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSD
      "lora_dropout must be a probability in [0, 1), got True"),
     ("axo.yml", AXO_MIN + "load_in_8bit: true\n",
      "load_in_8bit = True: LLM.int8 weights are not modelled"),
-    ("args.json", HF_MIN + ', "use_liger_kernel": true}}', "use_liger_kernel = True: Liger's"),
+    ("args.json", HF_MIN + ', "use_liger_kernel": true, "liger_kernel_config": '
+     '{{"cross_entropy": true}}}}', "liger_kernel_config.cross_entropy = True: Liger's"),
     # the Trainer compiles the whole model; a Llama under LoRA is outside what is measured
     ("args.json", HF_MIN + ', "torch_compile": true, "use_peft": true, "lora_r": 8}}',
      "torch_compile -> --compile: --compile model with --impl transformers is modelled for "

@@ -131,6 +131,12 @@ E width, Dq = H*hd, Dkv = n_kv_head*hd, Dff = d_ff, V vocabulary, CPU fp32 shape
                               embeddings' dtype (SDPA: a window's bool S^2 once S >= window)
     embedding/alibi           b * H * S * r  BLOOM's ALiBi bias (b * H, 1, S), likewise (BLOOM
                               has no position ids)
+    Liger's kernels (--liger; Llama, Mistral, Qwen2), instead of the lines they replace:
+    .../{ln_1,ln_2,ln_f}/     LigerRMSNorm: input N*E*r (the stream itself, no fp32 copy),
+                              rstd N*4 (fp32); nothing normalized
+    layer/mlp/hidden          LigerSwiGLUMLP: 3 * N * Dff * a (gate and up outputs, the product)
+    rope                      no line changes: liger_rotary_pos_emb rotates q and k in place
+                              (sdpa's q is q_proj's output) and saves the cos/sin counted above
     input/idx                 N * 8          the embedding's int64 indices
     input/labels              N * 8          the shifted labels (pad + [..., 1:].contiguous());
                               b = 1: (S + 1) * 8, a view of the padded labels
@@ -144,6 +150,7 @@ from typing import Any
 from ..config import GATED_MLPS, GPTConfig
 from ..errors import ConfigError
 from ..layers import moe_layers, sliding_layers
+from ..training_setup import liger_kernels
 from .profile_reference import op_block_lines
 
 # transformers' gptcalc-shaped families; gelu_tanh is read as GPT-2's `gelu_new` (Python, saves
@@ -283,6 +290,25 @@ def _check(setup: Any, cfg: GPTConfig | None = None) -> None:
                                        "--recompute none or full")
 
 
+# the families whose Liger patch (apply_liger_kernel_to_llama / _mistral / _qwen2) this profile
+# counts; Mistral's network is Llama's here
+LIGER_FAMILIES = ("llama", "qwen2")
+
+
+def _liger(cfg: GPTConfig, fam: str, setup: Any) -> tuple[str, ...]:
+    """The Liger kernels of `setup` (TrainingSetup.liger; none for setups without the field),
+    ConfigError(field="liger") where this profile has not measured them."""
+    kernels = liger_kernels(getattr(setup, "liger", "none"))
+    if kernels and fam not in LIGER_FAMILIES:
+        raise ConfigError("liger", f"Liger's kernels are measured on transformers' Llama, "
+                                   f"Mistral and Qwen2, not {fam}: --liger none, or --impl "
+                                   f"transformers with one of those")
+    if kernels and setup.recompute == "op":
+        raise ConfigError("liger", "Liger's kernels under --recompute op are not measured: "
+                                   "--recompute none or full, or --liger none")
+    return kernels
+
+
 def _check_attention(cfg: GPTConfig, fam: str, setup: Any) -> None:
     if fam == "gemma2" and setup.attn_impl == "sdpa":
         raise ConfigError("attn_impl", "transformers' Gemma2 has no SDPA path (soft-capping): "
@@ -293,8 +319,14 @@ def _check_attention(cfg: GPTConfig, fam: str, setup: Any) -> None:
                                        "manual)")
 
 
-def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int) -> dict[str, int]:
+def _norm(cfg: GPTConfig, N: int, a: int, r: int, stats: int, liger: bool = False
+          ) -> dict[str, int]:
     E = cfg.n_embd
+    if liger:
+        # LigerRMSNormFunction (liger_kernel/ops/rms_norm.py, 0.8.5): save_for_backward(X, W,
+        # RSTD): the input as it came (the residual stream, r), the weight (a parameter) and
+        # one fp32 rstd per row (casting mode "llama"); Y is the next Linear's saved input
+        return {"input": N * E * r, "rstd": N * 4}
     if _gemma(cfg):
         # Gemma's RMSNorm computes in fp32 throughout: x.float() (pow and mul save it), the
         # rsqrt, x * rsqrt and (1 + weight.float()) (the product saves both), then type_as(x)
@@ -467,6 +499,8 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
     _check(setup, cfg)
     fam = transformers_family(cfg)
     _check_attention(cfg, fam, setup)
+    liger = _liger(cfg, fam, setup)
+    ln = "rms_norm" in liger  # LigerRMSNorm for every RMSNorm of the block and ln_f
     N, a = b * S, setup.act_bytes
     E, V, L = cfg.n_embd, cfg.vocab_size, cfg.n_layer
     Dff = cfg.ffn_dim
@@ -492,7 +526,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         "embedding/dropout_mask": N * E * mask if resid_drop and fam != "bloom" else 0,
     }
     if fam == "bloom":  # word_embeddings_layernorm on the embedding's output
-        out.update({f"embedding/ln_emb/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
+        out.update({f"embedding/ln_emb/{k}": v for k, v in _norm(cfg, N, n_out, r, stats, ln).items()})
     layer: dict[str, int] = {}
     checkpointed = setup.recompute in ("full", "op")
     if checkpointed:
@@ -512,7 +546,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
             fused = setup.attn_impl == "sdpa" and (cuda or not drop)
             layer.update(op_block_lines(cfg, b, S, setup, fused))
     else:
-        layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
+        layer.update({f"ln_1/{k}": v for k, v in _norm(cfg, N, n_out, r, stats, ln).items()})
         layer["attn/qkv_input"] = qkv_casts * N * E * a
         if fam in ("qwen3", "qwen3_moe", "gemma3_text"):  # RMSNorm on each q and k head, as the block's norms
             for role, heads in (("q", cfg.n_head), ("k", cfg.kv_heads)):
@@ -524,18 +558,22 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
                     layer[f"attn/{role}_norm/weight"] = cfg.head_size * 4
         layer["attn/resid_dropout_mask"] = N * E * mask if resid_drop else 0
         if gemma:  # post_attention_layernorm on the attention's output
-            layer.update({f"ln_post_attn/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
-        ln_2 = _norm(cfg, N, n_out, r, stats)
+            layer.update({f"ln_post_attn/{k}": v for k, v in _norm(cfg, N, n_out, r, stats, ln).items()})
+        ln_2 = _norm(cfg, N, n_out, r, stats, ln)
         if cfg.parallel_residual:
             ln_2["input"] = 0  # post_attention_layernorm(hidden_states): ln_1's saved input
         layer.update({f"ln_2/{k}": v for k, v in ln_2.items()})
         layer["mlp/fc_input"] = up_casts * N * E * a
         gelu_new = fam == "gpt2" and cfg.mlp == "gelu_tanh"
         hidden = 5 if gelu_new else {"relu": 1, "gelu": 2, "gelu_tanh": 2, "swiglu": 4, "geglu": 4}[cfg.mlp]
+        if "swiglu" in liger:
+            # LigerSiLUMulFunction saves the gate and up outputs (a, b), not silu(gate); the
+            # down projection saves the product
+            hidden = 3
         dense_hidden = hidden * N * Dff * a  # incl. the down projection's input
         layer["mlp/dropout_mask"] = N * E * mask if resid_drop else 0
         if gemma:  # post_feedforward_layernorm on the MLP's output
-            layer.update({f"ln_post_mlp/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
+            layer.update({f"ln_post_mlp/{k}": v for k, v in _norm(cfg, N, n_out, r, stats, ln).items()})
     out.update({f"layer/{k}": L * v for k, v in layer.items()})
     if not checkpointed:  # dense MLP layers only; the others: moe/...
         out["layer/mlp/hidden"] = (L - moe_layers(cfg)) * dense_hidden
@@ -548,7 +586,7 @@ def transformers_saved(cfg: GPTConfig, b: int, S: int, setup: Any) -> dict[str, 
         for n, masked in kinds:
             for k, v in _attention(cfg, fam, b, S, setup, masked).items():
                 out[f"layer/{k}"] = out.get(f"layer/{k}", 0) + n * v
-    out.update({f"final/ln_f/{k}": v for k, v in _norm(cfg, N, n_out, r, stats).items()})
+    out.update({f"final/ln_f/{k}": v for k, v in _norm(cfg, N, n_out, r, stats, ln).items()})
     out["final/lm_head_input"] = N * E * a
     # Gemma 2: cap * tanh(logits / cap), tanh saving its output in the logits' dtype
     out["final/logit_softcap_tanh"] = N * V * a if cfg.logit_softcap else 0
@@ -645,5 +683,5 @@ def _kv_cache_unsaved(cfg: GPTConfig, fam: str, b: int, S: int, setup: Any, mask
     return 2 * one if gqa else one
 
 
-__all__ = ["FAMILIES", "default_attention", "first_layer_kv_cache", "transformers_family", "transformers_loss_transients",
+__all__ = ["FAMILIES", "LIGER_FAMILIES", "default_attention", "first_layer_kv_cache", "transformers_family", "transformers_loss_transients",
            "transformers_saved"]

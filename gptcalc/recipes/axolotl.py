@@ -5,8 +5,10 @@ axolotl-ai-cloud/axolotl at ba1be71d), read as axolotl reads them:
 
 - `base_model` is a Hub id or a folder: a Hub id with a preset of its published sizes is
   --preset, any other --hf-config;
-- Liger's plugin with `liger_fused_linear_cross_entropy` is --loss fused (its RMSNorm, SwiGLU
-  and RoPE kernels are not modelled); `fp8` is torchao's float8 Linears (--float8
+- Liger's plugin with `liger_fused_linear_cross_entropy` is --loss fused, and
+  `liger_rms_norm`, `liger_glu_activation` and `liger_rope` are --liger rms_norm, swiglu and
+  rope (axolotl's LigerPlugin passes each to apply_liger_kernel_to_<model_type>); its LayerNorm
+  kernel is not modelled; `fp8` is torchao's float8 Linears (--float8
   tensorwise); `attn_implementation` as the Trainer's;
 - `bf16` (true or "auto") loads the model in bf16 (utils/config's normalize_config:
   cfg.torch_dtype) and autocasts through the Trainer: a full fine-tune is pure bf16 (--mode
@@ -32,7 +34,8 @@ from .hf_trainer import attention, model, trainer_settings
 from .hf_trainer import targets as lora_targets
 
 _SETTINGS = ignored("data, logging, saving, the tokenizer or a hyperparameter")
-_LIGER = off(False, "Liger's RMSNorm, LayerNorm, SwiGLU and RoPE kernels are not modelled")
+# axolotl's Liger switches -> the --liger kernels (integrations/liger: rms_norm, swiglu, rope)
+LIGER = {"liger_rms_norm": "rms_norm", "liger_glu_activation": "swiglu", "liger_rope": "rope"}
 # the one table of an axolotl config's keys (axolotl's examples and its config schema,
 # src/axolotl/utils/schemas/config.py, at ba1be71d)
 KEYS: dict[str, tuple] = {
@@ -71,14 +74,13 @@ KEYS: dict[str, tuple] = {
                                      "modelled"),
     **dict.fromkeys(("unsloth_lora_mlp", "unsloth_lora_qkv", "unsloth_lora_o"),
                     off(False, "unsloth's LoRA kernels are not modelled")),
-    **dict.fromkeys(("liger_rms_norm", "liger_layer_norm", "liger_glu_activation",
-                     "liger_rope"), _LIGER),
     **dict.fromkeys((
         "base_model", "base_model_config", "load_in_4bit", "adapter", "sequence_len", "lora_r",
         "lora_target_linear", "lora_target_modules", "micro_batch_size",
         "gradient_accumulation_steps", "optimizer", "bf16", "fp16", "gradient_checkpointing",
         "deepspeed", "fsdp", "fsdp_config", "fsdp_version", "plugins",
-        "liger_fused_linear_cross_entropy", "attn_implementation", "fp8",
+        "liger_fused_linear_cross_entropy", "liger_layer_norm", *LIGER, "attn_implementation",
+        "fp8",
         "fp8_enable_fsdp_float8_all_gather", "lora_dropout", "peft_use_dora"), READ),
 }
 PLUGINS = ("axolotl.integrations.liger.LigerPlugin",
@@ -99,6 +101,14 @@ def read_axolotl(doc: dict[str, Any], path: Path, given: dict[str, Any]) -> Reci
         if not plugins:
             raise r.fail("liger_fused_linear_cross_entropy without the LigerPlugin in plugins")
         r.set("liger_fused_linear_cross_entropy", "loss", "fused")
+    kernels = [(key, k) for key, k in LIGER.items() if r.flag(key, doc.get(key, False))]
+    if kernels:
+        if not plugins:
+            raise r.fail(f"{kernels[0][0]} without the LigerPlugin in plugins")
+        r.set("+".join(key for key, _ in kernels), "liger", ",".join(k for _, k in kernels))
+    if r.flag("liger_layer_norm", doc.get("liger_layer_norm", False)):
+        r.refuse("liger_layer_norm", True, "Liger's LayerNorm kernel is not modelled (Llama, "
+                                           "Mistral and Qwen2 have none)", option="liger")
     attention(r, doc)
     if r.flag("fp8", doc.get("fp8", False)):  # torchao's Float8Linear, tensorwise scaling
         sharded = doc.get("fsdp") or doc.get("fsdp_config")

@@ -36,6 +36,9 @@ What each setting does there:
   row length (--seq-len); the embeddings and head stay 16-bit (--no-kbit-prepare: under bf16
   SFTTrainer casts them back after peft's prepare_model_for_kbit_training before TRL 0.22,
   and from 0.22 no longer casts them, `gptcalc.memory.finetune.kbit_prepared`);
+- `use_liger_kernel` applies Liger's kernels with `liger_kernel_config` over Liger's Llama
+  defaults (rope, rms_norm, swiglu and the fused linear cross entropy): --liger and --loss
+  fused;
 - `attn_implementation`: flash_attention_2, sdpa and their kernels save what --attn sdpa
   counts; eager saves the attention probabilities (--attn manual);
 - a TRL or alignment-handbook YAML takes SFTConfig's own defaults where the file is silent:
@@ -51,7 +54,7 @@ from typing import Any
 from ..errors import ConfigError
 from .base import READ, Reading, Recipe, ignored, off, refused, shown, RecipeFormat, register_format
 from ..presets import PRESETS
-from ..training_setup import OPTIMIZERS
+from ..training_setup import LIGER_KERNELS, OPTIMIZERS
 from .models import TRANSFORMERS_MODELLED, hub_preset
 
 # OptimizerNames -> gptcalc's optimizer
@@ -112,9 +115,7 @@ TRAINER_KEYS: dict[str, tuple] = {
     "activation_checkpointing_kwargs": ignored("how the checkpoint reruns, not what it saves"),
     "torch_compile_backend": ignored("read only with torch_compile"),
     "torch_compile_mode": ignored("read only with torch_compile"),
-    "use_liger_kernel": off(False, "Liger's kernels (RMSNorm, SwiGLU, RoPE and the fused "
-                                   "loss together) are not modelled"),
-    "liger_kernel_config": off(None, "Liger's kernels are not modelled"),
+    **dict.fromkeys(("use_liger_kernel", "liger_kernel_config"), READ),
     "auto_find_batch_size": off(False, "the batch the Trainer finds is not in the file"),
     "parallelism_config": off(None, "accelerate's parallelism config is not modelled"),
     "optim_target_modules": off(None, "GaLore-style optimizers are not modelled"),
@@ -333,6 +334,38 @@ def deepspeed_file(r: Reading, key: str, value: Any, given: dict[str, Any]) -> N
     r.set(key, "deepspeed_config", str(found))
 
 
+# what `_apply_liger_kernel_to_instance(model, **config)` applies to Llama, Mistral and Qwen2
+# unless the config says otherwise: apply_liger_kernel_to_llama's defaults (liger-kernel 0.8.5,
+# liger_kernel/transformers/monkey_patch.py: rope, rms_norm, swiglu and
+# fused_linear_cross_entropy True, cross_entropy False)
+LIGER_DEFAULTS = {"rope": True, "rms_norm": True, "swiglu": True,
+                  "fused_linear_cross_entropy": True, "cross_entropy": False}
+
+
+def liger_kernel(r: Reading, key: str, config: Any = None) -> None:
+    """Liger's kernels as the Trainer applies them (`use_liger_kernel`, transformers/
+    integrations/liger.py: `_apply_liger_kernel_to_instance(model, **liger_kernel_config)`) or
+    LLaMA-Factory's sft and pt stages (`enable_liger_kernel`, no config): --liger with the
+    kernels on, --loss fused with fused_linear_cross_entropy; Liger's plain cross entropy
+    (whole logits) is not modelled."""
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise r.fail(f"liger_kernel_config must be a mapping, got {shown(config)}")
+    for name in config:
+        if name not in LIGER_DEFAULTS:
+            r.refuse(f"liger_kernel_config.{name}", config[name], "this Liger option is not "
+                                                                 "modelled")
+    on = {k: r.flag(f"liger_kernel_config.{k}", config.get(k, v))
+          for k, v in LIGER_DEFAULTS.items()}
+    if on["cross_entropy"]:
+        r.refuse("liger_kernel_config.cross_entropy", True, "Liger's cross entropy over the "
+                                                          "whole logits is not modelled")
+    r.set(key, "liger", ",".join(k for k in LIGER_KERNELS if on[k]) or "none")
+    if on["fused_linear_cross_entropy"]:
+        r.set(key, "loss", "fused")
+
+
 def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bool,
                      given: dict[str, Any] | None = None) -> None:
     """Precision, recomputation, compilation, optimizer, DeepSpeed and FSDP (and FSDP1's
@@ -341,6 +374,10 @@ def trainer_settings(r: Reading, doc: dict[str, Any], weights: str, adapters: bo
     a 16-bit base."""
     given = given or {}
     accelerator_config(r, doc.get("accelerator_config"))
+    if r.flag("use_liger_kernel", doc.get("use_liger_kernel", False)):
+        liger_kernel(r, "use_liger_kernel", doc.get("liger_kernel_config"))
+    elif doc.get("liger_kernel_config") is not None:
+        r.ignore("liger_kernel_config", "read only with use_liger_kernel")
     bf16, fp16 = doc.get("bf16", False), doc.get("fp16", False)
     if bf16 == "auto":  # axolotl: bf16 where the GPU has it, as every current one does
         bf16 = True

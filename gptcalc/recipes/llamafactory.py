@@ -16,6 +16,7 @@ read as its loader and trainer use them:
 - gradient checkpointing is on unless `disable_gradient_checkpointing` (--recompute full);
 - `cutoff_len` is the longest row (--seq-len); `flash_attn` auto, fa2 and sdpa are --attn sdpa,
   disabled is eager (--attn manual);
+- `enable_liger_kernel` applies Liger's Llama defaults (--liger all, --loss fused);
 - `deepspeed`, `bf16`/`fp16`, `optim` and the batch as the Trainer reads them
   (`gptcalc.recipes.hf_trainer`).
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import READ, Reading, Recipe, ignored, off, refused, shown, RecipeFormat, register_format
-from .hf_trainer import TRAINER_KEYS, model, targets, trainer_settings
+from .hf_trainer import TRAINER_KEYS, liger_kernel, model, targets, trainer_settings
 
 STAGES = ("sft", "pt")
 _DATA = ignored("the data, its template and loading")
@@ -65,7 +66,7 @@ KEYS: dict[str, tuple] = {
                                    "modelled"),
     "pissa_init": off(False, "PiSSA's initialisation is not modelled"),
     "use_unsloth": off(False, "unsloth's kernels are not modelled"),
-    "enable_liger_kernel": off(False, "Liger's kernels are not modelled"),
+    "enable_liger_kernel": READ,
     "shift_attn": off(False, "shift short attention is not modelled"),
     "mixture_of_depths": off(None, "mixture of depths is not modelled"),
     "upcast_layernorm": off(False, "fp32 norms are not modelled"),
@@ -121,6 +122,10 @@ def read_llamafactory(doc: dict[str, Any], path: Path, given: dict[str, Any]) ->
                  option="attn")
     else:
         r.set("flash_attn", "attn", FLASH[flash])
+    if r.flag("enable_liger_kernel", doc.get("enable_liger_kernel", False)):
+        # the sft and pt stages call apply_liger_kernel_to_<model>() with Liger's defaults
+        # (model/model_utils/liger_kernel.py; other stages keep the logits)
+        liger_kernel(r, "enable_liger_kernel")
     settings = {k: v for k, v in doc.items() if k in TRAINER_KEYS}
     settings["gradient_checkpointing"] = not r.flag(
         "disable_gradient_checkpointing", doc.get("disable_gradient_checkpointing", False))
