@@ -546,8 +546,9 @@ ATTRIBUTE_MAPS["jamba"] = dict(num_local_experts="num_experts")
 
 
 def mixer_pattern(r, kinds: dict[str, str], default: str) -> str:
-    """`layer_types` as layer_mixers letters (`kinds` maps each name), or `default` (already
-    letters, one per block) when the file has none; shortened to its period (MMMA)."""
+    """`layer_types` as layer_mixers letters (`kinds` maps each name), or `default` (letters
+    repeated from block 0, as layer_mixers reads them) when the file has none; shortened to
+    its period (MMMA)."""
     r.read.add("layer_types")
     types = r.raw.get("layer_types")
     L = r.size(LAYERS)
@@ -667,7 +668,7 @@ def _granitemoehybrid(r) -> dict[str, Any]:
     out = llama_shaped(r) | mamba2_fields(r, r.int(("mamba_expand",)) * E) | dict(
         qkv_bias=bias, attn_out_bias=bias, pos_embedding="rotary" if rope else "none",
         layer_mixers=mixer_pattern(r, {"mamba": "M", "linear_attention": "M", "attention": "A",
-                                       "full_attention": "A"}, "M" * r.size(LAYERS)),
+                                       "full_attention": "A"}, "M"),
         mamba_norm=True)
     if n_exp:
         return out | dict(n_expert=n_exp, n_expert_active=r.int(("num_experts_per_tok",)),

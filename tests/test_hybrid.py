@@ -408,3 +408,20 @@ def test_pipeline_stages_split_the_hybrid_weights_and_groups(pp, groups):
     pool = kv_pool(cfg, 80 * GiB, tp=4, pp=pp, max_model_len=8192)
     assert sum(s["weights"] for s in pool.stages or [{"weights": pool.weights}]) == whole
     assert (pool.group_size, pool.attention_groups, pool.state_groups) == groups
+
+
+def test_a_granite_hybrid_with_a_trillion_layers_is_read_in_constant_memory(tmp_path):
+    """Without layer_types every GraniteMoeHybrid block is Mamba2: the pattern is its period,
+    never a letter per block (a fuzzed file with 10^12 layers raised MemoryError)."""
+    from click.testing import CliRunner
+
+    from gptcalc.cli import cli
+
+    raw = {"model_type": "granitemoehybrid", "hidden_size": 64, "num_hidden_layers": 10**12,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+           "vocab_size": 1000, "max_position_embeddings": 256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    assert config_from_hf(raw).layer_mixers == "M"
+    r = CliRunner().invoke(cli, ["flops", "--hf-config", str(path), "--causal", "--json"])
+    assert r.exit_code == 2 and "--hf-config" in r.output and "Traceback" not in r.output
