@@ -138,9 +138,9 @@ def test_resident_is_held_at_every_phase_and_its_lines_sum(name, engine_zero, dp
 # tokens, selective (op) activation checkpointing, bf16 MixedPrecisionPolicy, eager: 82.4 GiB,
 # torchtitan's reading of torch.cuda.max_memory_reserved() (benchmarks/
 # llama3_h100_202412_torchtitan.md, FSDP on 8 H100s). gptcalc's reserved replays the step's
-# tensors on the caching allocator but not each op's own temporaries nor FSDP2's and NCCL's
-# streams, whose cached blocks the compute stream cannot reuse: it reads below the measurement,
-# by up to 15% at this size
+# tensors on the caching allocator (FSDP2's all-gather buffers and sharded gradients on their
+# streams' own pools) but not each op's own temporaries nor NCCL's buffers: it reads below the
+# measurement, by up to 15% at this size
 TORCHTITAN_8B_RESERVED_GIB = 82.4
 RESERVED_BELOW_MEASURED = 0.15
 

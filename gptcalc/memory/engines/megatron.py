@@ -12,8 +12,9 @@ documentation tabulates them (docs/source/api-guide/dist_optimizer.md, d = dp):
     fp16 / fp16         20        4 + 16/d   (the fp32 main gradients are sharded too)
     fp32 / fp32         16        8 + 8/d
 
-No twin of Megatron-LM runs here (it needs CUDA and Transformer Engine); the figures are its
-documentation's. Megatron-LM's fused Adam keeps its step count per parameter group, not a
+No memory twin of Megatron-LM runs here (it needs CUDA and Transformer Engine); the figures
+are its documentation's (its distributed optimizer's collectives are counted on gloo with CUDA
+shimmed: reference_model/megatron_optimizer_twin.py). Megatron-LM's fused Adam keeps its step count per parameter group, not a
 tensor per parameter.
 
 Every function here is pure and never imports torch.
