@@ -282,9 +282,19 @@ class TrainingSetup:
         if liger_kernels(self.liger) and self.impl != "transformers":
             raise ConfigError("liger", "Liger's kernels patch transformers' model classes: "
                                        "--liger needs --impl transformers")
-        if liger_kernels(self.liger) and (self.compile != "none" or self.lora_rank):
-            raise ConfigError("liger", "Liger's kernels are measured without --compile and "
-                                       "--lora-rank: give --liger none or leave those out")
+        if liger_kernels(self.liger) and self.compile != "none":
+            raise ConfigError("liger", "Liger's kernels are measured without --compile: give "
+                                       "--liger none or leave --compile out")
+        if liger_kernels(self.liger) and self.lora_rank:  # measured: PEFT's LoRA, one device
+            for on, what in ((self.dora, "--dora"), (self.lora_dropout, "--lora-dropout"),
+                             (self.base_dtype == "nf4", "an NF4 base (--weights-dtype)"),
+                             (self.kbit_prepare, "--kbit-prepare"),
+                             (self.engine in ("fsdp1", "fsdp2") or self.zero,
+                              "--engine fsdp1/fsdp2 or --zero")):
+                if on:
+                    raise ConfigError("liger", f"Liger's kernels with LoRA are measured "
+                                               f"without {what}: give --liger none or leave "
+                                               f"it out")
         if self.loss == "chunked" and self.impl == "transformers":
             raise ConfigError("loss", "transformers' models return the logits whole; the "
                                       "chunked output is torchtune's: use --impl reference")

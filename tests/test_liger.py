@@ -342,8 +342,8 @@ def test_liger_kernels_parse():
     (["--preset", "gpt2", "--impl", "transformers", "--liger", "rms_norm"], "not gpt2"),
     (["--preset", "llama3-8b", "--impl", "transformers", "--liger", "all", "--recompute",
       "op"], "--recompute op"),
-    (["--preset", "llama3-8b", "--impl", "transformers", "--liger", "all", "--lora-rank", "8",
-      "--lora-targets", "q,v"], "--lora-rank"),
+    (["--preset", "llama3-8b", "--impl", "transformers", "--liger", "all", "--compile",
+      "blocks"], "--compile"),
     (["--preset", "llama3-8b", "--impl", "transformers", "--liger", "glu"], "unknown"),
 ])
 def test_refused_in_one_line(args, named):

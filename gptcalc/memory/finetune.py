@@ -43,7 +43,7 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
 from __future__ import annotations
 
 from ..config import GATED_MLPS, GPTConfig
-from ..training_setup import TrainingSetup, matmul4bit_keeps_input
+from ..training_setup import TrainingSetup, liger_kernels, matmul4bit_keeps_input
 from ..workload import Workload
 from ..layers import moe_layers
 from ..linears import block_linears
@@ -497,6 +497,11 @@ def _chain_unsaved(cfg: GPTConfig, setup: TrainingSetup, targets: set[str],
             saved, kept = 2 * ("gate" in targets) + ("up" in targets), 3
             if setup.compile != "none":
                 saved, kept = 2 if "gate" in targets else 1, 2
+            if "swiglu" in liger_kernels(setup.liger):
+                # LigerSiLUMulFunction saves the gate and up outputs whichever needs a
+                # gradient (measured on transformers' Llama wrapped by PEFT with its
+                # stand-in, tests/test_liger_lora.py)
+                saved, kept = 2, 2
             out["layer/mlp/hidden"] = out.get("layer/mlp/hidden", 0) + (kept - saved) * (
                 hidden_tensor)
             break
