@@ -287,7 +287,6 @@ class TrainingSetup:
                                        "--liger none or leave --compile out")
         if liger_kernels(self.liger) and self.lora_rank:  # measured: PEFT's LoRA, one device
             for on, what in ((self.dora, "--dora"), (self.lora_dropout, "--lora-dropout"),
-                             (self.base_dtype == "nf4", "an NF4 base (--weights-dtype)"),
                              (self.kbit_prepare, "--kbit-prepare"),
                              (self.engine in ("fsdp1", "fsdp2") or self.zero,
                               "--engine fsdp1/fsdp2 or --zero")):

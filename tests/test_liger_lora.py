@@ -50,13 +50,13 @@ TARGETS = ["q_proj,v_proj", "all", "up_proj", "gate_proj", "down_proj", "o_proj,
            "k_proj,down_proj"]
 
 
-def predicted(targets, mode, recompute, kernels, rank, B, S, tmp_path) -> dict:
+def predicted(targets, mode, recompute, kernels, rank, B, S, tmp_path, *extra) -> dict:
     (tmp_path / "config.json").write_text(json.dumps(RAW))
     r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", str(B),
                                  "--seq-len", str(S), "--mode", mode, "--device", "cpu",
                                  "--impl", "transformers", "--lora-rank", str(rank),
                                  "--lora-targets", targets, "--recompute", recompute,
-                                 "--liger", ",".join(kernels), "--json"])
+                                 "--liger", ",".join(kernels), "--json", *extra])
     assert r.exit_code == 0, r.output
     return json.loads(r.output)
 
@@ -109,6 +109,36 @@ def test_step_peak_within_tolerance(targets, mode, recompute, B, S, tmp_path, mo
     assert abs(out["peak"] - peak) <= PEAK_TOLERANCE * peak, (out["peak"], peak)
 
 
+@pytest.mark.parametrize("targets,recompute", [("q_proj,v_proj,down_proj", "none"),
+                                               ("all", "none"), ("up_proj", "none"),
+                                               ("all", "full")])
+def test_qlora_saved_bytes_exact(targets, recompute, tmp_path, monkeypatch):
+    """QLoRA (--weights-dtype nf4-dq, amp): the block Linears as bitsandbytes' Linear4bit (NF4,
+    quantised on CPU) under PEFT's 4-bit LoRA layer, as tests/test_lora_dropout.py builds it,
+    with the stand-ins patched in: the kernels save what they save over a 16-bit base."""
+    bnb = pytest.importorskip("bitsandbytes")
+    base = tw.build(RAW, dtype=torch.bfloat16)
+    patch(base, LIGER_KERNELS, monkeypatch)
+    for layer in base.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for child, linear in list(parent.named_children()):
+                if isinstance(linear, torch.nn.Linear):
+                    q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
+                                          compute_dtype=torch.bfloat16, quant_type="nf4")
+                    q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False,
+                                                 quant_type="nf4")._quantize("cpu")
+                    setattr(parent, child, q)
+    base.is_loaded_in_4bit = True
+    names = "all-linear" if targets == "all" else parse_targets(targets, config_from_hf(RAW))
+    model = tw.peft_lora(tw.apply_recompute(base, recompute), 8, names)
+    assert any(type(m).__module__ == "peft.tuners.lora.bnb" for m in model.modules())
+    out = predicted(targets, "amp", recompute, LIGER_KERNELS, 8, 2, 16, tmp_path,
+                    "--weights-dtype", "nf4-dq")
+    idx, labels = tw.make_batch(RAW["vocab_size"], 2, 16)
+    saved = tw.measure_saved(model, idx, labels, amp_dtype=torch.bfloat16)
+    assert sum(out["breakdown"]["activations"].values()) == sum(t.nbytes for t in saved.tensors)
+
+
 @pytest.mark.parametrize("target,plain_unsaved", [("up_proj", 2), ("gate_proj", 1)])
 def test_first_block_mlp_keeps_both_outputs(target, plain_unsaved, tmp_path):
     """gate or up adapted alone (bf16, B 2, S 16: N = 32, d_ff 160, L 2), down frozen: LoRA
@@ -130,10 +160,16 @@ def test_first_block_mlp_keeps_both_outputs(target, plain_unsaved, tmp_path):
 
 @pytest.mark.parametrize("field,value,named", [
     ("dora", True, "--dora"), ("lora_dropout", 0.05, "--lora-dropout"),
-    ("base_dtype", "nf4", "NF4"), ("zero", 3, "--zero"), ("engine", "fsdp2", "fsdp2")])
+    ("base_dtype", "nf4", None), ("kbit_prepare", True, "--kbit-prepare"),
+    ("zero", 3, "--zero"), ("engine", "fsdp2", "fsdp2")])
 def test_unmeasured_combinations_refused(field, value, named):
     kw = dict(impl="transformers", liger="all", lora_rank=8, lora_targets=("q", "v"))
     TrainingSetup(**kw)  # measured
+    if named is None:  # QLoRA's NF4 base: measured (test_qlora_saved_bytes_exact)
+        TrainingSetup(**kw, **{field: value})
+        return
+    if field == "kbit_prepare":
+        kw["base_dtype"] = "nf4"
     with pytest.raises(ConfigError) as e:
         TrainingSetup(**kw, **{field: value})
     assert e.value.field == "liger" and named in str(e.value)

@@ -37,7 +37,11 @@ PEFT-shaped adapters, CPU, fp32 and bf16; tests/test_memory_finetune.py):
   adapted up (gate) projection keeps it too;
 - with LoRA dropout, and under autocast (mode amp), lora_A keeps a copy of its input of each
   adapter's own instead of the Linear's input, and the dropout's mask and autocast's weight
-  copies beside it (`adapter_copies`).
+  copies beside it (`adapter_copies`);
+- Liger's kernels (--liger; transformers' Llama with their stand-ins, PEFT-wrapped,
+  tests/test_liger_lora.py) save what they save in full training wherever their input needs a
+  gradient, the profile's Liger lines; LigerSiLUMul keeps both the gate and up outputs, so
+  the first block's MLP adapted at gate or up alone leaves neither unsaved.
 """
 
 from __future__ import annotations
