@@ -14,6 +14,8 @@ a compiled block saves is what its compiled autograd Function saves, so
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -167,7 +169,11 @@ def measure_compiled_transformers_saved(cfg, workload, setup) -> dict[tuple, int
             seen[key] = t
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    # amp: the weights fp32, the forward under bf16 autocast (the Trainer's `bf16` over fp32
+    # weights: accelerate runs the compiled forward under torch.autocast)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if setup.mode == "amp" else \
+        contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         out = model(input_ids=idx, labels=labels)
     del out
     res: dict[tuple, int] = {}

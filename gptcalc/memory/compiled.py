@@ -113,7 +113,7 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
     """ConfigError for `--compile` under `--impl transformers` outside what is measured: the
     Hugging Face Trainer's `torch_compile` (accelerate wraps the whole model in torch.compile,
     the loss inside its forward) on Llama / Mistral / Qwen2 blocks without dropout, SDPA,
-    modes fp32, bf16 or mixed, recompute none or full, the standard loss, no LoRA, no
+    modes fp32, bf16, mixed or amp, recompute none or full, the standard loss, no LoRA, no
     float8. One line naming both options."""
     from .profile_transformers import transformers_family
 
@@ -123,8 +123,6 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
                "per-block compile is torchtitan's, --impl reference)")
     elif transformers_family(cfg) not in COMPILED_TRANSFORMERS or cfg.dropout:
         why = "Llama, Mistral and Qwen2 blocks without dropout"
-    elif setup.mode == "amp":
-        why = "--mode fp32, bf16 or mixed (autocast's weight copies are not modelled compiled)"
     elif setup.recompute not in ("none", "full"):
         why = "--recompute none or full (gradient_checkpointing_enable)"
     elif setup.recompute == "full" and cfg.n_layer < 2:
@@ -166,13 +164,22 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
     transformers does not skip it while compiling), bound into every layer's recomputation
     (L >= 2: one layer is refused, its mask kept by the partitioner's tie-breaks);
     the rotary cos/sin and position ids are recomputed, not kept; ln_f as above.
+    amp (fp32 weights, the forward under bf16 autocast; the residual stream fp32, r = 4):
+    every 16-bit weight copy autocast makes stays saved (the eager `weight_copy/` lines: the
+    partitioner recomputes no cast of a weight; recompute full, lm_head's alone); recompute
+    none, the fp32 residual at every layer's ln_1 (the first: the embedding's output) and ln_2
+    but the first layer's, which is recomputed from that layer's input and its o_proj output
+    (N E a, kept), 2 L N E r with ln_f's; one 16-bit copy of ln_1's (ln_2's) output feeds
+    q, k and v (gate and up), L N E a each, not a cast per Linear; recompute full, the block
+    inputs and ln_f's input at r.
     Both: the loss as `compiled_loss_lines` (logits N V a, row max and log-sum-exp, fp32 N
     each, instead of log_probs) plus nll_loss's decomposed `target != -100` mask (bool, N) and
     its (N, 1) int64 target index, 8 N (eager: a view of the padded labels, 8 (S + 1) for b 1);
     the mean's divisor, the fp32 count (4), or for N < 4 tokens the bool it sums (N).
 
     Measured (tests/test_compile_transformers.py: transformers 5.24, torch 2.13, CPU, the
-    graphs partitioned as Inductor partitions them): exact. CUDA is the same graph: its
+    graphs partitioned as Inductor partitions them; amp with the compiled model called under
+    torch.autocast(bf16)): exact. CUDA is the same graph: its
     attention lines are the eager profile's (SDPA runs causal without a mask under recompute
     none)."""
     N, E, L, S, b = workload.tokens, cfg.n_embd, cfg.n_layer, workload.seq_len, \
@@ -183,20 +190,32 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
                                      "sequences shorter than the sliding window (a window's "
                                      "mask under compile is not measured)")
     out = dict(lines)
+    amp = setup.mode == "amp"
+    r = 4 if amp else a  # the residual stream's dtype is the weights' (fp32 under amp)
     out["embedding/rotary_cos_sin"] = 0  # recomputed in backward from the position ids
     norms = [("final/ln_f", 1)]
     if setup.recompute == "full":
         # the first layer's input is the embedding's output, recomputed from the token ids
-        out["layer/block_input"] = (L - 1) * N * E * a
+        out["layer/block_input"] = (L - 1) * N * E * r
         out["layer/rng_state"] = L * RNG_STATE_BYTES[setup.device]
         out["embedding/position_ids"] = 0  # an arange, recomputed
         # the mask in the model's dtype, which every layer's recomputation reads
         out["embedding/attention_mask"] = b * S * S * a
+    elif amp:
+        # autocast: one 16-bit copy of a norm's fp32 output feeds q, k and v (gate and up),
+        # not a cast per Linear; the fp32 residual kept at every layer's ln_1 (the first: the
+        # embedding's output) and at ln_2 but the first layer's, which is recomputed from the
+        # first layer's input and its o_proj output (16-bit, kept)
+        norms += [("layer/ln_1", L), ("layer/ln_2", L - 1)]
+        out["layer/attn/qkv_input"] = L * N * E * a
+        out["layer/mlp/fc_input"] = L * N * E * a
+        out["layer/attn/o_proj_output"] = N * E * a  # the first layer's only
+        out["layer/mlp/hidden"] = out["layer/mlp/hidden"] * COMPILED_HIDDEN[cfg.mlp] // 4
     else:
         norms += [("layer/ln_1", L), ("layer/ln_2", L)]
         out["layer/mlp/hidden"] = out["layer/mlp/hidden"] * COMPILED_HIDDEN[cfg.mlp] // 4
     for name, n in norms:
-        out[f"{name}/input"] = n * N * E * a
+        out[f"{name}/input"] = n * N * E * r
         out.pop(f"{name}/normalized", None)
     out = compiled_loss_lines(cfg, workload, setup, out)
     out["cross_entropy/ignore_mask"] = N  # bool: target != ignore_index (-100)
