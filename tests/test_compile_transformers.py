@@ -63,6 +63,50 @@ def test_compiled_transformers_saved_bytes_exact_cpu(family, mode, recompute, L,
     assert sum(saved_activations(cfg, wl, setup).values()) == measured
 
 
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None)  # 5-15 s of CPU each, as above
+@example(mode="amp", recompute="none", targets=("q", "k", "v", "o", "gate", "up", "down"),
+         b=2, S=6)
+@example(mode="amp", recompute="none", targets=("k", "v", "down"), b=1, S=5)
+@example(mode="bf16", recompute="full", targets=("q", "v", "lm_head"), b=1, S=6)
+@example(mode="amp", recompute="full", targets=("lm_head",), b=1, S=5)
+@example(mode="fp32", recompute="none", targets=("gate", "up"), b=1, S=3)
+@given(mode=st.sampled_from(["fp32", "bf16", "amp"]), recompute=st.sampled_from(["none", "full"]),
+       targets=st.sampled_from([("q", "v"), ("q", "k", "v", "o"), ("gate", "up", "down"),
+                                ("o", "down"), ("v", "gate", "lm_head")]),
+       b=st.integers(1, 2), S=st.integers(2, 9))
+def test_compiled_transformers_lora_saved_bytes_exact_cpu(mode, recompute, targets, b, S):
+    # PEFT's LoRA (rank 4) on transformers' Llama, then the whole model compiled (the
+    # Trainer's order); amp: a 16-bit frozen base, fp32 adapters, the forward under autocast
+    pytest.importorskip("peft")
+    from reference_model.compiled import measure_compiled_transformers_saved
+
+    cfg, wl = _cfg(L=2), Workload(b, S)
+    setup = _setup(mode=mode, recompute=recompute, lora_rank=4, lora_targets=targets)
+    measured = sum(measure_compiled_transformers_saved(cfg, wl, setup).values())
+    assert sum(saved_activations(cfg, wl, setup).values()) == measured
+
+
+def test_compiled_lora_under_amp_shares_one_input_copy_per_layer_input():
+    # eager PEFT under autocast casts each adapter's input (fp32 and back): q, k, v keep three
+    # 16-bit copies of ln_1's output, gate and up two of ln_2's; compiled they share one each,
+    # by gptcalc's target names and by the model's own (q_proj, ...)
+    from gptcalc.hf import config_from_hf
+
+    wl, N, E, L, a = Workload(2, 8), 16, 32, 2, 2
+    hf = config_from_hf({**LLAMA_HF, "hidden_size": E, "vocab_size": 64})
+    kw = dict(mode="amp", lora_rank=4, attn_impl="sdpa", impl="transformers")
+    for cfg, names in ((_cfg(), ("q", "k", "v", "gate", "up")),
+                       (hf, ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))):
+        eager = saved_activations(cfg, wl, TrainingSetup(lora_targets=names, **kw))
+        comp = saved_activations(cfg, wl, TrainingSetup(lora_targets=names, compile="model",
+                                                        **kw))
+        inputs = {k: v for k, v in comp.items() if k.endswith("lora_A_input")}
+        assert sum(inputs.values()) == 2 * L * N * E * a
+        assert sum(v for k, v in eager.items() if k.endswith("lora_A_input")) == \
+            5 * L * N * E * a
+
+
 @pytest.mark.parametrize("family, mode, recompute, b, S, measured", [
     # measured with reference_model.compiled.measure_compiled_transformers_saved (transformers
     # 5.24, torch 2.13, CPU; L 2, E 32, H 4, 2 KV heads, V 64); eager: 114,244, 10,884 B
@@ -151,7 +195,8 @@ LLAMA_HF = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
             "intermediate_size": 160, "max_position_embeddings": 128}
 
 
-def _inductor_step_peak(raw: dict, B: int, S: int, mode: str, recompute: str) -> int:
+def _inductor_step_peak(raw: dict, B: int, S: int, mode: str, recompute: str,
+                        lora: tuple[str, ...] = ()) -> int:
     """The peak of one steady-state training step of transformers' model compiled whole by
     Inductor (CPU): the live bytes at the step's start (weights, AdamW states, the batch;
     zero_grad already run) plus the running maximum of the allocator's events
@@ -163,11 +208,15 @@ def _inductor_step_peak(raw: dict, B: int, S: int, mode: str, recompute: str) ->
 
     from reference_model import transformers_twin as tw
 
+    # LoRA under amp: a 16-bit frozen base, fp32 adapters
     model = tw.build(raw, dtype={"fp32": torch.float32, "amp": torch.float32,
-                                 "bf16": torch.bfloat16}[mode])
+                                 "bf16": torch.bfloat16}[mode]
+                     if not (lora and mode == "amp") else torch.bfloat16)
     if recompute == "full":
         model.activation_checkpointing_enable()
         model.config.use_cache = False
+    if lora:
+        model = tw.peft_lora(model, LORA_RANK, list(lora), fp32_adapters=mode != "bf16")
     torch._dynamo.reset()
     cm = torch.compile(model)
     idx, labels = tw.make_batch(raw["vocab_size"], B, S)
@@ -197,11 +246,15 @@ def _inductor_step_peak(raw: dict, B: int, S: int, mode: str, recompute: str) ->
     return base + peak
 
 
+LORA_RANK = 8
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("B, S, mode, recompute", [(4, 64, "bf16", "none"),
-                                                    (2, 48, "fp32", "full"),
-                                                    (4, 64, "amp", "none")])
-def test_compiled_transformers_step_peak_against_inductor(B, S, mode, recompute, tmp_path):
+@pytest.mark.parametrize("B, S, mode, recompute, lora", [
+    (4, 64, "bf16", "none", ()), (2, 48, "fp32", "full", ()), (4, 64, "amp", "none", ()),
+    (4, 64, "amp", "none", ("q_proj", "v_proj", "gate_proj"))])
+def test_compiled_transformers_step_peak_against_inductor(B, S, mode, recompute, lora,
+                                                          tmp_path):
     # ~60-130 s each on 2 cores: Inductor generates and builds the C++ kernels of the model
     import shutil
 
@@ -215,10 +268,12 @@ def test_compiled_transformers_step_peak_against_inductor(B, S, mode, recompute,
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_HF))
     r = CliRunner().invoke(cli, ["memory", "--hf-config", str(tmp_path), "-B", str(B),
                                  "--seq-len", str(S), "--mode", mode, "--device", "cpu",
-                                 "--recompute", recompute, "--compile", "model", "--json"])
+                                 "--recompute", recompute, "--compile", "model", "--json",
+                                 *(["--lora-rank", str(LORA_RANK), "--lora-targets",
+                                    ",".join(lora)] if lora else [])])
     assert r.exit_code == 0, r.output
     predicted = json.loads(r.output)["peak"]
-    measured = _inductor_step_peak(LLAMA_HF, B, S, mode, recompute)
+    measured = _inductor_step_peak(LLAMA_HF, B, S, mode, recompute, lora)
     assert abs(predicted - measured) <= PEAK_TOLERANCE * measured, (predicted, measured)
 
 
@@ -228,7 +283,9 @@ def test_compiled_transformers_step_peak_against_inductor(B, S, mode, recompute,
     (dict(arch="llama", dropout=0.1), dict(), "without dropout"),
     (dict(arch="llama"), dict(recompute="op"), "--recompute none or full"),
     (dict(arch="llama"), dict(attn_impl="manual"), "--attn sdpa"),
-    (dict(arch="llama"), dict(lora_rank=8, lora_targets=("q", "v")), "--lora-rank"),
+    (dict(arch="llama"), dict(lora_rank=8, lora_targets=("q", "v"), lora_dropout=0.05),
+     "--lora-dropout"),
+    (dict(arch="llama"), dict(lora_rank=8, lora_targets=("q", "v"), dora=True), "DoRA"),
 ])
 def test_compile_under_transformers_refuses_in_one_line_naming_both(cfg_kw, change, why):
     cfg = from_name("debug", n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=48,

@@ -37,8 +37,9 @@ Under `--impl transformers`, `model` is the Hugging Face Trainer's `torch_compil
 `prepare_model` wraps the whole model in torch.compile; TRL, LLaMA-Factory and axolotl set it):
 the same rules on transformers' Llama / Mistral / Qwen2 blocks, ForCausalLMLoss inside the
 compiled forward (`compiled_transformers_lines`), and the compiled backward handed zeros for
-the outputs the Trainer drops (`compiled_transformers_loss_transients`); measured on
-transformers' own models (tests/test_compile_transformers.py), refused elsewhere
+the outputs the Trainer drops (`compiled_transformers_loss_transients`), in fp32, bf16, mixed
+and amp (the fp32 model under bf16 autocast), with PEFT's LoRA added before the compile
+(`compiled_transformers_lora_lines`); measured on transformers' own models (tests/test_compile_transformers.py), refused elsewhere
 (`check_compile_transformers`).
 
 LoRA (torchtune's LoRA recipes with compile on: the adapters added, then each block compiled):
@@ -113,8 +114,9 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
     """ConfigError for `--compile` under `--impl transformers` outside what is measured: the
     Hugging Face Trainer's `torch_compile` (accelerate wraps the whole model in torch.compile,
     the loss inside its forward) on Llama / Mistral / Qwen2 blocks without dropout, SDPA,
-    modes fp32, bf16, mixed or amp, recompute none or full, the standard loss, no LoRA, no
-    float8. One line naming both options."""
+    modes fp32, bf16, mixed or amp, recompute none or full, the standard loss, LoRA without
+    dropout, DoRA or a quantized base (`compiled_transformers_lora_lines`), no float8. One
+    line naming both options."""
     from .profile_transformers import transformers_family
 
     why = None
@@ -133,8 +135,11 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
         why = "--attn sdpa"
     elif setup.loss != "standard":
         why = "--loss standard (transformers' ForCausalLMLoss)"
-    elif setup.lora_rank:
-        why = "full training, not with --lora-rank (PEFT's adapters compiled are not measured)"
+    elif setup.lora_rank and setup.lora_dropout:
+        why = "--lora-rank without --lora-dropout (compiled dropout masks are not measured)"
+    elif setup.lora_rank and (setup.base_dtype != "same" or setup.kbit_prepare or setup.dora):
+        why = ("PEFT's LoRA on the model's own weights, not QLoRA, k-bit preparation or DoRA "
+               "(not measured compiled)")
     elif setup.float8 != "none":
         why = "--float8 none"
     elif setup.offload_activations:
@@ -342,6 +347,32 @@ def compiled_transformers_loss_transients(cfg: GPTConfig, workload: Workload,
     return {"forward": 0, "backward": 2 * N * V * a + 4 * N + cache}
 
 
+# the adapters of one layer that read the same tensor: ln_1's output (q, k, v), ln_2's (gate,
+# up), by gptcalc's names or transformers' (q_proj, ...)
+SHARED_INPUT_ADAPTERS = (("q", "k", "v"), ("gate", "up"))
+
+
+def compiled_transformers_lora_lines(setup: TrainingSetup, lines: dict[str, int]
+                                     ) -> dict[str, int]:
+    """The LoRA lines (`finetune.finetune_saved`) of the compiled transformers model: under
+    autocast (mode amp, fp32 adapters) eager PEFT casts each adapter's input to fp32 and
+    autocast casts it back, a 16-bit copy per adapter (`finetune.adapter_copies`); compiled,
+    the adapters reading the same tensor share one copy (the graph's casts of one tensor are
+    one), so of q, k, v (gate, up) only the first adapted keeps `lora_A_input`. Elsewhere
+    (fp32, bf16, mixed; recompute full) the eager lines on the compiled ones are what the
+    compiled model saves. Measured on transformers' Llama wrapped by PEFT and compiled
+    (tests/test_compile_transformers.py): exact."""
+    if setup.impl != "transformers" or setup.compile != "model":
+        return lines
+    out = dict(lines)
+    for group in SHARED_INPUT_ADAPTERS:
+        keys = [key for n in group for name in (n, f"{n}_proj")
+                if (key := f"lora/{name}/lora_A_input") in out]
+        for key in keys[1:]:
+            out[key] = 0
+    return out
+
+
 def loss_saves_logits(setup: TrainingSetup) -> bool:
     """Whether the loss saves the logits for its backward (a compiled loss): then they are a
     saved line, alive until the loss's backward whatever the training loop does."""
@@ -351,5 +382,6 @@ def loss_saves_logits(setup: TrainingSetup) -> bool:
 __all__ = ["COMPILED_HIDDEN", "COMPILED_TRANSFORMERS", "RNG_STATE_BYTES", "check_compile",
            "check_compile_transformers", "compiled_block_lines", "compiled_lines",
            "compiled_transformers_lines", "compiled_transformers_loss_transients",
+           "compiled_transformers_lora_lines", "SHARED_INPUT_ADAPTERS",
            "compiled_loss_lines", "compiled_loss_transients",
            "loss_saves_logits"]
