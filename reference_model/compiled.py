@@ -14,6 +14,8 @@ a compiled block saves is what its compiled autograd Function saves, so
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -138,13 +140,22 @@ def build_compiled_transformers(cfg, setup, device: str = "cpu"):
     from .memory import model_dtype
     from .transformers_twin import build, hf_config_for
 
-    # mode mixed: 16-bit weights (the profile counts it as bf16, the masters apart)
-    model = build(hf_config_for(cfg), "sdpa", model_dtype(setup), device)
+    # mode mixed: 16-bit weights (the profile counts it as bf16, the masters apart); LoRA
+    # under amp: a 16-bit frozen base, fp32 adapters (PEFT's autocast_adapter_dtype)
+    lora_amp = bool(setup.lora_rank) and setup.mode == "amp"
+    dtype = torch.bfloat16 if lora_amp else model_dtype(setup)
+    model = build(hf_config_for(cfg), "sdpa", dtype, device)
     if setup.recompute == "full":
         enable = getattr(model, "activation_checkpointing_enable", None) or \
             model.gradient_checkpointing_enable
         enable()
         model.config.use_cache = False
+    if setup.lora_rank:  # PEFT's get_peft_model before the Trainer compiles the model
+        from .transformers_twin import peft_lora
+
+        names = [t if t == "lm_head" or t.endswith("_proj") else f"{t}_proj"
+                 for t in setup.lora_targets]
+        model = peft_lora(model, setup.lora_rank, names, fp32_adapters=setup.mode != "bf16")
     torch._dynamo.reset()
     return torch.compile(model, backend=min_cut_backend())
 
@@ -167,7 +178,11 @@ def measure_compiled_transformers_saved(cfg, workload, setup) -> dict[tuple, int
             seen[key] = t
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    # amp: the weights fp32, the forward under bf16 autocast (the Trainer's `bf16` over fp32
+    # weights: accelerate runs the compiled forward under torch.autocast)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if setup.mode == "amp" else \
+        contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         out = model(input_ids=idx, labels=labels)
     del out
     res: dict[tuple, int] = {}

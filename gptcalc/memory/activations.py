@@ -134,9 +134,11 @@ def saved_activations(cfg: GPTConfig, workload: Workload, setup: TrainingSetup
     if setup.impl in ("paper", "megatron-core"):  # no LoRA, no autocast weight copies
         return out
     if setup.lora_rank:  # a frozen base: only what the adapters' gradients need
+        from .compiled import compiled_transformers_lora_lines
         from .finetune import finetune_saved
 
-        return finetune_saved(cfg, workload, setup, out, amp)
+        return compiled_transformers_lora_lines(setup, finetune_saved(cfg, workload, setup,
+                                                                      out, amp))
     return {**out, **autocast_weight_copies(cfg, setup)}
 
 

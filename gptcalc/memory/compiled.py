@@ -37,8 +37,9 @@ Under `--impl transformers`, `model` is the Hugging Face Trainer's `torch_compil
 `prepare_model` wraps the whole model in torch.compile; TRL, LLaMA-Factory and axolotl set it):
 the same rules on transformers' Llama / Mistral / Qwen2 blocks, ForCausalLMLoss inside the
 compiled forward (`compiled_transformers_lines`), and the compiled backward handed zeros for
-the outputs the Trainer drops (`compiled_transformers_loss_transients`); measured on
-transformers' own models (tests/test_compile_transformers.py), refused elsewhere
+the outputs the Trainer drops (`compiled_transformers_loss_transients`), in fp32, bf16, mixed
+and amp (the fp32 model under bf16 autocast), with PEFT's LoRA added before the compile
+(`compiled_transformers_lora_lines`); measured on transformers' own models (tests/test_compile_transformers.py), refused elsewhere
 (`check_compile_transformers`).
 
 LoRA (torchtune's LoRA recipes with compile on: the adapters added, then each block compiled):
@@ -113,8 +114,9 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
     """ConfigError for `--compile` under `--impl transformers` outside what is measured: the
     Hugging Face Trainer's `torch_compile` (accelerate wraps the whole model in torch.compile,
     the loss inside its forward) on Llama / Mistral / Qwen2 blocks without dropout, SDPA,
-    modes fp32, bf16 or mixed, recompute none or full, the standard loss, no LoRA, no
-    float8. One line naming both options."""
+    modes fp32, bf16, mixed or amp, recompute none or full, the standard loss, LoRA without
+    dropout, DoRA or a quantized base (`compiled_transformers_lora_lines`), no float8. One
+    line naming both options."""
     from .profile_transformers import transformers_family
 
     why = None
@@ -123,8 +125,6 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
                "per-block compile is torchtitan's, --impl reference)")
     elif transformers_family(cfg) not in COMPILED_TRANSFORMERS or cfg.dropout:
         why = "Llama, Mistral and Qwen2 blocks without dropout"
-    elif setup.mode == "amp":
-        why = "--mode fp32, bf16 or mixed (autocast's weight copies are not modelled compiled)"
     elif setup.recompute not in ("none", "full"):
         why = "--recompute none or full (gradient_checkpointing_enable)"
     elif setup.recompute == "full" and cfg.n_layer < 2:
@@ -135,8 +135,11 @@ def check_compile_transformers(cfg: GPTConfig, setup: TrainingSetup) -> None:
         why = "--attn sdpa"
     elif setup.loss != "standard":
         why = "--loss standard (transformers' ForCausalLMLoss)"
-    elif setup.lora_rank:
-        why = "full training, not with --lora-rank (PEFT's adapters compiled are not measured)"
+    elif setup.lora_rank and setup.lora_dropout:
+        why = "--lora-rank without --lora-dropout (compiled dropout masks are not measured)"
+    elif setup.lora_rank and (setup.base_dtype != "same" or setup.kbit_prepare or setup.dora):
+        why = ("PEFT's LoRA on the model's own weights, not QLoRA, k-bit preparation or DoRA "
+               "(not measured compiled)")
     elif setup.float8 != "none":
         why = "--float8 none"
     elif setup.offload_activations:
@@ -166,13 +169,22 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
     transformers does not skip it while compiling), bound into every layer's recomputation
     (L >= 2: one layer is refused, its mask kept by the partitioner's tie-breaks);
     the rotary cos/sin and position ids are recomputed, not kept; ln_f as above.
+    amp (fp32 weights, the forward under bf16 autocast; the residual stream fp32, r = 4):
+    every 16-bit weight copy autocast makes stays saved (the eager `weight_copy/` lines: the
+    partitioner recomputes no cast of a weight; recompute full, lm_head's alone); recompute
+    none, the fp32 residual at every layer's ln_1 (the first: the embedding's output) and ln_2
+    but the first layer's, which is recomputed from that layer's input and its o_proj output
+    (N E a, kept), 2 L N E r with ln_f's; one 16-bit copy of ln_1's (ln_2's) output feeds
+    q, k and v (gate and up), L N E a each, not a cast per Linear; recompute full, the block
+    inputs and ln_f's input at r.
     Both: the loss as `compiled_loss_lines` (logits N V a, row max and log-sum-exp, fp32 N
     each, instead of log_probs) plus nll_loss's decomposed `target != -100` mask (bool, N) and
     its (N, 1) int64 target index, 8 N (eager: a view of the padded labels, 8 (S + 1) for b 1);
     the mean's divisor, the fp32 count (4), or for N < 4 tokens the bool it sums (N).
 
     Measured (tests/test_compile_transformers.py: transformers 5.24, torch 2.13, CPU, the
-    graphs partitioned as Inductor partitions them): exact. CUDA is the same graph: its
+    graphs partitioned as Inductor partitions them; amp with the compiled model called under
+    torch.autocast(bf16)): exact. CUDA is the same graph: its
     attention lines are the eager profile's (SDPA runs causal without a mask under recompute
     none)."""
     N, E, L, S, b = workload.tokens, cfg.n_embd, cfg.n_layer, workload.seq_len, \
@@ -183,20 +195,32 @@ def compiled_transformers_lines(cfg: GPTConfig, workload: Workload, setup: Train
                                      "sequences shorter than the sliding window (a window's "
                                      "mask under compile is not measured)")
     out = dict(lines)
+    amp = setup.mode == "amp"
+    r = 4 if amp else a  # the residual stream's dtype is the weights' (fp32 under amp)
     out["embedding/rotary_cos_sin"] = 0  # recomputed in backward from the position ids
     norms = [("final/ln_f", 1)]
     if setup.recompute == "full":
         # the first layer's input is the embedding's output, recomputed from the token ids
-        out["layer/block_input"] = (L - 1) * N * E * a
+        out["layer/block_input"] = (L - 1) * N * E * r
         out["layer/rng_state"] = L * RNG_STATE_BYTES[setup.device]
         out["embedding/position_ids"] = 0  # an arange, recomputed
         # the mask in the model's dtype, which every layer's recomputation reads
         out["embedding/attention_mask"] = b * S * S * a
+    elif amp:
+        # autocast: one 16-bit copy of a norm's fp32 output feeds q, k and v (gate and up),
+        # not a cast per Linear; the fp32 residual kept at every layer's ln_1 (the first: the
+        # embedding's output) and at ln_2 but the first layer's, which is recomputed from the
+        # first layer's input and its o_proj output (16-bit, kept)
+        norms += [("layer/ln_1", L), ("layer/ln_2", L - 1)]
+        out["layer/attn/qkv_input"] = L * N * E * a
+        out["layer/mlp/fc_input"] = L * N * E * a
+        out["layer/attn/o_proj_output"] = N * E * a  # the first layer's only
+        out["layer/mlp/hidden"] = out["layer/mlp/hidden"] * COMPILED_HIDDEN[cfg.mlp] // 4
     else:
         norms += [("layer/ln_1", L), ("layer/ln_2", L)]
         out["layer/mlp/hidden"] = out["layer/mlp/hidden"] * COMPILED_HIDDEN[cfg.mlp] // 4
     for name, n in norms:
-        out[f"{name}/input"] = n * N * E * a
+        out[f"{name}/input"] = n * N * E * r
         out.pop(f"{name}/normalized", None)
     out = compiled_loss_lines(cfg, workload, setup, out)
     out["cross_entropy/ignore_mask"] = N  # bool: target != ignore_index (-100)
@@ -323,6 +347,32 @@ def compiled_transformers_loss_transients(cfg: GPTConfig, workload: Workload,
     return {"forward": 0, "backward": 2 * N * V * a + 4 * N + cache}
 
 
+# the adapters of one layer that read the same tensor: ln_1's output (q, k, v), ln_2's (gate,
+# up), by gptcalc's names or transformers' (q_proj, ...)
+SHARED_INPUT_ADAPTERS = (("q", "k", "v"), ("gate", "up"))
+
+
+def compiled_transformers_lora_lines(setup: TrainingSetup, lines: dict[str, int]
+                                     ) -> dict[str, int]:
+    """The LoRA lines (`finetune.finetune_saved`) of the compiled transformers model: under
+    autocast (mode amp, fp32 adapters) eager PEFT casts each adapter's input to fp32 and
+    autocast casts it back, a 16-bit copy per adapter (`finetune.adapter_copies`); compiled,
+    the adapters reading the same tensor share one copy (the graph's casts of one tensor are
+    one), so of q, k, v (gate, up) only the first adapted keeps `lora_A_input`. Elsewhere
+    (fp32, bf16, mixed; recompute full) the eager lines on the compiled ones are what the
+    compiled model saves. Measured on transformers' Llama wrapped by PEFT and compiled
+    (tests/test_compile_transformers.py): exact."""
+    if setup.impl != "transformers" or setup.compile != "model":
+        return lines
+    out = dict(lines)
+    for group in SHARED_INPUT_ADAPTERS:
+        keys = [key for n in group for name in (n, f"{n}_proj")
+                if (key := f"lora/{name}/lora_A_input") in out]
+        for key in keys[1:]:
+            out[key] = 0
+    return out
+
+
 def loss_saves_logits(setup: TrainingSetup) -> bool:
     """Whether the loss saves the logits for its backward (a compiled loss): then they are a
     saved line, alive until the loss's backward whatever the training loop does."""
@@ -332,5 +382,6 @@ def loss_saves_logits(setup: TrainingSetup) -> bool:
 __all__ = ["COMPILED_HIDDEN", "COMPILED_TRANSFORMERS", "RNG_STATE_BYTES", "check_compile",
            "check_compile_transformers", "compiled_block_lines", "compiled_lines",
            "compiled_transformers_lines", "compiled_transformers_loss_transients",
+           "compiled_transformers_lora_lines", "SHARED_INPUT_ADAPTERS",
            "compiled_loss_lines", "compiled_loss_transients",
            "loss_saves_logits"]
