@@ -288,8 +288,7 @@ class TrainingSetup:
         if liger_kernels(self.liger) and self.lora_rank:  # measured: PEFT's LoRA, one device
             for on, what in ((self.dora, "--dora"), (self.lora_dropout, "--lora-dropout"),
                              (self.kbit_prepare, "--kbit-prepare"),
-                             (self.engine in ("fsdp1", "fsdp2") or self.zero,
-                              "--engine fsdp1/fsdp2 or --zero")):
+                             (self.zero, "--zero (sharded states: FSDP, DeepSpeed)")):
                 if on:
                     raise ConfigError("liger", f"Liger's kernels with LoRA are measured "
                                                f"without {what}: give --liger none or leave "

@@ -161,7 +161,7 @@ def test_first_block_mlp_keeps_both_outputs(target, plain_unsaved, tmp_path):
 @pytest.mark.parametrize("field,value,named", [
     ("dora", True, "--dora"), ("lora_dropout", 0.05, "--lora-dropout"),
     ("base_dtype", "nf4", None), ("kbit_prepare", True, "--kbit-prepare"),
-    ("zero", 3, "--zero"), ("engine", "fsdp2", "fsdp2")])
+    ("zero", 3, "--zero"), ("zero", 2, "--zero")])
 def test_unmeasured_combinations_refused(field, value, named):
     kw = dict(impl="transformers", liger="all", lora_rank=8, lora_targets=("q", "v"))
     TrainingSetup(**kw)  # measured
