@@ -243,10 +243,10 @@ TITAN_TWO = TITAN_MIN + "[parallelism]\ndata_parallel_shard_degree = 2\n"  # FSD
      "load_in_8bit = True: LLM.int8 weights are not modelled"),
     ("args.json", HF_MIN + ', "use_liger_kernel": true, "liger_kernel_config": '
      '{{"cross_entropy": true}}}}', "liger_kernel_config.cross_entropy = True: Liger's"),
-    # the Trainer compiles the whole model; a Llama under LoRA is outside what is measured
-    ("args.json", HF_MIN + ', "torch_compile": true, "use_peft": true, "lora_r": 8}}',
-     "torch_compile -> --compile: --compile model with --impl transformers is modelled for "
-     "full training"),
+    # the Trainer compiles the whole model; LoRA dropout under compile is not measured
+    ("args.json", HF_MIN + ', "torch_compile": true, "use_peft": true, "lora_r": 8, '
+     '"lora_dropout": 0.1}}',
+     "lora_dropout -> --lora-dropout: --lora-dropout with --compile model is not modelled"),
     ("job.toml", TITAN_ONE + "[compile]\nenable = true\n",
      "compile.enable+components -> --compile: --compile model is modelled for --mode fp32, "
      "mixed or bf16"),
