@@ -107,7 +107,7 @@ def test_shape_only_counts_equal_real_counts():
 
 
 def test_fvcore_loses_sdpa_without_the_handle():
-    # DESIGN.md: fvcore counts aten::scaled_dot_product_attention as 0 unless a handle is set
+    # fvcore counts aten::scaled_dot_product_attention as 0 unless a handle is set
     from fvcore.nn import FlopCountAnalysis
 
     cfg, wl = from_name("debug"), Workload(1, 16)
