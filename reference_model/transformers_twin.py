@@ -386,3 +386,21 @@ def measure_step_peak(model: torch.nn.Module, idx: torch.Tensor, labels: torch.T
 __all__ = ["FAMILIES", "SavedReport", "SavedTensor", "StepMoments", "apply_recompute",
            "build", "family_of", "hf_config_for", "make_batch", "make_optimizer",
            "measure_saved", "measure_step_peak", "peft_lora", "saved_during", "train_step"]
+
+
+def quantize_block_linears(model) -> None:
+    """Every block Linear of `model` (attention and MLP) replaced by bitsandbytes' Linear4bit
+    with its weight quantised to NF4 on the CPU, bf16 compute, and the model marked as loaded
+    in 4 bits (so PEFT picks its 4-bit LoRA layer): the QLoRA base the twins measure."""
+    import bitsandbytes as bnb
+
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for child, linear in list(parent.named_children()):
+                if isinstance(linear, torch.nn.Linear):
+                    q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
+                                          compute_dtype=torch.bfloat16, quant_type="nf4")
+                    q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False,
+                                                 quant_type="nf4")._quantize("cpu")
+                    setattr(parent, child, q)
+    model.is_loaded_in_4bit = True

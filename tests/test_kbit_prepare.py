@@ -17,7 +17,7 @@ from gptcalc.cli import cli
 
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
-bnb = pytest.importorskip("bitsandbytes")
+pytest.importorskip("bitsandbytes")
 pytest.importorskip("transformers")
 tw = pytest.importorskip("reference_model.transformers_twin")
 
@@ -43,16 +43,7 @@ def prepared(raw: dict, targets: str, rank: int = 8):
     get_peft_model. The twin's checkpointing wrapper is applied on top, so that what each
     checkpointed layer call holds is recorded (`transformers_twin.apply_recompute`)."""
     base = tw.build(raw, dtype=torch.bfloat16)
-    for layer in base.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for child, linear in list(parent.named_children()):
-                if isinstance(linear, torch.nn.Linear):
-                    q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
-                                          compute_dtype=torch.bfloat16, quant_type="nf4")
-                    q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False,
-                                                 quant_type="nf4")._quantize("cpu")
-                    setattr(parent, child, q)
-    base.is_loaded_in_4bit = True
+    tw.quantize_block_linears(base)
     base = peft.prepare_model_for_kbit_training(base)
     assert base.is_gradient_checkpointing
     tw.apply_recompute(base, "full")

@@ -116,19 +116,10 @@ def test_qlora_saved_bytes_exact(targets, recompute, tmp_path, monkeypatch):
     """QLoRA (--weights-dtype nf4-dq, amp): the block Linears as bitsandbytes' Linear4bit (NF4,
     quantised on CPU) under PEFT's 4-bit LoRA layer, as tests/test_lora_dropout.py builds it,
     with the stand-ins patched in: the kernels save what they save over a 16-bit base."""
-    bnb = pytest.importorskip("bitsandbytes")
+    pytest.importorskip("bitsandbytes")
     base = tw.build(RAW, dtype=torch.bfloat16)
     patch(base, LIGER_KERNELS, monkeypatch)
-    for layer in base.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for child, linear in list(parent.named_children()):
-                if isinstance(linear, torch.nn.Linear):
-                    q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
-                                          compute_dtype=torch.bfloat16, quant_type="nf4")
-                    q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False,
-                                                 quant_type="nf4")._quantize("cpu")
-                    setattr(parent, child, q)
-    base.is_loaded_in_4bit = True
+    tw.quantize_block_linears(base)
     names = "all-linear" if targets == "all" else parse_targets(targets, config_from_hf(RAW))
     model = tw.peft_lora(tw.apply_recompute(base, recompute), 8, names)
     assert any(type(m).__module__ == "peft.tuners.lora.bnb" for m in model.modules())

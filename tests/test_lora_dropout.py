@@ -101,19 +101,10 @@ def test_qlora_dropout_saved_bytes_exact(p, tmp_path):
     # the block Linears as bitsandbytes' Linear4bit (NF4, quantised on CPU) and PEFT's 4-bit
     # LoRA layer (peft.tuners.lora.bnb.Linear4bit, chosen by the model's is_loaded_in_4bit),
     # under bf16 autocast: what the adapters keep is what they keep over a 16-bit base
-    bnb = pytest.importorskip("bitsandbytes")
+    pytest.importorskip("bitsandbytes")
     raw = CASES["llama"]
     base = tw.build(raw, dtype=torch.bfloat16)
-    for layer in base.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for child, linear in list(parent.named_children()):
-                if isinstance(linear, torch.nn.Linear):
-                    q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
-                                          compute_dtype=torch.bfloat16, quant_type="nf4")
-                    q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False,
-                                                 quant_type="nf4")._quantize("cpu")
-                    setattr(parent, child, q)
-    base.is_loaded_in_4bit = True
+    tw.quantize_block_linears(base)
     wrapped = tw.peft_lora(base, 8, ["q_proj", "v_proj", "down_proj"], dropout=p)
     assert type(wrapped.base_model.model.model.layers[0].self_attn.q_proj).__module__ == (
         "peft.tuners.lora.bnb")
